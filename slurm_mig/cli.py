@@ -1,0 +1,59 @@
+"""The `slurm-mig` command line.
+
+Each area of the project keeps its own subcommands in a module that exposes
+``register(subparsers)``; the module adds its parsers and sets ``func`` on each
+one (a callable taking the parsed ``argparse.Namespace`` and returning an exit
+code). Add a module to COMMAND_MODULES to make its commands appear.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from slurm_mig.errors import SlurmMigError
+
+# Imported lazily so that `slurm-mig --help` stays fast and a broken optional
+# area cannot take the whole CLI down.
+COMMAND_MODULES = [
+    "slurm_mig.mig.cli",
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Build the top-level parser with every registered subcommand."""
+    parser = argparse.ArgumentParser(
+        prog="slurm-mig",
+        description="Dynamic NVIDIA MIG partitioning for Slurm.",
+    )
+    parser.add_argument(
+        "--config",
+        metavar="PATH",
+        help="slurm-mig TOML config (default: $SLURM_MIG_CONFIG or /etc/slurm-mig/slurm-mig.toml if present)",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the console script; returns the process exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    func = getattr(args, "func", None)
+    if func is None:
+        parser.print_help()
+        return 2
+    try:
+        return int(func(args) or 0)
+    except SlurmMigError as exc:
+        print(f"slurm-mig: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,40 @@
+"""The project's typed errors.
+
+Every error a user or admin can meet is a SlurmMigError subclass with a message
+that says what was wrong and what was expected; the CLI prints it without a
+traceback.
+"""
+
+from __future__ import annotations
+
+
+class SlurmMigError(Exception):
+    """Base of every error slurm-mig raises on purpose."""
+
+    exit_code = 1
+
+
+class ConfigError(SlurmMigError):
+    """The configuration file is missing, unreadable or has a bad key/value."""
+
+    exit_code = 2
+
+
+class GeometryError(SlurmMigError):
+    """A MIG profile, placement or layout is unknown or impossible."""
+
+    exit_code = 2
+
+
+class InvalidLayout(GeometryError):
+    """A layout breaks a MIG rule (overlap, compute-slice limit, max count, placement)."""
+
+
+class TransitionBlocked(SlurmMigError):
+    """Reaching a target layout would destroy an instance that is in use."""
+
+    exit_code = 3
+
+    def __init__(self, message: str, blocking: tuple = ()):  # blocking: the busy Slots
+        super().__init__(message)
+        self.blocking = blocking

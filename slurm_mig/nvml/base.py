@@ -1,0 +1,122 @@
+"""The one small interface every MIG backend implements, and its typed errors.
+
+Two implementations exist: `slurm_mig.nvml.real` over nvidia-ml-py, and
+`slurm_mig.nvml.simulated`, a simulated MIG GPU with the same geometry, errors
+and timings (used by the demo, the local test cluster and dry runs).
+Physical GPUs (GpuInfo) and MIG devices (MigInstance) are separate types, as in nvitop.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from slurm_mig.errors import SlurmMigError
+from slurm_mig.mig.layout import Layout, Slot
+from slurm_mig.mig.profiles import GpuModel
+
+
+class NvmlError(SlurmMigError):
+    """An NVML call failed. ``code`` is NVML's return code where there is one."""
+
+    code: int | None = None
+
+    def __init__(self, message: str, code: int | None = None):
+        super().__init__(message)
+        if code is not None:
+            self.code = code
+
+
+class NvmlUnavailable(NvmlError):
+    """The NVML library (or one of its functions) is missing or failed to initialise."""
+
+
+class NotSupported(NvmlError):
+    code = 3
+
+
+class NoPermission(NvmlError):
+    code = 4
+
+
+class InvalidArgument(NvmlError):
+    code = 2
+
+
+class NotFound(NvmlError):
+    code = 6
+
+
+class GpuLost(NvmlError):
+    code = 15
+
+
+class ResetRequired(NvmlError):
+    code = 16
+
+
+class InUse(NvmlError):
+    code = 19
+
+
+class InsufficientResources(NvmlError):
+    code = 23
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    """A physical GPU."""
+
+    index: int
+    uuid: str  # "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"
+    name: str  # what nvmlDeviceGetName says
+    model: GpuModel | None  # None when we do not know this part's MIG geometry
+    mig_enabled: bool
+
+
+@dataclass(frozen=True)
+class MigInstance:
+    """A MIG device: one GPU instance and its (single, full-size) compute instance."""
+
+    gpu_index: int
+    slot: Slot
+    uuid: str  # "MIG-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"
+    gi_id: int
+    ci_id: int
+    in_use: bool  # compute processes are running on it
+
+    @property
+    def profile(self) -> str:
+        return self.slot.profile
+
+
+@runtime_checkable
+class MigBackend(Protocol):
+    """What slurm-mig needs from NVML, and nothing more."""
+
+    def gpus(self) -> list[GpuInfo]:
+        """Every GPU on this node, in NVML index order."""
+
+    def instances(self, gpu: int) -> list[MigInstance]:
+        """The MIG instances on GPU ``gpu``, sorted by placement start."""
+
+    def create(self, gpu: int, slot: Slot) -> MigInstance:
+        """Create a GPU instance at ``slot``'s placement plus its full compute instance.
+
+        Raises InsufficientResources for an illegal or occupied placement,
+        NoPermission without the MIG config capability.
+        """
+
+    def destroy(self, gpu: int, slot: Slot) -> None:
+        """Destroy the instance at ``slot`` (compute instance first). Raises InUse if busy."""
+
+    def close(self) -> None:
+        """Release the library/handles."""
+
+
+def observed_layout(backend: MigBackend, gpu: int) -> Layout:
+    """The layout GPU ``gpu`` has now, as the same type a policy's desired layout is."""
+    info = backend.gpus()[gpu]
+    if info.model is None:
+        raise NotSupported(f"GPU {gpu} ({info.name}) is not a MIG model slurm-mig knows")
+    return Layout(info.model, frozenset(i.slot for i in backend.instances(gpu)))
