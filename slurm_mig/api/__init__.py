@@ -1,0 +1,8 @@
+"""The node-to-controller channel: a small authenticated HTTP/JSON API.
+
+GPU nodes cannot open the controller's SQLite file, so node hooks talk to the
+controller over HTTP. Every request carries a credential that proves who sent
+it: a MUNGE credential (every Slurm node already runs munged with the cluster
+key) or, where MUNGE is not available, an HMAC over the request with a shared
+key file. See docs/node-channel.md for the design and its threat model.
+"""

@@ -1,0 +1,128 @@
+"""The controller's HTTP/JSON server for node hooks (stdlib only, threaded).
+
+Routes are plain callables ``(payload: dict, principal: Principal) -> dict``.
+POST routes need a valid credential (see auth.py); a few GET routes (health,
+Prometheus metrics) are read-only and open, as scrapers expect.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Callable
+
+from slurm_mig.api.auth import HEADER, AuthError, Principal
+from slurm_mig.errors import SlurmMigError
+
+log = logging.getLogger("slurm_mig.api")
+
+MAX_BODY = 1 << 20  # a hook's request is a few hundred bytes; anything huge is hostile
+
+Route = Callable[[dict, Principal], dict]
+GetRoute = Callable[[], tuple[str, bytes]]  # -> (content type, body)
+
+
+class RequestRejected(SlurmMigError):
+    """The request was understood and refused (bad field, impossible action); HTTP 422."""
+
+
+class ApiServer:
+    """A threaded HTTP server dispatching authenticated JSON POSTs to routes."""
+
+    def __init__(self, host: str, port: int, auth, routes: dict[str, Route],
+                 get_routes: dict[str, GetRoute] | None = None, on_error: Callable[[str, str], None] | None = None):
+        self.auth = auth
+        self.routes = routes
+        self.get_routes = get_routes or {}
+        self.on_error = on_error  # (kind, message) -> None, e.g. to count errors in metrics
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+            server_version = "slurm-mig"
+
+            def log_message(self, fmt, *args):  # route http.server's stderr chatter to logging
+                log.debug("%s " + fmt, self.address_string(), *args)
+
+            def _send(self, status: int, body: bytes, ctype: str = "application/json") -> None:
+                self.send_response(status)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def _json(self, status: int, obj: dict) -> None:
+                self._send(status, json.dumps(obj).encode())
+
+            def do_GET(self):
+                route = server.get_routes.get(self.path.split("?", 1)[0])
+                if route is None:
+                    return self._json(404, {"error": f"no such path {self.path}"})
+                try:
+                    ctype, body = route()
+                except Exception as exc:  # a broken metrics render must not kill the server
+                    log.exception("GET %s failed", self.path)
+                    return self._json(500, {"error": str(exc)})
+                self._send(200, body, ctype)
+
+            def do_POST(self):
+                route = server.routes.get(self.path)
+                try:
+                    length = int(self.headers.get("Content-Length", "-1"))
+                except ValueError:
+                    length = -1
+                if length < 0 or length > MAX_BODY:
+                    server._error("bad_request", f"body length {length} refused")
+                    self.close_connection = True
+                    return self._json(413 if length > MAX_BODY else 411, {"error": "missing or oversized body"})
+                body = self.rfile.read(length)
+                try:
+                    principal = server.auth.verify(self.headers.get(HEADER, ""), body)
+                except AuthError as exc:
+                    server._error("auth", f"{self.client_address[0]} {self.path}: {exc}")
+                    return self._json(401, {"error": str(exc)})
+                if route is None:
+                    return self._json(404, {"error": f"no such path {self.path}"})
+                try:
+                    payload = json.loads(body or b"{}")
+                    if not isinstance(payload, dict):
+                        raise ValueError("the body must be a JSON object")
+                except ValueError as exc:
+                    server._error("bad_request", f"{self.path}: {exc}")
+                    return self._json(400, {"error": f"malformed JSON: {exc}"})
+                try:
+                    result = route(payload, principal)
+                except (RequestRejected, SlurmMigError) as exc:
+                    server._error("rejected", f"{self.path}: {exc}")
+                    return self._json(422, {"error": str(exc), "kind": type(exc).__name__})
+                except Exception as exc:
+                    log.exception("POST %s failed", self.path)
+                    server._error("internal", f"{self.path}: {exc}")
+                    return self._json(500, {"error": f"internal error: {exc}"})
+                self._json(200, result)
+
+        self.httpd = ThreadingHTTPServer((host, port), Handler)
+        self.httpd.daemon_threads = True
+        self._thread: threading.Thread | None = None
+
+    def _error(self, kind: str, message: str) -> None:
+        log.warning("request refused (%s): %s", kind, message)
+        if self.on_error:
+            self.on_error(kind, message)
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return self.httpd.server_address[:2]
+
+    def start(self) -> "ApiServer":
+        """Serve in a background thread."""
+        self._thread = threading.Thread(target=self.httpd.serve_forever, name="slurm-mig-api", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
