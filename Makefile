@@ -1,0 +1,20 @@
+# The two commands of the README: `make demo` (the main job) and `make test`.
+PY := .venv/bin/python
+
+.PHONY: demo test bench clean
+
+.venv/.installed: pyproject.toml scripts/bootstrap.sh
+	bash scripts/bootstrap.sh
+
+demo: .venv/.installed
+	.venv/bin/slurm-mig demo
+
+test: .venv/.installed
+	$(PY) -m pytest -q
+
+bench: .venv/.installed
+	.venv/bin/slurm-mig bench
+
+clean:
+	-.venv/bin/slurm-mig cluster down
+	rm -rf .run
