@@ -1,0 +1,113 @@
+"""Choosing the MIG instances a starting job is bound to (pure; called under the store's lock).
+
+Slurm picked the node from GRES counts; this picks the instances on that node.
+Preference order, so that reconfiguration happens only when needed:
+  1. the policy's reservation for this job, if it is still free;
+  2. an instance that exists and is part of the GPU's intended layout;
+  3. an instance of the intended layout that is still to be created;
+  4. a new instance carved out of idle slices (fewest compute slices destroyed).
+A GPU's intended layout is the controller's desired layout when it can be
+reached without destroying a bound instance, else what the GPU has now.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from slurm_mig.errors import GeometryError, SlurmMigError
+from slurm_mig.mig.layout import Layout, Slot
+from slurm_mig.mig.transitions import carve_options, plan_transition
+
+
+@dataclass
+class NodeGpu:
+    """One GPU of the node the job landed on."""
+
+    index: int
+    observed: Layout
+    desired: Layout | None = None
+    bound: set[Slot] = field(default_factory=set)  # held by live jobs
+
+
+@dataclass(frozen=True)
+class BindPlan:
+    """The instances to bind, and the layouts the node must reach first (only GPUs that change)."""
+
+    instances: tuple[tuple[int, Slot], ...]
+    targets: dict[int, Layout]
+    reason: str
+
+
+def _intended(g: NodeGpu) -> Layout:
+    if g.desired is None or g.desired.slots == g.observed.slots:
+        return g.observed
+    try:
+        plan_transition(g.observed, g.desired, g.bound & g.observed.slots)
+    except SlurmMigError:
+        return g.observed  # the desired change is blocked by a job for now
+    return g.desired
+
+
+def choose_binding(gpus: list[NodeGpu], profile: str, count: int,
+                   reserved: tuple[tuple[int, Slot], ...] = ()) -> BindPlan | None:
+    """Pick ``count`` instances of ``profile`` (kind or full name) on one node, or None if impossible now."""
+    plans = {g.index: _intended(g) for g in gpus}
+    taken = {g.index: set(g.bound) for g in gpus}
+    by_index = {g.index: g for g in gpus}
+    picked: list[tuple[int, Slot]] = []
+    how: list[str] = []
+
+    def resolve(g: NodeGpu) -> str | None:
+        try:
+            return g.observed.model.profile(profile).name
+        except GeometryError:
+            return None
+
+    def take(gi: int, slot: Slot, why: str) -> None:
+        picked.append((gi, slot))
+        taken[gi].add(slot)
+        how.append(f"{why} {slot} on GPU {gi}")
+
+    for gi, slot in reserved:
+        g = by_index.get(gi)
+        if g is not None and len(picked) < count and slot in plans[gi].slots and slot not in taken[gi] \
+                and resolve(g) == slot.profile:
+            take(gi, slot, "reserved")
+    for stage in ("exists", "planned"):
+        for g in gpus:
+            name = resolve(g)
+            if name is None:
+                continue
+            for slot in sorted(plans[g.index].slots):
+                if len(picked) >= count:
+                    break
+                if slot.profile != name or slot in taken[g.index]:
+                    continue
+                exists = slot in g.observed.slots
+                if (stage == "exists") == exists:
+                    take(g.index, slot, "existing" if exists else "planned")
+    while len(picked) < count:
+        best = None
+        for g in gpus:
+            name = resolve(g)
+            if name is None:
+                continue
+            opts = carve_options(plans[g.index], name, taken[g.index])
+            # Carving must also be reachable from what physically exists now.
+            for opt in opts:
+                try:
+                    plan_transition(g.observed, opt.target, g.bound & g.observed.slots)
+                except SlurmMigError:
+                    continue
+                key = (opt.destroyed_compute, len(opt.destroyed), g.index, opt.slot.start)
+                if best is None or key < best[0]:
+                    best = (key, g.index, opt)
+                break
+        if best is None:
+            return None
+        _, gi, opt = best
+        plans[gi] = opt.target
+        take(gi, opt.slot, "carved")
+    targets = {gi: plans[gi] for gi in plans
+               if plans[gi].slots != by_index[gi].observed.slots and any(p[0] == gi for p in picked)}
+    return BindPlan(tuple(picked), targets, "; ".join(how))

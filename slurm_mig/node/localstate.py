@@ -1,0 +1,163 @@
+"""A node's own records: which job holds which MIG instance, and messages owed to the controller.
+
+Prolog writes a binding file per job; TaskProlog (running as the job's user)
+reads it to set CUDA_VISIBLE_DEVICES; Epilog removes it. These files are the
+node's authority on what is in use, so layout changes on the node never touch
+a bound instance even when the controller is unreachable. Messages that could
+not reach the controller (outcomes above all) wait in the outbox and are sent
+by the next hook or health check, so an outcome is never lost.
+
+Permissions: the state directory is root-only (0700) except the bindings
+directory (0711: others may open a file whose name they know, not list);
+each binding file is owned by the job's user and is read-only (0400).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class BoundInstance:
+    gpu: int
+    profile: str
+    start: int
+    uuid: str
+
+    def to_json(self) -> dict:
+        return {"gpu": self.gpu, "profile": self.profile, "start": self.start, "uuid": self.uuid}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "BoundInstance":
+        return cls(int(d["gpu"]), str(d["profile"]), int(d["start"]), str(d["uuid"]))
+
+
+def _safe_job_id(job_id: str) -> str:
+    # Job ids become file names: only digits and '_' (array jobs) are accepted.
+    job_id = str(job_id)
+    if not job_id or len(job_id) > 32 or not all(c.isdigit() or c == "_" for c in job_id):
+        raise ValueError(f"bad Slurm job id {job_id!r}")
+    return job_id
+
+
+def _atomic_write(path: Path, data: bytes, mode: int, uid: int | None = None, gid: int | None = None) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+    try:
+        os.fchmod(fd, mode)
+        if uid is not None and os.geteuid() == 0:
+            os.fchown(fd, uid, -1 if gid is None else gid)
+        os.write(fd, data)
+        os.fsync(fd)
+        os.close(fd)
+        fd = -1
+        os.replace(tmp, path)
+    finally:
+        if fd != -1:
+            os.close(fd)
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+class NodeState:
+    """The binding cache and outbox of one node, under ``root`` (one directory per node name)."""
+
+    def __init__(self, root: str | os.PathLike):
+        self.root = Path(root)
+        self.bindings_dir = self.root / "bindings"
+        self.outbox_dir = self.root / "outbox"
+
+    def ensure(self) -> "NodeState":
+        for d, mode in ((self.root, 0o711), (self.bindings_dir, 0o711), (self.outbox_dir, 0o700)):
+            d.mkdir(parents=True, exist_ok=True)
+            if os.geteuid() == 0 or d.stat().st_uid == os.geteuid():
+                os.chmod(d, mode)
+        return self
+
+    # -- bindings ------------------------------------------------------------
+    def _binding_path(self, job_id: str) -> Path:
+        return self.bindings_dir / f"{_safe_job_id(job_id)}.json"
+
+    def write_binding(self, job_id: str, instances: list[BoundInstance], uid: int | None = None,
+                      gid: int | None = None) -> None:
+        """Record that ``job_id`` holds ``instances`` (readable by the job's user only)."""
+        doc = {"job_id": str(job_id), "bound_at": time.time(), "instances": [i.to_json() for i in instances]}
+        _atomic_write(self._binding_path(job_id), json.dumps(doc).encode(), 0o400, uid, gid)
+
+    def read_binding(self, job_id: str) -> list[BoundInstance] | None:
+        try:
+            doc = json.loads(self._binding_path(job_id).read_text())
+        except FileNotFoundError:
+            return None
+        return [BoundInstance.from_json(d) for d in doc.get("instances", [])]
+
+    def remove_binding(self, job_id: str) -> None:
+        try:
+            self._binding_path(job_id).unlink()
+        except FileNotFoundError:
+            pass
+
+    def all_bindings(self) -> dict[str, list[BoundInstance]]:
+        """Every job bound on this node; unreadable/corrupt files count as bound to nothing known."""
+        out: dict[str, list[BoundInstance]] = {}
+        if not self.bindings_dir.exists():
+            return out
+        for path in sorted(self.bindings_dir.glob("*.json")):
+            try:
+                doc = json.loads(path.read_text())
+                out[path.stem] = [BoundInstance.from_json(d) for d in doc.get("instances", [])]
+            except (OSError, ValueError, KeyError, TypeError):
+                out[path.stem] = []
+        return out
+
+    def bound_slots(self) -> dict[int, set[tuple[str, int]]]:
+        """GPU index -> {(profile, start)} held by some job on this node."""
+        held: dict[int, set[tuple[str, int]]] = {}
+        for insts in self.all_bindings().values():
+            for i in insts:
+                held.setdefault(i.gpu, set()).add((i.profile, i.start))
+        return held
+
+    # -- outbox --------------------------------------------------------------
+    def enqueue(self, path: str, payload: dict) -> Path:
+        """Keep a message for the controller until it can be delivered (at-least-once; the controller dedupes)."""
+        name = f"{time.time_ns():020d}-{os.getpid()}.json"
+        target = self.outbox_dir / name
+        _atomic_write(target, json.dumps({"path": path, "payload": payload}).encode(), 0o600)
+        return target
+
+    def pending_messages(self) -> list[tuple[Path, str, dict]]:
+        out = []
+        if not self.outbox_dir.exists():
+            return out
+        for p in sorted(self.outbox_dir.glob("*.json")):
+            try:
+                doc = json.loads(p.read_text())
+                out.append((p, doc["path"], doc["payload"]))
+            except (OSError, ValueError, KeyError):
+                # A torn write from a crash: keep it aside for an admin instead of dropping it.
+                try:
+                    p.rename(p.with_suffix(".corrupt"))
+                except OSError:
+                    pass
+        return out
+
+    def flush(self, client) -> int:
+        """Send queued messages in order; stop at the first failure. Returns how many were delivered."""
+        from slurm_mig.api.client import ControllerRefused
+
+        sent = 0
+        for path, route, payload in self.pending_messages():
+            try:
+                client.call(route, payload)
+            except ControllerRefused:
+                # The controller understood and refused: retrying will not help; keep it for an admin.
+                path.rename(path.with_suffix(".refused"))
+                continue
+            path.unlink()
+            sent += 1
+        return sent
