@@ -38,3 +38,29 @@ class TransitionBlocked(SlurmMigError):
     def __init__(self, message: str, blocking: tuple = ()):  # blocking: the busy Slots
         super().__init__(message)
         self.blocking = blocking
+
+
+class StoreError(SlurmMigError):
+    """The state database cannot be opened, read or written (bad file, unsafe permissions, disk full, I/O error).
+
+    A store operation that raises this has been rolled back: nothing of it was written.
+    """
+
+
+class StoreBusy(StoreError):
+    """The state database stayed locked by another writer for longer than the busy timeout."""
+
+    exit_code = 75  # EX_TEMPFAIL: try again later
+
+
+class BindingConflict(StoreError):
+    """A MIG instance is already bound to another live job (or the job is already bound elsewhere).
+
+    ``conflicts`` lists ``(node, gpu, start, other_job_id)`` for each instance in the way.
+    """
+
+    exit_code = 3
+
+    def __init__(self, message: str, conflicts: tuple = ()):
+        super().__init__(message)
+        self.conflicts = tuple(conflicts)

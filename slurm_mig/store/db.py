@@ -1,0 +1,1076 @@
+"""The controller's state store: one SQLite file (WAL) behind typed methods.
+
+Opening: the file is created by ``os.open(path, O_CREAT|O_NOFOLLOW, 0o600)``
+(0o640 when a group is configured) before SQLite touches it; an existing file
+that is a symlink, not a regular file, or world-writable is refused with a
+StoreError; any other wrong mode is repaired. SQLite's ``-wal``/``-shm`` files
+are checked the same way (SQLite creates them with the database's mode).
+
+Transactions: ``store.transaction()`` opens ``BEGIN IMMEDIATE`` (the write
+lock is taken up front, so concurrent writers queue on the busy timeout instead
+of failing on a lock upgrade); nested use becomes a SAVEPOINT. Every public
+method runs in one, so each call is atomic on its own and a whole controller
+tick is atomic when wrapped in an outer ``transaction()``. Any exception rolls
+back. SQLite errors come out typed: StoreBusy when the database stayed locked
+past the busy timeout, StoreError for a full disk, an I/O error or a file that
+is not a database, BindingConflict from ``bind``. A Store may be shared between
+threads (calls are serialised), but not between processes: open one per process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import sqlite3
+import stat
+import threading
+import time
+import urllib.parse
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Sequence
+
+import sqlite_utils
+
+from slurm_mig.errors import BindingConflict, SlurmMigError, StoreBusy, StoreError
+from slurm_mig.mig.layout import Layout, Slot
+from slurm_mig.mig.profiles import GpuModel, get_model
+from slurm_mig.store import schema
+from slurm_mig.store.models import (
+    BoundInstance,
+    DecisionRecord,
+    DesiredLayout,
+    Event,
+    Job,
+    JournalEntry,
+    JournalStep,
+    Node,
+    ObservedGpu,
+    ObservedInstance,
+    Outcome,
+    as_bound_instance,
+    as_observed_gpu,
+    as_observed_instance,
+    as_step,
+    bound_instances_from_json,
+    decision_to_json,
+    dumps,
+    loads,
+    state_to_json,
+)
+from slurm_mig.store.schema import (
+    JOB_STATES,
+    JOURNAL_OPEN_STATES,
+    JOURNAL_STATES,
+    NODE_STATES,
+    RUNNING_STATES,
+    TERMINAL_STATES,
+)
+
+log = logging.getLogger(__name__)
+
+DEFAULT_BUSY_TIMEOUT_S = 5.0
+MEMORY = ":memory:"
+
+
+# -- opening -------------------------------------------------------------------
+
+def _resolve_gid(group: str | int | None) -> int | None:
+    if group is None or group == "":
+        return None
+    if isinstance(group, int):
+        return group
+    import grp
+
+    try:
+        return grp.getgrnam(group).gr_gid
+    except KeyError:
+        if group.isdigit():
+            return int(group)
+        raise StoreError(f"state database group {group!r} does not exist") from None
+
+
+def _check_fd(fd: int, path: Path, mode: int, gid: int | None) -> None:
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        raise StoreError(f"state database {path} is not a regular file")
+    if st.st_mode & stat.S_IWOTH:
+        raise StoreError(
+            f"state database {path} is world-writable (mode {stat.S_IMODE(st.st_mode):04o}); refusing to "
+            f"use it, since anyone could have changed it. Check its contents, then `chmod {mode:o} {path}`"
+        )
+    try:
+        if gid is not None and st.st_gid != gid:
+            os.fchown(fd, -1, gid)
+        if stat.S_IMODE(st.st_mode) != mode:
+            os.fchmod(fd, mode)
+            log.warning("state database %s had mode %04o; set it to %04o", path, stat.S_IMODE(st.st_mode), mode)
+    except PermissionError:
+        raise StoreError(
+            f"state database {path} has mode {stat.S_IMODE(st.st_mode):04o}, owner uid {st.st_uid}, "
+            f"gid {st.st_gid}; expected {mode:04o}{'' if gid is None else f' and gid {gid}'} and cannot fix it "
+            f"as uid {os.geteuid()}"
+        ) from None
+
+
+def _open_checked(path: Path, flags: int, mode: int, gid: int | None) -> None:
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), mode)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise StoreError(
+                f"state database {path} is a symbolic link; refusing to follow it (set the db path to the real file)"
+            ) from None
+        raise StoreError(f"cannot open state database {path}: {exc.strerror}") from None
+    try:
+        _check_fd(fd, path, mode, gid)
+    finally:
+        os.close(fd)
+
+
+def prepare_db_file(path: str | os.PathLike, group: str | int | None = None) -> Path:
+    """Create (0600, or 0640 with ``group``) or check/repair the database file and its WAL companions."""
+    path = Path(path)
+    gid = _resolve_gid(group)
+    mode = 0o640 if gid is not None else 0o600
+    if not path.parent.exists():
+        try:
+            path.parent.mkdir(parents=True, mode=0o750 if gid is not None else 0o700)
+        except OSError as exc:
+            raise StoreError(f"cannot create the state database directory {path.parent}: {exc.strerror}") from None
+    _open_checked(path, os.O_RDWR | os.O_CREAT, mode, gid)
+    for suffix in ("-wal", "-shm", "-journal"):
+        extra = Path(str(path) + suffix)
+        if os.path.lexists(extra):
+            _open_checked(extra, os.O_RDWR, mode, gid)
+    return path
+
+
+def _connect(path: str, busy_timeout_s: float) -> sqlite3.Connection:
+    if path == MEMORY:
+        conn = sqlite3.connect(MEMORY, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False)
+    else:
+        # mode=rw: SQLite must never create the file itself (prepare_db_file did, with the right mode).
+        uri = "file:" + urllib.parse.quote(os.path.abspath(path)) + "?mode=rw"
+        conn = sqlite3.connect(uri, uri=True, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False)
+    return conn
+
+
+def open_store(
+    path: str | os.PathLike = MEMORY,
+    *,
+    busy_timeout_s: float = DEFAULT_BUSY_TIMEOUT_S,
+    group: str | int | None = None,
+    migrate: bool = True,
+) -> "Store":
+    """Open (creating if needed) the state database at ``path`` (``":memory:"`` for a private one).
+
+    ``busy_timeout_s``: how long a call waits for another writer before StoreBusy.
+    ``group``: make the file 0640 and owned by this group (for a read-only dashboard user).
+    ``migrate``: bring the schema up to date (idempotent).
+    """
+    if busy_timeout_s < 0:
+        raise StoreError(f"busy timeout must be >= 0 s, got {busy_timeout_s}")
+    path = os.fspath(path)
+    if path != MEMORY:
+        prepare_db_file(path, group)
+    conn = None
+    try:
+        conn = _connect(path, busy_timeout_s)
+        conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
+        conn.execute("PRAGMA foreign_keys = ON")
+        if path != MEMORY:
+            journal = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            if str(journal).lower() != "wal":
+                log.warning("state database %s: WAL not available (journal_mode=%s)", path, journal)
+            conn.execute("PRAGMA synchronous = NORMAL")
+        db = sqlite_utils.Database(conn, execute_plugins=False)
+        store = Store(db, path=path, busy_timeout_s=busy_timeout_s)
+        if migrate:
+            with store._locked():
+                with store._translated():
+                    schema.migrate(db)
+        return store
+    except sqlite3.Error as exc:
+        if conn is not None:
+            conn.close()
+        raise _translate(exc, path, busy_timeout_s) from exc
+    except BaseException:
+        if conn is not None:
+            conn.close()
+        raise
+
+
+def open_store_from_config(config: Any) -> "Store":
+    """Open the store a slurm_mig.config.Config names (``[controller]`` db_path, db_busy_timeout_s, db_group)."""
+    c = config.controller
+    return open_store(c.db_path, busy_timeout_s=c.db_busy_timeout_s, group=c.db_group or None)
+
+
+def _translate(exc: sqlite3.Error, path: str, busy_timeout_s: float) -> SlurmMigError:
+    msg = str(exc)
+    low = msg.lower()
+    code = getattr(exc, "sqlite_errorcode", None)
+    if isinstance(exc, sqlite3.OperationalError) and ("locked" in low or "busy" in low
+                                                      or code in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)):
+        return StoreBusy(
+            f"state database {path} stayed locked by another writer for more than the busy timeout "
+            f"({busy_timeout_s:g} s); nothing was written (sqlite: {msg})"
+        )
+    if "full" in low:
+        return StoreError(f"state database {path}: disk or database full; nothing of this operation was written ({msg})")
+    if "not a database" in low or "malformed" in low:
+        return StoreError(f"state database {path} is not a usable SQLite database ({msg})")
+    if "readonly" in low or "read-only" in low:
+        return StoreError(f"state database {path} is read-only for this process ({msg})")
+    return StoreError(f"state database {path}: {msg}")
+
+
+def _passthrough(exc: BaseException) -> bool:
+    """sqlite3 errors that are programming bugs, not store conditions: let them through unchanged."""
+    return isinstance(exc, (sqlite3.ProgrammingError, sqlite3.InterfaceError))
+
+
+def _now(now: float | None) -> float:
+    return time.time() if now is None else float(now)
+
+
+def _row_job(r: dict) -> Job:
+    return Job(
+        job_id=r["job_id"], user=r["user"], name=r["name"], partition=r["partition"], profile=r["profile"],
+        count=r["count"], time_limit_s=r["time_limit_s"], state=r["state"], reason=r["reason"],
+        submit_time=r["submit_time"], start_time=r["start_time"], end_time=r["end_time"], node=r["node"],
+        instances=bound_instances_from_json(loads(r["instances"], [])), priority_order=r["priority_order"],
+        exit_code=r["exit_code"], updated_at=r["updated_at"],
+    )
+
+
+def _row_journal(r: dict) -> JournalEntry:
+    return JournalEntry(
+        id=r["id"], node=r["node"], gpu=r["gpu"], from_layout=r["from_layout"], to_layout=r["to_layout"],
+        steps=tuple(JournalStep(s["action"], s["profile"], int(s["start"])) for s in loads(r["steps"], [])),
+        progress=r["progress"], step_log=tuple(loads(r["step_log"], [])), state=r["state"], outcome=r["outcome"],
+        error=r["error"], decision_id=r["decision_id"], created_at=r["created_at"], started_at=r["started_at"],
+        updated_at=r["updated_at"], finished_at=r["finished_at"],
+    )
+
+
+def _check_state(state: str, allowed: Sequence[str], what: str) -> str:
+    if state not in allowed:
+        raise ValueError(f"unknown {what} {state!r} (expected one of: {', '.join(allowed)})")
+    return state
+
+
+class Store:
+    """Typed access to the state database. Build one with open_store()."""
+
+    def __init__(self, db: sqlite_utils.Database, *, path: str = MEMORY,
+                 busy_timeout_s: float = DEFAULT_BUSY_TIMEOUT_S):
+        self.db = db
+        self.path = path
+        self.busy_timeout_s = busy_timeout_s
+        self._lock = threading.RLock()
+        self._depth = 0
+        self._read_only = False
+
+    # -- lifecycle -------------------------------------------------------------
+    def close(self) -> None:
+        with self._lock:
+            self.db.close()
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<Store {self.path}>"
+
+    @property
+    def schema_version(self) -> int:
+        with self.snapshot():
+            return schema.schema_version(self.db)
+
+    # -- transactions ----------------------------------------------------------
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        if not self._lock.acquire(timeout=self.busy_timeout_s):
+            raise StoreBusy(f"state database {self.path} is in use by another thread for more than "
+                            f"{self.busy_timeout_s:g} s")
+        try:
+            yield
+        finally:
+            self._lock.release()
+
+    @contextlib.contextmanager
+    def _translated(self) -> Iterator[None]:
+        try:
+            yield
+        except sqlite3.Error as exc:
+            if _passthrough(exc):
+                raise
+            raise _translate(exc, self.path, self.busy_timeout_s) from exc
+
+    def _rollback(self) -> None:
+        conn = self.db.conn
+        if conn.in_transaction:
+            try:
+                conn.execute("ROLLBACK")
+            except sqlite3.Error:  # e.g. after an I/O error SQLite may already have rolled back
+                log.exception("rollback of the state database failed")
+
+    @contextlib.contextmanager
+    def _tx(self, begin: str) -> Iterator["Store"]:
+        with self._locked():
+            conn = self.db.conn
+            if self._depth == 0:
+                with self._translated():
+                    conn.execute(begin)
+                self._depth = 1
+                self._read_only = begin == "BEGIN DEFERRED"
+                try:
+                    with self._translated():
+                        yield self
+                except BaseException:
+                    self._depth = 0
+                    self._rollback()
+                    raise
+                self._depth = 0
+                try:
+                    with self._translated():
+                        conn.execute("COMMIT")
+                except BaseException:
+                    self._rollback()
+                    raise
+            else:
+                if self._read_only and begin != "BEGIN DEFERRED":
+                    raise StoreError("cannot write inside store.snapshot(), which is read-only; "
+                                     "use store.transaction() for the outer block")
+                name = f"slurm_mig_sp{self._depth}"
+                with self._translated():
+                    conn.execute(f"SAVEPOINT {name}")
+                self._depth += 1
+                try:
+                    with self._translated():
+                        yield self
+                except BaseException:
+                    if conn.in_transaction:
+                        try:
+                            conn.execute(f"ROLLBACK TO {name}")
+                            conn.execute(f"RELEASE {name}")
+                        except sqlite3.Error:
+                            log.exception("rollback to savepoint failed")
+                    raise
+                else:
+                    with self._translated():
+                        conn.execute(f"RELEASE {name}")
+                finally:
+                    self._depth -= 1
+
+    def transaction(self) -> contextlib.AbstractContextManager["Store"]:
+        """A write transaction (``with store.transaction(): ...``): all of it is written, or none.
+
+        The outermost one takes the database's write lock at once (BEGIN
+        IMMEDIATE), waiting up to the busy timeout (then StoreBusy); nested ones
+        are savepoints, so an exception inside a nested block undoes only that
+        block if the caller catches it.
+        """
+        return self._tx("BEGIN IMMEDIATE")
+
+    def snapshot(self) -> contextlib.AbstractContextManager["Store"]:
+        """A read transaction: a consistent view of several tables (does not block writers in WAL mode)."""
+        return self._tx("BEGIN DEFERRED")
+
+    @property
+    def in_transaction(self) -> bool:
+        return self._depth > 0
+
+    def _q(self, sql: str, params: Sequence | dict = ()) -> list[dict]:
+        cur = self.db.conn.execute(sql, params)
+        cols = [d[0] for d in cur.description]
+        return [dict(zip(cols, row)) for row in cur.fetchall()]
+
+    def _x(self, sql: str, params: Sequence | dict = ()) -> sqlite3.Cursor:
+        return self.db.conn.execute(sql, params)
+
+    # -- meta ------------------------------------------------------------------
+    def get_meta(self, key: str, default: Any = None) -> Any:
+        with self.snapshot():
+            rows = self._q("SELECT value FROM meta WHERE key = ?", (key,))
+        return loads(rows[0]["value"]) if rows else default
+
+    def set_meta(self, key: str, value: Any, *, now: float | None = None) -> None:
+        with self.transaction():
+            self._x(
+                "INSERT INTO meta (key, value, updated_at) VALUES (?, ?, ?) "
+                "ON CONFLICT(key) DO UPDATE SET value = excluded.value, updated_at = excluded.updated_at",
+                (key, dumps(value), _now(now)),
+            )
+
+    # -- nodes -----------------------------------------------------------------
+    def upsert_node(self, name: str, *, state: str | None = None, health: str | None = None,
+                    health_detail: dict | None = None, agent_version: str | None = None,
+                    last_seen: float | None = None) -> None:
+        """Create node ``name`` or update the fields given (others keep their values)."""
+        if state is not None:
+            _check_state(state, NODE_STATES, "node state")
+        with self.transaction():
+            self._x("INSERT INTO nodes (name) VALUES (?) ON CONFLICT(name) DO NOTHING", (name,))
+            sets, params = [], []
+            for col, val in (("state", state), ("health", health), ("agent_version", agent_version),
+                             ("last_seen", last_seen)):
+                if val is not None:
+                    sets.append(f"{col} = ?")
+                    params.append(val)
+            if health_detail is not None:
+                sets.append("health_detail = ?")
+                params.append(dumps(health_detail))
+            if sets:
+                self._x(f"UPDATE nodes SET {', '.join(sets)} WHERE name = ?", (*params, name))
+
+    def set_node_state(self, name: str, state: str) -> None:
+        self.upsert_node(name, state=state)
+
+    def nodes(self) -> list[Node]:
+        with self.snapshot():
+            rows = self._q("SELECT * FROM nodes ORDER BY name")
+        return [Node(r["name"], r["state"], r["last_seen"], r["health"], loads(r["health_detail"], {}),
+                     r["agent_version"]) for r in rows]
+
+    def node(self, name: str) -> Node | None:
+        return next((n for n in self.nodes() if n.name == name), None)
+
+    # -- observed state ---------------------------------------------------------
+    def replace_observed(self, node: str, gpus: Iterable[Any], instances: Iterable[Any], *,
+                         now: float | None = None, state: str = "up", health: str | None = None,
+                         health_detail: dict | None = None, agent_version: str | None = None) -> None:
+        """Replace everything known about ``node``'s GPUs and MIG instances with this report, atomically.
+
+        ``gpus``: ObservedGpu / nvml GpuInfo / dicts (gpu or index, uuid, model, mig_enabled, name).
+        ``instances``: ObservedInstance / nvml MigInstance / dicts (gpu, profile, start, uuid, gi_id,
+        ci_id, in_use). Profiles given as kinds ("3g") are stored as full names. Marks the node seen.
+        """
+        t = _now(now)
+        gpu_rows = [as_observed_gpu(g) for g in gpus]
+        inst_rows = [as_observed_instance(i) for i in instances]
+        models = {g.gpu: (get_model(g.model) if g.model else None) for g in gpu_rows}
+        if len(models) != len(gpu_rows):
+            raise ValueError(f"node {node} reported the same GPU index twice")
+        normalised = []
+        for i in inst_rows:
+            if i.gpu not in models:
+                raise ValueError(f"node {node} reported a MIG instance on GPU {i.gpu}, which it did not list")
+            m = models[i.gpu]
+            profile = m.profile(i.profile).name if m is not None else i.profile
+            normalised.append((i, profile))
+        with self.transaction():
+            self.upsert_node(node, state=state, health=health, health_detail=health_detail,
+                             agent_version=agent_version, last_seen=t)
+            self._x("DELETE FROM instances WHERE node = ?", (node,))
+            self._x("DELETE FROM gpus WHERE node = ?", (node,))
+            for g in gpu_rows:
+                self._x(
+                    "INSERT INTO gpus (node, gpu, uuid, name, model, mig_enabled, last_observed) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (node, g.gpu, g.uuid, g.name, g.model, int(g.mig_enabled), t),
+                )
+            for i, profile in normalised:
+                self._x(
+                    "INSERT INTO instances (node, gpu, profile, start, uuid, gi_id, ci_id, in_use, observed_at) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (node, i.gpu, profile, i.start, i.uuid, i.gi_id, i.ci_id, int(i.in_use), t),
+                )
+
+    def observed_gpus(self, node: str | None = None) -> list[ObservedGpu]:
+        sql, params = "SELECT * FROM gpus", ()
+        if node is not None:
+            sql, params = sql + " WHERE node = ?", (node,)
+        with self.snapshot():
+            rows = self._q(sql + " ORDER BY node, gpu", params)
+        return [ObservedGpu(r["gpu"], r["uuid"], r["model"], bool(r["mig_enabled"]), r["name"], r["last_observed"],
+                            r["node"]) for r in rows]
+
+    def observed_instances(self, node: str | None = None, gpu: int | None = None) -> list[ObservedInstance]:
+        where, params = [], []
+        if node is not None:
+            where.append("node = ?")
+            params.append(node)
+        if gpu is not None:
+            where.append("gpu = ?")
+            params.append(gpu)
+        sql = "SELECT * FROM instances" + (" WHERE " + " AND ".join(where) if where else "")
+        with self.snapshot():
+            rows = self._q(sql + " ORDER BY node, gpu, start", params)
+        return [ObservedInstance(r["gpu"], r["profile"], r["start"], r["uuid"], r["gi_id"], r["ci_id"],
+                                 bool(r["in_use"]), r["observed_at"], r["node"]) for r in rows]
+
+    def observed_layout(self, node: str, gpu: int) -> Layout | None:
+        """The layout ``node``/``gpu`` last reported, or None if the GPU or its model is unknown."""
+        with self.snapshot():
+            g = self._q("SELECT model FROM gpus WHERE node = ? AND gpu = ?", (node, gpu))
+            if not g or not g[0]["model"]:
+                return None
+            rows = self._q("SELECT profile, start FROM instances WHERE node = ? AND gpu = ?", (node, gpu))
+        return Layout(get_model(g[0]["model"]), frozenset(Slot(r["start"], r["profile"]) for r in rows))
+
+    # -- desired layouts --------------------------------------------------------
+    def set_desired(self, node: str, gpu: int, layout: Layout | str, policy: str, reason: str = "", *,
+                    now: float | None = None) -> None:
+        """Record the layout a policy wants on ``node``/``gpu`` (a Layout or a parse_layout() spec)."""
+        spec = str(layout) if isinstance(layout, Layout) else str(layout).strip()
+        with self.transaction():
+            self._x(
+                "INSERT INTO desired_layouts (node, gpu, layout, policy, decided_at, reason) VALUES (?, ?, ?, ?, ?, ?) "
+                "ON CONFLICT(node, gpu) DO UPDATE SET layout = excluded.layout, policy = excluded.policy, "
+                "decided_at = excluded.decided_at, reason = excluded.reason",
+                (node, int(gpu), spec, policy, _now(now), reason),
+            )
+
+    def clear_desired(self, node: str, gpu: int | None = None) -> None:
+        with self.transaction():
+            if gpu is None:
+                self._x("DELETE FROM desired_layouts WHERE node = ?", (node,))
+            else:
+                self._x("DELETE FROM desired_layouts WHERE node = ? AND gpu = ?", (node, int(gpu)))
+
+    def desired(self, node: str) -> dict[int, DesiredLayout]:
+        """The desired layout of each GPU of ``node`` that has one, by GPU index."""
+        with self.snapshot():
+            rows = self._q(
+                "SELECT d.*, g.model AS model FROM desired_layouts d "
+                "LEFT JOIN gpus g ON g.node = d.node AND g.gpu = d.gpu WHERE d.node = ? ORDER BY d.gpu",
+                (node,),
+            )
+        return {r["gpu"]: DesiredLayout(r["node"], r["gpu"], r["layout"], r["policy"], r["decided_at"], r["reason"],
+                                        r["model"]) for r in rows}
+
+    # -- jobs ------------------------------------------------------------------
+    def upsert_job(self, job_id: str, *, profile: str, count: int = 1, user: str = "", name: str = "",
+                   partition: str = "", time_limit_s: float | None = None, submit_time: float | None = None,
+                   state: str | None = None, priority_order: int | None = None, now: float | None = None) -> None:
+        """Insert a job as Slurm reports it, or update its request fields.
+
+        A new job starts PENDING unless ``state`` says otherwise; for an existing
+        one ``state`` (when given) goes through set_job_state(), and start/end
+        times, bindings and the reason are kept.
+        """
+        job_id = str(job_id)
+        if count < 1:
+            raise ValueError(f"job {job_id}: count must be >= 1, got {count}")
+        if state is not None:
+            _check_state(state, JOB_STATES, "job state")
+        t = _now(now)
+        with self.transaction():
+            self._x(
+                "INSERT INTO jobs (job_id, user, name, partition, profile, count, time_limit_s, state, submit_time, "
+                "priority_order, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, 'PENDING', ?, ?, ?) "
+                "ON CONFLICT(job_id) DO UPDATE SET user = excluded.user, name = excluded.name, "
+                "partition = excluded.partition, profile = excluded.profile, count = excluded.count, "
+                "time_limit_s = excluded.time_limit_s, "
+                "priority_order = COALESCE(excluded.priority_order, jobs.priority_order), "
+                "updated_at = excluded.updated_at",
+                (job_id, user, name, partition, profile, int(count), time_limit_s,
+                 t if submit_time is None else submit_time, priority_order, t),
+            )
+            if state is not None:
+                self.set_job_state(job_id, state, now=t)
+
+    def set_job_order(self, job_ids: Sequence[str]) -> None:
+        """Set the pending queue order (Slurm's priority order): ``job_ids[0]`` runs first."""
+        with self.transaction():
+            for i, job_id in enumerate(job_ids):
+                self._x("UPDATE jobs SET priority_order = ? WHERE job_id = ?", (i, str(job_id)))
+
+    def set_job_state(self, job_id: str, state: str, *, now: float | None = None, reason: str | None = None,
+                      node: str | None = None, exit_code: int | None = None) -> None:
+        """Move a job to ``state``. RUNNING stamps start_time (once); a terminal state stamps end_time
+        and releases the job's bindings; PENDING/REQUEUED clear start/end so a requeued job waits afresh."""
+        _check_state(state, JOB_STATES, "job state")
+        job_id = str(job_id)
+        t = _now(now)
+        with self.transaction():
+            if not self._q("SELECT 1 FROM jobs WHERE job_id = ?", (job_id,)):
+                raise StoreError(f"unknown job {job_id}")
+            sets = ["state = ?", "updated_at = ?"]
+            params: list[Any] = [state, t]
+            if state in RUNNING_STATES:
+                sets.append("start_time = COALESCE(start_time, ?)")
+                params.append(t)
+            elif state in TERMINAL_STATES:
+                sets.append("end_time = COALESCE(end_time, ?)")
+                params.append(t)
+            elif state in ("PENDING", "REQUEUED"):
+                sets.append("start_time = NULL, end_time = NULL")
+            for col, val in (("reason", reason), ("node", node), ("exit_code", exit_code)):
+                if val is not None:
+                    sets.append(f"{col} = ?")
+                    params.append(val)
+            self._x(f"UPDATE jobs SET {', '.join(sets)} WHERE job_id = ?", (*params, job_id))
+            if state in TERMINAL_STATES:
+                self.release(job_id, now=t)
+
+    def get_job(self, job_id: str) -> Job | None:
+        with self.snapshot():
+            rows = self._q("SELECT * FROM jobs WHERE job_id = ?", (str(job_id),))
+        return _row_job(rows[0]) if rows else None
+
+    def jobs(self, states: Iterable[str] | None = None, *, limit: int | None = None) -> list[Job]:
+        """Jobs (optionally only in ``states``), in queue order then submit time."""
+        sql, params = "SELECT * FROM jobs", []
+        if states is not None:
+            states = [_check_state(s, JOB_STATES, "job state") for s in states]
+            sql += f" WHERE state IN ({', '.join('?' for _ in states)})"
+            params += states
+        sql += " ORDER BY priority_order IS NULL, priority_order, submit_time, job_id"
+        if limit is not None:
+            sql += " LIMIT ?"
+            params.append(int(limit))
+        with self.snapshot():
+            return [_row_job(r) for r in self._q(sql, params)]
+
+    def pending_jobs(self, *, include_bound: bool = False) -> list[Job]:
+        """PENDING jobs in Slurm priority order (priority_order, then submit time).
+
+        Jobs that already hold a live binding (assigned, waiting for Slurm to
+        start them) are left out unless ``include_bound``: a policy must not place them again.
+        """
+        sql = "SELECT * FROM jobs j WHERE j.state = 'PENDING'"
+        if not include_bound:
+            sql += " AND NOT EXISTS (SELECT 1 FROM bindings b WHERE b.job_id = j.job_id AND b.released_at IS NULL)"
+        sql += " ORDER BY j.priority_order IS NULL, j.priority_order, j.submit_time, j.job_id"
+        with self.snapshot():
+            return [_row_job(r) for r in self._q(sql)]
+
+    def running_jobs(self) -> list[Job]:
+        """Jobs Slurm runs now (RUNNING, SUSPENDED, COMPLETING), oldest start first."""
+        with self.snapshot():
+            rows = self._q(
+                f"SELECT * FROM jobs WHERE state IN ({', '.join('?' for _ in RUNNING_STATES)}) "
+                "ORDER BY start_time, job_id",
+                RUNNING_STATES,
+            )
+        return [_row_job(r) for r in rows]
+
+    # -- bindings --------------------------------------------------------------
+    def _gpu_model(self, node: str, gpu: int) -> GpuModel | None:
+        rows = self._q("SELECT model FROM gpus WHERE node = ? AND gpu = ?", (node, gpu))
+        return get_model(rows[0]["model"]) if rows and rows[0]["model"] else None
+
+    def bind(self, job_id: str, node: str, instances: Iterable[Any], *, now: float | None = None
+             ) -> tuple[BoundInstance, ...]:
+        """Bind ``job_id`` to MIG instances on ``node``; returns what was bound (with UUIDs where known).
+
+        ``instances``: ``(gpu, Slot)`` pairs (an Assignment's ``instances``), BoundInstances or dicts.
+        Raises BindingConflict if any instance (or an overlapping one) is bound to another live job, or
+        the job is already bound to different instances; binding the same instances again is a no-op.
+        """
+        job_id = str(job_id)
+        items = [as_bound_instance(i) for i in instances]
+        if not items:
+            raise ValueError(f"bind job {job_id}: no instances given")
+        t = _now(now)
+        with self.transaction():
+            job = self._q("SELECT state FROM jobs WHERE job_id = ?", (job_id,))
+            if not job:
+                raise StoreError(f"cannot bind unknown job {job_id}")
+            if job[0]["state"] in TERMINAL_STATES:
+                raise StoreError(f"cannot bind job {job_id}: it already ended ({job[0]['state']})")
+            resolved: list[BoundInstance] = []
+            for b in items:
+                model = self._gpu_model(node, b.gpu)
+                profile = model.profile(b.profile).name if model is not None else b.profile
+                uuid = b.uuid
+                if uuid is None:
+                    obs = self._q("SELECT uuid FROM instances WHERE node = ? AND gpu = ? AND start = ? AND profile = ?",
+                                  (node, b.gpu, b.start, profile))
+                    uuid = obs[0]["uuid"] if obs else None
+                resolved.append(BoundInstance(b.gpu, profile, b.start, uuid))
+            keys = [(b.gpu, b.start) for b in resolved]
+            if len(set(keys)) != len(keys):
+                raise ValueError(f"bind job {job_id}: the same instance is listed twice")
+            live = self._q("SELECT * FROM bindings WHERE job_id = ? AND released_at IS NULL", (job_id,))
+            if live:
+                current = {(r["node"], r["gpu"], r["start"], r["profile"]) for r in live}
+                if current == {(node, b.gpu, b.start, b.profile) for b in resolved}:
+                    return tuple(BoundInstance(r["gpu"], r["profile"], r["start"], r["uuid"])
+                                 for r in sorted(live, key=lambda r: (r["gpu"], r["start"])))
+                raise BindingConflict(
+                    f"job {job_id} is already bound to "
+                    + ", ".join(f"{r['node']}/{r['gpu']}/{r['profile']}@{r['start']}" for r in live),
+                    tuple((r["node"], r["gpu"], r["start"], job_id) for r in live),
+                )
+            conflicts = []
+            for b in resolved:
+                model = self._gpu_model(node, b.gpu)
+                others = self._q("SELECT job_id, gpu, start, profile, uuid FROM bindings "
+                                 "WHERE node = ? AND gpu = ? AND released_at IS NULL", (node, b.gpu))
+                if b.uuid is not None:
+                    others += self._q("SELECT job_id, gpu, start, profile, uuid FROM bindings "
+                                      "WHERE uuid = ? AND released_at IS NULL", (b.uuid,))
+                for o in others:
+                    same = o["start"] == b.start or (b.uuid is not None and o["uuid"] == b.uuid)
+                    overlap = False
+                    if model is not None and not same:
+                        try:
+                            overlap = bool(model.profile(o["profile"]).mask(o["start"])
+                                           & model.profile(b.profile).mask(b.start))
+                        except SlurmMigError:
+                            overlap = False
+                    if same or overlap:
+                        conflicts.append((node, b.gpu, b.start, o["job_id"]))
+            if conflicts:
+                raise BindingConflict(
+                    f"cannot bind job {job_id} on {node}: "
+                    + "; ".join(f"GPU {g} slice {s} is held by live job {other}" for _, g, s, other in conflicts),
+                    tuple(dict.fromkeys(conflicts)),
+                )
+            try:
+                for b in resolved:
+                    self._x(
+                        "INSERT INTO bindings (job_id, node, gpu, start, profile, uuid, bound_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                        (job_id, node, b.gpu, b.start, b.profile, b.uuid, t),
+                    )
+            except sqlite3.IntegrityError as exc:  # the partial unique indexes: a second line of defence
+                raise BindingConflict(f"cannot bind job {job_id} on {node}: an instance is already bound ({exc})") from exc
+            self._x("UPDATE jobs SET node = ?, instances = ?, updated_at = ? WHERE job_id = ?",
+                    (node, dumps([b.to_json() for b in resolved]), t, job_id))
+        return tuple(resolved)
+
+    def release(self, job_id: str, *, now: float | None = None) -> int:
+        """Release every live binding of ``job_id``; returns how many were released (0 if none)."""
+        with self.transaction():
+            cur = self._x("UPDATE bindings SET released_at = ? WHERE job_id = ? AND released_at IS NULL",
+                          (_now(now), str(job_id)))
+            return cur.rowcount
+
+    def bound_instances(self, job_id: str) -> tuple[BoundInstance, ...]:
+        """The instances ``job_id`` holds now (live bindings), by GPU then start."""
+        with self.snapshot():
+            rows = self._q("SELECT gpu, profile, start, uuid FROM bindings WHERE job_id = ? AND released_at IS NULL "
+                           "ORDER BY gpu, start", (str(job_id),))
+        return tuple(BoundInstance(r["gpu"], r["profile"], r["start"], r["uuid"]) for r in rows)
+
+    def live_bindings(self, node: str | None = None) -> list[tuple[str, str, BoundInstance]]:
+        """``(job_id, node, instance)`` for every live binding (optionally on one node)."""
+        sql, params = "SELECT * FROM bindings WHERE released_at IS NULL", []
+        if node is not None:
+            sql += " AND node = ?"
+            params.append(node)
+        with self.snapshot():
+            rows = self._q(sql + " ORDER BY node, gpu, start", params)
+        return [(r["job_id"], r["node"], BoundInstance(r["gpu"], r["profile"], r["start"], r["uuid"])) for r in rows]
+
+    def job_on_instance(self, node: str, gpu: int, start: int) -> str | None:
+        """The live job bound to the instance at ``start`` on ``node``/``gpu``, if any."""
+        with self.snapshot():
+            rows = self._q("SELECT job_id FROM bindings WHERE node = ? AND gpu = ? AND start = ? AND released_at IS NULL",
+                           (node, int(gpu), int(start)))
+        return rows[0]["job_id"] if rows else None
+
+    # -- outcomes --------------------------------------------------------------
+    def record_outcome(self, job_id: str, *, state: str, exit_code: int | None = None,
+                       derived_exit_code: int | None = None, end_time: float | None = None,
+                       now: float | None = None, **fields: Any) -> bool:
+        """Record how ``job_id`` ended, exactly once: True when written, False if it already was.
+
+        Missing fields (profile, count, node, instances, user, partition,
+        time_limit_s, submit/start times) come from the jobs row; ``fields``
+        overrides any of them. wait_s and run_s are derived from the times.
+        """
+        _check_state(state, JOB_STATES, "job state")
+        allowed = {"profile", "count", "node", "gpus", "instances", "user", "partition", "time_limit_s",
+                   "submit_time", "start_time"}
+        unknown = set(fields) - allowed
+        if unknown:
+            raise TypeError(f"record_outcome() got unknown field(s): {', '.join(sorted(unknown))}")
+        job_id = str(job_id)
+        t = _now(now)
+        with self.transaction():
+            if self._q("SELECT 1 FROM outcomes WHERE job_id = ?", (job_id,)):
+                return False
+            rows = self._q("SELECT * FROM jobs WHERE job_id = ?", (job_id,))
+            job = _row_job(rows[0]) if rows else None
+            if job is None and "profile" not in fields:
+                raise StoreError(f"cannot record an outcome for unknown job {job_id} without its profile")
+            v: dict[str, Any] = {}
+            if job is not None:
+                v.update(profile=job.profile, count=job.count, node=job.node, instances=list(job.instances),
+                         user=job.user, partition=job.partition, time_limit_s=job.time_limit_s,
+                         submit_time=job.submit_time, start_time=job.start_time)
+            v.update(fields)
+            instances = [as_bound_instance(i) for i in v.get("instances") or ()]
+            gpus = v.get("gpus") or sorted({i.gpu for i in instances})
+            end = end_time if end_time is not None else (job.end_time if job and job.end_time else t)
+            submit, start = v.get("submit_time"), v.get("start_time")
+            wait_s = (start - submit) if start is not None and submit is not None else None
+            run_s = (end - start) if start is not None and end is not None else None
+            cur = self._x(
+                "INSERT INTO outcomes (job_id, profile, count, node, gpus, instances, user, partition, time_limit_s, "
+                "submit_time, start_time, end_time, wait_s, run_s, exit_code, derived_exit_code, state, recorded_at) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(job_id) DO NOTHING",
+                (job_id, v["profile"], int(v.get("count") or 1), v.get("node"), dumps(list(gpus)),
+                 dumps([i.to_json() for i in instances]), v.get("user") or "", v.get("partition") or "",
+                 v.get("time_limit_s"), submit, start, end, wait_s, run_s, exit_code, derived_exit_code, state, t),
+            )
+            return cur.rowcount == 1
+
+    def outcome(self, job_id: str) -> Outcome | None:
+        rows = self._outcomes("WHERE job_id = ?", (str(job_id),))
+        return rows[0] if rows else None
+
+    def outcomes(self, *, since: float | None = None, limit: int | None = None) -> list[Outcome]:
+        """Recorded outcomes by end time (optionally those ending at or after ``since``)."""
+        where, params = "", []
+        if since is not None:
+            where, params = "WHERE end_time >= ?", [since]
+        tail = " ORDER BY end_time, job_id" + (" LIMIT ?" if limit is not None else "")
+        if limit is not None:
+            params.append(int(limit))
+        return self._outcomes(where + tail, params)
+
+    def _outcomes(self, tail: str, params: Sequence) -> list[Outcome]:
+        with self.snapshot():
+            rows = self._q("SELECT * FROM outcomes " + tail, params)
+        return [Outcome(
+            job_id=r["job_id"], profile=r["profile"], count=r["count"], node=r["node"],
+            gpus=tuple(loads(r["gpus"], [])), instances=bound_instances_from_json(loads(r["instances"], [])),
+            user=r["user"], partition=r["partition"], time_limit_s=r["time_limit_s"], submit_time=r["submit_time"],
+            start_time=r["start_time"], end_time=r["end_time"], wait_s=r["wait_s"], run_s=r["run_s"],
+            exit_code=r["exit_code"], derived_exit_code=r["derived_exit_code"], state=r["state"],
+            recorded_at=r["recorded_at"],
+        ) for r in rows]
+
+    # -- decisions -------------------------------------------------------------
+    def record_decision(self, decision: Any, *, state: Any = None, inputs: Any = None,
+                        latency_ms: float | None = None, shadow: bool = False, now: float | None = None) -> int:
+        """Store a policy Decision (and the ClusterState it saw) for `explain`, replay and training.
+
+        For a live (non-shadow) decision, each waiting job's reason is copied to its jobs row.
+        Returns the decision id.
+        """
+        t = _now(now)
+        if inputs is None:
+            inputs = state_to_json(state) if state is not None else {}
+        waiting = [[str(j), r] for j, r in decision.waiting]
+        with self.transaction():
+            cur = self._x(
+                "INSERT INTO decisions (time, policy, version, shadow, inputs, action, reasons, latency_ms) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (t, decision.policy or "", decision.version or "", int(bool(shadow)), dumps(inputs),
+                 dumps(decision_to_json(decision)), dumps(waiting), latency_ms),
+            )
+            if not shadow:
+                for job_id, reason in waiting:
+                    self._x("UPDATE jobs SET reason = ? WHERE job_id = ? AND state = 'PENDING'", (reason, job_id))
+                for a in decision.assignments:
+                    self._x("UPDATE jobs SET reason = ? WHERE job_id = ? AND state = 'PENDING'",
+                            (a.reason, a.job_id))
+            return int(cur.lastrowid)
+
+    def recent_decisions(self, n: int = 20, *, shadow: bool | None = None) -> list[DecisionRecord]:
+        """The last ``n`` decisions, newest first (only live or only shadow ones if ``shadow`` is set)."""
+        sql, params = "SELECT * FROM decisions", []
+        if shadow is not None:
+            sql += " WHERE shadow = ?"
+            params.append(int(shadow))
+        with self.snapshot():
+            rows = self._q(sql + " ORDER BY id DESC LIMIT ?", (*params, int(n)))
+        return [DecisionRecord(r["id"], r["time"], r["policy"], r["version"], bool(r["shadow"]), loads(r["inputs"]),
+                               loads(r["action"], {}), loads(r["reasons"], []), r["latency_ms"]) for r in rows]
+
+    # -- reconfiguration journal -------------------------------------------------
+    def journal_begin(self, node: str, gpu: int, from_layout: Layout | str, to_layout: Layout | str,
+                      steps: Iterable[Any], *, decision_id: int | None = None, started: bool = True,
+                      now: float | None = None) -> int:
+        """Write the intent of a reconfiguration before touching the GPU; returns the entry id.
+
+        ``steps``: transitions.Step objects (or dicts {action, profile, start}), in order.
+        The entry is ``in_progress`` (or ``planned`` with ``started=False``) until journal_finish().
+        """
+        t = _now(now)
+        step_rows = [as_step(s) for s in steps]
+        with self.transaction():
+            cur = self._x(
+                "INSERT INTO reconfig_journal (node, gpu, from_layout, to_layout, steps, state, decision_id, "
+                "created_at, started_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (node, int(gpu), str(from_layout), str(to_layout), dumps([s.to_json() for s in step_rows]),
+                 "in_progress" if started else "planned", decision_id, t, t if started else None, t),
+            )
+            return int(cur.lastrowid)
+
+    def journal_entry(self, entry_id: int) -> JournalEntry:
+        with self.snapshot():
+            rows = self._q("SELECT * FROM reconfig_journal WHERE id = ?", (int(entry_id),))
+        if not rows:
+            raise StoreError(f"no reconfiguration journal entry {entry_id}")
+        return _row_journal(rows[0])
+
+    def journal_step(self, entry_id: int, step: int | None = None, *, ok: bool = True, error: str | None = None,
+                     now: float | None = None) -> JournalEntry:
+        """Record that step number ``step`` (default: the next one) finished (``ok``) or failed.
+
+        A successful step advances ``progress``; a planned entry becomes in_progress.
+        """
+        t = _now(now)
+        with self.transaction():
+            entry = self.journal_entry(entry_id)
+            if entry.state not in JOURNAL_OPEN_STATES:
+                raise StoreError(f"journal entry {entry_id} is already {entry.state}")
+            index = entry.progress if step is None else int(step)
+            if index != entry.progress or index >= len(entry.steps):
+                raise StoreError(f"journal entry {entry_id}: step {index} is not the next step "
+                                 f"(progress {entry.progress} of {len(entry.steps)})")
+            log_item = {"step": index, "action": entry.steps[index].action, "slot": str(entry.steps[index].slot),
+                        "ok": bool(ok), "error": error, "at": t}
+            self._x(
+                "UPDATE reconfig_journal SET progress = ?, step_log = ?, state = 'in_progress', "
+                "started_at = COALESCE(started_at, ?), updated_at = ?, error = COALESCE(?, error) WHERE id = ?",
+                (entry.progress + (1 if ok else 0), dumps([*entry.step_log, log_item]), t, t, error, int(entry_id)),
+            )
+            return self.journal_entry(entry_id)
+
+    def journal_finish(self, entry_id: int, state: str = "done", *, outcome: str | None = None,
+                       error: str | None = None, now: float | None = None) -> JournalEntry:
+        """Close a journal entry as done, failed or abandoned."""
+        if state not in ("done", "failed", "abandoned"):
+            raise ValueError(f"journal entries finish as done, failed or abandoned, not {state!r}")
+        t = _now(now)
+        with self.transaction():
+            entry = self.journal_entry(entry_id)
+            if entry.state not in JOURNAL_OPEN_STATES:
+                raise StoreError(f"journal entry {entry_id} is already {entry.state}")
+            self._x("UPDATE reconfig_journal SET state = ?, outcome = ?, error = COALESCE(?, error), updated_at = ?, "
+                    "finished_at = ? WHERE id = ?", (state, outcome, error, t, t, int(entry_id)))
+            return self.journal_entry(entry_id)
+
+    def open_journal_entries(self, node: str | None = None) -> list[JournalEntry]:
+        """Entries still planned or in progress (after a crash: what to resume or undo), oldest first."""
+        sql, params = "SELECT * FROM reconfig_journal WHERE state IN ('planned', 'in_progress')", []
+        if node is not None:
+            sql += " AND node = ?"
+            params.append(node)
+        with self.snapshot():
+            return [_row_journal(r) for r in self._q(sql + " ORDER BY id", params)]
+
+    def journal_entries(self, *, limit: int = 50) -> list[JournalEntry]:
+        """The most recent journal entries, newest first."""
+        with self.snapshot():
+            return [_row_journal(r) for r in self._q("SELECT * FROM reconfig_journal ORDER BY id DESC LIMIT ?",
+                                                     (int(limit),))]
+
+    # -- events ----------------------------------------------------------------
+    def add_event(self, kind: str, message: str, details: dict | None = None, *, node: str | None = None,
+                  job_id: str | None = None, now: float | None = None) -> int:
+        with self.transaction():
+            cur = self._x("INSERT INTO events (time, kind, message, node, job_id, details) VALUES (?, ?, ?, ?, ?, ?)",
+                          (_now(now), kind, message, node, None if job_id is None else str(job_id),
+                           dumps(details or {})))
+            return int(cur.lastrowid)
+
+    def recent_events(self, n: int = 50, *, kind: str | None = None, node: str | None = None,
+                      job_id: str | None = None) -> list[Event]:
+        """The last ``n`` events, newest first, optionally filtered."""
+        where, params = [], []
+        for col, val in (("kind", kind), ("node", node), ("job_id", job_id)):
+            if val is not None:
+                where.append(f"{col} = ?")
+                params.append(str(val))
+        sql = "SELECT * FROM events" + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY id DESC LIMIT ?"
+        with self.snapshot():
+            rows = self._q(sql, (*params, int(n)))
+        return [Event(r["id"], r["time"], r["kind"], r["message"], r["node"], r["job_id"], loads(r["details"], {}))
+                for r in rows]
+
+    # -- the policy's view ------------------------------------------------------
+    def cluster_state(self, now: float | None = None, *, stale_after_s: float | None = None) -> Any:
+        """A policies.base.ClusterState built from the database, so a policy can run straight from it.
+
+        Per GPU with a known model: ``layout`` = the observed instances, with the
+        finished steps of open journal entries applied and instances those
+        entries are still creating added (when they fit). ``reconfiguring`` =
+        every instance an open journal entry names. ``busy`` = instances bound
+        to a live job, plus any the node reports in use. ``busy_until`` = start
+        + time limit of running bound jobs. ``available`` = node up, MIG on,
+        and (with ``stale_after_s``) seen recently. ``pending`` = pending_jobs().
+        GPUs whose model slurm-mig does not know are left out.
+        """
+        from slurm_mig.policies.base import ClusterState, GpuState, PendingJob
+
+        t = _now(now)
+        with self.snapshot():
+            nodes = {r["name"]: r for r in self._q("SELECT * FROM nodes")}
+            gpu_rows = self._q("SELECT * FROM gpus ORDER BY node, gpu")
+            inst_rows = self._q("SELECT * FROM instances ORDER BY node, gpu, start")
+            bind_rows = self._q(
+                "SELECT b.node, b.gpu, b.start, b.profile, b.job_id, j.start_time, j.time_limit_s, j.state "
+                "FROM bindings b JOIN jobs j ON j.job_id = b.job_id WHERE b.released_at IS NULL"
+            )
+            journal = [_row_journal(r) for r in self._q(
+                "SELECT * FROM reconfig_journal WHERE state IN ('planned', 'in_progress') ORDER BY id")]
+            pending = self.pending_jobs()
+        observed: dict[tuple[str, int], list[dict]] = {}
+        for r in inst_rows:
+            observed.setdefault((r["node"], r["gpu"]), []).append(r)
+        bound: dict[tuple[str, int], list[dict]] = {}
+        for r in bind_rows:
+            bound.setdefault((r["node"], r["gpu"]), []).append(r)
+        open_entries: dict[tuple[str, int], list[JournalEntry]] = {}
+        for e in journal:
+            open_entries.setdefault((e.node, e.gpu), []).append(e)
+
+        gpus = []
+        for g in gpu_rows:
+            key = (g["node"], g["gpu"])
+            if not g["model"]:
+                continue
+            try:
+                model = get_model(g["model"])
+            except SlurmMigError:
+                log.warning("GPU %s/%s has unknown model %r; left out of the policy's view", *key, g["model"])
+                continue
+            layout = Layout(model, frozenset(Slot(r["start"], r["profile"]) for r in observed.get(key, ())))
+            in_use = {Slot(r["start"], r["profile"]) for r in observed.get(key, ()) if r["in_use"]}
+            touched: set[Slot] = set()
+
+            def fits(lay: Layout, slot: Slot) -> bool:
+                try:
+                    return lay.with_slot(slot).is_valid()
+                except SlurmMigError:
+                    return False
+
+            for e in open_entries.get(key, ()):
+                for i, step in enumerate(e.steps):
+                    slot = step.slot
+                    touched.add(slot)
+                    if step.action == "destroy" and i < e.progress:
+                        layout = layout.without([slot])
+                    elif step.action == "create" and slot not in layout.slots and fits(layout, slot):
+                        layout = layout.with_slot(slot)
+            bound_slots = set()
+            until = []
+            for b in bound.get(key, ()):
+                slot = Slot(b["start"], b["profile"])
+                if slot not in layout.slots and fits(layout, slot):
+                    layout = layout.with_slot(slot)
+                if slot not in layout.slots:
+                    log.warning("job %s is bound to %s on %s/%s, which overlaps the GPU's layout %s",
+                                b["job_id"], slot, key[0], key[1], layout)
+                    continue
+                bound_slots.add(slot)
+                if b["start_time"] is not None and b["time_limit_s"] is not None:
+                    until.append((slot, float(b["start_time"]) + float(b["time_limit_s"])))
+            node = nodes.get(g["node"])
+            available = bool(g["mig_enabled"]) and node is not None and node["state"] == "up"
+            if available and stale_after_s is not None:
+                available = node["last_seen"] is not None and t - node["last_seen"] <= stale_after_s
+            gpus.append(GpuState(
+                node=g["node"], index=g["gpu"], model=model, layout=layout,
+                busy=frozenset((bound_slots | in_use) & layout.slots),
+                reconfiguring=frozenset(touched & layout.slots),
+                busy_until=tuple(sorted(until)), available=available,
+            ))
+        jobs = tuple(PendingJob(job_id=j.job_id, profile=j.profile, count=j.count, submit_time=j.submit_time,
+                                time_limit_s=j.time_limit_s, user=j.user, partition=j.partition) for j in pending)
+        return ClusterState(now=t, gpus=tuple(gpus), pending=jobs)

@@ -1,0 +1,336 @@
+"""Typed rows the Store returns and accepts, and JSON forms of the policy types."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping
+
+from slurm_mig.mig.layout import Layout, Slot, parse_layout
+from slurm_mig.mig.profiles import GpuModel, get_model
+
+
+@dataclass(frozen=True)
+class BoundInstance:
+    """One MIG instance a job is bound to."""
+
+    gpu: int
+    profile: str  # full profile name
+    start: int
+    uuid: str | None = None
+
+    @property
+    def slot(self) -> Slot:
+        return Slot(self.start, self.profile)
+
+    def to_json(self) -> dict:
+        return {"gpu": self.gpu, "profile": self.profile, "start": self.start, "uuid": self.uuid}
+
+
+@dataclass(frozen=True)
+class Job:
+    job_id: str
+    user: str
+    name: str
+    partition: str
+    profile: str
+    count: int
+    time_limit_s: float | None
+    state: str
+    reason: str
+    submit_time: float
+    start_time: float | None
+    end_time: float | None
+    node: str | None
+    instances: tuple[BoundInstance, ...]
+    priority_order: int | None
+    exit_code: int | None
+    updated_at: float
+
+
+@dataclass(frozen=True)
+class Node:
+    name: str
+    state: str
+    last_seen: float | None
+    health: str
+    health_detail: dict
+    agent_version: str | None
+
+
+@dataclass(frozen=True)
+class ObservedGpu:
+    """A physical GPU as a node reported it."""
+
+    gpu: int
+    uuid: str | None
+    model: str | None  # GpuModel.name, None when not a known MIG model
+    mig_enabled: bool
+    name: str | None = None  # nvmlDeviceGetName
+    last_observed: float | None = None
+    node: str | None = None  # filled in when read back from the store
+
+
+@dataclass(frozen=True)
+class ObservedInstance:
+    """A MIG instance as a node reported it."""
+
+    gpu: int
+    profile: str
+    start: int
+    uuid: str | None = None
+    gi_id: int | None = None
+    ci_id: int | None = None
+    in_use: bool = False
+    observed_at: float | None = None
+    node: str | None = None  # filled in when read back from the store
+
+    @property
+    def slot(self) -> Slot:
+        return Slot(self.start, self.profile)
+
+
+@dataclass(frozen=True)
+class DesiredLayout:
+    node: str
+    gpu: int
+    spec: str  # parse_layout() text
+    policy: str
+    decided_at: float
+    reason: str
+    model: str | None = None  # the GPU's observed model, when known
+
+    def layout(self, model: GpuModel | str | None = None) -> Layout:
+        """The desired layout parsed for ``model`` (default: the GPU's observed model)."""
+        m = model if model is not None else self.model
+        if m is None:
+            raise ValueError(f"GPU {self.node}/{self.gpu} has no known model; pass one")
+        return parse_layout(self.spec, get_model(m) if isinstance(m, str) else m)
+
+
+@dataclass(frozen=True)
+class JournalStep:
+    action: str  # "create" | "destroy"
+    profile: str
+    start: int
+
+    @property
+    def slot(self) -> Slot:
+        return Slot(self.start, self.profile)
+
+    def to_json(self) -> dict:
+        return {"action": self.action, "profile": self.profile, "start": self.start}
+
+
+@dataclass(frozen=True)
+class JournalEntry:
+    id: int
+    node: str
+    gpu: int
+    from_layout: str
+    to_layout: str
+    steps: tuple[JournalStep, ...]
+    progress: int  # how many steps are done
+    step_log: tuple[dict, ...]
+    state: str
+    outcome: str | None
+    error: str | None
+    decision_id: int | None
+    created_at: float
+    started_at: float | None
+    updated_at: float
+    finished_at: float | None
+
+    @property
+    def remaining(self) -> tuple[JournalStep, ...]:
+        return self.steps[self.progress:]
+
+
+@dataclass(frozen=True)
+class Event:
+    id: int
+    time: float
+    kind: str
+    message: str
+    node: str | None
+    job_id: str | None
+    details: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    job_id: str
+    profile: str
+    count: int
+    node: str | None
+    gpus: tuple[int, ...]
+    instances: tuple[BoundInstance, ...]
+    user: str
+    partition: str
+    time_limit_s: float | None
+    submit_time: float | None
+    start_time: float | None
+    end_time: float | None
+    wait_s: float | None
+    run_s: float | None
+    exit_code: int | None
+    derived_exit_code: int | None
+    state: str
+    recorded_at: float
+
+
+@dataclass(frozen=True)
+class DecisionRecord:
+    id: int
+    time: float
+    policy: str
+    version: str
+    shadow: bool
+    inputs: Any
+    action: dict
+    reasons: list
+    latency_ms: float | None
+
+
+# -- input normalisation --------------------------------------------------------
+
+def _get(obj: Any, *names: str, default: Any = None) -> Any:
+    for n in names:
+        if isinstance(obj, Mapping):
+            if n in obj:
+                return obj[n]
+        elif hasattr(obj, n):
+            return getattr(obj, n)
+    return default
+
+
+def as_bound_instance(item: Any) -> BoundInstance:
+    """Accept ``(gpu, Slot)``, ``(gpu, Slot, uuid)``, a BoundInstance, an nvml MigInstance or a dict."""
+    if isinstance(item, BoundInstance):
+        return item
+    if isinstance(item, tuple) and len(item) in (2, 3) and isinstance(item[1], Slot):
+        gpu, slot = item[0], item[1]
+        return BoundInstance(int(gpu), slot.profile, int(slot.start), item[2] if len(item) == 3 else None)
+    slot = _get(item, "slot")
+    gpu = _get(item, "gpu", "gpu_index", "index")
+    if isinstance(slot, Slot):
+        profile, start = slot.profile, slot.start
+    else:
+        profile, start = _get(item, "profile"), _get(item, "start")
+    if gpu is None or profile is None or start is None:
+        raise ValueError(f"cannot read a MIG instance (gpu, profile, start) from {item!r}")
+    return BoundInstance(int(gpu), str(profile), int(start), _get(item, "uuid"))
+
+
+def as_observed_gpu(item: Any) -> ObservedGpu:
+    """Accept an ObservedGpu, an nvml GpuInfo or a dict with gpu/index, uuid, model, mig_enabled."""
+    if isinstance(item, ObservedGpu):
+        return item
+    gpu = _get(item, "gpu", "index")
+    if gpu is None:
+        raise ValueError(f"GPU report without an index: {item!r}")
+    model = _get(item, "model")
+    if isinstance(model, GpuModel):
+        model = model.name
+    elif isinstance(model, str) and model:
+        model = get_model(model).name
+    else:
+        model = None
+    return ObservedGpu(int(gpu), _get(item, "uuid"), model, bool(_get(item, "mig_enabled", default=False)),
+                       _get(item, "name"))
+
+
+def as_observed_instance(item: Any) -> ObservedInstance:
+    """Accept an ObservedInstance, an nvml MigInstance or a dict with gpu, profile, start, ..."""
+    if isinstance(item, ObservedInstance):
+        return item
+    b = as_bound_instance(item)
+    gi, ci = _get(item, "gi_id"), _get(item, "ci_id")
+    return ObservedInstance(b.gpu, b.profile, b.start, b.uuid, None if gi is None else int(gi),
+                            None if ci is None else int(ci), bool(_get(item, "in_use", default=False)))
+
+
+def as_step(item: Any) -> JournalStep:
+    """Accept a transitions.Step, a JournalStep or a dict {action, profile, start}."""
+    if isinstance(item, JournalStep):
+        return item
+    action = _get(item, "action")
+    slot = _get(item, "slot")
+    if isinstance(slot, Slot):
+        profile, start = slot.profile, slot.start
+    else:
+        profile, start = _get(item, "profile"), _get(item, "start")
+    if action not in ("create", "destroy") or profile is None or start is None:
+        raise ValueError(f"cannot read a reconfiguration step from {item!r}")
+    return JournalStep(action, str(profile), int(start))
+
+
+# -- JSON forms of the policy types (for decisions.inputs / decisions.action) -----
+
+def slot_json(slot: Slot) -> dict:
+    return {"profile": slot.profile, "start": slot.start}
+
+
+def state_to_json(state: Any) -> dict:
+    """A ClusterState as plain JSON (enough to replay a decision or train from it)."""
+    return {
+        "now": state.now,
+        "gpus": [
+            {
+                "node": g.node, "gpu": g.index, "model": g.model.name, "layout": str(g.layout),
+                "busy": [str(s) for s in sorted(g.busy)],
+                "reconfiguring": [str(s) for s in sorted(g.reconfiguring)],
+                "busy_until": [[str(s), t] for s, t in g.busy_until],
+                "available": g.available,
+            }
+            for g in state.gpus
+        ],
+        "pending": [
+            {"job_id": j.job_id, "profile": j.profile, "count": j.count, "submit_time": j.submit_time,
+             "time_limit_s": j.time_limit_s, "user": j.user, "partition": j.partition}
+            for j in state.pending
+        ],
+    }
+
+
+def decision_to_json(decision: Any) -> dict:
+    """A Decision's actions as plain JSON (waiting reasons are stored separately)."""
+    return {
+        "changes": [
+            {"node": c.node, "gpu": c.gpu, "target": str(c.target), "reason": c.reason}
+            for c in decision.changes
+        ],
+        "assignments": [
+            {"job_id": a.job_id, "node": a.node, "reason": a.reason,
+             "instances": [{"gpu": g, **slot_json(s)} for g, s in a.instances]}
+            for a in decision.assignments
+        ],
+        "extra": decision.extra,
+    }
+
+
+def dumps(value: Any) -> str:
+    """Stable JSON text for a column (sorted keys, no NaN)."""
+    return json.dumps(value, sort_keys=True, default=_json_default, allow_nan=False)
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, Slot):
+        return str(o)
+    if isinstance(o, tuple):
+        return list(o)
+    if isinstance(o, (set, frozenset)):
+        return sorted(o, key=str)
+    if hasattr(o, "to_json"):
+        return o.to_json()
+    raise TypeError(f"cannot store {type(o).__name__} as JSON")
+
+
+def loads(text: str | None, default: Any = None) -> Any:
+    if text is None or text == "":
+        return default
+    return json.loads(text)
+
+
+def bound_instances_from_json(items: Iterable[dict]) -> tuple[BoundInstance, ...]:
+    return tuple(BoundInstance(int(i["gpu"]), i["profile"], int(i["start"]), i.get("uuid")) for i in items)

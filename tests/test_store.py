@@ -1,0 +1,646 @@
+"""The state store: schema and migrations, file safety, transactions, bindings,
+exactly-once outcomes, concurrency between processes, and the policy's view."""
+
+from __future__ import annotations
+
+import grp
+import json
+import os
+import sqlite3
+import stat
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from slurm_mig.errors import BindingConflict, GeometryError, SlurmMigError, StoreBusy, StoreError
+from slurm_mig.mig import Slot, get_model, parse_layout, plan_transition
+from slurm_mig.policies import ClusterState, check_decision, get_policy
+from slurm_mig.store import (
+    LATEST_VERSION,
+    MIGRATIONS,
+    ObservedGpu,
+    ObservedInstance,
+    Store,
+    migrate,
+    open_store,
+    schema_version,
+)
+
+H100 = get_model("H100-80GB")
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def mode_of(path) -> int:
+    return stat.S_IMODE(os.lstat(path).st_mode)
+
+
+def observe(store: Store, node: str, layouts: dict[int, str], *, in_use=(), now=100.0, model=H100):
+    """Report ``node`` with one GPU per entry of ``layouts`` (gpu index -> layout spec)."""
+    gpus = [ObservedGpu(gpu=i, uuid=f"GPU-{node}-{i}", model=model.name, mig_enabled=True) for i in layouts]
+    insts = []
+    for i, spec in layouts.items():
+        for s in parse_layout(spec, model).sorted_slots():
+            insts.append(ObservedInstance(gpu=i, profile=s.profile, start=s.start, uuid=f"MIG-{node}-{i}-{s.start}",
+                                          gi_id=s.start + 1, ci_id=0, in_use=(i, s.start) in in_use))
+    store.replace_observed(node, gpus, insts, now=now)
+
+
+# -- schema and migrations ---------------------------------------------------------
+
+def test_fresh_store_is_at_latest_version(db):
+    assert db.schema_version == LATEST_VERSION
+    tables = set(db.db.table_names())
+    for t in ("nodes", "gpus", "instances", "desired_layouts", "jobs", "bindings", "decisions",
+              "reconfig_journal", "outcomes", "events", "meta", "schema_migrations"):
+        assert t in tables
+    assert db.db.execute("PRAGMA user_version").fetchone()[0] == LATEST_VERSION
+    assert [r[0] for r in db.db.execute("SELECT version FROM schema_migrations ORDER BY version")] == \
+        [v for v, _, _ in MIGRATIONS]
+
+
+def test_migrate_is_idempotent(db):
+    assert migrate(db.db) == []
+    assert migrate(db.db) == []
+    assert db.db.execute("SELECT COUNT(*) FROM schema_migrations").fetchone()[0] == len(MIGRATIONS)
+
+
+def test_old_version_database_upgrades_and_keeps_its_data(tmp_path):
+    path = tmp_path / "state.db"
+    old = open_store(path, migrate=False)
+    assert migrate(old.db, target=1) == [1]
+    assert schema_version(old.db) == 1
+    assert "meta" not in old.db.table_names()
+    old.upsert_job("41", profile="3g", submit_time=5.0)
+    old.add_event("test", "written by version 1")
+    old.close()
+
+    new = open_store(path)  # migrates on open
+    assert new.schema_version == LATEST_VERSION
+    assert "meta" in new.db.table_names()
+    assert new.get_job("41").profile == "3g"
+    assert new.recent_events(1)[0].message == "written by version 1"
+    new.set_meta("k", {"a": 1})
+    assert new.get_meta("k") == {"a": 1}
+    idx = {r["name"] for r in new.db.query("SELECT name FROM sqlite_master WHERE type = 'index'")}
+    assert "jobs_state_order" in idx
+    new.close()
+
+
+def test_database_from_a_newer_version_is_refused(tmp_path):
+    path = tmp_path / "state.db"
+    s = open_store(path)
+    s.db.execute("INSERT INTO schema_migrations (version, name, applied_at) VALUES (99, 'future', 0)")
+    s.close()
+    with pytest.raises(StoreError, match="newer than this slurm-mig"):
+        open_store(path)
+
+
+def test_failed_migration_rolls_back(tmp_path, monkeypatch):
+    from slurm_mig.store import schema
+
+    broken = schema.MIGRATIONS + ((LATEST_VERSION + 1, "broken", "CREATE TABLE half (x INTEGER);\nSELECT nope FROM missing_table;\n"),)
+    monkeypatch.setattr(schema, "MIGRATIONS", broken)
+    monkeypatch.setattr(schema, "LATEST_VERSION", LATEST_VERSION + 1)
+    with pytest.raises(StoreError, match="no such table"):
+        open_store(tmp_path / "s.db")
+    monkeypatch.undo()
+    s = open_store(tmp_path / "s.db")
+    assert s.schema_version == LATEST_VERSION
+    assert "half" not in s.db.table_names()
+
+
+# -- the file: mode, symlinks, WAL -------------------------------------------------
+
+def test_new_file_is_0600_even_with_a_permissive_umask(tmp_path):
+    path = tmp_path / "sub" / "state.db"
+    old = os.umask(0)
+    try:
+        s = open_store(path)
+        s.add_event("x", "y")  # makes SQLite create -wal and -shm
+    finally:
+        os.umask(old)
+    assert mode_of(path) == 0o600
+    for suffix in ("-wal", "-shm"):
+        p = Path(str(path) + suffix)
+        if p.exists():
+            assert mode_of(p) == 0o600
+    assert s.db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert s.db.execute("PRAGMA busy_timeout").fetchone()[0] == 5000
+    s.close()
+
+
+def test_group_readable_when_a_group_is_configured(tmp_path):
+    group = grp.getgrgid(os.getegid()).gr_name
+    path = tmp_path / "state.db"
+    open_store(path, group=group).close()
+    assert mode_of(path) == 0o640
+    assert os.stat(path).st_gid == os.getegid()
+
+
+def test_too_open_mode_is_repaired(tmp_path):
+    path = tmp_path / "state.db"
+    open_store(path).close()
+    os.chmod(path, 0o644)
+    open_store(path).close()
+    assert mode_of(path) == 0o600
+
+
+def test_world_writable_database_is_refused(tmp_path):
+    path = tmp_path / "state.db"
+    open_store(path).close()
+    os.chmod(path, 0o666)
+    with pytest.raises(StoreError, match="world-writable"):
+        open_store(path)
+    assert mode_of(path) == 0o666  # refused, not silently "fixed"
+
+
+def test_world_writable_wal_is_refused(tmp_path):
+    path = tmp_path / "state.db"
+    s = open_store(path)
+    s.add_event("x", "y")
+    wal = Path(str(path) + "-wal")
+    assert wal.exists()
+    os.chmod(wal, 0o666)
+    with pytest.raises(StoreError, match="world-writable"):
+        open_store(path)
+    s.close()
+
+
+def test_symlinked_database_is_refused(tmp_path):
+    real = tmp_path / "real.db"
+    open_store(real).close()
+    link = tmp_path / "state.db"
+    link.symlink_to(real)
+    with pytest.raises(StoreError, match="symbolic link"):
+        open_store(link)
+    dangling = tmp_path / "dangling.db"
+    dangling.symlink_to(tmp_path / "nowhere.db")
+    with pytest.raises(StoreError, match="symbolic link"):
+        open_store(dangling)
+    assert not (tmp_path / "nowhere.db").exists()
+
+
+def test_a_file_that_is_not_a_database_is_a_store_error(tmp_path):
+    path = tmp_path / "state.db"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+    os.write(fd, b"this is not sqlite" * 100)
+    os.close(fd)
+    with pytest.raises(StoreError, match="not a usable SQLite database"):
+        open_store(path)
+
+
+# -- transactions ------------------------------------------------------------------
+
+def test_transaction_rolls_back_everything_on_error(db):
+    db.upsert_job("1", profile="1g", submit_time=1.0)
+    with pytest.raises(RuntimeError):
+        with db.transaction():
+            db.upsert_job("2", profile="3g", submit_time=2.0)
+            db.set_job_state("1", "RUNNING", now=3.0)
+            db.add_event("tick", "half a tick")
+            raise RuntimeError("controller crashed mid-tick")
+    assert db.get_job("2") is None
+    assert db.get_job("1").state == "PENDING"
+    assert db.recent_events() == []
+    assert not db.in_transaction
+    db.upsert_job("3", profile="2g", submit_time=4.0)  # the store is usable afterwards
+    assert db.get_job("3") is not None
+
+
+def test_nested_transaction_failure_undoes_only_the_inner_block(db):
+    with db.transaction():
+        db.add_event("outer", "kept")
+        with pytest.raises(ValueError):
+            with db.transaction():
+                db.add_event("inner", "undone")
+                raise ValueError("inner failure")
+        db.add_event("outer", "also kept")
+    assert [e.kind for e in db.recent_events()] == ["outer", "outer"]
+
+
+def test_disk_full_is_a_store_error_and_rolls_back_the_tick(db):
+    db.add_event("before", "committed earlier")
+    pages = db.db.execute("PRAGMA page_count").fetchone()[0]
+    db.db.execute(f"PRAGMA max_page_count = {pages + 2}")
+    with pytest.raises(StoreError, match="full"):
+        with db.transaction():
+            db.upsert_job("9", profile="1g", submit_time=1.0)
+            for i in range(200):
+                db.add_event("filler", "x" * 4000, {"i": i})
+    assert not db.in_transaction
+    assert db.get_job("9") is None
+    assert [e.kind for e in db.recent_events()] == ["before"]
+
+
+def test_invalid_observation_leaves_the_previous_one_intact(db):
+    observe(db, "n1", {0: "3g@0,3g@4"})
+    with pytest.raises(GeometryError):
+        db.replace_observed("n1", [ObservedGpu(0, "GPU-x", "H100-80GB", True)],
+                            [ObservedInstance(0, "5g", 0)], now=200.0)
+    assert str(db.observed_layout("n1", 0)) == "3g@0,3g@4"
+    assert db.node("n1").last_seen == 100.0
+
+
+def test_threads_share_one_store_safely(tmp_path):
+    s = open_store(tmp_path / "s.db")
+    s.set_meta("n", 0)
+
+    def work():
+        for _ in range(50):
+            with s.transaction():
+                s.set_meta("n", s.get_meta("n") + 1)
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert s.get_meta("n") == 200
+
+
+# -- concurrency between processes -------------------------------------------------
+
+WORKER = textwrap.dedent("""
+    import json, sys
+    from slurm_mig.errors import StoreBusy
+    from slurm_mig.store import open_store
+    path, name, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    s = open_store(path, busy_timeout_s=30)
+    recorded = 0
+    for i in range(n):
+        with s.transaction():                      # read-modify-write: must not lose updates
+            s.set_meta("counter", s.get_meta("counter", 0) + 1)
+            s.upsert_job(f"{name}-{i}", profile="1g", submit_time=float(i))
+        # both workers race to record the same outcomes: each must land exactly once
+        recorded += s.record_outcome(f"shared-{i}", state="COMPLETED", profile="1g", count=1, exit_code=0)
+    print(json.dumps({"recorded": recorded}))
+""")
+
+
+def test_two_processes_writing_lose_no_updates(tmp_path):
+    path = tmp_path / "state.db"
+    open_store(path).close()
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    n = 60
+    procs = [subprocess.Popen([sys.executable, "-c", WORKER, str(path), name, str(n)], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for name in ("a", "b")]
+    results = []
+    for p in procs:
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    s = open_store(path)
+    assert s.get_meta("counter") == 2 * n
+    assert len(s.jobs()) == 2 * n
+    assert sum(r["recorded"] for r in results) == n
+    assert len(s.outcomes()) == n
+
+
+def test_store_busy_only_after_the_busy_timeout(tmp_path):
+    path = tmp_path / "state.db"
+    holder = open_store(path)
+    impatient = open_store(path, busy_timeout_s=0.3)
+    with holder.transaction():
+        holder.add_event("tick", "holding the write lock")
+        t0 = time.monotonic()
+        with pytest.raises(StoreBusy, match="busy timeout") as info:
+            impatient.add_event("other", "cannot get in")
+        waited = time.monotonic() - t0
+    assert isinstance(info.value, StoreError) and isinstance(info.value, SlurmMigError)
+    assert 0.25 <= waited < 3.0
+    assert not impatient.in_transaction
+    impatient.add_event("other", "gets in once the lock is free")
+    assert [e.kind for e in holder.recent_events()] == ["other", "tick"]
+
+
+def test_a_patient_writer_waits_for_the_lock_instead_of_failing(tmp_path):
+    path = tmp_path / "state.db"
+    holder = open_store(path)
+    patient = open_store(path, busy_timeout_s=5)
+    ready = threading.Event()
+
+    def hold():
+        with holder.transaction():
+            holder.add_event("tick", "slow tick")
+            ready.set()
+            time.sleep(0.5)
+
+    t = threading.Thread(target=hold)
+    t.start()
+    ready.wait(5)
+    t0 = time.monotonic()
+    patient.add_event("api", "waited")
+    assert time.monotonic() - t0 >= 0.3
+    t.join()
+    assert len(holder.recent_events()) == 2
+
+
+def test_readers_are_not_blocked_by_a_writer(tmp_path):
+    path = tmp_path / "state.db"
+    writer = open_store(path)
+    reader = open_store(path, busy_timeout_s=0)
+    writer.add_event("a", "committed")
+    with writer.transaction():
+        writer.add_event("b", "not yet committed")
+        assert [e.kind for e in reader.recent_events()] == ["a"]  # WAL: old snapshot, no wait
+
+
+# -- jobs --------------------------------------------------------------------------
+
+def test_pending_jobs_in_priority_order_and_states(db):
+    db.upsert_job("10", profile="3g", submit_time=1.0, user="ann", partition="gpu", time_limit_s=600)
+    db.upsert_job("11", profile="1g", count=2, submit_time=2.0)
+    db.upsert_job("12", profile="2g", submit_time=0.5)
+    assert [j.job_id for j in db.pending_jobs()] == ["12", "10", "11"]  # submit time without an order
+    db.set_job_order(["11", "10", "12"])
+    assert [j.job_id for j in db.pending_jobs()] == ["11", "10", "12"]
+    db.set_job_state("10", "RUNNING", now=50.0, node="n1")
+    j = db.get_job("10")
+    assert (j.state, j.start_time, j.node) == ("RUNNING", 50.0, "n1")
+    assert [j.job_id for j in db.running_jobs()] == ["10"]
+    db.set_job_state("10", "COMPLETED", now=80.0, exit_code=0)
+    j = db.get_job("10")
+    assert (j.state, j.start_time, j.end_time, j.exit_code) == ("COMPLETED", 50.0, 80.0, 0)
+    # an update from Slurm keeps what the store learnt
+    db.upsert_job("11", profile="1g", count=2, submit_time=2.0, user="bob")
+    assert db.get_job("11").priority_order == 0 and db.get_job("11").user == "bob"
+    with pytest.raises(ValueError, match="unknown job state"):
+        db.set_job_state("11", "EXPLODED")
+    with pytest.raises(StoreError, match="unknown job"):
+        db.set_job_state("nope", "RUNNING")
+
+
+def test_requeued_job_waits_afresh(db):
+    db.upsert_job("5", profile="1g", submit_time=1.0)
+    db.set_job_state("5", "RUNNING", now=10.0)
+    db.set_job_state("5", "REQUEUED", now=20.0)
+    assert db.pending_jobs() == []
+    db.set_job_state("5", "PENDING", now=21.0)
+    j = db.get_job("5")
+    assert j.start_time is None and [p.job_id for p in db.pending_jobs()] == ["5"]
+
+
+# -- bindings ----------------------------------------------------------------------
+
+def test_bind_fills_uuids_and_hides_the_job_from_the_pending_queue(db):
+    observe(db, "n1", {0: "3g@0,3g@4"})
+    db.upsert_job("1", profile="3g", submit_time=1.0)
+    bound = db.bind("1", "n1", [(0, Slot(4, "3g"))], now=5.0)
+    assert bound[0].profile == "3g.40gb" and bound[0].uuid == "MIG-n1-0-4"
+    assert db.bound_instances("1") == bound
+    assert db.get_job("1").instances == bound and db.get_job("1").node == "n1"
+    assert db.pending_jobs() == [] and len(db.pending_jobs(include_bound=True)) == 1
+    assert db.job_on_instance("n1", 0, 4) == "1"
+    # the same binding again is a no-op
+    assert db.bind("1", "n1", [(0, Slot(4, "3g.40gb"))]) == bound
+
+
+def test_binding_conflict(db):
+    observe(db, "n1", {0: "3g@0,3g@4"})
+    for j in ("1", "2"):
+        db.upsert_job(j, profile="3g", submit_time=1.0)
+    db.bind("1", "n1", [{"gpu": 0, "profile": "3g", "start": 0}])
+    with pytest.raises(BindingConflict, match="held by live job 1") as info:
+        db.bind("2", "n1", [(0, Slot(0, "3g.40gb"))])
+    assert info.value.conflicts == (("n1", 0, 0, "1"),)
+    with pytest.raises(BindingConflict):  # an overlapping instance is the same hardware
+        db.bind("2", "n1", [(0, Slot(2, "1g"))])
+    with pytest.raises(BindingConflict, match="already bound"):  # one job, one set of instances
+        db.bind("1", "n1", [(0, Slot(4, "3g"))])
+    assert db.bound_instances("2") == ()
+    # released instances can be bound again
+    assert db.release("1") == 1
+    assert db.release("1") == 0
+    db.bind("2", "n1", [(0, Slot(0, "3g"))])
+    assert db.job_on_instance("n1", 0, 0) == "2"
+
+
+def test_conflicting_bind_inside_a_tick_rolls_back_only_if_uncaught(db):
+    observe(db, "n1", {0: "7g@0"})
+    for j in ("1", "2"):
+        db.upsert_job(j, profile="7g", submit_time=1.0)
+    with pytest.raises(BindingConflict):
+        with db.transaction():
+            db.bind("1", "n1", [(0, Slot(0, "7g"))])
+            db.bind("2", "n1", [(0, Slot(0, "7g"))])
+    assert db.live_bindings() == []
+
+
+def test_the_database_itself_forbids_double_binding(db):
+    db.upsert_job("1", profile="1g", submit_time=1.0)
+    db.upsert_job("2", profile="1g", submit_time=1.0)
+    sql = "INSERT INTO bindings (job_id, node, gpu, start, profile, bound_at) VALUES (?, 'n1', 0, 3, '1g.10gb', 0)"
+    db.db.execute(sql, ("1",))
+    with pytest.raises(sqlite3.IntegrityError):
+        db.db.execute(sql, ("2",))
+    db.db.execute("UPDATE bindings SET released_at = 1")
+    db.db.execute(sql, ("2",))  # fine once the first is released
+
+
+def test_terminal_state_releases_bindings(db):
+    observe(db, "n1", {0: "7g@0"})
+    db.upsert_job("1", profile="7g", submit_time=1.0)
+    db.bind("1", "n1", [(0, Slot(0, "7g"))])
+    db.set_job_state("1", "RUNNING", now=2.0)
+    db.set_job_state("1", "CANCELLED", now=3.0)
+    assert db.live_bindings() == []
+    with pytest.raises(StoreError, match="already ended"):
+        db.bind("1", "n1", [(0, Slot(0, "7g"))])
+    with pytest.raises(StoreError, match="unknown job"):
+        db.bind("404", "n1", [(0, Slot(0, "7g"))])
+
+
+# -- outcomes ----------------------------------------------------------------------
+
+def test_outcome_recorded_exactly_once(db):
+    observe(db, "n1", {0: "4g@0,3g@4"})
+    db.upsert_job("7", profile="3g", submit_time=10.0, user="ann", partition="gpu", time_limit_s=3600)
+    db.bind("7", "n1", [(0, Slot(4, "3g"))])
+    db.set_job_state("7", "RUNNING", now=40.0)
+    assert db.record_outcome("7", state="COMPLETED", exit_code=0, derived_exit_code=0, end_time=100.0) is True
+    assert db.record_outcome("7", state="FAILED", exit_code=1, end_time=999.0) is False  # no duplicate, no overwrite
+    o = db.outcome("7")
+    assert (o.state, o.exit_code, o.wait_s, o.run_s) == ("COMPLETED", 0, 30.0, 60.0)
+    assert (o.profile, o.count, o.node, o.gpus, o.user, o.partition) == ("3g", 1, "n1", (0,), "ann", "gpu")
+    assert o.instances[0].uuid == "MIG-n1-0-4"
+    assert db.db.execute("SELECT COUNT(*) FROM outcomes").fetchone()[0] == 1
+
+
+def test_outcome_in_a_rolled_back_tick_is_not_lost(db):
+    db.upsert_job("8", profile="1g", submit_time=1.0)
+    with pytest.raises(RuntimeError):
+        with db.transaction():
+            assert db.record_outcome("8", state="COMPLETED", exit_code=0)
+            raise RuntimeError("crash before commit")
+    assert db.outcome("8") is None
+    assert db.record_outcome("8", state="COMPLETED", exit_code=0) is True  # the retry records it
+    assert db.record_outcome("8", state="COMPLETED", exit_code=0) is False
+
+
+def test_outcome_for_a_job_the_store_never_saw(db):
+    with pytest.raises(StoreError, match="without its profile"):
+        db.record_outcome("99", state="FAILED")
+    assert db.record_outcome("99", state="FAILED", profile="2g", count=1, exit_code=2, start_time=5.0, end_time=6.0)
+    assert db.outcome("99").run_s == 1.0
+    with pytest.raises(TypeError, match="unknown field"):
+        db.record_outcome("100", state="FAILED", profile="1g", colour="red")
+
+
+# -- journal, desired layouts, events, decisions ------------------------------------
+
+def test_reconfiguration_journal(db):
+    cur = parse_layout("7g@0", H100)
+    target = parse_layout("3g@0,3g@4", H100)
+    steps = plan_transition(cur, target)
+    jid = db.journal_begin("n1", 0, cur, target, steps, now=1.0)
+    e = db.journal_entry(jid)
+    assert (e.state, e.progress, e.from_layout, e.to_layout) == ("in_progress", 0, "7g@0", "3g@0,3g@4")
+    assert [s.action for s in e.steps] == ["destroy", "create", "create"]
+    assert [x.id for x in db.open_journal_entries()] == [jid]
+    db.journal_step(jid, 0, now=2.0)
+    e = db.journal_step(jid, now=3.0)
+    assert e.progress == 2 and e.remaining == (e.steps[2],)
+    with pytest.raises(StoreError, match="not the next step"):
+        db.journal_step(jid, 0)
+    e = db.journal_step(jid, ok=False, error="NVML_ERROR_INSUFFICIENT_RESOURCES", now=4.0)
+    assert e.progress == 2 and e.error == "NVML_ERROR_INSUFFICIENT_RESOURCES" and len(e.step_log) == 3
+    e = db.journal_finish(jid, "failed", outcome="stopped after 2 of 3 steps", now=5.0)
+    assert (e.state, e.finished_at) == ("failed", 5.0)
+    assert db.open_journal_entries() == []
+    with pytest.raises(StoreError, match="already failed"):
+        db.journal_finish(jid)
+    planned = db.journal_begin("n1", 1, "empty", "7g@0", [{"action": "create", "profile": "7g.80gb", "start": 0}],
+                               started=False)
+    assert db.journal_entry(planned).state == "planned"
+    assert [x.id for x in db.open_journal_entries("n1")] == [planned]
+
+
+def test_desired_layouts(db):
+    observe(db, "n1", {0: "7g@0", 1: "7g@0"})
+    db.set_desired("n1", 0, parse_layout("3g@0,2g@4,1g@6", H100), "first-fit", "carve for job 3", now=1.0)
+    db.set_desired("n1", 1, "7g@0", "first-fit", now=1.0)
+    db.set_desired("n1", 0, "4g@0,3g@4", "first-fit", "carve for job 4", now=2.0)
+    d = db.desired("n1")
+    assert set(d) == {0, 1}
+    assert (d[0].spec, d[0].reason, d[0].decided_at) == ("4g@0,3g@4", "carve for job 4", 2.0)
+    assert d[0].layout() == parse_layout("4g@0,3g@4", H100)
+    db.clear_desired("n1", 1)
+    assert set(db.desired("n1")) == {0}
+    assert db.desired("other") == {}
+
+
+def test_events(db):
+    for i in range(5):
+        db.add_event("bind" if i % 2 else "reconfig", f"event {i}", {"i": i}, node="n1", job_id=str(i), now=float(i))
+    ev = db.recent_events(3)
+    assert [e.message for e in ev] == ["event 4", "event 3", "event 2"]
+    assert ev[0].details == {"i": 4}
+    assert [e.message for e in db.recent_events(kind="bind")] == ["event 3", "event 1"]
+    assert [e.message for e in db.recent_events(job_id="2")] == ["event 2"]
+
+
+def test_node_state(db):
+    db.upsert_node("n1", state="drain", health="ECC errors", health_detail={"xid": 48})
+    n = db.node("n1")
+    assert (n.state, n.health, n.health_detail) == ("drain", "ECC errors", {"xid": 48})
+    db.upsert_node("n1", agent_version="0.1.0")
+    assert db.node("n1").state == "drain"
+    with pytest.raises(ValueError):
+        db.upsert_node("n1", state="sleepy")
+
+
+# -- the policy's view --------------------------------------------------------------
+
+def test_cluster_state_round_trip_into_a_policy(db):
+    # n1: GPU 0 split 3g+3g, job A runs on 3g@0; GPU 1 whole (7g), being reconfigured.
+    # n2: one GPU with a 1g grid, one 1g in use by a process slurm-mig did not place; node stale.
+    observe(db, "n1", {0: "3g@0,3g@4", 1: "7g@0"}, now=100.0)
+    observe(db, "n2", {0: "1g@0,1g@1,1g@2,1g@3,1g@4,1g@5,1g@6"}, in_use={(0, 6)}, now=10.0)
+    db.upsert_job("A", profile="3g", submit_time=1.0, time_limit_s=600)
+    db.bind("A", "n1", [(0, Slot(0, "3g"))])
+    db.set_job_state("A", "RUNNING", now=50.0)
+    db.upsert_job("P1", profile="3g", submit_time=20.0, time_limit_s=60, user="ann", partition="gpu")
+    db.upsert_job("P2", profile="1g", count=2, submit_time=10.0)
+    db.upsert_job("P3", profile="4g", submit_time=5.0)
+    db.set_job_order(["P1", "P2", "P3"])
+    seven, split = parse_layout("7g@0", H100), parse_layout("4g@0,3g@4", H100)
+    jid = db.journal_begin("n1", 1, seven, split, plan_transition(seven, split))
+    db.journal_step(jid)  # 7g destroyed; creates pending
+
+    state = db.cluster_state(now=120.0, stale_after_s=60)
+    assert isinstance(state, ClusterState) and state.now == 120.0
+    assert [g.key for g in state.gpus] == ["n1/0", "n1/1", "n2/0"]
+    g0 = state.gpu("n1/0")
+    assert g0.model is H100 and str(g0.layout) == "3g@0,3g@4"
+    assert g0.busy == {Slot(0, "3g.40gb")} and g0.reconfiguring == frozenset()
+    assert g0.busy_until == ((Slot(0, "3g.40gb"), 650.0),)
+    assert g0.idle == {Slot(4, "3g.40gb")} and g0.available
+    g1 = state.gpu("n1/1")
+    assert str(g1.layout) == "4g@0,3g@4"  # 7g gone, both instances being created
+    assert g1.reconfiguring == g1.layout.slots and g1.idle == frozenset()
+    g2 = state.gpu("n2/0")
+    assert g2.busy == {Slot(6, "1g.10gb")} and not g2.available  # stale node
+    assert [(j.job_id, j.profile, j.count) for j in state.pending] == [("P1", "3g", 1), ("P2", "1g", 2), ("P3", "4g", 1)]
+    assert state.pending[0].time_limit_s == 60 and state.pending[0].user == "ann"
+
+    policy = get_policy("first-fit")
+    decision = policy.decide(state)
+    check_decision(state, decision)
+    placed = {a.job_id: a for a in decision.assignments}
+    assert placed["P1"].node == "n1" and placed["P1"].instances == ((0, Slot(4, "3g.40gb")),)
+    assert "P2" not in placed  # n2 is stale and n1 has no room for two 1g without touching locked slices
+
+    did = db.record_decision(decision, state=state, latency_ms=1.5)
+    rec = db.recent_decisions(1)[0]
+    assert rec.id == did and rec.policy == "first-fit" and not rec.shadow
+    assert rec.inputs["gpus"][0]["layout"] == "3g@0,3g@4"
+    assert rec.action["assignments"][0]["job_id"] == "P1"
+    assert dict(map(tuple, rec.reasons)).keys() == {j for j, _ in decision.waiting}
+    assert db.get_job("P2").reason  # why it waits, for `explain`
+
+    # acting on the decision: the next state sees the instance busy and P1 no longer pending
+    for a in decision.assignments:
+        db.bind(a.job_id, a.node, a.instances)
+    for ch in decision.changes:
+        db.set_desired(ch.node, ch.gpu, ch.target, decision.policy, ch.reason)
+    state2 = db.cluster_state(now=121.0, stale_after_s=60)
+    assert Slot(4, "3g.40gb") in state2.gpu("n1/0").busy
+    assert "P1" not in [j.job_id for j in state2.pending]
+    check_decision(state2, policy.decide(state2))
+
+
+def test_cluster_state_skips_unknown_models_and_marks_down_nodes(db):
+    db.replace_observed("n1", [{"index": 0, "uuid": "GPU-a", "model": None, "mig_enabled": False},
+                               {"index": 1, "uuid": "GPU-b", "model": "A100-40GB", "mig_enabled": True}],
+                        [{"gpu": 1, "profile": "7g", "start": 0, "uuid": "MIG-b"}], now=1.0)
+    db.set_node_state("n1", "drain")
+    state = db.cluster_state(now=2.0)
+    assert [g.key for g in state.gpus] == ["n1/1"]
+    assert str(state.gpus[0].layout) == "7g@0" and not state.gpus[0].available
+    assert get_policy("first-fit").decide(state).assignments == ()
+
+
+def test_replace_observed_replaces_the_whole_node(db):
+    observe(db, "n1", {0: "7g@0", 1: "7g@0"}, now=1.0)
+    observe(db, "n2", {0: "7g@0"}, now=1.0)
+    observe(db, "n1", {0: "3g@0,3g@4"}, now=2.0)
+    assert [(g.node, g.gpu) for g in db.observed_gpus()] == [("n1", 0), ("n2", 0)]
+    assert [str(i.slot) for i in db.observed_instances("n1")] == ["3g.40gb@0", "3g.40gb@4"]
+    assert db.observed_layout("n2", 0) == parse_layout("7g@0", H100)
+    assert db.node("n1").last_seen == 2.0
+    with pytest.raises(ValueError, match="did not list"):
+        db.replace_observed("n1", [], [ObservedInstance(0, "7g", 0)])
+
+
+def test_writing_inside_a_read_snapshot_is_refused(db):
+    with db.snapshot():
+        db.recent_events()
+        with pytest.raises(StoreError, match="read-only"):
+            db.add_event("x", "y")
+    db.add_event("x", "y")
+    assert len(db.recent_events()) == 1
