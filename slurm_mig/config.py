@@ -1,0 +1,433 @@
+"""slurm-mig's configuration: one TOML file read into frozen dataclasses.
+
+Where it comes from (load_config): an explicit path, else $SLURM_MIG_CONFIG,
+else /etc/slurm-mig/slurm-mig.toml if it exists, else the built-in defaults,
+which run the demo (simulated GPUs, everything on 127.0.0.1). Every key is
+optional; etc/slurm-mig.toml documents each one, docs/configuration.md too.
+
+Errors are ConfigErrors that name the file, the key and what was expected:
+``config /etc/slurm-mig/slurm-mig.toml: [controller].tick_interval_s: expected
+a number > 0, got "fast"``. Unknown sections and keys are errors (with a "did
+you mean"), so a typo never silently falls back to a default. Relative paths in
+the file are taken relative to the file's own directory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import os
+import re
+import tomllib
+import urllib.parse
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from slurm_mig.errors import ConfigError
+
+ENV_VAR = "SLURM_MIG_CONFIG"
+SYSTEM_PATH = Path("/etc/slurm-mig/slurm-mig.toml")
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+@dataclass(frozen=True)
+class ControllerConfig:
+    """[controller]: the head-node daemon."""
+
+    listen_host: str = "127.0.0.1"
+    listen_port: int = 7677
+    db_path: str = "/var/lib/slurm-mig/state.db"
+    db_group: str = ""  # "" = file mode 0600; a group name = 0640 owned by that group
+    db_busy_timeout_s: float = 5.0
+    tick_interval_s: float = 5.0
+    node_stale_after_s: float = 120.0
+    slurm_conf: str = "/etc/slurm/slurm.conf"
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    """[node]: the node-side hooks and agent."""
+
+    controller_url: str = "http://127.0.0.1:7677"
+    request_timeout_s: float = 5.0
+    cache_dir: str = "/var/lib/slurm-mig/node"
+    nvml_backend: str = "simulated"  # "real" | "simulated"
+    sim_state_path: str = "/var/lib/slurm-mig/sim-gpus.json"
+    sim_gpu_model: str = "H100-80GB"
+    sim_gpu_count: int = 1
+    sim_delay_scale: float = 1.0
+    health_check_interval_s: float = 30.0
+
+
+@dataclass(frozen=True)
+class AuthConfig:
+    """[auth]: how node hooks and the controller prove who they are."""
+
+    method: str = "munge"  # "munge" | "hmac"
+    munge_socket: str = "/run/munge/munge.socket.2"
+    hmac_key_file: str = "/etc/slurm-mig/hmac.key"
+    max_clock_skew_s: float = 30.0
+    replay_window_s: float = 300.0
+
+
+@dataclass(frozen=True)
+class SlurmConfig:
+    """[slurm]: talking to Slurm."""
+
+    command_timeout_s: float = 30.0
+    gres_name: str = "mig"
+    partitions: tuple[str, ...] = ()  # () = every partition
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    """[policy]: which policy decides layouts and placements."""
+
+    name: str = "first-fit"
+    shadow: str = ""  # a second policy run on the same state, logged, never acted on
+    model_path: str = ""  # trained model (ONNX) for a learned policy
+    fallback: str = "first-fit"  # used when the policy fails or returns an unsafe decision
+
+
+@dataclass(frozen=True)
+class LogConfig:
+    """[log]"""
+
+    level: str = "INFO"
+    file: str = ""  # "" = standard error
+
+
+@dataclass(frozen=True)
+class Config:
+    controller: ControllerConfig = field(default_factory=ControllerConfig)
+    node: NodeConfig = field(default_factory=NodeConfig)
+    auth: AuthConfig = field(default_factory=AuthConfig)
+    slurm: SlurmConfig = field(default_factory=SlurmConfig)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+    source: str | None = field(default=None, compare=False)  # the file it was read from; None = defaults
+
+    def as_dict(self) -> dict:
+        """Plain dict of every section and key (for `slurm-mig config show`)."""
+        out = dataclasses.asdict(self)
+        out.pop("source", None)
+        for section in out.values():
+            for k, v in section.items():
+                if isinstance(v, tuple):
+                    section[k] = list(v)
+        return out
+
+
+SECTIONS: dict[str, type] = {
+    "controller": ControllerConfig,
+    "node": NodeConfig,
+    "auth": AuthConfig,
+    "slurm": SlurmConfig,
+    "policy": PolicyConfig,
+    "log": LogConfig,
+}
+
+# -- value checks ------------------------------------------------------------------
+# Each returns the converted value or raises _Bad("what was expected").
+
+
+class _Bad(Exception):
+    pass
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, dict):
+        return "a table"
+    if isinstance(value, list):
+        return "an array"
+    return repr(value)
+
+
+def _number(minimum: float | None = None, exclusive: bool = True, maximum: float | None = None) -> Callable:
+    if minimum is None:
+        want = "a number"
+    else:
+        want = f"a number {'>' if exclusive else '>='} {minimum:g}"
+    if maximum is not None:
+        want += f" and <= {maximum:g}"
+
+    def check(v: Any) -> float:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise _Bad(want)
+        if minimum is not None and (v <= minimum if exclusive else v < minimum):
+            raise _Bad(want)
+        if maximum is not None and v > maximum:
+            raise _Bad(want)
+        return float(v)
+
+    return check
+
+
+def _integer(minimum: int, maximum: int | None = None) -> Callable:
+    want = f"an integer >= {minimum}" + (f" and <= {maximum}" if maximum is not None else "")
+
+    def check(v: Any) -> int:
+        if isinstance(v, bool) or not isinstance(v, int) or v < minimum or (maximum is not None and v > maximum):
+            raise _Bad(want)
+        return v
+
+    return check
+
+
+def _string(allow_empty: bool = True) -> Callable:
+    def check(v: Any) -> str:
+        if not isinstance(v, str) or (not allow_empty and not v.strip()):
+            raise _Bad("a string" if allow_empty else "a non-empty string")
+        return v
+
+    return check
+
+
+def _choice(*options: str, fold: Callable[[str], str] = str) -> Callable:
+    want = "one of " + ", ".join(f'"{o}"' for o in options)
+
+    def check(v: Any) -> str:
+        if not isinstance(v, str) or fold(v) not in options:
+            raise _Bad(want)
+        return fold(v)
+
+    return check
+
+
+def _path(allow_empty: bool = True) -> Callable:
+    def check(v: Any) -> str:
+        if not isinstance(v, str) or (not allow_empty and not v.strip()):
+            raise _Bad("a file path" if not allow_empty else "a file path or \"\"")
+        if "\0" in v:
+            raise _Bad("a file path without NUL characters")
+        return v
+
+    check.is_path = True  # type: ignore[attr-defined]
+    return check
+
+
+def _host(v: Any) -> str:
+    if not isinstance(v, str) or not v.strip() or re.search(r"[\s/]", v):
+        raise _Bad("a host name or IP address")
+    return v
+
+
+def _url(v: Any) -> str:
+    want = 'an http:// or https:// URL, e.g. "http://head-node:7677"'
+    if not isinstance(v, str):
+        raise _Bad(want)
+    parsed = urllib.parse.urlparse(v)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise _Bad(want)
+    try:
+        parsed.port
+    except ValueError:
+        raise _Bad(want) from None
+    return v.rstrip("/")
+
+
+def _name_list(v: Any) -> tuple[str, ...]:
+    if not isinstance(v, list) or not all(isinstance(x, str) and x.strip() for x in v):
+        raise _Bad("an array of non-empty strings")
+    return tuple(v)
+
+
+def _gres_name(v: Any) -> str:
+    if not isinstance(v, str) or not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", v):
+        raise _Bad('a GRES name (letters, digits, "_"), e.g. "mig"')
+    return v
+
+
+def _gpu_model(v: Any) -> str:
+    from slurm_mig.errors import GeometryError
+    from slurm_mig.mig.profiles import GPU_MODELS, get_model
+
+    want = "a GPU model: " + ", ".join(GPU_MODELS)
+    if not isinstance(v, str):
+        raise _Bad(want)
+    try:
+        return get_model(v).name
+    except GeometryError:
+        raise _Bad(want) from None
+
+
+def _policy_name(allow_empty: bool) -> Callable:
+    # Not checked against the registry here: policies register themselves on import,
+    # and a learned one may not be importable where the config is read (a node hook).
+    def check(v: Any) -> str:
+        if not isinstance(v, str) or (not allow_empty and not v.strip()) or re.search(r"\s", v):
+            raise _Bad('a policy name, e.g. "first-fit"' + (' (or "" for none)' if allow_empty else ""))
+        return v
+
+    return check
+
+
+RULES: dict[str, dict[str, Callable]] = {
+    "controller": {
+        "listen_host": _host,
+        "listen_port": _integer(1, 65535),
+        "db_path": _path(allow_empty=False),
+        "db_group": _string(),
+        "db_busy_timeout_s": _number(0, exclusive=False),
+        "tick_interval_s": _number(0),
+        "node_stale_after_s": _number(0),
+        "slurm_conf": _path(allow_empty=False),
+    },
+    "node": {
+        "controller_url": _url,
+        "request_timeout_s": _number(0),
+        "cache_dir": _path(allow_empty=False),
+        "nvml_backend": _choice("real", "simulated"),
+        "sim_state_path": _path(allow_empty=False),
+        "sim_gpu_model": _gpu_model,
+        "sim_gpu_count": _integer(1, 64),
+        "sim_delay_scale": _number(0, exclusive=False),
+        "health_check_interval_s": _number(0),
+    },
+    "auth": {
+        "method": _choice("munge", "hmac"),
+        "munge_socket": _path(allow_empty=False),
+        "hmac_key_file": _path(),
+        "max_clock_skew_s": _number(0),
+        "replay_window_s": _number(0),
+    },
+    "slurm": {
+        "command_timeout_s": _number(0),
+        "gres_name": _gres_name,
+        "partitions": _name_list,
+    },
+    "policy": {
+        "name": _policy_name(allow_empty=False),
+        "shadow": _policy_name(allow_empty=True),
+        "model_path": _path(),
+        "fallback": _policy_name(allow_empty=False),
+    },
+    "log": {
+        "level": _choice(*LOG_LEVELS, fold=str.upper),
+        "file": _path(),
+    },
+}
+
+assert all(set(RULES[s]) == {f.name for f in dataclasses.fields(c)} for s, c in SECTIONS.items())
+
+
+# -- parsing ---------------------------------------------------------------------------
+
+def _did_you_mean(word: str, options: list[str], fmt: str = "{}") -> str:
+    close = difflib.get_close_matches(word, options, n=1, cutoff=0.6)
+    return f" (did you mean {fmt.format(close[0])}?)" if close else ""
+
+
+def _where(source: str | os.PathLike | None) -> str:
+    return f"config {source}" if source is not None else "config <built-in defaults>"
+
+
+def parse_config(data: dict, source: str | os.PathLike | None = None) -> Config:
+    """Check and convert a parsed TOML document into a Config (raises ConfigError naming the key)."""
+    where = _where(source)
+    base_dir = Path(source).resolve().parent if source is not None else None
+    sections: dict[str, Any] = {}
+    for name, value in data.items():
+        if name not in SECTIONS:
+            hint = _did_you_mean(name, list(SECTIONS), "[{}]")
+            if not isinstance(value, dict):
+                hint = hint or f"; keys belong in a section: {', '.join(f'[{s}]' for s in SECTIONS)}"
+                raise ConfigError(f"{where}: unknown top-level key {name!r}{hint}")
+            raise ConfigError(f"{where}: unknown section [{name}]{hint}")
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: [{name}] must be a table (a [{name}] section), got {_show(value)}")
+        rules = RULES[name]
+        kwargs = {}
+        for key, raw in value.items():
+            if key not in rules:
+                hint = _did_you_mean(key, list(rules))
+                if not hint and key in SECTIONS:
+                    hint = f" ([{key}] is a section of its own)"
+                if not hint:
+                    for other, other_rules in RULES.items():
+                        if key in other_rules:
+                            hint = f" (it belongs in [{other}])"
+                            break
+                raise ConfigError(f"{where}: [{name}].{key}: unknown key{hint}; known keys: {', '.join(rules)}")
+            check = rules[key]
+            try:
+                val = check(raw)
+            except _Bad as bad:
+                raise ConfigError(f"{where}: [{name}].{key}: expected {bad}, got {_show(raw)}") from None
+            if getattr(check, "is_path", False) and val and base_dir is not None and not os.path.isabs(val):
+                val = str(base_dir / val)
+            kwargs[key] = val
+        sections[name] = SECTIONS[name](**kwargs)
+    cfg = Config(**sections, source=None if source is None else str(source))
+    _cross_checks(cfg, where)
+    return cfg
+
+
+def _cross_checks(cfg: Config, where: str) -> None:
+    if cfg.auth.method == "hmac" and not cfg.auth.hmac_key_file:
+        raise ConfigError(f'{where}: [auth].hmac_key_file: expected a key file path when [auth].method = "hmac", got ""')
+    if cfg.policy.shadow and cfg.policy.shadow == cfg.policy.name:
+        raise ConfigError(f"{where}: [policy].shadow: expected a policy other than [policy].name "
+                          f"({_show(cfg.policy.name)}), got {_show(cfg.policy.shadow)}")
+
+
+def parse_config_text(text: str, source: str | os.PathLike | None = None) -> Config:
+    """Parse TOML text; syntax errors are reported with their line and column."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        msg = str(exc)
+        m = re.search(r"\(at line (\d+), column (\d+)\)", msg)
+        if m:
+            detail = msg[: m.start()].strip()
+            raise ConfigError(f"{_where(source)}: TOML syntax error at line {m.group(1)}, column {m.group(2)}: "
+                              f"{detail}") from None
+        raise ConfigError(f"{_where(source)}: TOML syntax error: {msg}") from None
+    return parse_config(data, source)
+
+
+def find_config(path: str | os.PathLike | None = None) -> Path | None:
+    """The file load_config() would read: ``path``, $SLURM_MIG_CONFIG, /etc/slurm-mig/slurm-mig.toml, or None."""
+    if path is not None and str(path) != "":
+        return Path(path)
+    env = os.environ.get(ENV_VAR, "")
+    if env:
+        return Path(env)
+    if SYSTEM_PATH.is_file():
+        return SYSTEM_PATH
+    return None
+
+
+def load_config(path: str | os.PathLike | None = None) -> Config:
+    """Read the configuration (see find_config for which file); the defaults if there is none.
+
+    An explicitly named file (argument or $SLURM_MIG_CONFIG) must exist.
+    """
+    found = find_config(path)
+    if found is None:
+        return Config()
+    try:
+        raw = found.read_bytes()
+    except FileNotFoundError:
+        via = "" if path is not None and str(path) != "" else f" (from ${ENV_VAR})"
+        raise ConfigError(f"config {found}{via}: file not found") from None
+    except IsADirectoryError:
+        raise ConfigError(f"config {found}: is a directory, expected a TOML file") from None
+    except OSError as exc:
+        raise ConfigError(f"config {found}: cannot read it: {exc.strerror}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config {found}: not UTF-8 text (byte {exc.start})") from None
+    return parse_config_text(text, found)
+
+
+def defaults() -> Config:
+    return Config()

@@ -1,0 +1,192 @@
+"""Configuration: defaults, the documented example, resolution order and errors that name the key."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+import pytest
+
+from slurm_mig import config as cfgmod
+from slurm_mig.config import RULES, SECTIONS, Config, load_config, parse_config_text
+from slurm_mig.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "etc" / "slurm-mig.toml"
+
+
+@pytest.fixture(autouse=True)
+def _no_ambient_config(monkeypatch, tmp_path):
+    """Tests must not pick up the machine's $SLURM_MIG_CONFIG or /etc/slurm-mig."""
+    monkeypatch.delenv(cfgmod.ENV_VAR, raising=False)
+    monkeypatch.setattr(cfgmod, "SYSTEM_PATH", tmp_path / "no-such-dir" / "slurm-mig.toml")
+
+
+def write(tmp_path: Path, text: str, name: str = "slurm-mig.toml") -> Path:
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+def error_of(text: str, tmp_path: Path) -> str:
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    msg = str(info.value)
+    assert msg.startswith(f"config {path}: ")
+    return msg[len(f"config {path}: "):]
+
+
+# -- defaults and the example ------------------------------------------------------
+
+def test_defaults_work_for_the_demo():
+    c = load_config()
+    assert c == Config() and c.source is None
+    assert (c.controller.listen_host, c.controller.listen_port) == ("127.0.0.1", 7677)
+    assert c.controller.db_busy_timeout_s == 5.0 and c.controller.tick_interval_s > 0
+    assert c.node.controller_url == "http://127.0.0.1:7677"
+    assert c.node.nvml_backend == "simulated"
+    assert c.policy.name == "first-fit" and c.slurm.gres_name == "mig"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        c.controller.listen_port = 1  # type: ignore[misc]
+
+
+def test_example_config_loads_cleanly_and_matches_the_defaults():
+    c = load_config(EXAMPLE)
+    assert c == Config()
+    assert c.source == str(EXAMPLE)
+
+
+def test_example_config_documents_every_key():
+    lines = EXAMPLE.read_text().splitlines()
+    section = None
+    seen: dict[str, set[str]] = {}
+    for i, line in enumerate(lines):
+        m = re.match(r"^\[(\w+)\]\s*$", line)
+        if m:
+            section = m.group(1)
+            seen.setdefault(section, set())
+            continue
+        m = re.match(r"^(\w+)\s*=", line)
+        if m:
+            assert lines[i - 1].startswith("#"), f"[{section}].{m.group(1)} has no comment above it"
+            seen[section].add(m.group(1))
+    assert seen == {s: set(keys) for s, keys in RULES.items()}
+
+
+def test_configuration_doc_names_every_key():
+    doc = (ROOT / "docs" / "configuration.md").read_text()
+    for section, keys in RULES.items():
+        assert f"[{section}]" in doc
+        for key in keys:
+            assert f"`{key}`" in doc, f"docs/configuration.md does not describe [{section}].{key}"
+
+
+def test_rules_cover_every_dataclass_field():
+    for name, cls in SECTIONS.items():
+        assert set(RULES[name]) == {f.name for f in dataclasses.fields(cls)}
+
+
+# -- resolution order ----------------------------------------------------------------
+
+def test_explicit_path_wins_over_the_environment(tmp_path, monkeypatch):
+    a = write(tmp_path, "[controller]\nlisten_port = 1111\n", "a.toml")
+    b = write(tmp_path, "[controller]\nlisten_port = 2222\n", "b.toml")
+    monkeypatch.setenv(cfgmod.ENV_VAR, str(b))
+    assert load_config(a).controller.listen_port == 1111
+    assert load_config().controller.listen_port == 2222
+
+
+def test_system_file_is_used_when_present(tmp_path, monkeypatch):
+    sysfile = write(tmp_path, "[log]\nlevel = \"debug\"\n", "system.toml")
+    monkeypatch.setattr(cfgmod, "SYSTEM_PATH", sysfile)
+    c = load_config()
+    assert c.log.level == "DEBUG" and c.source == str(sysfile)
+
+
+def test_missing_explicit_files_are_errors(tmp_path, monkeypatch):
+    with pytest.raises(ConfigError, match="file not found"):
+        load_config(tmp_path / "nope.toml")
+    monkeypatch.setenv(cfgmod.ENV_VAR, str(tmp_path / "env.toml"))
+    with pytest.raises(ConfigError, match=r"file not found"):
+        load_config()
+
+
+def test_partial_file_keeps_other_defaults_and_resolves_relative_paths(tmp_path):
+    c = load_config(write(tmp_path, '[controller]\ndb_path = "state/state.db"\ntick_interval_s = 1\n'
+                                    '[slurm]\npartitions = ["gpu", "debug"]\n'))
+    assert c.controller.db_path == str(tmp_path / "state" / "state.db")
+    assert c.controller.tick_interval_s == 1.0 and isinstance(c.controller.tick_interval_s, float)
+    assert c.slurm.partitions == ("gpu", "debug")
+    assert c.node == Config().node
+
+
+# -- errors --------------------------------------------------------------------------
+
+def test_bad_value_names_the_key_and_the_expectation(tmp_path):
+    msg = error_of('[controller]\ntick_interval_s = "fast"\n', tmp_path)
+    assert msg == '[controller].tick_interval_s: expected a number > 0, got "fast"'
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("[controller]\ntick_interval_s = 0\n", "[controller].tick_interval_s: expected a number > 0, got 0"),
+    ("[controller]\ndb_busy_timeout_s = -1\n", "[controller].db_busy_timeout_s: expected a number >= 0, got -1"),
+    ("[controller]\nlisten_port = 70000\n", "[controller].listen_port: expected an integer >= 1 and <= 65535, got 70000"),
+    ("[controller]\nlisten_port = true\n", "[controller].listen_port: expected an integer >= 1 and <= 65535, got true"),
+    ("[controller]\nlisten_port = 7677.5\n", "[controller].listen_port: expected an integer >= 1 and <= 65535, got 7677.5"),
+    ('[node]\nnvml_backend = "fake"\n', '[node].nvml_backend: expected one of "real", "simulated", got "fake"'),
+    ('[node]\ncontroller_url = "head:7677"\n', "[node].controller_url: expected an http:// or https:// URL"),
+    ('[node]\nsim_gpu_model = "V100"\n', "[node].sim_gpu_model: expected a GPU model: "),
+    ('[auth]\nmethod = "kerberos"\n', '[auth].method: expected one of "munge", "hmac", got "kerberos"'),
+    ('[auth]\nmethod = "hmac"\nhmac_key_file = ""\n', "[auth].hmac_key_file: expected a key file path"),
+    ('[slurm]\npartitions = "gpu"\n', '[slurm].partitions: expected an array of non-empty strings, got "gpu"'),
+    ('[slurm]\ngres_name = "mig:3g"\n', '[slurm].gres_name: expected a GRES name'),
+    ('[policy]\nname = ""\n', '[policy].name: expected a policy name'),
+    ('[log]\nlevel = "loud"\n', '[log].level: expected one of "DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"'),
+    ('controller = 1\n', "[controller] must be a table (a [controller] section), got 1"),
+    ('port = 1\n', "unknown top-level key 'port'; keys belong in a section: [controller]"),
+    ('[[controller]]\nlisten_port = 1\n', "[controller] must be a table"),
+])
+def test_bad_values(tmp_path, text, expected):
+    assert error_of(text, tmp_path).startswith(expected)
+
+
+def test_unknown_keys_and_sections_suggest_the_right_name(tmp_path):
+    assert error_of("[controller]\ntick_intervall_s = 5\n", tmp_path).startswith(
+        "[controller].tick_intervall_s: unknown key (did you mean tick_interval_s?)")
+    assert error_of("[contoller]\nlisten_port = 1\n", tmp_path) == "unknown section [contoller] (did you mean [controller]?)"
+    assert "(it belongs in [node])" in error_of("[controller]\ncontroller_url = \"http://x\"\n", tmp_path)
+    assert "[policy] is a section of its own" in error_of('[controller]\npolicy = "first-fit"\n', tmp_path)
+    assert error_of("[node]\nzzz = 1\n", tmp_path).startswith("[node].zzz: unknown key; known keys: controller_url")
+
+
+def test_toml_syntax_errors_report_line_and_column(tmp_path):
+    msg = error_of('[controller]\nlisten_port = 7677\ntick_interval_s = = 5\n', tmp_path)
+    assert re.match(r"TOML syntax error at line 3, column \d+: ", msg), msg
+    msg = error_of('[controller\n', tmp_path)
+    assert msg.startswith("TOML syntax error at line 1, column")
+
+
+def test_not_utf8(tmp_path):
+    p = tmp_path / "bad.toml"
+    p.write_bytes(b"[log]\nfile = \"\xff\"\n")
+    with pytest.raises(ConfigError, match="not UTF-8"):
+        load_config(p)
+
+
+def test_config_opens_the_store(tmp_path):
+    from slurm_mig.store import open_store_from_config
+
+    c = load_config(write(tmp_path, '[controller]\ndb_path = "db/state.db"\ndb_busy_timeout_s = 0.5\n'))
+    store = open_store_from_config(c)
+    assert store.busy_timeout_s == 0.5 and Path(store.path) == tmp_path / "db" / "state.db"
+    store.close()
+
+
+def test_as_dict_is_plain_data():
+    d = Config().as_dict()
+    assert set(d) == set(SECTIONS) and d["slurm"]["partitions"] == []
+    import json
+
+    json.dumps(d)
