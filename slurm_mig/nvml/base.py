@@ -72,6 +72,7 @@ class GpuInfo:
     name: str  # what nvmlDeviceGetName says
     model: GpuModel | None  # None when we do not know this part's MIG geometry
     mig_enabled: bool
+    lost: bool = False  # NVML says GPU_IS_LOST: listed so the others stay usable; its calls raise GpuLost
 
 
 @dataclass(frozen=True)

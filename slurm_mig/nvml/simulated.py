@@ -1,0 +1,525 @@
+"""A simulated MIG GPU node: the MigBackend semantics without hardware.
+
+Same geometry (``Layout.can_add``), same typed errors (InsufficientResources for
+an illegal or occupied placement, InUse when destroying a busy instance,
+NoPermission when configuration is not allowed, GpuLost, NotSupported with MIG
+off), NVIDIA-format UUIDs, and the measured reconfiguration times of
+``slurm_mig.mig.timing`` multiplied by ``delay_scale`` (0 for fast tests).
+
+State lives in one JSON file so that separate processes (the Prolog, Epilog
+and controller on one node) see and change the same GPUs.
+
+Locking design
+--------------
+* ``<state>.lock`` — an ``flock`` guarding the JSON file. Readers take it
+  shared, writers exclusive, and every operation re-reads the file under it.
+  It is only ever held for a read-modify-write (milliseconds), never across a
+  reconfiguration delay, so ``gpus()``/``instances()`` never wait for a
+  create/destroy in progress.
+* ``<state>.gpu<N>.lock`` — an exclusive ``flock`` held for a whole create or
+  destroy on GPU N, delay included: NVML serialises reconfigurations of one GPU,
+  and so do we; different GPUs reconfigure in parallel.
+* Lock order is always GPU lock, then state lock.
+* A create checks the placement, sleeps, then commits after checking again
+  (only set_in_use/reset/lose_gpu can have run meanwhile); the instance appears
+  when the create returns. A destroy checks InUse and removes the instance
+  at once, then sleeps: no job can be bound to an instance being torn down.
+* Writes go to a temporary file in the same folder, are fsynced and renamed
+  over the state (and the folder fsynced), so a crash leaves the old or the new
+  state, never half of one. Files are created mode 0600.
+
+Sim-only methods (not in MigBackend): set_in_use, owners, set_mig_mode,
+fail_next, lose_gpu, reset.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import secrets
+import time
+import uuid as uuidlib
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+from slurm_mig.errors import ConfigError
+from slurm_mig.mig import timing
+from slurm_mig.mig.layout import Layout, Slot
+from slurm_mig.mig.profiles import GpuModel, get_model
+from slurm_mig.nvml import base
+from slurm_mig.nvml.base import (
+    GpuInfo,
+    GpuLost,
+    InsufficientResources,
+    InUse,
+    InvalidArgument,
+    MigInstance,
+    NoPermission,
+    NotFound,
+    NotSupported,
+    NvmlError,
+    NvmlUnavailable,
+)
+
+STATE_VERSION = 1
+
+# What nvmlDeviceGetName says for each model (model_from_nvml_name maps them back).
+SIM_DEVICE_NAMES = {
+    "A30-24GB": "NVIDIA A30",
+    "A100-40GB": "NVIDIA A100-SXM4-40GB",
+    "A100-80GB": "NVIDIA A100-SXM4-80GB",
+    "H100-80GB": "NVIDIA H100 80GB HBM3",
+    "H200-141GB": "NVIDIA H200",
+    "B200-180GB": "NVIDIA B200",
+}
+# Models whose MIG mode survives a driver reload (FACTS §2: A100/A30 persist, Hopper+ lose it).
+_MODE_PERSISTS = ("A100", "A30")
+
+FAULT_OPS = ("gpus", "instances", "create", "destroy", "set_in_use", "set_mig_mode")
+
+GpuSpec = Iterable["tuple[str, int] | str"]
+
+
+def parse_gpu_spec(spec: str) -> list[tuple[str, int]]:
+    """``"H100-80GB:2,A100-40GB"`` -> ``[("H100-80GB", 2), ("A100-40GB", 1)]`` (names checked)."""
+    out = []
+    for item in spec.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        name, _, count = item.partition(":")
+        if count and not count.strip().isdigit():
+            raise ConfigError(f"bad GPU spec {item!r}: expected MODEL[:COUNT], e.g. H100-80GB:2")
+        out.append((get_model(name).name, int(count) if count else 1))
+    if not out:
+        raise ConfigError("empty GPU spec: expected MODEL[:COUNT][,...], e.g. H100-80GB:2")
+    return out
+
+
+def _models_of(gpus: GpuSpec) -> list[str]:
+    names: list[str] = []
+    for g in gpus:
+        if isinstance(g, str):
+            for name, n in parse_gpu_spec(g):
+                names += [name] * n
+        else:
+            name, n = g
+            names += [get_model(name).name] * int(n)
+    return names
+
+
+def _uuid(seed: str, n: int) -> str:
+    """The n-th UUID of a state: uuid4-shaped, deterministic from the seed, unique per n."""
+    digest = hashlib.sha256(f"{seed}:{n}".encode()).digest()[:16]
+    return str(uuidlib.UUID(bytes=digest, version=4))
+
+
+_ERROR_CLASSES = {
+    cls.__name__: cls for cls in vars(base).values()
+    if isinstance(cls, type) and issubclass(cls, NvmlError)
+}
+
+
+@contextlib.contextmanager
+def _flock(path: Path, exclusive: bool) -> Iterator[None]:
+    # A fresh open file description per acquisition: flock then excludes other
+    # threads of this process as well as other processes.
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _atomic_write(path: Path, state: dict) -> None:
+    """Write ``state`` as JSON to ``path``: temp file, fsync, rename, fsync the folder; mode 0600."""
+    folder = path.parent
+    tmp = folder / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+    data = json.dumps(state, indent=1, sort_keys=True).encode()
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    os.close(fd)
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    dfd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+def _lock_path(state_path: Path) -> Path:
+    return state_path.with_name(state_path.name + ".lock")
+
+
+class SimulatedBackend:
+    """Simulated MIG GPUs whose state is the JSON file at ``state_path``.
+
+    ``gpus``: the GPUs to create the state with when the file does not exist,
+    e.g. ``[("H100-80GB", 2)]`` or ``["H100-80GB:2"]``; if it exists it must
+    hold the same models. Without ``gpus`` the file must exist (see
+    :func:`init_state`). ``delay_scale`` multiplies the measured
+    create/destroy seconds. ``allow_config=False`` makes create/destroy/
+    set_mig_mode raise NoPermission, and so does ``require_root=True`` for a
+    caller whose effective uid is not 0 (real MIG needs root or the mig/config
+    capability).
+    """
+
+    def __init__(self, state_path: str | os.PathLike, *, gpus: GpuSpec | None = None,
+                 delay_scale: float = 0.0, allow_config: bool = True, require_root: bool = False,
+                 seed: str | None = None):
+        self.state_path = Path(state_path)
+        self.delay_scale = float(delay_scale)
+        if self.delay_scale < 0:
+            raise ValueError("delay_scale must be >= 0")
+        self.allow_config = allow_config
+        self.require_root = require_root
+        self._lock_path = _lock_path(self.state_path)
+        if gpus is not None:
+            wanted = _models_of(gpus)
+            self.state_path.parent.mkdir(parents=True, exist_ok=True)
+            with _flock(self._lock_path, exclusive=True):
+                if self.state_path.exists():
+                    have = [g["model"] for g in self._read()["gpus"]]
+                    if have != wanted:
+                        raise ConfigError(
+                            f"simulated GPU state {self.state_path} holds {have}, not {wanted}; "
+                            "re-create it with `slurm-mig nvml sim-init --force`")
+                else:
+                    self._write(_new_state(wanted, seed))
+        elif not self.state_path.exists():
+            raise NvmlUnavailable(
+                f"no simulated GPUs at {self.state_path}: create them with `slurm-mig nvml sim-init`")
+
+    def __repr__(self) -> str:
+        return f"SimulatedBackend({str(self.state_path)!r}, delay_scale={self.delay_scale})"
+
+    # -- file --------------------------------------------------------------
+    def _read(self) -> dict:
+        try:
+            with open(self.state_path, encoding="utf-8") as fh:
+                state = json.load(fh)
+        except FileNotFoundError as exc:
+            raise NvmlUnavailable(f"simulated GPU state {self.state_path} is gone") from exc
+        except (OSError, ValueError) as exc:
+            raise NvmlUnavailable(f"simulated GPU state {self.state_path} is unreadable: {exc}") from exc
+        if state.get("version") != STATE_VERSION:
+            raise NvmlUnavailable(
+                f"simulated GPU state {self.state_path} has version {state.get('version')!r}, "
+                f"expected {STATE_VERSION}")
+        return state
+
+    def _write(self, state: dict) -> None:
+        _atomic_write(self.state_path, state)
+
+    @contextlib.contextmanager
+    def _txn(self) -> Iterator[dict]:
+        """Exclusive read-modify-write: yields the state; writes it back if the block succeeds."""
+        with _flock(self._lock_path, exclusive=True):
+            state = self._read()
+            before = json.dumps(state, sort_keys=True)
+            try:
+                yield state
+            except NvmlError:
+                # A consumed fault must stay consumed even though the op failed.
+                if json.dumps(state, sort_keys=True) != before:
+                    self._write(state)
+                raise
+            if json.dumps(state, sort_keys=True) != before:
+                self._write(state)
+
+    def _snapshot(self) -> dict:
+        with _flock(self._lock_path, exclusive=False):
+            return self._read()
+
+    def _gpu_lock(self, gpu: int):
+        return _flock(self.state_path.with_name(f"{self.state_path.name}.gpu{gpu}.lock"), exclusive=True)
+
+    # -- helpers -----------------------------------------------------------
+    @staticmethod
+    def _gpu(state: dict, gpu: int) -> dict:
+        if not isinstance(gpu, int) or not 0 <= gpu < len(state["gpus"]):
+            raise InvalidArgument(f"no GPU {gpu!r} (this node has {len(state['gpus'])})")
+        return state["gpus"][gpu]
+
+    @staticmethod
+    def _take_fault(state: dict, op: str, gpu: int | None) -> NvmlError | None:
+        for i, fault in enumerate(state["faults"]):
+            if fault["op"] == op and fault["gpu"] in (None, gpu):
+                fault["times"] -= 1
+                if fault["times"] <= 0:
+                    del state["faults"][i]
+                cls = _ERROR_CLASSES.get(fault["error"], NvmlError)
+                return cls(fault["message"] or f"injected {fault['error']} on {op} (GPU {gpu})")
+        return None
+
+    def _fault_pending(self, state: dict, op: str, gpu: int | None) -> bool:
+        return any(f["op"] == op and f["gpu"] in (None, gpu) for f in state["faults"])
+
+    def _raise_fault(self, op: str, gpu: int | None) -> None:
+        with self._txn() as state:
+            err = self._take_fault(state, op, gpu)
+            if err is not None:
+                raise err
+
+    def _check_config_allowed(self, what: str) -> None:
+        if not self.allow_config:
+            raise NoPermission(f"{what}: MIG configuration is not allowed for this caller (NVML_ERROR_NO_PERMISSION)")
+        if self.require_root and os.geteuid() != 0:
+            raise NoPermission(f"{what}: needs root or the mig/config capability (NVML_ERROR_NO_PERMISSION)")
+
+    @staticmethod
+    def _model(g: dict) -> GpuModel:
+        return get_model(g["model"])
+
+    @staticmethod
+    def _check_usable(g: dict, gpu: int) -> None:
+        if g["lost"]:
+            raise GpuLost(f"GPU {gpu} has fallen off the bus (NVML_ERROR_GPU_IS_LOST)")
+
+    def _layout(self, g: dict) -> Layout:
+        return Layout(self._model(g), frozenset(Slot(i["start"], i["profile"]) for i in g["instances"]))
+
+    @staticmethod
+    def _to_instance(gpu: int, inst: dict) -> MigInstance:
+        return MigInstance(gpu, Slot(inst["start"], inst["profile"]), inst["uuid"], inst["gi_id"],
+                           inst["ci_id"], inst["owner"] is not None)
+
+    def _find(self, g: dict, gpu: int, which: Slot | str) -> dict:
+        model = self._model(g)
+        if isinstance(which, str) and which.startswith("MIG-"):
+            for inst in g["instances"]:
+                if inst["uuid"] == which:
+                    return inst
+            raise NotFound(f"GPU {gpu} has no MIG instance {which}")
+        if isinstance(which, str):  # "3g@0"
+            name, _, start = which.partition("@")
+            if not start.strip().isdigit():
+                raise InvalidArgument(f"bad instance {which!r}: expected PROFILE@START or a MIG- UUID")
+            which = Slot(int(start), name)
+        slot = Slot(which.start, model.profile(which.profile).name)
+        for inst in g["instances"]:
+            if inst["start"] == slot.start and inst["profile"] == slot.profile:
+                return inst
+        raise NotFound(f"GPU {gpu} has no MIG instance {slot}")
+
+    def _sleep(self, model: GpuModel, profile: str, action: str) -> None:
+        if self.delay_scale > 0:
+            time.sleep(timing.step_seconds(model, profile, action) * self.delay_scale)
+
+    # -- MigBackend --------------------------------------------------------
+    def gpus(self) -> list[GpuInfo]:
+        state = self._snapshot()
+        if self._fault_pending(state, "gpus", None):
+            self._raise_fault("gpus", None)
+        return [
+            GpuInfo(i, g["uuid"], g["name"], self._model(g), bool(g["mig_enabled"]) and not g["lost"], lost=g["lost"])
+            for i, g in enumerate(state["gpus"])
+        ]
+
+    def instances(self, gpu: int) -> list[MigInstance]:
+        state = self._snapshot()
+        g = self._gpu(state, gpu)
+        if self._fault_pending(state, "instances", gpu):
+            self._raise_fault("instances", gpu)
+        self._check_usable(g, gpu)
+        if not g["mig_enabled"]:
+            return []
+        return sorted((self._to_instance(gpu, i) for i in g["instances"]), key=lambda m: m.slot)
+
+    def _check_create(self, state: dict, gpu: int, slot: Slot, *, faults: bool = True) -> tuple[dict, Slot]:
+        g = self._gpu(state, gpu)
+        err = self._take_fault(state, "create", gpu) if faults else None
+        if err is not None:
+            raise err
+        self._check_usable(g, gpu)
+        if not g["mig_enabled"]:
+            raise NotSupported(f"GPU {gpu}: MIG mode is disabled (NVML_ERROR_NOT_SUPPORTED)")
+        model = self._model(g)
+        prof = model.profile(slot.profile)
+        slot = Slot(slot.start, prof.name)
+        layout = self._layout(g)
+        if not layout.can_add(prof, slot.start):
+            why = layout.with_slot(slot).problems() or [f"{slot} already exists"]
+            raise InsufficientResources(
+                f"GPU {gpu}: cannot create {slot} beside {layout}: {'; '.join(why)} "
+                "(NVML_ERROR_INSUFFICIENT_RESOURCES)")
+        return g, slot
+
+    def create(self, gpu: int, slot: Slot) -> MigInstance:
+        self._check_config_allowed(f"create {slot} on GPU {gpu}")
+        with self._gpu_lock(gpu):
+            if self.delay_scale > 0:
+                with self._txn() as state:
+                    g, slot = self._check_create(state, gpu, slot)
+                    generation = g["generation"]
+                    model = self._model(g)
+                self._sleep(model, slot.profile, "create")
+            with self._txn() as state:
+                g, slot = self._check_create(state, gpu, slot, faults=self.delay_scale == 0)
+                if self.delay_scale > 0 and g["generation"] != generation:
+                    raise NvmlError(f"GPU {gpu} was reset while {slot} was being created", code=999)
+                used = {i["gi_id"] for i in g["instances"]}
+                gi_id = next(n for n in range(1, 64) if n not in used)
+                inst = {"profile": slot.profile, "start": slot.start, "gi_id": gi_id, "ci_id": 0,
+                        "uuid": "MIG-" + _uuid(state["seed"], state["next_uuid"]), "owner": None}
+                state["next_uuid"] += 1
+                g["instances"].append(inst)
+                g["instances"].sort(key=lambda i: (i["start"], i["profile"]))
+                return self._to_instance(gpu, inst)
+
+    def destroy(self, gpu: int, slot: Slot) -> None:
+        self._check_config_allowed(f"destroy {slot} on GPU {gpu}")
+        with self._gpu_lock(gpu):
+            with self._txn() as state:
+                g = self._gpu(state, gpu)
+                err = self._take_fault(state, "destroy", gpu)
+                if err is not None:
+                    raise err
+                self._check_usable(g, gpu)
+                if not g["mig_enabled"]:
+                    raise NotSupported(f"GPU {gpu}: MIG mode is disabled (NVML_ERROR_NOT_SUPPORTED)")
+                inst = self._find(g, gpu, slot)
+                if inst["owner"] is not None:
+                    raise InUse(f"GPU {gpu}: MIG instance {inst['profile']}@{inst['start']} ({inst['uuid']}) "
+                                f"is in use by {inst['owner']} (NVML_ERROR_IN_USE)")
+                g["instances"].remove(inst)
+                model = self._model(g)
+            self._sleep(model, inst["profile"], "destroy")
+
+    def close(self) -> None:
+        """Nothing to release: every call opens, locks and closes the state itself."""
+
+    # -- sim-only ------------------------------------------------------------
+    def set_in_use(self, gpu: int, slot_or_uuid: Slot | str, owner: str | None) -> MigInstance:
+        """Mark an instance as running processes of ``owner`` (e.g. "job 42"), or idle with None.
+
+        Stands in for the processes the simulator cannot see; a busy instance
+        cannot be destroyed (InUse). ``slot_or_uuid``: a Slot, "3g@0" or a MIG UUID.
+        """
+        with self._txn() as state:
+            g = self._gpu(state, gpu)
+            err = self._take_fault(state, "set_in_use", gpu)
+            if err is not None:
+                raise err
+            self._check_usable(g, gpu)
+            inst = self._find(g, gpu, slot_or_uuid)
+            inst["owner"] = None if owner is None else str(owner)
+            return self._to_instance(gpu, inst)
+
+    def owners(self, gpu: int) -> dict[Slot, str]:
+        """The busy instances of GPU ``gpu`` and who uses them."""
+        g = self._gpu(self._snapshot(), gpu)
+        return {Slot(i["start"], i["profile"]): i["owner"] for i in g["instances"] if i["owner"] is not None}
+
+    def set_mig_mode(self, gpu: int, enabled: bool) -> None:
+        """Turn MIG mode on or off (off needs no instances left: InUse otherwise)."""
+        self._check_config_allowed(f"set MIG mode on GPU {gpu}")
+        with self._gpu_lock(gpu), self._txn() as state:
+            g = self._gpu(state, gpu)
+            err = self._take_fault(state, "set_mig_mode", gpu)
+            if err is not None:
+                raise err
+            self._check_usable(g, gpu)
+            if not enabled and g["instances"]:
+                raise InUse(f"GPU {gpu}: cannot disable MIG mode while {len(g['instances'])} instance(s) exist")
+            g["mig_enabled"] = bool(enabled)
+
+    def fail_next(self, op: str, error: type[NvmlError] | NvmlError | str, *, gpu: int | None = None,
+                  times: int = 1) -> None:
+        """Make the next ``times`` calls of ``op`` (on ``gpu``, or any GPU) raise ``error``.
+
+        ``op``: one of FAULT_OPS; ``error``: an NvmlError subclass, instance or
+        class name ("InUse"). Stored in the state file, so the fault hits
+        whichever process makes the call next.
+        """
+        if op not in FAULT_OPS:
+            raise ValueError(f"unknown op {op!r} (known: {', '.join(FAULT_OPS)})")
+        message = ""
+        if isinstance(error, NvmlError):
+            message, error = str(error), type(error).__name__
+        elif isinstance(error, type):
+            error = error.__name__
+        if error not in _ERROR_CLASSES:
+            raise ValueError(f"unknown NVML error {error!r} (known: {', '.join(sorted(_ERROR_CLASSES))})")
+        with self._txn() as state:
+            state["faults"].append({"op": op, "gpu": gpu, "error": error, "message": message, "times": int(times)})
+
+    def clear_faults(self) -> None:
+        with self._txn() as state:
+            state["faults"].clear()
+
+    def lose_gpu(self, gpu: int, lost: bool = True) -> None:
+        """GPU ``gpu`` falls off the bus: its calls raise GpuLost until reset() (or lost=False)."""
+        with self._txn() as state:
+            g = self._gpu(state, gpu)
+            g["lost"] = bool(lost)
+            g["generation"] += 1
+
+    def reset(self, *, mig_mode: bool | None = None) -> None:
+        """A driver reload or reboot: every instance vanishes and lost GPUs come back.
+
+        MIG mode survives on A100/A30 and is lost on Hopper and later (FACTS §2)
+        unless ``mig_mode`` says what it should be afterwards.
+        """
+        with self._txn() as state:
+            for g in state["gpus"]:
+                g["instances"] = []
+                g["lost"] = False
+                g["generation"] += 1
+                if mig_mode is not None:
+                    g["mig_enabled"] = bool(mig_mode)
+                elif not g["model"].startswith(_MODE_PERSISTS):
+                    g["mig_enabled"] = False
+
+
+def _new_state(models: list[str], seed: str | None) -> dict:
+    seed = seed if seed is not None else secrets.token_hex(8)
+    gpus = []
+    for i, name in enumerate(models):
+        gpus.append({
+            "model": name, "name": SIM_DEVICE_NAMES.get(name, f"NVIDIA {name}"),
+            "uuid": "GPU-" + _uuid(seed, i), "mig_enabled": True, "lost": False,
+            "generation": 0, "instances": [],
+        })
+    return {"version": STATE_VERSION, "seed": seed, "next_uuid": len(models), "gpus": gpus, "faults": []}
+
+
+def init_state(state_path: str | os.PathLike, gpus: GpuSpec, *, layouts: dict[int, Any] | None = None,
+               seed: str | None = None, overwrite: bool = False, **backend_opts: Any) -> SimulatedBackend:
+    """Create a simulated node's state file (``overwrite`` replaces an existing one).
+
+    ``layouts`` maps a GPU index to a layout (a Layout, or text like "3g@0,2g@4,1g@6")
+    created on it right away. Returns a backend on the new state.
+    """
+    from slurm_mig.mig.layout import parse_layout
+
+    path = Path(state_path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    models = _models_of(gpus)
+    if path.exists() and not overwrite:
+        raise ConfigError(f"simulated GPU state {path} exists already (use --force to replace it)")
+    with _flock(_lock_path(path), exclusive=True):
+        _atomic_write(path, _new_state(models, seed))
+    backend = SimulatedBackend(path, **{"delay_scale": 0.0, **backend_opts})
+    fast = SimulatedBackend(path)  # the initial layout is set up without delays
+    for gpu, spec in (layouts or {}).items():
+        layout = spec if isinstance(spec, Layout) else parse_layout(str(spec), get_model(models[gpu]))
+        for slot in layout.sorted_slots():
+            fast.create(gpu, slot)
+    return backend

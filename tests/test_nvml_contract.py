@@ -1,0 +1,222 @@
+"""The MigBackend contract, run against every backend that is available.
+
+The read-only part runs against the simulated GPUs always and against a real
+MIG GPU when one is present (``-m gpu``; skipped otherwise). It never changes
+anything on a real machine. The part that creates and destroys runs against
+the simulated backend only.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from slurm_mig.errors import SlurmMigError
+from slurm_mig.mig.layout import Layout, Slot
+from slurm_mig.mig.profiles import model_from_nvml_name
+from slurm_mig.nvml import (
+    GpuInfo,
+    InsufficientResources,
+    InUse,
+    InvalidArgument,
+    MigBackend,
+    MigInstance,
+    NoPermission,
+    NotFound,
+    NotSupported,
+    NvmlError,
+    observed_layout,
+)
+from slurm_mig.nvml.simulated import SimulatedBackend, init_state
+
+UUID_BODY = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
+GPU_UUID = re.compile(rf"^GPU-{UUID_BODY}$")
+MIG_UUID = re.compile(rf"^MIG-{UUID_BODY}$")
+
+SIM_GPUS = [("H100-80GB", 1), ("A100-40GB", 1), ("A30-24GB", 1)]
+SIM_LAYOUTS = {0: "3g@0,2g@4,1g@6", 1: "4g@0,3g@4", 2: "2g@0,1g@2,1g@3"}
+
+
+def _real_backend_or_skip():
+    from slurm_mig.nvml.real import RealBackend
+
+    backend = RealBackend()
+    try:
+        gpus = backend.gpus()
+    except NvmlError as exc:
+        pytest.skip(f"no usable NVML here: {exc}")
+    if not any(g.mig_enabled and g.model is not None for g in gpus):
+        pytest.skip("no MIG-enabled GPU of a known model here")
+    return backend
+
+
+@pytest.fixture(params=["simulated", pytest.param("real", marks=pytest.mark.gpu)])
+def ro_backend(request, tmp_path):
+    """A backend for read-only checks. The real one is never changed."""
+    if request.param == "simulated":
+        backend = init_state(tmp_path / "node.json", SIM_GPUS, layouts=SIM_LAYOUTS, seed="contract")
+        backend.set_in_use(0, Slot(4, "2g.20gb"), "job 1")
+    else:
+        backend = _real_backend_or_skip()
+    yield backend
+    backend.close()
+
+
+@pytest.fixture
+def sim(tmp_path) -> SimulatedBackend:
+    """A backend the test may change: simulated only."""
+    return init_state(tmp_path / "node.json", SIM_GPUS, seed="contract-rw")
+
+
+# -- read-only contract -------------------------------------------------------
+def test_is_a_mig_backend(ro_backend):
+    assert isinstance(ro_backend, MigBackend)
+
+
+def test_gpus_are_listed_in_index_order_with_nvidia_uuids(ro_backend):
+    gpus = ro_backend.gpus()
+    assert gpus, "a backend with no GPU at all is not useful for this contract"
+    assert [g.index for g in gpus] == list(range(len(gpus)))
+    for g in gpus:
+        assert isinstance(g, GpuInfo)
+        if g.lost:
+            continue
+        assert GPU_UUID.match(g.uuid), g.uuid
+        assert g.name
+        known = model_from_nvml_name(g.name)
+        assert (g.model.name if g.model else None) == (known.name if known else None)
+    assert len({g.uuid for g in gpus if not g.lost}) == len([g for g in gpus if not g.lost])
+
+
+def test_instances_are_well_formed_and_their_layout_is_valid(ro_backend):
+    all_uuids = []
+    for g in ro_backend.gpus():
+        if g.lost or g.model is None or not g.mig_enabled:
+            continue
+        insts = ro_backend.instances(g.index)
+        assert insts == sorted(insts, key=lambda m: m.slot)
+        for m in insts:
+            assert isinstance(m, MigInstance)
+            assert m.gpu_index == g.index
+            assert isinstance(m.in_use, bool)
+            assert g.model.profile(m.profile).name == m.profile  # full profile names
+            if m.ci_id >= 0:  # a GPU instance without compute instance has no MIG device
+                assert MIG_UUID.match(m.uuid), m.uuid
+                all_uuids.append(m.uuid)
+        assert len({m.gi_id for m in insts}) == len(insts)
+        layout = observed_layout(ro_backend, g.index)
+        assert layout.slots == frozenset(m.slot for m in insts)
+        assert layout.problems() == []
+    assert len(set(all_uuids)) == len(all_uuids)
+
+
+def test_reading_twice_gives_the_same_instances(ro_backend):
+    for g in ro_backend.gpus():
+        if g.mig_enabled and not g.lost:
+            first = {(m.slot, m.uuid, m.gi_id) for m in ro_backend.instances(g.index)}
+            second = {(m.slot, m.uuid, m.gi_id) for m in ro_backend.instances(g.index)}
+            assert first == second
+
+
+def test_asking_for_a_gpu_that_does_not_exist_is_a_typed_error(ro_backend):
+    n = len(ro_backend.gpus())
+    with pytest.raises(InvalidArgument):
+        ro_backend.instances(n + 7)
+
+
+def test_simulated_reports_the_busy_instance(tmp_path):
+    backend = init_state(tmp_path / "n.json", SIM_GPUS, layouts=SIM_LAYOUTS)
+    backend.set_in_use(0, "2g@4", "job 1")
+    busy = [m.slot for m in backend.instances(0) if m.in_use]
+    assert busy == [Slot(4, "2g.20gb")]
+
+
+# -- changing contract (simulated only) -----------------------------------------
+def test_errors_are_project_errors():
+    for cls in (InUse, InsufficientResources, NoPermission, NotSupported, NotFound, InvalidArgument):
+        assert issubclass(cls, NvmlError) and issubclass(cls, SlurmMigError)
+    assert (InUse.code, InsufficientResources.code, NoPermission.code, NotSupported.code) == (19, 23, 4, 3)
+
+
+def test_create_at_a_placement_then_destroy(sim):
+    inst = sim.create(0, Slot(4, "3g"))
+    assert inst.slot == Slot(4, "3g.40gb")  # kinds are resolved to full names
+    assert MIG_UUID.match(inst.uuid)
+    assert inst.in_use is False
+    assert sim.instances(0) == [inst]
+    sim.destroy(0, Slot(4, "3g.40gb"))
+    assert sim.instances(0) == []
+
+
+def test_each_create_gets_a_new_uuid(sim):
+    seen = set()
+    for _ in range(5):
+        seen.add(sim.create(0, Slot(0, "7g")).uuid)
+        sim.destroy(0, Slot(0, "7g"))
+    assert len(seen) == 5
+
+
+@pytest.mark.parametrize("existing, new", [
+    (["3g@0"], Slot(0, "3g")),  # the same place again
+    (["3g@0"], Slot(2, "2g")),  # overlaps slices 2-3 of the 3g
+    ([], Slot(2, "3g")),  # 3g may only start at 0 or 4
+    ([], Slot(6, "2g")),  # 2g may start at 0, 2, 4
+    (["4g@0"], Slot(4, "4g")),  # one 4g per GPU, and at 0 only
+    (["4g@0", "1g@4", "1g@5", "1g@6"], Slot(7, "1g")),  # 1g has no start 7 (and compute is full)
+    (["1g+me@0"], Slot(1, "1g+me")),  # one +me per GPU
+    (["7g@0"], Slot(6, "1g")),
+])
+def test_illegal_or_occupied_placement_is_insufficient_resources(sim, existing, new):
+    model = sim.gpus()[0].model
+    for item in existing:
+        name, _, start = item.partition("@")
+        sim.create(0, Slot(int(start), model.profile(name).name))
+    before = sim.instances(0)
+    with pytest.raises(InsufficientResources):
+        sim.create(0, new)
+    assert sim.instances(0) == before
+
+
+def test_destroying_a_busy_instance_is_in_use_and_keeps_it(sim):
+    inst = sim.create(0, Slot(0, "3g"))
+    sim.set_in_use(0, inst.uuid, "job 7")
+    with pytest.raises(InUse):
+        sim.destroy(0, inst.slot)
+    assert [m.uuid for m in sim.instances(0)] == [inst.uuid]
+    sim.set_in_use(0, inst.uuid, None)
+    sim.destroy(0, inst.slot)
+    assert sim.instances(0) == []
+
+
+def test_destroying_what_is_not_there_is_not_found(sim):
+    with pytest.raises(NotFound):
+        sim.destroy(0, Slot(0, "3g"))
+
+
+def test_no_permission_to_configure(tmp_path):
+    init_state(tmp_path / "n.json", SIM_GPUS, layouts={0: "7g@0"})
+    user = SimulatedBackend(tmp_path / "n.json", allow_config=False)
+    assert [m.slot.profile for m in user.instances(0)] == ["7g.80gb"]  # reading is allowed
+    with pytest.raises(NoPermission):
+        user.destroy(0, Slot(0, "7g"))
+    with pytest.raises(NoPermission):
+        user.create(1, Slot(0, "7g"))
+    assert len(user.instances(0)) == 1 and user.instances(1) == []
+
+
+def test_mig_mode_off_means_no_instances_and_no_create(sim):
+    sim.set_mig_mode(1, False)
+    assert sim.gpus()[1].mig_enabled is False
+    assert sim.instances(1) == []
+    with pytest.raises(NotSupported):
+        sim.create(1, Slot(0, "7g"))
+
+
+def test_a_freed_place_can_be_used_by_another_profile(sim):
+    sim.create(0, Slot(0, "4g"))
+    sim.create(0, Slot(4, "3g"))
+    sim.destroy(0, Slot(0, "4g.40gb"))
+    for start in (0, 2):
+        sim.create(0, Slot(start, "2g"))
+    assert observed_layout(sim, 0) == Layout.of(sim.gpus()[0].model, [("2g", 0), ("2g", 2), ("3g", 4)])

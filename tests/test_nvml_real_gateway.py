@@ -1,0 +1,478 @@
+"""Our NVML gateway and RealBackend, with a fake ``pynvml`` module put in its place.
+
+These test OUR code: lazy thread-safe init, error mapping by NVML return code,
+missing library/function handling, and the call sequence RealBackend makes
+(placement passed by pointer, compute instances destroyed before their GPU
+instance, no half-made instance left behind). The fake NVML below encodes what
+nvml.h and nvidia-ml-py 13.615.71's pynvml.py say; it is not evidence about
+hardware.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+import threading
+import time
+import types
+from pathlib import Path
+
+import pytest
+
+from slurm_mig.mig.layout import Layout, Slot
+from slurm_mig.mig.profiles import get_model
+from slurm_mig.nvml import (
+    GpuLost,
+    InsufficientResources,
+    InUse,
+    InvalidArgument,
+    MigBackend,
+    NoPermission,
+    NotFound,
+    NotSupported,
+    NvmlError,
+    NvmlUnavailable,
+    ResetRequired,
+)
+from slurm_mig.nvml import real
+from slurm_mig.nvml.real import RealBackend, nvml_call, nvml_shutdown
+
+
+class FakeNVMLError(Exception):
+    """Shaped like pynvml.NVMLError: the return code is in ``.value``."""
+
+    def __init__(self, value: int):
+        super().__init__(value)
+        self.value = value
+
+    def __str__(self) -> str:
+        return f"fake NVML error {self.value}"
+
+
+def fake_module(**functions) -> types.ModuleType:
+    mod = types.ModuleType("pynvml")
+    mod.NVMLError = FakeNVMLError
+    mod.init_calls = 0
+    mod.shutdown_calls = 0
+
+    def nvmlInit():
+        mod.init_calls += 1
+
+    def nvmlShutdown():
+        mod.shutdown_calls += 1
+
+    mod.nvmlInit = nvmlInit
+    mod.nvmlShutdown = nvmlShutdown
+    for name, fn in functions.items():
+        setattr(mod, name, fn)
+    return mod
+
+
+@pytest.fixture
+def use_module(monkeypatch):
+    """Install a (fake) pynvml and start the gateway from scratch."""
+    monkeypatch.setattr(real, "_initialized_module", None)
+
+    def install(mod):
+        monkeypatch.setitem(sys.modules, "pynvml", mod)
+        return mod
+
+    yield install
+    real._initialized_module = None
+
+
+# -- the gateway ----------------------------------------------------------------
+def test_init_is_lazy_and_happens_once(use_module):
+    mod = use_module(fake_module(nvmlDeviceGetCount=lambda: 3))
+    assert mod.init_calls == 0
+    assert nvml_call("nvmlDeviceGetCount") == 3
+    for _ in range(5):
+        nvml_call("nvmlDeviceGetCount")
+    assert mod.init_calls == 1
+
+
+def test_init_is_thread_safe(use_module):
+    mod = fake_module(nvmlDeviceGetCount=lambda: 1)
+
+    def slow_init():
+        time.sleep(0.05)
+        mod.init_calls += 1
+
+    mod.nvmlInit = slow_init
+    use_module(mod)
+    threads = [threading.Thread(target=nvml_call, args=("nvmlDeviceGetCount",)) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert mod.init_calls == 1
+
+
+def test_shutdown_then_the_next_call_initialises_again(use_module):
+    mod = use_module(fake_module(nvmlDeviceGetCount=lambda: 1))
+    nvml_call("nvmlDeviceGetCount")
+    nvml_shutdown()
+    assert mod.shutdown_calls == 1
+    nvml_shutdown()  # not initialised: nothing to do
+    assert mod.shutdown_calls == 1
+    nvml_call("nvmlDeviceGetCount")
+    assert mod.init_calls == 2
+
+
+@pytest.mark.parametrize("code, expected", [
+    (2, InvalidArgument), (3, NotSupported), (4, NoPermission), (6, NotFound), (15, GpuLost),
+    (16, ResetRequired), (19, InUse), (23, InsufficientResources), (9, NvmlUnavailable),
+    (13, NvmlUnavailable), (999, NvmlError),
+])
+def test_nvml_errors_become_typed_errors_by_code(use_module, code, expected):
+    def fails(*args):
+        raise FakeNVMLError(code)
+
+    use_module(fake_module(nvmlDeviceGetHandleByIndex=fails))
+    with pytest.raises(expected) as info:
+        nvml_call("nvmlDeviceGetHandleByIndex", 0)
+    assert type(info.value) is expected
+    assert info.value.code == code
+    assert "nvmlDeviceGetHandleByIndex" in str(info.value)
+    assert isinstance(info.value.__cause__, FakeNVMLError)
+
+
+def test_a_missing_function_names_itself(use_module):
+    use_module(fake_module())
+    with pytest.raises(NvmlUnavailable, match="nvmlDeviceCreateGpuInstanceWithPlacement"):
+        nvml_call("nvmlDeviceCreateGpuInstanceWithPlacement", None, 9, None)
+
+
+def test_no_pynvml_at_all(use_module):
+    use_module(None)  # sys.modules[name] = None makes the import fail
+    with pytest.raises(NvmlUnavailable, match="nvidia-ml-py"):
+        nvml_call("nvmlDeviceGetCount")
+
+
+def test_library_not_found_at_init_is_unavailable_and_not_remembered(use_module):
+    mod = fake_module(nvmlDeviceGetCount=lambda: 2)
+    state = {"fail": True}
+
+    def init():
+        if state["fail"]:
+            raise FakeNVMLError(12)  # NVML_ERROR_LIBRARY_NOT_FOUND
+        mod.init_calls += 1
+
+    mod.nvmlInit = init
+    use_module(mod)
+    with pytest.raises(NvmlUnavailable) as info:
+        nvml_call("nvmlDeviceGetCount")
+    assert info.value.code == 12
+    state["fail"] = False  # e.g. the driver got loaded
+    assert nvml_call("nvmlDeviceGetCount") == 2
+
+
+def test_oserror_at_init_is_unavailable(use_module):
+    mod = fake_module()
+
+    def init():
+        raise OSError("libnvidia-ml.so.1: cannot open shared object file")
+
+    mod.nvmlInit = init
+    use_module(mod)
+    with pytest.raises(NvmlUnavailable, match="cannot open"):
+        nvml_call("nvmlDeviceGetCount")
+
+
+def test_other_exceptions_are_not_disguised(use_module):
+    def broken(*args):
+        raise TypeError("wrong argument type")
+
+    use_module(fake_module(nvmlDeviceGetName=broken))
+    with pytest.raises(TypeError):
+        nvml_call("nvmlDeviceGetName", 0)
+
+
+def test_the_installed_wrapper_without_a_driver_is_unavailable():
+    """The real nvidia-ml-py on a machine with no NVIDIA driver (like the CI machine)."""
+    try:
+        ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError:
+        pass
+    else:
+        pytest.skip("this machine has an NVML library")
+    real._initialized_module = None
+    with pytest.raises(NvmlUnavailable) as info:
+        nvml_call("nvmlDeviceGetCount")
+    assert info.value.code == 12  # NVML_ERROR_LIBRARY_NOT_FOUND
+
+
+def test_the_installed_wrapper_takes_the_placement_as_given():
+    """Why RealBackend passes byref(placement): the wrapper forwards it untouched."""
+    import inspect
+
+    import pynvml
+
+    src = inspect.getsource(pynvml.nvmlDeviceCreateGpuInstanceWithPlacement)
+    assert "fn(device, profileId, placement, byref(c_instance))" in src
+    assert [f[0] for f in pynvml.c_nvmlGpuInstancePlacement_t._fields_] == ["start", "size"]
+
+
+# -- RealBackend against a fake NVML ------------------------------------------------
+class FakeNvml:
+    """One MIG GPU behind pynvml-shaped functions. Handles are ints/tuples."""
+
+    def __init__(self, device_name="NVIDIA H100 80GB HBM3", mig=True):
+        self.model = get_model("H100-80GB")
+        self.device_name = device_name
+        self.mig = mig
+        self.gis: dict[int, dict] = {}  # gi_id -> {profile, start, cis: {ci_id: busy}}
+        self.calls: list[tuple] = []
+        self.fail: dict[str, int] = {}  # function name -> NVML code to raise once
+        self.process_error: int | None = None
+
+    # ctypes types the backend asks for: opaque handles as plain integers
+    c_nvmlGpuInstance_t = ctypes.c_void_p
+    c_nvmlComputeInstance_t = ctypes.c_void_p
+
+    class c_nvmlGpuInstancePlacement_t(ctypes.Structure):
+        _fields_ = [("start", ctypes.c_uint), ("size", ctypes.c_uint)]
+
+    def module(self) -> types.ModuleType:
+        mod = fake_module()
+        for name in dir(self):
+            if name.startswith(("nvml", "c_nvml")):
+                setattr(mod, name, getattr(self, name))
+        return mod
+
+    def _log(self, name, *args):
+        self.calls.append((name, *args))
+        code = self.fail.pop(name, None)
+        if code is not None:
+            raise FakeNVMLError(code)
+
+    def _profile(self, gi_profile_id):
+        return self.model.profile_by_id(gi_profile_id)
+
+    def _layout(self) -> Layout:
+        return Layout(self.model, frozenset(Slot(g["start"], g["profile"]) for g in self.gis.values()))
+
+    # device
+    def nvmlDeviceGetCount(self):
+        return 1
+
+    def nvmlDeviceGetHandleByIndex(self, i):
+        if i != 0:
+            raise FakeNVMLError(2)
+        return "gpu0"
+
+    def nvmlDeviceGetName(self, h):
+        return self.device_name
+
+    def nvmlDeviceGetUUID(self, h):
+        if h == "gpu0":
+            return "GPU-11111111-2222-4333-8444-555555555555"
+        _, gi, ci = h
+        return f"MIG-{gi:08d}-0000-4000-8000-{ci:012d}"
+
+    def nvmlDeviceGetMigMode(self, h):
+        return [1, 1] if self.mig else [0, 0]
+
+    old_driver = False  # no ...InfoV functions: pynvml raises FUNCTION_NOT_FOUND for version=2
+
+    def nvmlDeviceGetGpuInstanceProfileInfo(self, h, index, version=2):
+        if self.old_driver and version == 2:
+            raise FakeNVMLError(13)
+        by_index = {p.nvml_index: p for p in self.model.profiles}
+        if index not in by_index:
+            raise FakeNVMLError(3)
+        p = by_index[index]
+        return types.SimpleNamespace(id=p.id, instanceCount=p.max_count, sliceCount=p.compute_slices)
+
+    def nvmlDeviceGetGpuInstances(self, h, profile_id, array, count_ref):
+        found = [gi for gi, g in self.gis.items() if self._profile(profile_id).name == g["profile"]]
+        for i, gi in enumerate(found):
+            array[i] = gi
+        count_ref._obj.value = len(found)
+
+    def nvmlGpuInstanceGetInfo(self, gi):
+        g = self.gis[gi]
+        p = self.model.profile(g["profile"])
+        return types.SimpleNamespace(id=gi, profileId=p.id,
+                                     placement=types.SimpleNamespace(start=g["start"], size=p.memory_slices))
+
+    def nvmlDeviceCreateGpuInstanceWithPlacement(self, h, profile_id, placement):
+        self._log("nvmlDeviceCreateGpuInstanceWithPlacement", profile_id, placement)
+        assert isinstance(placement, type(ctypes.byref(ctypes.c_int()))), "C wants a pointer to the struct"
+        p = self._profile(profile_id)
+        st = placement._obj
+        if st.size != p.memory_slices or not self._layout().can_add(p, st.start):
+            raise FakeNVMLError(23)
+        gi = next(n for n in range(1, 64) if n not in self.gis)
+        self.gis[gi] = {"profile": p.name, "start": st.start, "cis": {}}
+        return gi
+
+    def nvmlGpuInstanceGetComputeInstanceProfileInfo(self, gi, ci_profile, eng_profile, version=2):
+        if self.old_driver and version == 2:
+            raise FakeNVMLError(13)
+        slices = self.model.profile(self.gis[gi]["profile"]).compute_slices
+        full = {1: 0, 2: 1, 3: 2, 4: 3, 7: 4}[slices]
+        if ci_profile > full or ci_profile in (5, 6, 7, 8):
+            raise FakeNVMLError(3)
+        return types.SimpleNamespace(id=ci_profile, instanceCount=slices)
+
+    def nvmlGpuInstanceCreateComputeInstance(self, gi, ci_profile_id):
+        self._log("nvmlGpuInstanceCreateComputeInstance", gi, ci_profile_id)
+        ci = len(self.gis[gi]["cis"])
+        self.gis[gi]["cis"][ci] = False
+        return (gi, ci)
+
+    def nvmlGpuInstanceGetComputeInstances(self, gi, ci_profile_id, array, count_ref):
+        cis = list(self.gis[gi]["cis"]) if ci_profile_id == self._full_ci(gi) else []
+        for i, ci in enumerate(cis):
+            array[i] = gi * 100 + ci
+        count_ref._obj.value = len(cis)
+
+    def _full_ci(self, gi):
+        return {1: 0, 2: 1, 3: 2, 4: 3, 7: 4}[self.model.profile(self.gis[gi]["profile"]).compute_slices]
+
+    def nvmlComputeInstanceDestroy(self, ci_handle):
+        self._log("nvmlComputeInstanceDestroy", ci_handle)
+        gi, ci = divmod(ci_handle, 100)
+        if self.gis[gi]["cis"][ci]:
+            raise FakeNVMLError(19)
+        del self.gis[gi]["cis"][ci]
+
+    def nvmlGpuInstanceDestroy(self, gi):
+        self._log("nvmlGpuInstanceDestroy", gi)
+        if self.gis[gi]["cis"]:
+            raise FakeNVMLError(19)  # compute instances still there
+        del self.gis[gi]
+
+    # MIG devices: one per compute instance
+    def _mig_list(self):
+        return [(gi, ci) for gi in sorted(self.gis) for ci in sorted(self.gis[gi]["cis"])]
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, h):
+        return 7
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, h, i):
+        devices = self._mig_list()
+        if i >= len(devices):
+            raise FakeNVMLError(6)
+        return ("mig", *devices[i])
+
+    def nvmlDeviceGetGpuInstanceId(self, mig):
+        return mig[1]
+
+    def nvmlDeviceGetComputeInstanceId(self, mig):
+        return mig[2]
+
+    def nvmlDeviceGetComputeRunningProcesses(self, mig):
+        if self.process_error is not None:
+            raise FakeNVMLError(self.process_error)
+        return [types.SimpleNamespace(pid=4242)] if self.gis[mig[1]]["cis"][mig[2]] else []
+
+
+@pytest.fixture
+def fake_nvml(use_module):
+    nvml = FakeNvml()
+    use_module(nvml.module())
+    return nvml
+
+
+def test_real_backend_lists_gpus_and_instances(fake_nvml):
+    backend = RealBackend()
+    assert isinstance(backend, MigBackend)
+    (gpu,) = backend.gpus()
+    assert (gpu.name, gpu.model.name, gpu.mig_enabled, gpu.lost) == ("NVIDIA H100 80GB HBM3", "H100-80GB", True, False)
+    a = backend.create(0, Slot(0, "3g"))
+    b = backend.create(0, Slot(4, "2g"))
+    assert [m.slot for m in backend.instances(0)] == [Slot(0, "3g.40gb"), Slot(4, "2g.20gb")]
+    assert (a.gi_id, a.ci_id, a.uuid) == (1, 0, "MIG-00000001-0000-4000-8000-000000000000")
+    assert b.in_use is False
+    fake_nvml.gis[b.gi_id]["cis"][0] = True  # a process starts on it
+    assert [m.in_use for m in backend.instances(0)] == [False, True]
+
+
+def test_create_passes_a_pointer_to_the_placement_and_a_full_compute_instance(fake_nvml):
+    RealBackend().create(0, Slot(4, "3g"))
+    name, profile_id, placement = fake_nvml.calls[0]
+    assert (name, profile_id) == ("nvmlDeviceCreateGpuInstanceWithPlacement", 9)
+    assert (placement._obj.start, placement._obj.size) == (4, 4)
+    assert fake_nvml.calls[1] == ("nvmlGpuInstanceCreateComputeInstance", 1, 2)  # CI profile 3_SLICE
+
+
+def test_an_occupied_placement_is_insufficient_resources(fake_nvml):
+    backend = RealBackend()
+    backend.create(0, Slot(0, "4g"))
+    with pytest.raises(InsufficientResources):
+        backend.create(0, Slot(0, "3g"))
+
+
+def test_a_failed_compute_instance_leaves_no_half_instance(fake_nvml):
+    fake_nvml.fail["nvmlGpuInstanceCreateComputeInstance"] = 23
+    backend = RealBackend()
+    with pytest.raises(InsufficientResources):
+        backend.create(0, Slot(0, "7g"))
+    assert fake_nvml.gis == {}
+    assert [c[0] for c in fake_nvml.calls][-1] == "nvmlGpuInstanceDestroy"
+
+
+def test_destroy_removes_compute_instances_first_and_refuses_when_busy(fake_nvml):
+    backend = RealBackend()
+    inst = backend.create(0, Slot(0, "7g"))
+    fake_nvml.gis[inst.gi_id]["cis"][0] = True
+    with pytest.raises(InUse):
+        backend.destroy(0, Slot(0, "7g"))
+    assert len(backend.instances(0)) == 1
+    fake_nvml.gis[inst.gi_id]["cis"][0] = False
+    fake_nvml.calls.clear()
+    backend.destroy(0, Slot(0, "7g"))
+    assert [c[0] for c in fake_nvml.calls] == ["nvmlComputeInstanceDestroy", "nvmlGpuInstanceDestroy"]
+    assert backend.instances(0) == []
+    with pytest.raises(NotFound):
+        backend.destroy(0, Slot(0, "7g"))
+
+
+def test_old_drivers_get_version_1_profile_info(fake_nvml):
+    fake_nvml.old_driver = True
+    backend = RealBackend()
+    backend.create(0, Slot(0, "3g"))
+    assert [m.slot for m in backend.instances(0)] == [Slot(0, "3g.40gb")]
+    backend.destroy(0, Slot(0, "3g"))
+    assert backend.instances(0) == []
+
+
+def test_processes_that_cannot_be_seen_count_as_busy(fake_nvml):
+    backend = RealBackend()
+    backend.create(0, Slot(0, "7g"))
+    fake_nvml.process_error = 4  # NO_PERMISSION
+    assert [m.in_use for m in backend.instances(0)] == [True]
+
+
+def test_mig_off_or_unknown_model_has_no_instances(use_module):
+    nvml = FakeNvml(mig=False)
+    use_module(nvml.module())
+    assert RealBackend().instances(0) == []
+    assert RealBackend().gpus()[0].mig_enabled is False
+    nvml.device_name = "NVIDIA GeForce RTX 4090"
+    assert RealBackend().gpus()[0].model is None
+    with pytest.raises(NotSupported):
+        RealBackend().create(0, Slot(0, "7g"))
+
+
+def test_a_lost_gpu_is_listed_as_lost(fake_nvml):
+    def lost(h):
+        raise FakeNVMLError(15)
+
+    sys.modules["pynvml"].nvmlDeviceGetName = lost
+    (gpu,) = RealBackend().gpus()
+    assert gpu.lost is True and gpu.index == 0
+
+
+def test_close_shuts_nvml_down(fake_nvml):
+    backend = RealBackend()
+    backend.gpus()
+    backend.close()
+    assert sys.modules["pynvml"].shutdown_calls == 1
+
+
+def test_real_module_does_not_import_pynvml_at_import():
+    src = Path(real.__file__).read_text()
+    assert "\nimport pynvml" not in src and "\nfrom pynvml" not in src
