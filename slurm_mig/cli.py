@@ -18,6 +18,7 @@ from slurm_mig.errors import SlurmMigError
 # area cannot take the whole CLI down.
 COMMAND_MODULES = [
     "slurm_mig.mig.cli",
+    "slurm_mig.nvml.cli",
 ]
 
 

@@ -1,0 +1,284 @@
+"""`slurm-mig nvml ...`: look at MIG GPUs, move one to a layout, manage simulated GPUs.
+
+    slurm-mig nvml show [--json]
+    slurm-mig nvml apply --gpu 0 --layout 3g@0,2g@4,1g@6 [--dry-run] [--busy 3g@0] [--json]
+    slurm-mig nvml assert --gpu 0 --layout 3g@0,2g@4,1g@6 [--json]
+    slurm-mig nvml sim-init --gpus H100-80GB:2 [--layout 3g@0,3g@4 | --layout 1=7g@0] [--force]
+    slurm-mig nvml sim-busy --gpu 0 3g@0 --owner job42 | --clear
+
+The backend comes from ``--backend real|simulated`` and ``--sim-state PATH``,
+defaulting to $SLURM_MIG_NVML_BACKEND and $SLURM_MIG_SIM_STATE; with neither,
+a configured simulated state means "simulated", otherwise "real".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+from slurm_mig.errors import ConfigError, TransitionBlocked
+from slurm_mig.mig.layout import Layout, parse_layout
+from slurm_mig.mig.profiles import get_model
+
+ENV_BACKEND = "SLURM_MIG_NVML_BACKEND"
+ENV_SIM_STATE = "SLURM_MIG_SIM_STATE"
+ENV_SIM_DELAY = "SLURM_MIG_SIM_DELAY_SCALE"
+
+
+def backend_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The backend kind and options from flags, then environment (a config file can feed these later)."""
+    state = getattr(args, "sim_state", None) or os.environ.get(ENV_SIM_STATE) or None
+    kind = getattr(args, "backend", None) or os.environ.get(ENV_BACKEND) or ("simulated" if state else "real")
+    kind = kind.strip().lower()
+    if kind == "sim":
+        kind = "simulated"
+    if kind not in ("real", "simulated"):
+        raise ConfigError(f"unknown MIG backend {kind!r}: expected real or simulated")
+    opts: dict[str, Any] = {}
+    if kind == "simulated":
+        if not state:
+            raise ConfigError(f"the simulated backend needs a state file: pass --sim-state PATH or set {ENV_SIM_STATE}")
+        delay = getattr(args, "sim_delay_scale", None)
+        if delay is None:
+            raw = os.environ.get(ENV_SIM_DELAY, "0")
+            try:
+                delay = float(raw)
+            except ValueError as exc:
+                raise ConfigError(f"{ENV_SIM_DELAY}={raw!r} is not a number") from exc
+        opts = {"state_path": state, "delay_scale": delay}
+    return {"kind": kind, **opts}
+
+
+def backend_from_args(args: argparse.Namespace):
+    """Open the MigBackend the flags and environment select."""
+    from slurm_mig.nvml import open_backend
+
+    settings = backend_settings(args)
+    return open_backend(settings.pop("kind"), **settings)
+
+
+# -- show ------------------------------------------------------------------
+def _gpu_entries(backend) -> list[dict]:
+    from slurm_mig.nvml.base import NvmlError
+
+    entries = []
+    for g in backend.gpus():
+        entry: dict[str, Any] = {
+            "index": g.index, "uuid": g.uuid, "name": g.name,
+            "model": g.model.name if g.model else None, "mig_enabled": g.mig_enabled, "lost": g.lost,
+            "layout": None, "instances": [], "error": None,
+        }
+        if not g.lost:
+            try:
+                insts = backend.instances(g.index)
+            except NvmlError as exc:
+                entry["error"] = f"{type(exc).__name__}: {exc}"
+                insts = []
+            if g.model is not None and g.mig_enabled:
+                entry["layout"] = str(Layout(g.model, frozenset(i.slot for i in insts)))
+            entry["instances"] = [
+                {"profile": i.profile, "start": i.slot.start,
+                 "size": g.model.profile(i.profile).memory_slices if g.model else None,
+                 "uuid": i.uuid, "gi_id": i.gi_id, "ci_id": i.ci_id, "in_use": i.in_use}
+                for i in insts
+            ]
+        entries.append(entry)
+    return entries
+
+
+def _cmd_show(args: argparse.Namespace) -> int:
+    backend = backend_from_args(args)
+    try:
+        entries = _gpu_entries(backend)
+    finally:
+        backend.close()
+    kind = backend_settings(args)["kind"]
+    if args.json:
+        print(json.dumps({"backend": kind, "gpus": entries}, indent=2))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    if not entries:
+        console.print(f"No GPUs ({kind} backend).")
+        return 0
+    for e in entries:
+        state = "LOST" if e["lost"] else ("MIG on" if e["mig_enabled"] else "MIG off")
+        title = f"GPU {e['index']}: {e['name'] or '?'} ({e['model'] or 'unknown model'}) {e['uuid']} [{state}]"
+        if e["layout"] is not None:
+            title += f"  layout {e['layout']}"
+        table = Table(title=title, title_justify="left")
+        for col in ("profile", "placement", "GI", "CI"):
+            table.add_column(col)
+        table.add_column("MIG UUID", overflow="fold")
+        table.add_column("in use")
+        for i in e["instances"]:
+            table.add_row(i["profile"], f"{i['start']}:{i['size']}", str(i["gi_id"]), str(i["ci_id"]),
+                          i["uuid"], "yes" if i["in_use"] else "no")
+        console.print(table)
+        if e["error"]:
+            console.print(f"[red]GPU {e['index']}: {e['error']}[/red]")
+    return 0
+
+
+# -- apply / assert ----------------------------------------------------------
+def _target(backend, gpu: int, spec: str) -> Layout:
+    from slurm_mig.nvml.base import InvalidArgument, NotSupported
+
+    gpus = backend.gpus()
+    if not 0 <= gpu < len(gpus):
+        raise InvalidArgument(f"no GPU {gpu} (this node has {len(gpus)})")
+    model = gpus[gpu].model
+    if model is None:
+        raise NotSupported(f"GPU {gpu} ({gpus[gpu].name}) is not a MIG model slurm-mig knows")
+    return parse_layout(spec, model)
+
+
+def _cmd_apply(args: argparse.Namespace) -> int:
+    from slurm_mig.nvml.apply import apply_layout
+
+    backend = backend_from_args(args)
+    try:
+        target = _target(backend, args.gpu, args.layout)
+        extra = [s for item in args.busy for s in parse_layout(item, target.model).slots] if args.busy else []
+        try:
+            result = apply_layout(backend, args.gpu, target, extra_busy=extra, dry_run=args.dry_run)
+        except TransitionBlocked as exc:
+            busy = ", ".join(map(str, exc.blocking))
+            if args.json:
+                print(json.dumps({"gpu": args.gpu, "target": str(target), "ok": False, "refused": True,
+                                  "blocking": [str(s) for s in exc.blocking], "error": str(exc)}, indent=2))
+            print(f"slurm-mig: refused: GPU {args.gpu} cannot move to {target}: busy instance(s) {busy} "
+                  f"would have to be destroyed. Nothing was changed; wait for their jobs to end or choose a "
+                  f"layout that keeps them. ({exc})", file=sys.stderr)
+            return exc.exit_code
+    finally:
+        backend.close()
+    if args.json:
+        print(json.dumps(result.to_json(), indent=2))
+    else:
+        from rich.console import Console
+
+        console = Console()
+        console.print(f"GPU {args.gpu} ({target.model.name}): {result.before} -> {target}")
+        if not result.plan:
+            console.print("Already in that layout: nothing to do.")
+        for n, step in enumerate(result.plan, 1):
+            mark = ("would " if args.dry_run else "") + str(step)
+            if not args.dry_run:
+                mark += " ... " + ("ok" if step in result.done else "FAILED" if step == result.failed else "skipped")
+            console.print(f"  {n}. {mark}")
+        if not args.dry_run and result.after is not None:
+            console.print(f"GPU {args.gpu} now: {result.after}")
+    if not result.ok:
+        print(f"slurm-mig: error: {result.summary()}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _cmd_assert(args: argparse.Namespace) -> int:
+    from slurm_mig.nvml.apply import assert_layout
+
+    backend = backend_from_args(args)
+    try:
+        target = _target(backend, args.gpu, args.layout)
+        diff = assert_layout(backend, args.gpu, target)
+    finally:
+        backend.close()
+    if args.json:
+        print(json.dumps({"gpu": args.gpu, "matches": not diff, "observed": str(diff.observed),
+                          "target": str(target), "missing": [str(s) for s in sorted(diff.missing)],
+                          "extra": [str(s) for s in sorted(diff.extra)]}, indent=2))
+    else:
+        print(str(diff), file=sys.stderr if diff else sys.stdout)
+    return 1 if diff else 0
+
+
+# -- simulated GPUs ------------------------------------------------------------
+def _sim_state(args: argparse.Namespace) -> str:
+    state = args.sim_state or os.environ.get(ENV_SIM_STATE)
+    if not state:
+        raise ConfigError(f"pass --sim-state PATH or set {ENV_SIM_STATE}")
+    return state
+
+
+def _cmd_sim_init(args: argparse.Namespace) -> int:
+    from slurm_mig.nvml.simulated import init_state, parse_gpu_spec
+
+    spec = parse_gpu_spec(args.gpus)
+    models = [name for name, n in spec for _ in range(n)]
+    layouts: dict[int, Layout] = {}
+    for item in args.layout or []:
+        which, sep, text = item.rpartition("=")
+        targets = range(len(models)) if not sep else [int(which)] if which.strip().isdigit() else None
+        if targets is None or any(not 0 <= t < len(models) for t in targets):
+            raise ConfigError(f"bad --layout {item!r}: expected LAYOUT or GPU=LAYOUT with GPU in 0..{len(models) - 1}")
+        for t in targets:
+            layouts[t] = parse_layout(text, get_model(models[t]))
+    init_state(_sim_state(args), spec, layouts=layouts, seed=args.seed, overwrite=args.force)
+    print(f"simulated node at {_sim_state(args)}: "
+          + ", ".join(f"GPU {i} {m} [{layouts.get(i, 'empty')}]" for i, m in enumerate(models)))
+    return 0
+
+
+def _cmd_sim_busy(args: argparse.Namespace) -> int:
+    from slurm_mig.nvml.simulated import SimulatedBackend
+
+    if args.clear == (args.owner is not None):
+        raise ConfigError("give exactly one of --owner NAME or --clear")
+    backend = SimulatedBackend(_sim_state(args))
+    inst = backend.set_in_use(args.gpu, args.instance, None if args.clear else args.owner)
+    print(f"GPU {args.gpu} {inst.slot} {inst.uuid}: " + (f"in use by {args.owner}" if inst.in_use else "idle"))
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add `slurm-mig nvml ...`."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--backend", choices=("real", "simulated", "sim"),
+                        help=f"MIG backend (default: ${ENV_BACKEND}, else simulated if a sim state is set, else real)")
+    common.add_argument("--sim-state", metavar="PATH", help=f"simulated node state file (default: ${ENV_SIM_STATE})")
+    common.add_argument("--sim-delay-scale", type=float, metavar="X",
+                        help=f"multiply the simulated create/destroy times (default: ${ENV_SIM_DELAY} or 0)")
+
+    nvml = subparsers.add_parser("nvml", help="MIG GPUs through NVML (or simulated ones)",
+                                 description="Look at MIG GPUs, move one to a layout, manage simulated GPUs.")
+    sub = nvml.add_subparsers(dest="nvml_command", metavar="ACTION", required=True)
+
+    p = sub.add_parser("show", parents=[common], help="list GPUs and their MIG instances")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=_cmd_show)
+
+    p = sub.add_parser("apply", parents=[common], help="move a GPU to a layout without touching busy instances")
+    p.add_argument("--gpu", type=int, required=True, metavar="N")
+    p.add_argument("--layout", required=True, metavar="SPEC", help='e.g. "3g@0,2g@4,1g@6" or "empty"')
+    p.add_argument("--dry-run", action="store_true", help="print the plan, change nothing")
+    p.add_argument("--busy", action="append", metavar="SPEC",
+                   help="also treat these instances as busy (bound to a job with no process yet)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=_cmd_apply)
+
+    p = sub.add_parser("assert", parents=[common], help="exit 1 unless a GPU has exactly this layout")
+    p.add_argument("--gpu", type=int, required=True, metavar="N")
+    p.add_argument("--layout", required=True, metavar="SPEC")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=_cmd_assert)
+
+    p = sub.add_parser("sim-init", parents=[common], help="create a simulated node's GPUs")
+    p.add_argument("--gpus", required=True, metavar="MODEL[:N],...", help="e.g. H100-80GB:2,A100-40GB")
+    p.add_argument("--layout", action="append", metavar="[GPU=]SPEC",
+                   help="initial layout for every GPU, or for one with GPU=SPEC (repeatable)")
+    p.add_argument("--seed", help="seed for the UUIDs (default: random)")
+    p.add_argument("--force", action="store_true", help="replace an existing state file")
+    p.set_defaults(func=_cmd_sim_init)
+
+    p = sub.add_parser("sim-busy", parents=[common], help="mark a simulated instance busy (a job runs on it) or idle")
+    p.add_argument("--gpu", type=int, required=True, metavar="N")
+    p.add_argument("instance", help="PROFILE@START (e.g. 3g@0) or a MIG- UUID")
+    p.add_argument("--owner", help="who runs on it, e.g. job42")
+    p.add_argument("--clear", action="store_true", help="mark it idle")
+    p.set_defaults(func=_cmd_sim_busy)

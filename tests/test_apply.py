@@ -1,0 +1,288 @@
+"""apply_layout / assert_layout on the simulated GPU, and the `slurm-mig nvml` commands."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from slurm_mig.cli import main
+from slurm_mig.errors import InvalidLayout, TransitionBlocked
+from slurm_mig.mig.layout import Layout, Slot, iter_valid_layouts, parse_layout
+from slurm_mig.mig.profiles import get_model
+from slurm_mig.mig.transitions import plan_transition
+from slurm_mig.nvml import (
+    InsufficientResources,
+    NotSupported,
+    apply_layout,
+    assert_layout,
+    observed_layout,
+)
+from slurm_mig.nvml.simulated import SimulatedBackend, init_state
+
+H100 = get_model("H100-80GB")
+A30 = get_model("A30-24GB")
+
+
+@pytest.fixture
+def sim(tmp_path) -> SimulatedBackend:
+    return init_state(tmp_path / "node.json", ["H100-80GB:2"], layouts={0: "3g@0,2g@4,1g@6"}, seed="apply")
+
+
+def L(text: str, model=H100) -> Layout:
+    return parse_layout(text, model)
+
+
+# -- apply_layout --------------------------------------------------------------------
+def test_apply_does_only_the_differing_steps_and_keeps_shared_instances(sim):
+    kept = {m.slot: m.uuid for m in sim.instances(0)}
+    result = apply_layout(sim, 0, L("3g@0,1g@4,1g@5,1g@6"))
+    assert result.ok and result.reached
+    assert [str(s) for s in result.done] == ["destroy 2g.20gb@4", "create 1g.10gb@4", "create 1g.10gb@5"]
+    now = {m.slot: m.uuid for m in sim.instances(0)}
+    assert now[Slot(0, "3g.40gb")] == kept[Slot(0, "3g.40gb")]
+    assert now[Slot(6, "1g.10gb")] == kept[Slot(6, "1g.10gb")]
+    assert result.after == L("3g@0,1g@4,1g@5,1g@6")
+    again = apply_layout(sim, 0, L("3g@0,1g@4,1g@5,1g@6"))
+    assert again.plan == [] and again.ok and again.reached
+
+
+def test_dry_run_changes_nothing(sim):
+    before = sim.instances(0)
+    result = apply_layout(sim, 0, L("7g@0"), dry_run=True)
+    assert result.dry_run and result.done == [] and result.after is None
+    assert [s.action for s in result.plan] == ["destroy"] * 3 + ["create"]
+    assert sim.instances(0) == before
+    assert "would run 4 step(s)" in result.summary()
+
+
+def test_a_busy_instance_blocks_and_nothing_changes(sim):
+    sim.set_in_use(0, "2g@4", "job 5")
+    before = sim.instances(0)
+    with pytest.raises(TransitionBlocked) as info:
+        apply_layout(sim, 0, L("3g@0,3g@4"))
+    assert info.value.blocking == (Slot(4, "2g.20gb"),)
+    assert sim.instances(0) == before
+    # a target that keeps the busy instance is fine
+    assert apply_layout(sim, 0, L("1g@0,1g@1,2g@2,2g@4,1g@6")).reached
+
+
+def test_extra_busy_instances_bound_to_jobs_block_too(sim):
+    with pytest.raises(TransitionBlocked):
+        apply_layout(sim, 0, L("7g@0"), extra_busy=[Slot(6, "1g")])  # kinds are accepted
+    with pytest.raises(InvalidLayout):
+        apply_layout(sim, 0, L("7g@0"), extra_busy=[Slot(0, "7g")])  # not on the GPU
+
+
+def test_hooks_run_around_every_step(sim):
+    seen = []
+    apply_layout(sim, 0, L("3g@0,3g@4"), before_step=lambda s: seen.append(("before", str(s))),
+                 after_step=lambda s, e: seen.append(("after", str(s), e)))
+    assert seen == [
+        ("before", "destroy 2g.20gb@4"), ("after", "destroy 2g.20gb@4", None),
+        ("before", "destroy 1g.10gb@6"), ("after", "destroy 1g.10gb@6", None),
+        ("before", "create 3g.40gb@4"), ("after", "create 3g.40gb@4", None),
+    ]
+
+
+def test_a_failing_step_stops_the_run_and_is_reported(sim):
+    sim.fail_next("create", InsufficientResources("injected: no room"))
+    errors = []
+    result = apply_layout(sim, 0, L("3g@0,1g@4,1g@5,1g@6"), after_step=lambda s, e: errors.append(e))
+    assert not result.ok and not result.reached
+    assert str(result.failed) == "create 1g.10gb@4"
+    assert isinstance(result.error, InsufficientResources)
+    assert [str(s) for s in result.done] == ["destroy 2g.20gb@4"]
+    assert [str(s) for s in result.pending] == ["create 1g.10gb@4", "create 1g.10gb@5"]
+    assert result.after == L("3g@0,1g@6")  # read again at the end
+    assert errors[:1] == [None] and errors[1] is result.error and len(errors) == 2
+    assert "stopped at step 2/3" in result.summary()
+    with pytest.raises(InsufficientResources):
+        result.raise_for_error()
+    # the next apply picks up from where the GPU is
+    assert apply_layout(sim, 0, L("3g@0,1g@4,1g@5,1g@6")).reached
+
+
+def test_unexpected_exceptions_propagate_after_the_hook_saw_them(sim):
+    class Broken:
+        def __getattr__(self, name):
+            return getattr(sim, name)
+
+        def destroy(self, gpu, slot):
+            raise RuntimeError("bug")
+
+    seen = []
+    with pytest.raises(RuntimeError):
+        apply_layout(Broken(), 0, L("7g@0"), after_step=lambda s, e: seen.append(e))
+    assert isinstance(seen[0], RuntimeError)
+
+
+def test_model_mismatch_and_mig_off_are_refused(sim):
+    with pytest.raises(InvalidLayout):
+        apply_layout(sim, 0, L("4g@0", A30))
+    sim.set_mig_mode(1, False)
+    with pytest.raises(NotSupported):
+        apply_layout(sim, 1, L("7g@0"))
+
+
+def test_assert_layout(sim):
+    assert not assert_layout(sim, 0, L("3g@0,2g@4,1g@6"))
+    diff = assert_layout(sim, 0, L("3g@0,3g@4"))
+    assert diff and diff.missing == {Slot(4, "3g.40gb")} and diff.extra == {Slot(4, "2g.20gb"), Slot(6, "1g.10gb")}
+    assert "missing 3g.40gb@4" in str(diff)
+
+
+# -- property: the planner's steps always work on the simulated GPU ------------------------
+VALID = {m.name: list(iter_valid_layouts(m)) for m in (H100, A30)}
+
+
+@st.composite
+def scenarios(draw):
+    model = draw(st.sampled_from([H100, A30]))
+    start = draw(st.sampled_from(VALID[model.name]))
+    target = draw(st.sampled_from(VALID[model.name]))
+    busy = draw(st.sets(st.sampled_from(sorted(start.slots)))) if start.slots else set()
+    return model, start, target, frozenset(busy)
+
+
+class Recording:
+    """Wraps a backend, keeping the destroy calls."""
+
+    def __init__(self, backend):
+        self.backend = backend
+        self.destroyed: list[Slot] = []
+
+    def __getattr__(self, name):
+        return getattr(self.backend, name)
+
+    def destroy(self, gpu, slot):
+        self.destroyed.append(slot)
+        return self.backend.destroy(gpu, slot)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenarios())
+def test_applying_the_plan_reaches_the_target_and_spares_busy_instances(scenario):
+    model, start, target, busy = scenario
+    with tempfile.TemporaryDirectory() as folder:
+        sim = init_state(Path(folder) / "s.json", [model.name], layouts={0: start})
+        for slot in busy:
+            sim.set_in_use(0, slot, "job")
+        uuids = {m.slot: m.uuid for m in sim.instances(0)}
+        backend = Recording(sim)
+        try:
+            plan = plan_transition(start, target, busy)
+        except TransitionBlocked as exc:
+            assert set(exc.blocking) <= busy
+            with pytest.raises(TransitionBlocked):
+                apply_layout(backend, 0, target)
+            assert observed_layout(sim, 0) == start and backend.destroyed == []
+            return
+        result = apply_layout(backend, 0, target)
+        assert result.ok and result.reached, result.summary()
+        assert result.plan == plan
+        assert not set(backend.destroyed) & busy
+        after = {m.slot: m.uuid for m in sim.instances(0)}
+        for slot in start.slots & target.slots:  # shared instances were kept, not re-made
+            assert after[slot] == uuids[slot]
+        assert {m.slot for m in sim.instances(0) if m.in_use} == busy
+
+
+# -- the CLI ------------------------------------------------------------------------------
+@pytest.fixture
+def state(tmp_path, monkeypatch) -> str:
+    monkeypatch.delenv("SLURM_MIG_NVML_BACKEND", raising=False)
+    monkeypatch.delenv("SLURM_MIG_SIM_STATE", raising=False)
+    path = str(tmp_path / "cli.json")
+    assert main(["nvml", "sim-init", "--sim-state", path, "--gpus", "H100-80GB:2", "--layout", "0=3g@0,2g@4,1g@6",
+                 "--seed", "cli"]) == 0
+    return path
+
+
+def _show(path, capsys) -> dict:
+    capsys.readouterr()
+    assert main(["nvml", "show", "--json", "--sim-state", path]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_cli_show_json_and_table(state, capsys):
+    data = _show(state, capsys)
+    assert data["backend"] == "simulated"
+    assert [g["layout"] for g in data["gpus"]] == ["3g@0,2g@4,1g@6", "empty"]
+    first = data["gpus"][0]["instances"][0]
+    assert (first["profile"], first["start"], first["size"], first["in_use"]) == ("3g.40gb", 0, 4, False)
+    assert first["uuid"].startswith("MIG-")
+    assert main(["nvml", "show", "--sim-state", state]) == 0
+    out = capsys.readouterr().out
+    assert "H100-80GB" in out and "3g.40gb" in out and first["uuid"][:12] in out
+
+
+def test_cli_apply_dry_run_then_apply_then_assert(state, capsys):
+    assert main(["nvml", "apply", "--sim-state", state, "--gpu", "0", "--layout", "3g@0,3g@4", "--dry-run"]) == 0
+    assert "would destroy 2g.20gb@4" in capsys.readouterr().out
+    assert _show(state, capsys)["gpus"][0]["layout"] == "3g@0,2g@4,1g@6"
+    assert main(["nvml", "assert", "--sim-state", state, "--gpu", "0", "--layout", "3g@0,3g@4"]) == 1
+    assert main(["nvml", "apply", "--sim-state", state, "--gpu", "0", "--layout", "3g@0,3g@4"]) == 0
+    assert "GPU 0 now: 3g@0,3g@4" in capsys.readouterr().out
+    assert main(["nvml", "assert", "--sim-state", state, "--gpu", "0", "--layout", "3g@0,3g@4"]) == 0
+    assert "GPU 0 matches 3g@0,3g@4" in capsys.readouterr().out
+    assert main(["nvml", "apply", "--sim-state", state, "--gpu", "1", "--layout", "7g@0", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["ok"] and result["reached"] and result["done"] == ["create 7g.80gb@0"]
+
+
+def test_cli_apply_refuses_when_a_busy_instance_blocks(state, capsys):
+    assert main(["nvml", "sim-busy", "--sim-state", state, "--gpu", "0", "2g@4", "--owner", "job42"]) == 0
+    capsys.readouterr()
+    rc = main(["nvml", "apply", "--sim-state", state, "--gpu", "0", "--layout", "7g@0"])
+    err = capsys.readouterr().err
+    assert rc == 3
+    assert "refused" in err and "2g.20gb@4" in err and "Nothing was changed" in err
+    assert _show(state, capsys)["gpus"][0]["layout"] == "3g@0,2g@4,1g@6"
+    # --busy marks instances bound to a job that has no process yet
+    rc = main(["nvml", "apply", "--sim-state", state, "--gpu", "0", "--layout", "3g@0,2g@4", "--busy", "1g@6"])
+    assert rc == 3
+    assert main(["nvml", "sim-busy", "--sim-state", state, "--gpu", "0", "2g@4", "--clear"]) == 0
+    assert main(["nvml", "apply", "--sim-state", state, "--gpu", "0", "--layout", "7g@0"]) == 0
+
+
+def test_cli_reports_a_failed_step(state, capsys):
+    SimulatedBackend(state).fail_next("create", "InsufficientResources")
+    rc = main(["nvml", "apply", "--sim-state", state, "--gpu", "1", "--layout", "7g@0"])
+    assert rc == 1
+    assert "stopped at step 1/1" in capsys.readouterr().err
+
+
+def test_cli_backend_from_environment(state, capsys, monkeypatch):
+    monkeypatch.setenv("SLURM_MIG_SIM_STATE", state)
+    assert main(["nvml", "show", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["backend"] == "simulated"
+    monkeypatch.setenv("SLURM_MIG_NVML_BACKEND", "real")
+    rc = main(["nvml", "show"])
+    err = capsys.readouterr().err
+    try:
+        import ctypes
+
+        ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError:
+        assert rc == 1 and "NVML is unavailable" in err
+
+
+def test_cli_errors_are_clear(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("SLURM_MIG_SIM_STATE", raising=False)
+    monkeypatch.delenv("SLURM_MIG_NVML_BACKEND", raising=False)
+    assert main(["nvml", "show", "--backend", "simulated"]) == 2
+    assert "--sim-state" in capsys.readouterr().err
+    missing = str(tmp_path / "none.json")
+    assert main(["nvml", "show", "--sim-state", missing]) == 1
+    assert "sim-init" in capsys.readouterr().err
+    path = str(tmp_path / "x.json")
+    assert main(["nvml", "sim-init", "--sim-state", path, "--gpus", "H100-80GB", "--layout", "3g@2"]) == 2
+    assert main(["nvml", "sim-init", "--sim-state", path, "--gpus", "H100-80GB", "--force"]) == 0
+    assert main(["nvml", "apply", "--sim-state", path, "--gpu", "0", "--layout", "4g@0,4g@4"]) == 2
+    assert main(["nvml", "apply", "--sim-state", path, "--gpu", "3", "--layout", "7g@0"]) == 1
+    assert "no GPU 3" in capsys.readouterr().err
