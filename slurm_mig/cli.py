@@ -19,6 +19,9 @@ from slurm_mig.errors import SlurmMigError
 COMMAND_MODULES = [
     "slurm_mig.mig.cli",
     "slurm_mig.nvml.cli",
+    "slurm_mig.slurm.cli",
+    "slurm_mig.controller.cli",
+    "slurm_mig.node.cli",
 ]
 
 

@@ -1,0 +1,588 @@
+"""The controller: one loop that syncs with Slurm, asks the policy and keeps GRES true, plus the node API.
+
+Each tick (apscheduler, every ``[controller].tick_interval_s``):
+  1. read jobs and nodes from Slurm (a failed query is stale data: that part is skipped, not a crash);
+  2. in ONE store transaction: sync jobs, build the ClusterState, ask the policy (falling back to the
+     configured heuristic on error or an unsafe decision), record desired layouts, the decision and
+     planned journal entries;
+  3. keep each node's GRES counts equal to the instances that exist or are about to exist,
+     re-asserting them after a slurmctld restart or `scontrol reconfigure`, and nudging Slurm when
+     pending jobs could run but are stuck (FACTS §4: a type that came back is not reconsidered).
+
+The node API (POST, authenticated): /v1/prolog, /v1/bound, /v1/bind-failed, /v1/epilog, /v1/report,
+/v1/applied. Open GET: /healthz, /metrics.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+
+from slurm_mig.controller.binding import NodeGpu, choose_binding
+from slurm_mig.errors import SlurmMigError
+from slurm_mig.mig.layout import Layout, Slot, parse_layout
+from slurm_mig.mig.profiles import get_model
+from slurm_mig.mig.transitions import plan_transition
+from slurm_mig.policies import check_decision, get_policy
+from slurm_mig.slurm.gres import GRES_TO_KIND, GRES_TYPES, gres_type_for_kind
+
+log = logging.getLogger("slurm_mig.controller")
+
+NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+JOB_ID = re.compile(r"^[0-9]{1,12}(_[0-9]{1,9})?$")
+# A planned reconfiguration that no node carried out within this time is abandoned, so the GPU is not
+# locked forever by a node that went away.
+JOURNAL_TIMEOUT_S = 600.0
+
+
+@dataclass
+class Metrics:
+    """Counters and gauges for /metrics (Prometheus text format); updated under a lock."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    counters: dict = field(default_factory=dict)
+    gauges: dict = field(default_factory=dict)
+    histograms: dict = field(default_factory=dict)
+
+    def inc(self, name: str, labels: tuple = (), by: float = 1.0) -> None:
+        with self.lock:
+            self.counters[(name, labels)] = self.counters.get((name, labels), 0.0) + by
+
+    def set(self, name: str, labels: tuple, value: float) -> None:
+        with self.lock:
+            self.gauges[(name, labels)] = value
+
+    def clear_gauge(self, name: str) -> None:
+        with self.lock:
+            for key in [k for k in self.gauges if k[0] == name]:
+                del self.gauges[key]
+
+    def observe(self, name: str, value: float, buckets: tuple[float, ...]) -> None:
+        with self.lock:
+            h = self.histograms.setdefault(name, {"buckets": buckets, "counts": [0] * len(buckets), "sum": 0.0, "n": 0})
+            for i, b in enumerate(h["buckets"]):
+                if value <= b:
+                    h["counts"][i] += 1
+            h["sum"] += value
+            h["n"] += 1
+
+    def render(self) -> bytes:
+        def lab(labels: tuple) -> str:
+            if not labels:
+                return ""
+            return "{" + ",".join(f'{k}="{_esc(v)}"' for k, v in labels) + "}"
+
+        lines = []
+        with self.lock:
+            for (name, labels), v in sorted(self.counters.items()):
+                lines.append(f"{name}{lab(labels)} {v:g}")
+            for (name, labels), v in sorted(self.gauges.items()):
+                lines.append(f"{name}{lab(labels)} {v:g}")
+            for name, h in sorted(self.histograms.items()):
+                for b, c in zip(h["buckets"], h["counts"]):
+                    lines.append(f'{name}_bucket{{le="{b:g}"}} {c}')
+                lines.append(f'{name}_bucket{{le="+Inf"}} {h["n"]}')
+                lines.append(f"{name}_sum {h['sum']:g}")
+                lines.append(f"{name}_count {h['n']}")
+        return ("\n".join(lines) + "\n").encode()
+
+
+def _esc(v) -> str:
+    return str(v).replace("\\", "\\\\").replace('"', '\\"').replace("\n", " ")
+
+
+def kind_of_gres(gtype: str) -> str:
+    """GRES type ("1gdm") -> geometry kind ("1g.dm")."""
+    return GRES_TO_KIND.get(gtype, gtype)
+
+
+def layout_counts(layout: Layout) -> dict[str, int]:
+    """GRES type -> count of instances in ``layout``."""
+    out: dict[str, int] = {}
+    for s in layout.slots:
+        t = gres_type_for_kind(layout.model.profile(s.profile).kind)
+        out[t] = out.get(t, 0) + 1
+    return out
+
+
+class Controller:
+    """The head-node controller. Thread-safe: API threads and the tick share one Store."""
+
+    def __init__(self, cfg, store, slurm, *, policy=None, clock=time.time):
+        self.cfg = cfg
+        self.store = store
+        self.slurm = slurm
+        self.clock = clock
+        self.policy = policy or get_policy(cfg.policy.name)
+        self.fallback = get_policy(cfg.policy.fallback) if cfg.policy.fallback else None
+        self.shadow = get_policy(cfg.policy.shadow) if cfg.policy.shadow else None
+        self.metrics = Metrics()
+        self._gres_set: dict[str, tuple[str, float]] = {}  # node -> (value, when) last written
+        self._last_slurm_ok = 0.0
+        self._tick_lock = threading.Lock()
+
+    # ------------------------------------------------------------------ tick
+    def tick(self) -> dict:
+        """One controller cycle; returns a small summary (for logs, tests and --once)."""
+        with self._tick_lock:
+            t0 = time.perf_counter()
+            now = self.clock()
+            jobs = self.slurm.jobs()
+            nodes = self.slurm.nodes()
+            if jobs is None or nodes is None:
+                self.metrics.inc("slurm_mig_slurm_query_failures_total")
+                log.warning("Slurm query failed (jobs=%s nodes=%s): using stored state",
+                            jobs is not None, nodes is not None)
+            else:
+                self._last_slurm_ok = now
+            summary: dict = {"time": now, "slurm_ok": jobs is not None and nodes is not None}
+            with self.store.transaction():
+                if jobs is not None:
+                    self._sync_jobs(jobs, now)
+                if nodes is not None:
+                    self._sync_nodes(nodes)
+                self._expire_journal(now)
+                summary.update(self._decide(now))
+            if nodes is not None:
+                summary["gres_updates"] = self._assert_gres(nodes, jobs or [], now)
+            self._update_gauges()
+            self.metrics.observe("slurm_mig_tick_seconds", time.perf_counter() - t0,
+                                 (0.01, 0.05, 0.1, 0.5, 1, 5))
+            return summary
+
+    def _sync_jobs(self, jobs, now: float) -> None:
+        seen = set()
+        order = []
+        for j in sorted(jobs, key=lambda j: (-(j.priority or 0), j.submit_time or 0, j.job_id)):
+            if not j.wants_mig:
+                continue
+            job_id = str(j.job_id)
+            gtype, count = next(iter(sorted(j.mig.items())))
+            seen.add(job_id)
+            state = j.state if j.state in ("PENDING", "RUNNING", "COMPLETING", "SUSPENDED") else None
+            self.store.upsert_job(job_id, profile=kind_of_gres(gtype), count=count, user=j.user, name=j.name,
+                                  partition=j.partition,
+                                  time_limit_s=None if j.time_limit_min is None else j.time_limit_min * 60.0,
+                                  submit_time=j.submit_time, now=now)
+            current = self.store.get_job(job_id)
+            if j.state == "PENDING":
+                order.append(job_id)
+                if current and current.state in ("REQUEUED",):
+                    self.store.set_job_state(job_id, "PENDING", now=now, reason="requeued; waiting again")
+            elif state == "RUNNING" and current and current.state == "PENDING":
+                self.store.set_job_state(job_id, "RUNNING", now=now, node=(j.nodes or [None])[0])
+            elif j.state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
+                             "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE") and current and current.state == "PENDING":
+                # Ended without running on a MIG instance (e.g. cancelled while pending).
+                self.store.set_job_state(job_id, j.state, now=now)
+        self.store.set_job_order(order)
+        # Pending jobs Slurm no longer lists were cancelled (or purged after MinJobAge).
+        for job in self.store.pending_jobs(include_bound=True):
+            if job.job_id not in seen:
+                self.store.set_job_state(job.job_id, "CANCELLED", now=now, reason="no longer in Slurm's queue")
+
+    def _sync_nodes(self, nodes) -> None:
+        for n in nodes:
+            state = "up" if n.available else ("drain" if n.drained else "down")
+            self.store.upsert_node(n.name, state=state)
+
+    def _expire_journal(self, now: float) -> None:
+        for e in self.store.open_journal_entries():
+            if now - e.updated_at > JOURNAL_TIMEOUT_S:
+                self.store.journal_finish(e.id, "abandoned", error="no node reported carrying it out", now=now)
+                self.store.add_event("journal", f"reconfiguration {e.id} of {e.node}/{e.gpu} abandoned",
+                                     node=e.node, now=now)
+
+    def _decide(self, now: float) -> dict:
+        state = self.store.cluster_state(now, stale_after_s=self.cfg.controller.node_stale_after_s)
+        self.metrics.clear_gauge("slurm_mig_queue_depth")
+        depth: dict[str, int] = {}
+        for j in state.pending:
+            depth[j.profile] = depth.get(j.profile, 0) + 1
+        for p, n in depth.items():
+            self.metrics.set("slurm_mig_queue_depth", (("profile", p),), n)
+        if not state.gpus:
+            return {"pending": len(state.pending), "changes": 0}
+        t0 = time.perf_counter()
+        decision, used = None, self.policy
+        try:
+            decision = self.policy.decide(state)
+            check_decision(state, decision)
+        except Exception as exc:  # a policy bug must not stop the cluster: use the fallback
+            log.error("policy %s failed or was unsafe: %s; using %s", self.policy.name, exc,
+                      self.fallback.name if self.fallback else "nothing")
+            self.metrics.inc("slurm_mig_policy_errors_total", (("policy", self.policy.name),))
+            self.store.add_event("policy", f"policy {self.policy.name} failed: {exc}", now=now)
+            decision = None
+            if self.fallback is not None:
+                used = self.fallback
+                decision = self.fallback.decide(state)
+                check_decision(state, decision)
+        latency = (time.perf_counter() - t0) * 1000
+        self.metrics.observe("slurm_mig_policy_latency_seconds", latency / 1000, (0.001, 0.01, 0.1, 0.5, 1, 5))
+        if decision is None:
+            return {"pending": len(state.pending), "changes": 0}
+        busy_gpus = {(e.node, e.gpu) for e in self.store.open_journal_entries()}
+        decision_id = self.store.record_decision(decision, state=state, latency_ms=latency, now=now)
+        applied = 0
+        for ch in decision.changes:
+            if (ch.node, ch.gpu) in busy_gpus:
+                continue  # one reconfiguration at a time per GPU
+            g = state.gpu(ch.key)
+            steps = plan_transition(g.layout, ch.target, g.locked)
+            if not steps:
+                continue
+            self.store.set_desired(ch.node, ch.gpu, ch.target, used.name, ch.reason, now=now)
+            self.store.journal_begin(ch.node, ch.gpu, g.layout, ch.target, steps, decision_id=decision_id,
+                                     started=False, now=now)
+            self.store.add_event("layout", f"{ch.key}: {g.layout} -> {ch.target} ({ch.reason})", node=ch.node,
+                                 details={"decision": decision_id}, now=now)
+            applied += 1
+        self.store.set_meta("reservations", {a.job_id: {"node": a.node, "instances": [[gi, s.profile, s.start]
+                                                                                       for gi, s in a.instances]}
+                                             for a in decision.assignments}, now=now)
+        if self.shadow is not None:
+            try:
+                sd = self.shadow.decide(state)
+                self.store.record_decision(sd, state=state, shadow=True, now=now)
+            except Exception as exc:
+                log.warning("shadow policy %s failed: %s", self.shadow.name, exc)
+        return {"pending": len(state.pending), "changes": applied, "assignments": len(decision.assignments),
+                "policy": used.name}
+
+    def intended_layouts(self, node: str) -> dict[int, Layout]:
+        """Each GPU's layout that exists or is about to exist: the desired one when set, else observed."""
+        out = {}
+        desired = self.store.desired(node)
+        for g in self.store.observed_gpus(node):
+            if not g.model or not g.mig_enabled:
+                continue
+            obs = self.store.observed_layout(node, g.gpu)
+            d = desired.get(g.gpu)
+            out[g.gpu] = d.layout() if d is not None else obs
+        return out
+
+    def expected_gres(self, node: str) -> dict[str, int] | None:
+        layouts = self.intended_layouts(node)
+        if not layouts:
+            return None
+        counts = {t: 0 for t in GRES_TYPES}
+        for lay in layouts.values():
+            for t, n in layout_counts(lay).items():
+                counts[t] += n
+        return counts
+
+    def _assert_gres(self, nodes, jobs, now: float) -> int:
+        """Make Slurm's GRES match the intended layouts; nudge nodes that pending jobs could use."""
+        updates = 0
+        pending_types = {t for j in jobs if j.pending and j.wants_mig for t in j.mig}
+        for n in nodes:
+            expected = self.expected_gres(n.name)
+            if expected is None:
+                continue
+            current = {t: n.gres.get(t, 0) for t in GRES_TYPES}
+            last = self._gres_set.get(n.name)
+            stale = current != expected
+            # FACTS §4: Slurm does not reconsider a pending job whose type came back until another Gres
+            # update; re-issuing the same value un-sticks it. Rate-limited per node.
+            could_help = any(expected.get(t, 0) > (n.gres_used or {}).get(t, 0) for t in pending_types)
+            nudge = could_help and (last is None or now - last[1] > 3 * self.cfg.controller.tick_interval_s)
+            if not stale and not nudge:
+                continue
+            try:
+                value = self.slurm.update_node_gres(n.name, expected)
+            except SlurmMigError as exc:
+                self.metrics.inc("slurm_mig_gres_update_failures_total")
+                log.warning("GRES update of %s failed: %s", n.name, exc)
+                continue
+            self._gres_set[n.name] = (value, now)
+            updates += 1
+            if stale:
+                self.metrics.inc("slurm_mig_gres_reasserted_total", (("node", n.name),))
+                self.store.add_event("gres", f"{n.name}: Slurm had {_fmt(current)}, set {_fmt(expected)}",
+                                     node=n.name, now=now)
+        return updates
+
+    def _update_gauges(self) -> None:
+        with self.store.snapshot():
+            nodes = self.store.nodes()
+            self.metrics.clear_gauge("slurm_mig_instances")
+            counts: dict[tuple, int] = {}
+            for i in self.store.observed_instances():
+                key = (i.node, i.profile, "busy" if i.in_use else "idle")
+                counts[key] = counts.get(key, 0) + 1
+            for (node, profile, st), n in counts.items():
+                self.metrics.set("slurm_mig_instances", (("node", node), ("profile", profile), ("state", st)), n)
+            for n in nodes:
+                self.metrics.set("slurm_mig_node_up", (("node", n.name),), 1.0 if n.state == "up" else 0.0)
+
+    # ------------------------------------------------------------------ API
+    def routes(self) -> dict:
+        return {"/v1/prolog": self.on_prolog, "/v1/bound": self.on_bound, "/v1/bind-failed": self.on_bind_failed,
+                "/v1/epilog": self.on_epilog, "/v1/report": self.on_report, "/v1/applied": self.on_applied}
+
+    def get_routes(self) -> dict:
+        return {"/healthz": lambda: ("text/plain", b"ok\n"),
+                "/metrics": lambda: ("text/plain; version=0.0.4", self.metrics.render())}
+
+    def _check_node(self, payload: dict, principal) -> str:
+        from slurm_mig.api.server import RequestRejected
+
+        node = payload.get("node")
+        if not isinstance(node, str) or not NODE_NAME.match(node):
+            raise RequestRejected(f"bad node name {node!r}")
+        return node
+
+    def _check_job(self, payload: dict) -> str:
+        from slurm_mig.api.server import RequestRejected
+
+        job_id = str(payload.get("job_id", ""))
+        if not JOB_ID.match(job_id):
+            raise RequestRejected(f"bad job id {job_id!r}")
+        return job_id
+
+    def _store_observed(self, node: str, observed) -> None:
+        if not isinstance(observed, list):
+            return
+        gpus, insts = [], []
+        for g in observed:
+            gpus.append({"gpu": g["index"], "uuid": g.get("uuid"), "model": g.get("model"),
+                         "mig_enabled": bool(g.get("mig_enabled")) and not g.get("lost"), "name": g.get("name")})
+            for i in g.get("instances", []):
+                insts.append({"gpu": g["index"], "profile": i["profile"], "start": i["start"],
+                              "uuid": i.get("uuid"), "in_use": bool(i.get("in_use"))})
+        self.store.replace_observed(node, gpus, insts, now=self.clock())
+
+    def _job_request(self, job_id: str):
+        """(kind, count) from the store, or straight from Slurm for a job the last sync did not see."""
+        job = self.store.get_job(job_id)
+        if job is not None and job.profile:
+            return job.profile, job.count
+        detail = self.slurm.scontrol_show_job(job_id)
+        if detail is None or not detail.mig:
+            return None
+        gtype, count = next(iter(sorted(detail.mig.items())))
+        self.store.upsert_job(job_id, profile=kind_of_gres(gtype), count=count, user=detail.user,
+                              name=detail.name, partition=detail.partition, now=self.clock())
+        return kind_of_gres(gtype), count
+
+    def on_prolog(self, payload: dict, principal) -> dict:
+        node = self._check_node(payload, principal)
+        job_id = self._check_job(payload)
+        now = self.clock()
+        requeue_reason = None
+        with self.store.transaction():
+            self._store_observed(node, payload.get("observed"))
+            req = self._job_request(job_id)
+            if req is None:
+                return {"action": "skip"}
+            kind, count = req
+            existing = self.store.bound_instances(job_id)
+            job = self.store.get_job(job_id)
+            if existing and job and job.node == node:
+                # The Prolog ran again (slurmd retry): hand out the same instances.
+                return {"action": "bind", "instances": [{"gpu": b.gpu, "profile": b.profile, "start": b.start}
+                                                        for b in existing], "targets": {}}
+            if existing:
+                self.store.release(job_id, now=now)
+            gpus = self._node_gpus(node, payload.get("bindings") or {}, exclude_job=job_id)
+            reserved = self._reservation(job_id, node)
+            plan = choose_binding(gpus, kind, count, reserved) if gpus else None
+            if plan is None:
+                requeue_reason = f"no {count} x {kind} MIG instance can be made on {node} now (slices in use)"
+                self.store.set_job_state(job_id, "REQUEUED", now=now, reason=requeue_reason)
+                self.store.add_event("requeue", f"job {job_id}: {requeue_reason}", node=node, job_id=job_id, now=now)
+            else:
+                for gi, target in plan.targets.items():
+                    g = next(x for x in gpus if x.index == gi)
+                    steps = plan_transition(g.observed, target, g.bound & g.observed.slots)
+                    self.store.set_desired(node, gi, target, "bind", f"job {job_id}: {plan.reason}", now=now)
+                    for e in self.store.open_journal_entries(node):
+                        if e.gpu == gi:
+                            self.store.journal_finish(e.id, "abandoned", error=f"superseded by job {job_id}", now=now)
+                    self.store.journal_begin(node, gi, g.observed, target, steps, started=True, now=now)
+                self.store.bind(job_id, node, plan.instances, now=now)
+                self.store.set_job_state(job_id, "RUNNING", now=now, node=node, reason=plan.reason)
+                self.store.add_event("bind", f"job {job_id} -> {node}: {plan.reason}", node=node, job_id=job_id,
+                                     now=now)
+        if requeue_reason is not None:
+            self.metrics.inc("slurm_mig_requeues_total", (("reason", "no_instance"),))
+            try:
+                self.slurm.scontrol_requeue(job_id)
+                requeued = True
+            except SlurmMigError as exc:
+                log.warning("requeue of %s failed: %s", job_id, exc)
+                requeued = False
+            return {"action": "requeue", "reason": requeue_reason, "requeued": requeued}
+        return {"action": "bind",
+                "instances": [{"gpu": gi, "profile": s.profile, "start": s.start} for gi, s in plan.instances],
+                "targets": {str(gi): str(t) for gi, t in plan.targets.items()}}
+
+    def _node_gpus(self, node: str, node_bindings: dict, exclude_job: str) -> list[NodeGpu]:
+        desired = self.store.desired(node)
+        bound: dict[int, set[Slot]] = {}
+        for b in self.store.live_bindings(node):
+            if str(b.job_id) == exclude_job:
+                continue
+            bound.setdefault(b.gpu, set()).add(Slot(b.start, b.profile))
+        # The node's own binding files count too: they may know of jobs the store lost.
+        for jid, insts in node_bindings.items():
+            if str(jid) == exclude_job:
+                continue
+            for i in insts:
+                bound.setdefault(int(i["gpu"]), set()).add(Slot(int(i["start"]), str(i["profile"])))
+        out = []
+        for g in self.store.observed_gpus(node):
+            if not g.model or not g.mig_enabled:
+                continue
+            obs = self.store.observed_layout(node, g.gpu)
+            for i in self.store.observed_instances(node, g.gpu):
+                if i.in_use:
+                    bound.setdefault(g.gpu, set()).add(Slot(i.start, i.profile))
+            d = desired.get(g.gpu)
+            out.append(NodeGpu(g.gpu, obs, d.layout() if d else None, bound.get(g.gpu, set()) & obs.slots))
+        return out
+
+    def _reservation(self, job_id: str, node: str) -> tuple:
+        res = (self.store.get_meta("reservations") or {}).get(job_id)
+        if not res or res.get("node") != node:
+            return ()
+        return tuple((int(gi), Slot(int(start), profile)) for gi, profile, start in res["instances"])
+
+    def on_bound(self, payload: dict, principal) -> dict:
+        node = self._check_node(payload, principal)
+        job_id = self._check_job(payload)
+        now = self.clock()
+        with self.store.transaction():
+            insts = payload.get("instances") or []
+            if payload.get("local"):
+                # Bound by the node alone while we were down: adopt it.
+                if not self.store.get_job(job_id):
+                    self._job_request(job_id)
+                try:
+                    self.store.bind(job_id, node, insts, now=now)
+                except SlurmMigError as exc:
+                    self.store.add_event("conflict", f"job {job_id} bound locally on {node}: {exc}", node=node,
+                                         job_id=job_id, now=now)
+                self.store.set_job_state(job_id, "RUNNING", now=now, node=node, reason="bound by the node alone")
+            for i in insts:
+                self.store._x("UPDATE bindings SET uuid = ? WHERE job_id = ? AND node = ? AND gpu = ? AND start = ? "
+                              "AND released_at IS NULL", (i.get("uuid"), job_id, node, int(i["gpu"]), int(i["start"])))
+            for e in self.store.open_journal_entries(node):
+                if e.state == "in_progress":
+                    self.store.journal_finish(e.id, "done", outcome=f"applied by the prolog of job {job_id}", now=now)
+            self.store.add_event("start", f"job {job_id} started on {node} with "
+                                 + ", ".join(f"{i['profile']}@{i['gpu']}:{i['start']}" for i in insts),
+                                 node=node, job_id=job_id, now=now)
+        return {"ok": True}
+
+    def on_bind_failed(self, payload: dict, principal) -> dict:
+        node = self._check_node(payload, principal)
+        job_id = self._check_job(payload)
+        now = self.clock()
+        with self.store.transaction():
+            self.store.release(job_id, now=now)
+            self.store.set_job_state(job_id, "REQUEUED", now=now, reason="reconfiguration failed on the node")
+            for e in self.store.open_journal_entries(node):
+                if e.state == "in_progress":
+                    self.store.journal_finish(e.id, "failed", error=str(payload.get("results"))[:2000], now=now)
+            self.store.add_event("bind-failed", f"job {job_id} on {node}: {payload.get('results')}"[:2000],
+                                 node=node, job_id=job_id, now=now)
+        self.metrics.inc("slurm_mig_hook_errors_total", (("kind", "bind_failed"),))
+        return {"ok": True}
+
+    def on_epilog(self, payload: dict, principal) -> dict:
+        node = self._check_node(payload, principal)
+        job_id = self._check_job(payload)
+        now = self.clock()
+        end = float(payload.get("end_time") or now)
+        exit_code = payload.get("exit_code")
+        with self.store.transaction():
+            job = self.store.get_job(job_id)
+            if job is None:
+                return {"ok": True, "recorded": False}
+            state = "COMPLETED" if (exit_code in (0, None)) else "FAILED"
+            recorded = self.store.record_outcome(job_id, state=state, exit_code=exit_code,
+                                                 derived_exit_code=payload.get("derived_ec"), end_time=end, now=now)
+            if job.state not in ("COMPLETED", "FAILED"):
+                self.store.set_job_state(job_id, state, now=now, exit_code=exit_code)
+            self.store.release(job_id, now=now)
+            if payload.get("lingering"):
+                self.store.add_event("lingering", f"job {job_id} ended with processes left on {payload['lingering']}",
+                                     node=node, job_id=job_id, now=now)
+            self.store.add_event("end", f"job {job_id} ended on {node} (exit {exit_code})", node=node,
+                                 job_id=job_id, now=now)
+        if recorded:
+            self.metrics.inc("slurm_mig_jobs_finished_total", (("state", state),))
+            if job.start_time and job.submit_time:
+                self.metrics.observe("slurm_mig_wait_seconds", max(0.0, job.start_time - job.submit_time),
+                                     (1, 5, 15, 30, 60, 300, 900, 3600))
+        return {"ok": True, "recorded": recorded}
+
+    def on_report(self, payload: dict, principal) -> dict:
+        node = self._check_node(payload, principal)
+        now = self.clock()
+        with self.store.transaction():
+            self._store_observed(node, payload.get("observed"))
+            self._reconcile_bindings(node, payload.get("bindings") or {}, now)
+            desired = {}
+            for gi, d in self.store.desired(node).items():
+                obs = self.store.observed_layout(node, gi)
+                lay = d.layout()
+                if obs is None or obs.slots != lay.slots:
+                    desired[str(gi)] = str(lay)
+                else:
+                    for e in self.store.open_journal_entries(node):
+                        if e.gpu == gi:
+                            self.store.journal_finish(e.id, "done", outcome="observed in place", now=now)
+            for e in self.store.open_journal_entries(node):
+                if e.state == "planned" and str(e.gpu) in desired:
+                    self.store._x("UPDATE reconfig_journal SET state = 'in_progress', started_at = ? WHERE id = ?",
+                                  (now, e.id))
+        return {"desired": desired}
+
+    def _reconcile_bindings(self, node: str, node_bindings: dict, now: float) -> None:
+        live = {}
+        for b in self.store.live_bindings(node):
+            live.setdefault(str(b.job_id), []).append(b)
+        for job_id, binds in live.items():
+            job = self.store.get_job(job_id)
+            # Bound in the store, unknown to the node, and past its start: the epilog was lost.
+            if job_id not in node_bindings and job and job.state not in ("PENDING",) and \
+                    now - (job.start_time or now) > 60:
+                self.store.release(job_id, now=now)
+                self.store.add_event("reconcile", f"job {job_id}: binding on {node} released (node holds none)",
+                                     node=node, job_id=job_id, now=now)
+        for job_id, insts in node_bindings.items():
+            if str(job_id) not in live and JOB_ID.match(str(job_id)):
+                job = self.store.get_job(str(job_id))
+                if job is not None and job.state not in ("COMPLETED", "FAILED", "CANCELLED"):
+                    try:
+                        self.store.bind(str(job_id), node, insts, now=now)
+                        self.store.add_event("reconcile", f"job {job_id}: adopted the node's binding", node=node,
+                                             job_id=str(job_id), now=now)
+                    except SlurmMigError as exc:
+                        log.warning("cannot adopt binding of job %s on %s: %s", job_id, node, exc)
+
+    def on_applied(self, payload: dict, principal) -> dict:
+        node = self._check_node(payload, principal)
+        now = self.clock()
+        with self.store.transaction():
+            for r in payload.get("results") or []:
+                gi = r.get("gpu")
+                ok = bool(r.get("ok")) and r.get("reached", True)
+                for e in self.store.open_journal_entries(node):
+                    if e.gpu == gi:
+                        self.store.journal_finish(e.id, "done" if ok else "failed",
+                                                  outcome=str(r.get("done")), error=r.get("error"), now=now)
+                self.metrics.inc("slurm_mig_reconfigurations_total", (("result", "ok" if ok else "failed"),))
+                self.store.add_event("applied", f"{node}/{gi}: {r.get('before')} -> {r.get('after')}"
+                                     + ("" if ok else f" FAILED: {r.get('error')}"), node=node, now=now)
+        return {"ok": True}
+
+
+def _fmt(counts: dict) -> str:
+    return ",".join(f"{t}:{n}" for t, n in sorted(counts.items()) if n) or "none"

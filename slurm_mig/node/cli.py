@@ -1,0 +1,89 @@
+"""`slurm-mig node ...` and `slurm-mig install-hooks`: the node side from the command line."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+HOOKS = {
+    "slurm-mig-prolog": "prolog",
+    "slurm-mig-taskprolog": "prolog",
+    "slurm-mig-epilog": "epilog",
+    "slurm-mig-healthcheck": "epilog",
+}
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("node", help="node-side actions (what the hooks do, by hand)")
+    nsub = p.add_subparsers(dest="node_command", metavar="ACTION")
+    s = nsub.add_parser("sync", help="report this node's MIG state and apply the controller's desired layouts")
+    s.add_argument("--node", help="node name (default: $SLURMD_NODENAME or the short host name)")
+    s.add_argument("--loop", type=float, metavar="SECONDS", help="repeat every SECONDS until interrupted")
+    s.set_defaults(func=_sync)
+
+    p = sub.add_parser("install-hooks", help="install the Prolog/Epilog/TaskProlog/health-check executables")
+    p.add_argument("--prefix", default="/usr/local/libexec/slurm-mig", help="directory to install into")
+    p.add_argument("--python", default=sys.executable, help="interpreter that has slurm-mig installed")
+    p.add_argument("--hook-config", help="config file the hooks read (default: the --config given, or "
+                   "/etc/slurm-mig/slurm-mig.toml)")
+    p.set_defaults(func=_install)
+
+
+def hook_source_dir() -> Path:
+    """The repository's prolog/ and epilog/ folders (a source checkout) hold the hook executables."""
+    return Path(__file__).resolve().parents[2]
+
+
+def install_hooks(prefix: str | os.PathLike, python: str, config: str) -> dict[str, Path]:
+    """Copy the hook executables into ``prefix`` (0755, root-owned) with the interpreter and config set."""
+    prefix = Path(prefix)
+    prefix.mkdir(parents=True, exist_ok=True)
+    os.chmod(prefix, 0o755)
+    out = {}
+    for name, folder in HOOKS.items():
+        src = hook_source_dir() / folder / name
+        text = src.read_text()
+        text = text.replace(': "${SLURM_MIG_PYTHON:=/usr/bin/python3}"', f': "${{SLURM_MIG_PYTHON:={python}}}"')
+        text = text.replace(': "${SLURM_MIG_CONFIG:=/etc/slurm-mig/slurm-mig.toml}"',
+                            f': "${{SLURM_MIG_CONFIG:={config}}}"')
+        dst = prefix / name
+        tmp = dst.with_suffix(".tmp")
+        tmp.write_text(text)
+        os.chmod(tmp, 0o755)
+        os.replace(tmp, dst)
+        out[name] = dst
+    return out
+
+
+def _install(args: argparse.Namespace) -> int:
+    config = args.hook_config or args.config or "/etc/slurm-mig/slurm-mig.toml"
+    for name, path in install_hooks(args.prefix, args.python, os.path.abspath(config)).items():
+        print(f"installed {path}")
+    print("now add the lines of etc/slurm.conf.snippet to slurm.conf (see docs/admin-guide.md)")
+    return 0
+
+
+def _sync(args: argparse.Namespace) -> int:
+    from slurm_mig.node.hooks import Node, NodeSettings, _setup_logging, healthcheck
+
+    if args.config:
+        os.environ["SLURM_MIG_CONFIG"] = args.config
+    settings = NodeSettings.load()
+    _setup_logging(settings)
+    import socket
+
+    name = args.node or os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+    node = Node(name, settings)
+    while True:
+        try:
+            healthcheck(dict(os.environ), node)
+        except Exception as exc:  # keep looping: the next round may succeed
+            print(f"slurm-mig node sync: {type(exc).__name__}: {exc}", file=sys.stderr)
+            if not args.loop:
+                return 1
+        if not args.loop:
+            return 0
+        time.sleep(args.loop)

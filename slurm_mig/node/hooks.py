@@ -1,0 +1,466 @@
+"""The Slurm node hooks: Prolog, TaskProlog, Epilog and the periodic health check.
+
+Run as ``python -m slurm_mig.node.hooks {prolog|taskprolog|epilog|healthcheck}``
+from the small executables in prolog/ and epilog/. Rules every hook follows:
+
+* exit 0 unless the node itself is broken: a non-zero Prolog/Epilog drains a
+  healthy node in Slurm, so a job we cannot serve is requeued instead, with a
+  reason the user can read (``scontrol show job``: AdminComment);
+* never destroy or re-carve an instance a job holds: the node's own binding
+  files are passed to every layout change as busy;
+* never lose an outcome: what cannot reach the controller waits in the outbox;
+* import nothing heavy (no torch, onnxruntime, numpy, rich, sqlite).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger("slurm_mig.hooks")
+
+
+@dataclass(frozen=True)
+class NodeSettings:
+    """What a hook needs to know, from the [node], [auth] and [slurm] config sections."""
+
+    controller_url: str
+    timeout_s: float
+    state_root: str  # the node's own records live in <state_root>/<node>
+    backend: str  # "real" | "simulated"
+    sim_state: str  # path; "{node}" is replaced by the node name
+    sim_delay_scale: float
+    auth_method: str
+    auth_key_file: str | None
+    munge_socket: str | None
+    slurm_conf: str | None
+    log_file: str | None
+    log_level: str
+
+    @classmethod
+    def load(cls) -> "NodeSettings":
+        from slurm_mig.config import load_config
+
+        cfg = load_config()
+        return cls(
+            controller_url=cfg.node.controller_url,
+            timeout_s=cfg.node.request_timeout_s,
+            state_root=cfg.node.cache_dir,
+            backend=cfg.node.nvml_backend,
+            sim_state=cfg.node.sim_state_path,
+            sim_delay_scale=cfg.node.sim_delay_scale,
+            auth_method=cfg.auth.method,
+            auth_key_file=cfg.auth.hmac_key_file,
+            munge_socket=cfg.auth.munge_socket,
+            slurm_conf=cfg.controller.slurm_conf,
+            log_file=cfg.log.file,
+            log_level=cfg.log.level,
+        )
+
+
+class Node:
+    """One node's view: its settings, local records, MIG backend and controller client (all lazy)."""
+
+    def __init__(self, name: str, settings: NodeSettings):
+        from slurm_mig.node.localstate import NodeState
+
+        self.name = name
+        self.settings = settings
+        self.state = NodeState(Path(settings.state_root) / name)
+        self._backend = None
+        self._client = None
+
+    @property
+    def backend(self):
+        if self._backend is None:
+            from slurm_mig.nvml import open_backend
+
+            s = self.settings
+            if s.backend == "simulated":
+                self._backend = open_backend("simulated", state_path=s.sim_state.replace("{node}", self.name),
+                                             delay_scale=s.sim_delay_scale)
+            else:
+                self._backend = open_backend(s.backend)
+        return self._backend
+
+    @property
+    def client(self):
+        if self._client is None:
+            from slurm_mig.api.auth import auth_from_settings
+            from slurm_mig.api.client import ControllerClient
+
+            s = self.settings
+            auth = auth_from_settings(s.auth_method, munge_socket=s.munge_socket, key_file=s.auth_key_file)
+            self._client = ControllerClient(s.controller_url, auth, self.name, timeout_s=s.timeout_s)
+        return self._client
+
+    # -- observation -----------------------------------------------------------
+    def observe(self) -> list[dict]:
+        """Every GPU and its instances, as JSON for the controller."""
+        out = []
+        for g in self.backend.gpus():
+            entry = {"index": g.index, "uuid": g.uuid, "name": g.name,
+                     "model": g.model.name if g.model else None, "mig_enabled": g.mig_enabled,
+                     "lost": getattr(g, "lost", False), "instances": []}
+            if g.model is not None and g.mig_enabled and not entry["lost"]:
+                try:
+                    for i in self.backend.instances(g.index):
+                        entry["instances"].append({"profile": i.slot.profile, "start": i.slot.start,
+                                                   "uuid": i.uuid, "in_use": i.in_use})
+                except Exception as exc:  # one bad GPU must not hide the others
+                    entry["error"] = f"{type(exc).__name__}: {exc}"
+            out.append(entry)
+        return out
+
+    def bindings_json(self) -> dict[str, list[dict]]:
+        return {job: [i.to_json() for i in insts] for job, insts in self.state.all_bindings().items()}
+
+    def bound_on(self, gpu: int):
+        from slurm_mig.mig.layout import Slot
+
+        return {Slot(start, profile) for profile, start in self.state.bound_slots().get(gpu, set())}
+
+    def flush_outbox(self) -> None:
+        from slurm_mig.api.client import ControllerUnavailable
+
+        try:
+            sent = self.state.flush(self.client)
+            if sent:
+                log.info("delivered %d queued message(s) to the controller", sent)
+        except ControllerUnavailable as exc:
+            log.info("controller still unreachable; outbox kept: %s", exc)
+
+    def send_or_queue(self, route: str, payload: dict) -> dict | None:
+        from slurm_mig.api.client import ControllerUnavailable
+
+        try:
+            return self.client.call(route, payload)
+        except ControllerUnavailable as exc:
+            log.warning("controller unreachable (%s); %s queued in the outbox", exc, route)
+            self.state.enqueue(route, payload)
+            return None
+
+    def apply_targets(self, targets: dict) -> list[dict]:
+        """Move GPUs to the controller's target layouts, never touching locally bound instances."""
+        results = []
+        with self.apply_lock():
+            models = {g.index: g.model for g in self.backend.gpus()}
+            for gpu_s, spec in sorted(targets.items()):
+                results.append(self._apply_one(int(gpu_s), spec, models.get(int(gpu_s))))
+        return results
+
+    def apply_lock(self):
+        """One layout change at a time on this node (Prolog and health check may overlap)."""
+        import contextlib
+        import fcntl
+
+        @contextlib.contextmanager
+        def held():
+            self.state.ensure()
+            fd = os.open(self.state.root / "apply.lock", os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                yield
+            finally:
+                os.close(fd)
+
+        return held()
+
+    def _apply_one(self, gpu: int, spec: str, model) -> dict:
+        from slurm_mig.mig.layout import parse_layout
+        from slurm_mig.nvml import apply_layout
+
+        if model is None:
+            return {"gpu": gpu, "ok": False, "error": "unknown GPU or not a MIG model"}
+        try:
+            target = parse_layout(spec, model)
+            present = {i.slot for i in self.backend.instances(gpu)}
+            busy = self.bound_on(gpu) & present
+            return apply_layout(self.backend, gpu, target, extra_busy=busy).to_json()
+        except Exception as exc:  # TransitionBlocked, InvalidLayout, NVML errors
+            return {"gpu": gpu, "ok": False, "target": spec, "error": str(exc), "error_type": type(exc).__name__}
+
+    def uuid_of(self, gpu: int, profile: str, start: int) -> str | None:
+        for i in self.backend.instances(gpu):
+            if i.slot.profile == profile and i.slot.start == start:
+                return i.uuid
+        return None
+
+    def mark_in_use(self, gpu: int, profile: str, start: int, owner: str | None) -> None:
+        # Only the simulated GPU needs telling: a real one sees the job's CUDA processes.
+        setter = getattr(self.backend, "set_in_use", None)
+        if setter is not None:
+            from slurm_mig.mig.layout import Slot
+
+            try:
+                setter(gpu, Slot(start, profile), owner)
+            except Exception as exc:
+                log.warning("could not mark %s@%d on GPU %d: %s", profile, start, gpu, exc)
+
+    # -- Slurm -----------------------------------------------------------------
+    def requeue(self, job_id: str, reason: str) -> int:
+        """Give the job back to Slurm's queue with a readable reason; the node stays healthy."""
+        from slurm_mig.slurm.runner import run_slurm
+
+        env = {"SLURM_CONF": self.settings.slurm_conf} if self.settings.slurm_conf else None
+        log.warning("job %s requeued: %s", job_id, reason)
+        # AdminComment is shown by `scontrol show job` and squeue --format=%k... keeps the user's Comment.
+        run_slurm(["scontrol", "update", f"JobId={job_id}", f"AdminComment=slurm-mig: {reason}"[:1000]],
+                  env=env, timeout=10)
+        res = run_slurm(["scontrol", "requeue", job_id], env=env, timeout=10)
+        if res.returncode != 0:
+            log.error("scontrol requeue %s failed: %s", job_id, res.stderr.strip())
+        return 0
+
+
+def _job_request(node: Node, job_id: str) -> tuple[str, int] | None:
+    """The job's MIG request from Slurm itself (used when the controller cannot be asked)."""
+    from slurm_mig.slurm.parsers import parse_mig_request, parse_scontrol_kv
+    from slurm_mig.slurm.runner import run_slurm
+
+    env = {"SLURM_CONF": node.settings.slurm_conf} if node.settings.slurm_conf else None
+    res = run_slurm(["scontrol", "show", "job", "-d", job_id], env=env, timeout=10)
+    if res.returncode != 0:
+        return None
+    return parse_mig_request(parse_scontrol_kv(res.stdout))
+
+
+# -- the hooks ---------------------------------------------------------------
+
+def prolog(env: dict, node: Node) -> int:
+    from slurm_mig.api.client import ControllerRefused, ControllerUnavailable
+    from slurm_mig.node.localstate import BoundInstance
+
+    job_id = env["SLURM_JOB_ID"]
+    uid = int(env.get("SLURM_JOB_UID", "-1"))
+    node.state.ensure()
+    node.flush_outbox()
+    payload = {"job_id": job_id, "node": node.name, "observed": node.observe(), "bindings": node.bindings_json()}
+    try:
+        resp = node.client.call("/v1/prolog", payload)
+    except ControllerRefused as exc:
+        return node.requeue(job_id, f"the controller refused the job: {exc}")
+    except ControllerUnavailable as exc:
+        log.warning("controller unreachable for job %s: %s; trying instances that already exist", job_id, exc)
+        resp = _local_choice(node, job_id, payload["observed"])
+    action = resp.get("action")
+    if action == "skip":
+        return 0
+    if action != "bind":
+        if resp.get("requeued"):
+            return 0
+        return node.requeue(job_id, resp.get("reason", "no MIG instance could be made for this job"))
+    if resp.get("targets"):
+        results = node.apply_targets(resp["targets"])
+        failed = [r for r in results if not r.get("ok", False) or r.get("reached") is False]
+        if failed:
+            reason = "; ".join(str(r.get("error") or f"GPU {r['gpu']} shows {r.get('after')}") for r in failed)
+            node.send_or_queue("/v1/bind-failed", {"job_id": job_id, "node": node.name, "results": results})
+            return node.requeue(job_id, f"reconfiguration failed on {node.name}: {reason}")
+    bound = []
+    for inst in resp["instances"]:
+        uuid = node.uuid_of(int(inst["gpu"]), inst["profile"], int(inst["start"]))
+        if uuid is None:
+            node.send_or_queue("/v1/bind-failed", {"job_id": job_id, "node": node.name,
+                                                   "results": [{"error": f"instance {inst} missing"}]})
+            return node.requeue(job_id, f"MIG instance {inst['profile']}@{inst['start']} missing on {node.name}")
+        bound.append(BoundInstance(int(inst["gpu"]), inst["profile"], int(inst["start"]), uuid))
+    gid = None
+    if uid >= 0:
+        try:
+            import pwd
+
+            gid = pwd.getpwuid(uid).pw_gid
+        except KeyError:
+            gid = None
+    node.state.write_binding(job_id, bound, uid if uid >= 0 else None, gid)
+    for b in bound:
+        node.mark_in_use(b.gpu, b.profile, b.start, f"job {job_id}")
+    node.send_or_queue("/v1/bound", {"job_id": job_id, "node": node.name, "instances": [b.to_json() for b in bound],
+                                     "bound_at": time.time(), "local": bool(resp.get("local"))})
+    return 0
+
+
+def _local_choice(node: Node, job_id: str, observed: list[dict]) -> dict:
+    """Without the controller: bind instances that already exist and are free, or requeue."""
+    req = _job_request(node, job_id)
+    if req is None:
+        return {"action": "requeue", "reason": "controller unreachable and the job's MIG request unreadable"}
+    profile, count = req
+    if profile is None:
+        return {"action": "skip"}
+    from slurm_mig.mig.profiles import get_model
+
+    held = node.state.bound_slots()
+    chosen = []
+    for g in observed:
+        if not g.get("model"):
+            continue
+        try:
+            name = get_model(g["model"]).profile(profile).name
+        except Exception:
+            continue
+        for i in g["instances"]:
+            if len(chosen) < count and i["profile"] == name and not i["in_use"] \
+                    and (i["profile"], i["start"]) not in held.get(g["index"], set()):
+                chosen.append({"gpu": g["index"], "profile": i["profile"], "start": i["start"]})
+    if len(chosen) < count:
+        return {"action": "requeue",
+                "reason": f"controller unreachable and no free {count} x {profile} instance exists on {node.name}"}
+    return {"action": "bind", "instances": chosen, "targets": {}, "local": True}
+
+
+def taskprolog(env: dict, node_name: str, state_root: str) -> int:
+    """Print the job's CUDA_VISIBLE_DEVICES for Slurm to export (runs as the job's user)."""
+    from slurm_mig.node.localstate import NodeState
+
+    job_id = env.get("SLURM_JOB_ID", "")
+    try:
+        insts = NodeState(Path(state_root) / node_name).read_binding(job_id)
+    except (OSError, ValueError) as exc:
+        print(f"print slurm-mig: cannot read this job's MIG binding: {exc}")
+        return 0
+    if insts is None:
+        return 0  # not a MIG job
+    uuids = ",".join(i.uuid for i in insts)
+    print(f"export CUDA_VISIBLE_DEVICES={uuids}")
+    print(f"export SLURM_MIG_INSTANCES={','.join(f'{i.profile}@{i.gpu}:{i.start}' for i in insts)}")
+    return 0
+
+
+def epilog(env: dict, node: Node) -> int:
+    job_id = env["SLURM_JOB_ID"]
+    node.state.ensure()
+    insts = node.state.read_binding(job_id) or []
+    for i in insts:
+        node.mark_in_use(i.gpu, i.profile, i.start, None)
+    lingering = []
+    for i in insts:
+        # Real GPUs: processes may take a moment to exit after the job's cgroup is killed.
+        for _ in range(10):
+            busy = [x for x in node.backend.instances(i.gpu) if x.uuid == i.uuid and x.in_use]
+            if not busy:
+                break
+            time.sleep(0.5)
+        else:
+            lingering.append(i.to_json())
+    payload = {"job_id": job_id, "node": node.name, "instances": [i.to_json() for i in insts],
+               "exit_code": _int(env.get("SLURM_JOB_EXIT_CODE")), "derived_ec": _int(env.get("SLURM_JOB_DERIVED_EC")),
+               "end_time": time.time(), "lingering": lingering}
+    node.send_or_queue("/v1/epilog", payload)
+    if lingering:
+        # Keep the binding so no layout change destroys an instance that still has processes;
+        # the health check releases it once the processes are gone.
+        log.error("job %s ended but its instance(s) still run processes: %s", job_id, lingering)
+    else:
+        node.state.remove_binding(job_id)
+    node.flush_outbox()
+    return 0
+
+
+def healthcheck(env: dict, node: Node) -> int:
+    """Report the node's state, receive desired layouts and apply them on idle slices."""
+    from slurm_mig.api.client import ControllerRefused, ControllerUnavailable
+
+    node.state.ensure()
+    node.flush_outbox()
+    _release_finished_lingering(node)
+    report = {"node": node.name, "observed": node.observe(), "bindings": node.bindings_json(), "time": time.time()}
+    try:
+        resp = node.client.call("/v1/report", report)
+    except (ControllerUnavailable, ControllerRefused) as exc:
+        log.warning("health check: controller unreachable: %s", exc)
+        resp = _cached_desired(node)
+    else:
+        _cache_desired(node, resp)
+    targets = resp.get("desired") or {}
+    if targets:
+        results = node.apply_targets(targets)
+        changed = [r for r in results if r.get("plan") or r.get("error")]
+        if changed:
+            node.send_or_queue("/v1/applied", {"node": node.name, "results": changed, "time": time.time()})
+    return 0
+
+
+def _release_finished_lingering(node: Node) -> None:
+    # Bindings whose job Slurm no longer runs and whose instance is idle are released.
+    pass
+
+
+def _cache_desired(node: Node, resp: dict) -> None:
+    import json
+
+    path = node.state.root / "desired.json"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"desired": resp.get("desired") or {}, "time": time.time()}))
+    os.chmod(tmp, 0o600)
+    os.replace(tmp, path)
+
+
+def _cached_desired(node: Node) -> dict:
+    """The last desired layouts, so a rebooted node re-creates its layout even with the controller down."""
+    import json
+
+    try:
+        return json.loads((node.state.root / "desired.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _int(value) -> int | None:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _setup_logging(settings: NodeSettings | None) -> None:
+    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
+    if settings and settings.log_file:
+        try:
+            handlers.append(logging.FileHandler(settings.log_file))
+        except OSError:
+            pass
+    level = getattr(logging, (settings.log_level if settings else "INFO").upper(), logging.INFO)
+    logging.basicConfig(level=level, handlers=handlers, format="%(asctime)s slurm-mig-%(name)s[%(process)d] %(levelname)s %(message)s")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one hook. Always exits 0 for a job-level problem: only a broken node may be drained."""
+    argv = sys.argv[1:] if argv is None else argv
+    kind = argv[0] if argv else ""
+    env = dict(os.environ)
+    node_name = env.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+    settings = None
+    try:
+        settings = NodeSettings.load()
+        _setup_logging(settings)
+        if kind == "taskprolog":
+            return taskprolog(env, node_name, settings.state_root)
+        node = Node(node_name, settings)
+        if kind == "prolog":
+            return prolog(env, node)
+        if kind == "epilog":
+            return epilog(env, node)
+        if kind == "healthcheck":
+            return healthcheck(env, node)
+        print(f"usage: {sys.argv[0]} prolog|taskprolog|epilog|healthcheck", file=sys.stderr)
+        return 2
+    except Exception as exc:  # noqa: BLE001 - a hook crash must not drain a healthy node
+        _setup_logging(settings)
+        log.exception("%s hook failed for job %s: %s", kind, env.get("SLURM_JOB_ID"), exc)
+        if kind == "prolog" and env.get("SLURM_JOB_ID") and settings is not None:
+            try:
+                Node(node_name, settings).requeue(env["SLURM_JOB_ID"], f"node hook error: {type(exc).__name__}: {exc}")
+            except Exception:
+                log.exception("requeue after a hook error failed")
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
