@@ -40,6 +40,22 @@ class TransitionBlocked(SlurmMigError):
         self.blocking = blocking
 
 
+class SlurmCommandError(SlurmMigError):
+    """A Slurm command that had to succeed failed (non-zero exit, timeout or missing binary).
+
+    ``argv``, ``returncode``, ``stdout`` and ``stderr`` keep what the command did, so
+    callers can show Slurm's own message (a job_submit.lua rejection is in ``stderr``).
+    """
+
+    def __init__(self, message: str, *, argv: tuple = (), returncode: int | None = None,
+                 stdout: str = "", stderr: str = ""):
+        super().__init__(message)
+        self.argv = tuple(argv)
+        self.returncode = returncode
+        self.stdout = stdout
+        self.stderr = stderr
+
+
 class StoreError(SlurmMigError):
     """The state database cannot be opened, read or written (bad file, unsafe permissions, disk full, I/O error).
 

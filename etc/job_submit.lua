@@ -1,0 +1,251 @@
+--[[
+slurm-mig job_submit.lua: normalise and check MIG GRES requests.
+
+Install as job_submit.lua in the directory of slurm.conf, with
+JobSubmitPlugins=lua (see etc/slurm.conf.snippet).
+
+Why this exists: Slurm reads "--gres=mig:3g" as a count of 3 with a "g" size
+suffix and rejects it, and a full profile name such as "mig:3g.40gb" is not a
+type any node advertises ("Invalid Trackable RESource (TRES) specification").
+The plugin sees the request before Slurm parses it (job_desc.tres_per_node
+holds the raw "gres:mig:3g"), so it rewrites every mig item to
+"gres:mig:<type>:<count>" and rejects what can never run, with a message the
+user sees in sbatch/srun/salloc's output.
+
+Accepted:  mig:<k>g  mig:<k>g:<count>  mig:<type>[:<count>] for the types below
+           mig:<profile>[:<count>], e.g. mig:3g.40gb, mig:1g.20gb, mig:1g.10gb:2
+Rejected:  unknown sizes (mig:5g, mig:8g, mig:0g), untyped mig / mig:<count>,
+           counts that are 0, not plain integers or more than a node can hold.
+Other GRES items in the same request pass through untouched.
+--]]
+
+-- The largest number of MIG-capable GPUs on any node of this cluster. Admins
+-- set this; the local test cluster substitutes its own value when it copies
+-- the file (it rewrites this exact line).
+local MAX_GPUS_PER_NODE = 8
+
+-- Most instances of each type one GPU can hold. Kept equal to MAX_PER_GPU in
+-- slurm_mig/slurm/gres.py by tests/test_job_submit_table.py.
+local MAX_PER_GPU = {
+    ["1g"] = 7,
+    ["1gme"] = 1,
+    ["1gdm"] = 4,
+    ["2g"] = 3,
+    ["2gme"] = 1,
+    ["3g"] = 2,
+    ["4g"] = 1,
+    ["7g"] = 1,
+}
+
+-- Compute slices per instance; a GPU has 7, which bounds mixed requests.
+local COMPUTE_SLICES = {
+    ["1g"] = 1,
+    ["1gme"] = 1,
+    ["1gdm"] = 1,
+    ["2g"] = 2,
+    ["2gme"] = 2,
+    ["3g"] = 3,
+    ["4g"] = 4,
+    ["7g"] = 7,
+}
+
+-- Full NVIDIA profile names -> GRES type. Kept equal to PROFILE_TO_GRES in
+-- slurm_mig/slurm/gres.py by tests/test_job_submit_table.py. "1g.10gb" is the
+-- plain 1g of A100-80GB/H100-80GB (on A100-40GB it is the double-memory
+-- profile: ask for mig:1gdm there).
+local PROFILE_TO_TYPE = {
+    ["1g.10gb"] = "1g",
+    ["1g.10gb+me"] = "1gme",
+    ["1g.18gb"] = "1g",
+    ["1g.18gb+me"] = "1gme",
+    ["1g.20gb"] = "1gdm",
+    ["1g.23gb"] = "1g",
+    ["1g.23gb+me"] = "1gme",
+    ["1g.35gb"] = "1gdm",
+    ["1g.45gb"] = "1gdm",
+    ["1g.5gb"] = "1g",
+    ["1g.5gb+me"] = "1gme",
+    ["1g.6gb"] = "1g",
+    ["1g.6gb+me"] = "1gme",
+    ["2g.10gb"] = "2g",
+    ["2g.12gb"] = "2g",
+    ["2g.12gb+me"] = "2gme",
+    ["2g.20gb"] = "2g",
+    ["2g.35gb"] = "2g",
+    ["2g.45gb"] = "2g",
+    ["3g.20gb"] = "3g",
+    ["3g.40gb"] = "3g",
+    ["3g.71gb"] = "3g",
+    ["3g.90gb"] = "3g",
+    ["4g.20gb"] = "4g",
+    ["4g.24gb"] = "4g",
+    ["4g.40gb"] = "4g",
+    ["4g.71gb"] = "4g",
+    ["4g.90gb"] = "4g",
+    ["7g.141gb"] = "7g",
+    ["7g.180gb"] = "7g",
+    ["7g.40gb"] = "7g",
+    ["7g.80gb"] = "7g",
+}
+
+local TYPE_ORDER = { "1g", "1gme", "1gdm", "2g", "2gme", "3g", "4g", "7g" }
+local USAGE = "use --gres=mig:<size>[:<count>] with size 1g, 2g, 3g, 4g or 7g " ..
+    "(also 1gdm, 1gme, 2gme) or a profile name such as mig:3g.40gb"
+
+local function trim(s)
+    return (s:gsub("^%s+", ""):gsub("%s+$", ""))
+end
+
+local function split(s, sep)
+    local out = {}
+    for piece in string.gmatch(s, "([^" .. sep .. "]+)") do
+        table.insert(out, piece)
+    end
+    return out
+end
+
+-- Resolve a requested size ("3g", "3G", "1gdm", "3g.40gb", "1g.5gb+me") to a
+-- type, or nil.
+local function resolve_type(name)
+    local key = string.lower(name)
+    if MAX_PER_GPU[key] then
+        return key
+    end
+    return PROFILE_TO_TYPE[key]
+end
+
+-- Rewrite one GRES request string (a tres_per_node value). Returns the new
+-- string and nil, or nil and an error message. Strings without mig come back
+-- unchanged (the same object), so non-mig jobs are left exactly as submitted.
+local function rewrite_tres(tres)
+    if tres == nil or tres == "" then
+        return tres, nil
+    end
+    local items = {}
+    local counts = {}
+    local seen_mig = false
+    for _, raw in ipairs(split(tres, ",")) do
+        local item = trim(raw)
+        -- 22.05 writes "gres:mig:3g", later releases "gres/mig:3g"; keep the
+        -- caller's spelling when writing back.
+        local prefix, body = string.match(item, "^(gres[:/])(.*)$")
+        if prefix == nil then
+            prefix, body = "", item
+        end
+        local parts = split(body, ":")
+        local name = parts[1] and string.lower(parts[1]) or ""
+        if name ~= "mig" then
+            table.insert(items, { text = item })
+        else
+            seen_mig = true
+            local shown = "mig" .. string.sub(body, 4)
+            -- A bare mig or mig:<number> would let Slurm pick any type: refuse.
+            -- (Empty fields such as "mig:" never get here: sbatch/srun/salloc
+            -- reject them client-side as "Invalid generic resource".)
+            if #parts < 2 or string.match(parts[2], "^%d+$") or string.find(body, "::", 1, true)
+                or string.sub(body, -1) == ":" then
+                return nil, string.format("--gres=%s does not name a MIG size; %s", shown, USAGE)
+            end
+            if #parts > 3 then
+                return nil, string.format("--gres=%s is malformed; %s", shown, USAGE)
+            end
+            local gtype = resolve_type(parts[2])
+            if gtype == nil then
+                return nil, string.format("unknown MIG size '%s' in --gres=%s; %s", parts[2], shown, USAGE)
+            end
+            local count = 1
+            if parts[3] ~= nil then
+                if not string.match(parts[3], "^%d+$") then
+                    return nil, string.format(
+                        "--gres=%s: the instance count '%s' must be a whole number >= 1", shown, parts[3])
+                end
+                count = tonumber(parts[3])
+                if count < 1 then
+                    return nil, string.format("--gres=%s: the instance count must be at least 1", shown)
+                end
+            end
+            if counts[gtype] == nil then
+                table.insert(items, { mig = gtype, prefix = prefix })
+                counts[gtype] = 0
+            end
+            counts[gtype] = counts[gtype] + count
+        end
+    end
+    if not seen_mig then
+        return tres, nil
+    end
+    local slices = 0
+    for _, gtype in ipairs(TYPE_ORDER) do
+        local n = counts[gtype]
+        if n ~= nil then
+            local most = MAX_PER_GPU[gtype] * MAX_GPUS_PER_NODE
+            if n > most then
+                return nil, string.format(
+                    "%d mig:%s instances per node requested, but a node holds at most %d " ..
+                    "(%d per GPU x %d GPUs); use fewer or larger instances, or more nodes",
+                    n, gtype, most, MAX_PER_GPU[gtype], MAX_GPUS_PER_NODE)
+            end
+            slices = slices + n * COMPUTE_SLICES[gtype]
+        end
+    end
+    if slices > 7 * MAX_GPUS_PER_NODE then
+        return nil, string.format(
+            "the mig request needs %d compute slices per node, but a node has at most %d " ..
+            "(7 per GPU x %d GPUs)", slices, 7 * MAX_GPUS_PER_NODE, MAX_GPUS_PER_NODE)
+    end
+    local out = {}
+    for _, it in ipairs(items) do
+        if it.mig then
+            table.insert(out, string.format("%smig:%s:%d", it.prefix, it.mig, counts[it.mig]))
+        else
+            table.insert(out, it.text)
+        end
+    end
+    return table.concat(out, ","), nil
+end
+
+-- Only tres_per_node carries --gres. The other tres_per_* fields come from
+-- --gpus* / --tres-per-task options, which slurm-mig does not support for mig.
+local OTHER_TRES_FIELDS = { "tres_per_job", "tres_per_socket", "tres_per_task" }
+
+local function check_desc(job_desc)
+    for _, field in ipairs(OTHER_TRES_FIELDS) do
+        local v = job_desc[field]
+        if v ~= nil and string.find(string.lower(v), "mig", 1, true) then
+            return string.format("MIG instances must be requested per node with --gres (got %s=%s); %s",
+                field, v, USAGE)
+        end
+    end
+    local new, err = rewrite_tres(job_desc.tres_per_node)
+    if err ~= nil then
+        return err
+    end
+    if new ~= job_desc.tres_per_node then
+        job_desc.tres_per_node = new
+    end
+    return nil
+end
+
+function slurm_job_submit(job_desc, part_list, submit_uid)
+    local err = check_desc(job_desc)
+    if err ~= nil then
+        slurm.log_user("slurm-mig: %s", err)
+        slurm.log_info("slurm-mig: rejected job from uid %s: %s", tostring(submit_uid), err)
+        return slurm.ERROR
+    end
+    return slurm.SUCCESS
+end
+
+function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
+    -- scontrol update job ... Gres=mig:3g goes through the same rules.
+    local err = check_desc(job_desc)
+    if err ~= nil then
+        slurm.log_user("slurm-mig: %s", err)
+        return slurm.ERROR
+    end
+    return slurm.SUCCESS
+end
+
+slurm.log_info("slurm-mig job_submit.lua loaded (MAX_GPUS_PER_NODE=%d)", MAX_GPUS_PER_NODE)
+
+return slurm.SUCCESS

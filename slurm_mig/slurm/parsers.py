@@ -1,0 +1,497 @@
+"""Pure parsers for Slurm command output (no Slurm needed to run them).
+
+Written against Slurm 22.05 (openapi v0.0.38 JSON for ``squeue --json`` and
+``sinfo --json``; ``scontrol`` has no JSON there) and tolerant of the other
+releases' shapes: a missing field becomes ``None``/empty, ``job_state`` may be
+a string or a list, numbers may be plain or ``{"set", "infinite", "number"}``
+objects (23.02+), and GRES requests may be spelled ``gres:mig:3g:1`` (22.05),
+``gres/mig:3g:1`` (later) or sit in an older ``gres`` field.
+
+Things learned from the real 22.05 output (see tests/test_slurm_parsers.py):
+
+* ``scontrol show node`` prints ``GresUsed`` only with ``-d``; ``sinfo --json``
+  always has ``gres`` and ``gres_used``.
+* ``JOB_GRES`` in ``scontrol -d show job`` is the job's total over all nodes
+  (``mig:1g:4`` for ``-N2 --gres=mig:1g:2``); the per-node split is in the
+  indented ``Nodes=.. GRES=mig:1g(CNT:2)`` lines and in ``TresPerNode``.
+* A job without a time limit reports ``time_limit`` 525600 (365 days) while
+  running but ``null`` while pending, and ``TimeLimit=UNLIMITED`` in scontrol.
+* Spaces in a pending reason become underscores in scontrol
+  (``ReqNodeNotAvail,_UnavailableNodes:n3``).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from slurm_mig.slurm.gres import GRES_NAME, parse_gres_item, parse_node_gres, split_gres
+
+# -- small helpers -----------------------------------------------------------
+
+
+def _num(value: Any) -> int | None:
+    """A number from 22.05 (plain) or 23.02+ ({"set":..,"infinite":..,"number":..}) JSON."""
+    if value is None or isinstance(value, bool):
+        return None
+    if isinstance(value, dict):
+        if value.get("infinite"):
+            return None
+        if value.get("set") is False:
+            return None
+        value = value.get("number")
+        if value is None:
+            return None
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _str(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, list):
+        return ",".join(str(v) for v in value)
+    return str(value)
+
+
+def expand_hostlist(expr: str | None) -> list[str]:
+    """Expand a Slurm hostlist: ``"n[1-3,5],gpu01"`` -> ``["n1", "n2", "n3", "n5", "gpu01"]``.
+
+    Handles one bracket group per name with ranges (zero padding kept), which
+    is what Slurm prints for node lists. ``""``/``None``/``"(null)"`` give ``[]``.
+    """
+    if not expr or expr in ("(null)", "None", "N/A"):
+        return []
+    out: list[str] = []
+    parts, depth, cur = [], 0, []
+    for ch in expr:  # split on commas outside brackets
+        depth += (ch == "[") - (ch == "]")
+        if ch == "," and depth == 0:
+            parts.append("".join(cur))
+            cur = []
+        else:
+            cur.append(ch)
+    parts.append("".join(cur))
+    for part in (p.strip() for p in parts):
+        if not part:
+            continue
+        m = re.fullmatch(r"([^\[\]]*)\[([^\]]+)\]([^\[\]]*)", part)
+        if not m:
+            out.append(part)
+            continue
+        prefix, ranges, suffix = m.groups()
+        for rng in ranges.split(","):
+            if "-" in rng:
+                lo, hi = rng.split("-", 1)
+                width = len(lo) if lo.startswith("0") else 0
+                for i in range(int(lo), int(hi) + 1):
+                    out.append(f"{prefix}{str(i).zfill(width)}{suffix}")
+            else:
+                out.append(f"{prefix}{rng}{suffix}")
+    return out
+
+
+def mig_request(tres_per_node: str | None) -> dict[str, int]:
+    """The per-node MIG request of a job: ``"gres:mig:3g:2,gres:foo:1"`` -> ``{"3g": 2}``.
+
+    Items that are not ``mig`` or have no type (e.g. an unrewritten ``mig:2``)
+    are left out; unparsable counts are skipped.
+    """
+    out: dict[str, int] = {}
+    for item in split_gres(tres_per_node):
+        try:
+            name, gtype, n = parse_gres_item(item)
+        except ValueError:
+            continue
+        if name == GRES_NAME and gtype:
+            out[gtype] = out.get(gtype, 0) + n
+    return out
+
+
+def _detail_gres(value: str | None) -> dict[str, int]:
+    """``mig:1g(CNT:2),mig:3g(IDX:0-1)`` (job GRES detail) -> ``{"1g": 2, "3g": 2}``."""
+    out: dict[str, int] = {}
+    for item in split_gres(value):
+        m = re.fullmatch(r"([^:()]+)(?::([^:()]+))?(?::(\d+))?(?:\(([^)]*)\))?", item.strip())
+        if not m:
+            continue
+        name, gtype, cnt, detail = m.groups()
+        if name != GRES_NAME or not gtype:
+            continue
+        n = int(cnt) if cnt else None
+        if detail:
+            cm = re.search(r"CNT:(\d+)", detail)
+            if cm:
+                n = int(cm.group(1))
+            elif n is None:
+                im = re.search(r"IDX:([\d,\-]+)", detail)
+                if im:
+                    n = len(expand_hostlist(f"x[{im.group(1)}]"))
+        out[gtype] = out.get(gtype, 0) + (n if n is not None else 1)
+    return out
+
+
+# -- node state ------------------------------------------------------------------
+
+_STATE_SUFFIX_FLAGS = {"*": "NOT_RESPONDING", "~": "POWERED_DOWN", "#": "POWERING_UP",
+                       "%": "POWERING_DOWN", "!": "POWER_DOWN", "@": "REBOOT_REQUESTED",
+                       "$": "MAINTENANCE", "^": "REBOOT_ISSUED", "-": "PLANNED"}
+# sinfo's long state names that fold a flag into the name.
+_LONG_STATES = {"drained": ("idle", {"DRAIN"}), "draining": ("allocated", {"DRAIN"}),
+                "drng": ("allocated", {"DRAIN"}), "drain": ("idle", {"DRAIN"}),
+                "alloc": ("allocated", set()), "mix": ("mixed", set()), "comp": ("completing", set()),
+                "unk": ("unknown", set()), "resv": ("reserved", set()), "maint": ("maint", set())}
+
+
+def parse_node_state(state: str | list | None, flags: list | None = None) -> tuple[str, frozenset[str]]:
+    """Split a node state into ``(base, flags)``, base lower case, flags upper case.
+
+    Accepts scontrol's ``IDLE+DRAIN`` / ``DOWN*``, sinfo's ``drained`` / ``idle*``,
+    22.05 JSON (``"idle"`` plus ``state_flags``) and 23.02+ JSON (``["IDLE", "DRAIN"]``).
+    """
+    parts: list[str] = []
+    if isinstance(state, list):
+        parts = [str(s) for s in state]
+    elif state:
+        parts = str(state).split("+")
+    fl = {str(f).upper() for f in (flags or [])}
+    base = ""
+    for i, p in enumerate(parts):
+        p = p.strip()
+        while p and p[-1] in _STATE_SUFFIX_FLAGS:
+            fl.add(_STATE_SUFFIX_FLAGS[p[-1]])
+            p = p[:-1]
+        if i == 0:
+            base = p.lower()
+        elif p:
+            fl.add(p.upper())
+    if base in _LONG_STATES:
+        base, extra = _LONG_STATES[base]
+        fl |= extra
+    if base.upper() in ("DRAIN", "NOT_RESPONDING"):  # a list whose first item is a flag
+        fl.add(base.upper())
+        base = ""
+    return base or "unknown", frozenset(fl)
+
+
+# -- records -------------------------------------------------------------------------
+
+
+@dataclass
+class SlurmNode:
+    """One node as the parsers see it (from sinfo --json or scontrol show node)."""
+
+    name: str
+    state: str  # base state, lower case: idle, mixed, allocated, down, unknown, future ...
+    flags: frozenset[str] = frozenset()  # DRAIN, NOT_RESPONDING, INVALID_REG, ...
+    gres: dict[str, int] = field(default_factory=dict)  # mig type -> configured count
+    gres_used: dict[str, int] | None = None  # mig type -> allocated count, when known
+    gres_raw: str = ""
+    reason: str = ""
+    partitions: list[str] = field(default_factory=list)
+    cpus: int | None = None
+    alloc_cpus: int | None = None
+
+    @property
+    def drained(self) -> bool:
+        """DRAIN is set (drained or draining)."""
+        return "DRAIN" in self.flags
+
+    @property
+    def responding(self) -> bool:
+        """slurmd answers (no ``*``/NOT_RESPONDING)."""
+        return "NOT_RESPONDING" not in self.flags
+
+    @property
+    def available(self) -> bool:
+        """Up, responding, not drained: the scheduler may place jobs here."""
+        return (self.state in ("idle", "mixed", "allocated", "completing") and self.responding
+                and not self.drained and "INVALID_REG" not in self.flags)
+
+    @property
+    def gres_free(self) -> dict[str, int] | None:
+        """Configured minus used per type, when usage is known."""
+        if self.gres_used is None:
+            return None
+        return {t: self.gres.get(t, 0) - self.gres_used.get(t, 0) for t in self.gres}
+
+
+@dataclass
+class SlurmJob:
+    """One job from ``squeue --json``."""
+
+    job_id: int
+    name: str = ""
+    user: str = ""
+    user_id: int | None = None
+    state: str = ""  # upper case base state: PENDING, RUNNING, COMPLETING, COMPLETED ...
+    state_reason: str = ""
+    partition: str = ""
+    nodes: list[str] = field(default_factory=list)
+    node_count: int | None = None
+    mig: dict[str, int] = field(default_factory=dict)  # per-node mig request
+    tres_per_node: str = ""
+    submit_time: int | None = None
+    start_time: int | None = None  # epoch seconds; None when not (yet) known
+    time_limit_min: int | None = None  # None = no limit / unknown
+    priority: int | None = None
+    array_job_id: int | None = None
+    array_task_id: int | None = None
+    flags: list[str] = field(default_factory=list)
+
+    @property
+    def pending(self) -> bool:
+        """True while the job waits to start."""
+        return self.state == "PENDING"
+
+    @property
+    def held(self) -> bool:
+        """Pending with priority 0: held by user/admin, or BadConstraints (Slurm holds those)."""
+        return self.pending and self.priority == 0
+
+    @property
+    def wants_mig(self) -> bool:
+        """The job asks for at least one MIG instance."""
+        return bool(self.mig)
+
+
+def _job_state(value: Any) -> tuple[str, list[str]]:
+    if isinstance(value, list):
+        names = [str(v).upper() for v in value]
+        return (names[0] if names else ""), names[1:]
+    s = _str(value).upper()
+    return s, []
+
+
+def _epoch(value: Any) -> int | None:
+    n = _num(value)
+    return n if n else None  # Slurm writes 0 for "not set"
+
+
+def json_errors(doc: dict) -> list[str]:
+    """The ``errors`` a squeue/sinfo JSON document reports, as readable strings.
+
+    22.05 exits 0 when slurmctld is unreachable and says so only here
+    (``{"error": "Unspecified error", "errno": -1}`` and an empty list).
+    """
+    out = []
+    for e in doc.get("errors") or []:
+        if isinstance(e, dict):
+            text = " ".join(str(e[k]) for k in ("source", "description", "error") if e.get(k))
+            out.append(text or str(e))
+        else:
+            out.append(str(e))
+    return out
+
+
+def parse_squeue_json(doc: dict) -> list[SlurmJob]:
+    """Jobs from a decoded ``squeue --json`` document (missing fields tolerated)."""
+    jobs = []
+    for j in doc.get("jobs") or []:
+        job_id = _num(j.get("job_id"))
+        if job_id is None:
+            continue
+        state, extra_flags = _job_state(j.get("job_state"))
+        tres = _str(j.get("tres_per_node"))
+        if not tres and j.get("gres"):  # 21.08 and older put --gres here
+            tres = _str(j.get("gres"))
+        jobs.append(SlurmJob(
+            job_id=job_id,
+            name=_str(j.get("name")),
+            user=_str(j.get("user_name")) or (str(j["user_id"]) if j.get("user_id") is not None else ""),
+            user_id=_num(j.get("user_id")),
+            state=state,
+            state_reason=_null(_str(j.get("state_reason"))),
+            partition=_str(j.get("partition")),
+            nodes=expand_hostlist(_str(j.get("nodes"))),
+            node_count=_num(j.get("node_count")),
+            mig=mig_request(tres),
+            tres_per_node=tres,
+            submit_time=_epoch(j.get("submit_time")),
+            start_time=_epoch(j.get("start_time")),
+            time_limit_min=_num(j.get("time_limit")),
+            priority=_num(j.get("priority")),
+            array_job_id=_num(j.get("array_job_id")) or None,
+            array_task_id=_num(j.get("array_task_id")),
+            flags=[str(f) for f in (j.get("flags") or [])] + extra_flags,
+        ))
+    return jobs
+
+
+def parse_sinfo_json(doc: dict) -> list[SlurmNode]:
+    """Nodes from a decoded ``sinfo --json`` document."""
+    nodes = []
+    for n in doc.get("nodes") or []:
+        name = _str(n.get("name") or n.get("hostname"))
+        if not name:
+            continue
+        base, flags = parse_node_state(n.get("state"), n.get("state_flags"))
+        gres_raw = _str(n.get("gres"))
+        used_raw = n.get("gres_used")
+        nodes.append(SlurmNode(
+            name=name, state=base, flags=flags,
+            gres=parse_node_gres(gres_raw), gres_raw=gres_raw,
+            gres_used=parse_node_gres(_str(used_raw)) if used_raw is not None else None,
+            reason=_str(n.get("reason")),
+            partitions=[str(p) for p in (n.get("partitions") or [])],
+            cpus=_num(n.get("cpus")), alloc_cpus=_num(n.get("alloc_cpus")),
+        ))
+    return nodes
+
+
+# -- scontrol key=value text --------------------------------------------------------
+
+# A key starts a line or follows whitespace; keys may contain ':' and '/'
+# (ReqB:S:C:T=, CPUs/Task=). "TRES=cpu=1,node=1" stays one value because
+# "cpu" follows "=", not whitespace.
+_KEY_RE = re.compile(r"(?:(?<=\s)|^)([A-Za-z][A-Za-z0-9_:/]*)=", re.M)
+
+
+def parse_kv(text: str) -> list[tuple[str, str]]:
+    """Split scontrol ``Key=Value Key=Value ...`` text into ordered pairs.
+
+    Values run to the next key, so values with spaces (``Reason=...``,
+    ``OS=Linux 6.1 #1 SMP``) survive. A value that itself contains
+    `` word=`` would be split; scontrol prints none of those in the fields we use.
+    """
+    pairs = []
+    matches = list(_KEY_RE.finditer(text))
+    for i, m in enumerate(matches):
+        end = matches[i + 1].start() if i + 1 < len(matches) else len(text)
+        pairs.append((m.group(1), text[m.end():end].strip()))
+    return pairs
+
+
+def _records(text: str, first_key: str) -> list[str]:
+    """Split scontrol output into one chunk per record (multi-line or ``-o``)."""
+    starts = [m.start() for m in re.finditer(rf"(?m)^{re.escape(first_key)}=", text)]
+    return [text[s:e] for s, e in zip(starts, starts[1:] + [len(text)])]
+
+
+def _null(v: str | None) -> str:
+    return "" if v in (None, "(null)", "N/A", "None") else v
+
+
+def parse_scontrol_nodes(text: str) -> list[SlurmNode]:
+    """Nodes from ``scontrol [-d] [-o] show node`` text."""
+    nodes = []
+    for chunk in _records(text, "NodeName"):
+        kv: dict[str, str] = {}
+        for k, v in parse_kv(chunk):
+            kv.setdefault(k, v)
+        base, flags = parse_node_state(kv.get("State"))
+        gres_raw = _null(kv.get("Gres"))
+        reason = _null(kv.get("Reason"))
+        # "Reason=text [user@time]": keep the text only.
+        reason = re.sub(r"\s*\[[^\]]*@[^\]]*\]$", "", reason)
+        nodes.append(SlurmNode(
+            name=kv.get("NodeName", ""), state=base, flags=flags,
+            gres=parse_node_gres(gres_raw), gres_raw=gres_raw,
+            gres_used=parse_node_gres(_null(kv["GresUsed"])) if "GresUsed" in kv else None,
+            reason=reason,
+            partitions=[p for p in _null(kv.get("Partitions")).split(",") if p],
+            cpus=_num(kv.get("CPUTot")), alloc_cpus=_num(kv.get("CPUAlloc")),
+        ))
+    return nodes
+
+
+@dataclass
+class JobDetail:
+    """One job from ``scontrol -d show job``."""
+
+    job_id: int
+    name: str = ""
+    user: str = ""
+    state: str = ""
+    reason: str = ""
+    partition: str = ""
+    nodes: list[str] = field(default_factory=list)
+    batch_host: str = ""
+    num_nodes: int | None = None
+    priority: int | None = None
+    time_limit: str = ""  # as printed: "00:30:00", "365-00:00:00", "UNLIMITED"
+    tres_per_node: str = ""
+    mig: dict[str, int] = field(default_factory=dict)  # per-node request
+    job_gres_raw: str = ""
+    job_gres: dict[str, int] = field(default_factory=dict)  # allocated, total over nodes
+    node_gres: dict[str, dict[str, int]] = field(default_factory=dict)  # node -> allocated
+    fields: dict[str, str] = field(default_factory=dict)  # every top-level Key=Value
+
+    @property
+    def held(self) -> bool:
+        """Pending with priority 0 (user/admin hold, or Slurm's BadConstraints hold)."""
+        return self.state == "PENDING" and self.priority == 0
+
+
+def parse_scontrol_jobs(text: str) -> list[JobDetail]:
+    """Jobs from ``scontrol [-d] [-o] show job`` text."""
+    jobs = []
+    for chunk in _records(text, "JobId"):
+        kv: dict[str, str] = {}
+        node_gres: dict[str, dict[str, int]] = {}
+        detail: dict[str, str] | None = None
+        for k, v in parse_kv(chunk):
+            # "-d" adds "Nodes=n1 CPU_IDs=0 Mem=0 GRES=mig:3g(CNT:1)" groups.
+            if k == "Nodes":
+                detail = {}
+                for node in expand_hostlist(v):
+                    node_gres.setdefault(node, {})
+                detail["Nodes"] = v
+                continue
+            if detail is not None and k in ("CPU_IDs", "Mem", "GRES"):
+                if k == "GRES":
+                    for node in expand_hostlist(detail["Nodes"]):
+                        node_gres[node] = _detail_gres(v)
+                continue
+            detail = None
+            kv.setdefault(k, v)
+        job_id = _num(kv.get("JobId"))
+        if job_id is None:
+            continue
+        job_gres_raw = _null(kv.get("JOB_GRES"))
+        tres = _null(kv.get("TresPerNode"))
+        jobs.append(JobDetail(
+            job_id=job_id, name=kv.get("JobName", ""),
+            user=re.sub(r"\(\d+\)$", "", kv.get("UserId", "")),
+            state=kv.get("JobState", ""), reason=_null(kv.get("Reason")),
+            partition=kv.get("Partition", ""), nodes=expand_hostlist(_null(kv.get("NodeList"))),
+            batch_host=_null(kv.get("BatchHost")), num_nodes=_num(kv.get("NumNodes")),
+            priority=_num(kv.get("Priority")), time_limit=kv.get("TimeLimit", ""),
+            tres_per_node=tres, mig=mig_request(tres),
+            job_gres_raw=job_gres_raw, job_gres=parse_node_gres(job_gres_raw),
+            node_gres={n: g for n, g in node_gres.items() if g},
+            fields=kv,
+        ))
+    return jobs
+
+
+def parse_scontrol_kv(text: str) -> dict[str, str]:
+    """Top-level ``Key=Value`` fields of the first record in scontrol output (first occurrence wins).
+
+    The ``-d`` per-node detail groups (``Nodes=.. CPU_IDs=.. GRES=..``) are left
+    out; use :func:`parse_scontrol_jobs` for them.
+    """
+    jobs = parse_scontrol_jobs(text)
+    if jobs:
+        return dict(jobs[0].fields)
+    out: dict[str, str] = {}
+    for k, v in parse_kv(text):
+        out.setdefault(k, v)
+    return out
+
+
+def parse_mig_request(fields: dict[str, str]) -> tuple[str, int] | None:
+    """``(type, count per node)`` of a job's first mig item, from scontrol fields or squeue JSON.
+
+    Reads ``TresPerNode`` (scontrol) or ``tres_per_node`` (JSON); None when the
+    job asks for no typed mig instance.
+    """
+    tres = fields.get("TresPerNode") or fields.get("tres_per_node") or fields.get("gres") or ""
+    req = mig_request(_null(tres))
+    if not req:
+        return None
+    gtype, count = next(iter(req.items()))
+    return gtype, count

@@ -1,0 +1,89 @@
+"""run_slurm / SlurmClient behaviour that needs no Slurm (fake binaries on PATH)."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+import pytest
+
+from slurm_mig.errors import SlurmCommandError
+from slurm_mig.slurm import runner
+
+
+@pytest.fixture
+def fake_bin(tmp_path, monkeypatch):
+    """Put executable scripts named like Slurm commands first on PATH."""
+    def make(name: str, body: str):
+        path = tmp_path / name
+        path.write_text("#!/bin/sh\n" + body)
+        path.chmod(path.stat().st_mode | stat.S_IEXEC)
+        return path
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    return make
+
+
+def test_argv_only():
+    with pytest.raises(TypeError):
+        runner.run_slurm("squeue --json")
+
+
+def test_result_fields_and_env(fake_bin):
+    fake_bin("squeue", 'echo "conf=$SLURM_CONF fmt=${SQUEUE_FORMAT:-unset} args=$*"; echo warn >&2; exit 3\n')
+    res = runner.run_slurm(["squeue", "-h"], slurm_conf="/x/slurm.conf", env={"SQUEUE_FORMAT": "%i"})
+    assert res.returncode == 3 and not res.ok and not res.timed_out
+    assert res.stdout.strip() == "conf=/x/slurm.conf fmt=unset args=-h"  # user formats never leak in
+    assert res.stderr.strip() == "warn" and res.duration >= 0
+    with pytest.raises(SlurmCommandError) as exc:
+        res.check()
+    assert exc.value.returncode == 3 and exc.value.stderr.strip() == "warn" and "exit 3" in str(exc.value)
+    assert runner.query_slurm(["squeue"]) is None
+
+
+def test_missing_binary_and_timeout(fake_bin):
+    res = runner.run_slurm(["no-such-slurm-command"])
+    assert res.returncode == 127 and "not found" in res.stderr
+    fake_bin("sinfo", "sleep 5\n")
+    res = runner.run_slurm(["sinfo"], timeout=0.3)
+    assert res.timed_out and res.returncode == 124 and not res.ok
+    with pytest.raises(SlurmCommandError, match="timed out"):
+        runner.check_slurm(["sinfo"], timeout=0.3)
+
+
+def test_input_is_fed(fake_bin):
+    fake_bin("sbatch", 'cat > /dev/null; echo "4242;cluster"\n')
+    client = runner.SlurmClient(slurm_conf="/x")
+    assert client.sbatch(script_text="#!/bin/sh\ntrue\n") == 4242
+    with pytest.raises(ValueError):
+        client.sbatch()
+
+
+def test_json_errors_make_queries_none(fake_bin):
+    fake_bin("squeue", """echo '{"errors":[{"error":"Unspecified error","errno":-1}],"jobs":[]}'\n""")
+    fake_bin("sinfo", "echo 'not json'\n")
+    client = runner.SlurmClient()
+    assert client.squeue_json() is None and client.jobs() is None
+    assert client.nodes() is None
+
+
+def test_update_node_gres_argv(fake_bin, tmp_path):
+    log = tmp_path / "argv.log"
+    fake_bin("scontrol", f"""
+if [ "$1" = show ]; then
+  echo 'NodeName=n1 Arch=x86_64'
+  echo '   Gres=mig:1g:4(S:0),gpu:a100:1(S:0)'
+  exit 0
+fi
+printf '%s\\n' "$@" > {log}
+""")
+    value = runner.SlurmClient().update_node_gres("n1", {"3g": 2})
+    assert value == "mig:1g:0,mig:1gme:0,mig:1gdm:0,mig:2g:0,mig:2gme:0,mig:3g:2,mig:4g:0,mig:7g:0,gpu:a100:1"
+    assert log.read_text().split("\n")[:3] == ["update", "NodeName=n1", f"Gres={value}"]
+
+
+def test_from_config():
+    from slurm_mig.config import Config
+
+    client = runner.SlurmClient.from_config(Config())
+    assert client.slurm_conf == Config().controller.slurm_conf
+    assert client.timeout == Config().slurm.command_timeout_s

@@ -1,0 +1,203 @@
+"""etc/job_submit.lua: its tables match gres.py, and its rules hold (run under lua5.1).
+
+Slurm 22.05 on Debian embeds Lua 5.1 (liblua5.1-0), so the behaviour tests run
+the real script with the ``lua5.1`` interpreter and a stub ``slurm`` table.
+They are skipped when no interpreter can be had; the slurm-marked tests in
+tests/slurm/ run the same script inside a real slurmctld.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from slurm_mig.slurm import gres
+
+LUA_FILE = Path(__file__).resolve().parents[1] / "etc" / "job_submit.lua"
+LUA_TEXT = LUA_FILE.read_text()
+
+
+def _lua_table(name: str) -> dict[str, str]:
+    """Parse ``local NAME = { ["k"] = v, ... }`` from the lua file."""
+    m = re.search(rf"(?ms)^local {name} = \{{(.*?)^\}}", LUA_TEXT)
+    assert m, f"table {name} not found in {LUA_FILE}"
+    body = m.group(1)
+    pairs = re.findall(r'\[\s*"([^"]+)"\s*\]\s*=\s*("?[^",\s]+"?)\s*,', body)
+    # Every non-blank, non-comment line must be an entry we parsed.
+    lines = [ln for ln in body.splitlines() if ln.strip() and not ln.strip().startswith("--")]
+    assert len(lines) == len(pairs), f"unparsed lines in {name}"
+    return {k: v.strip('"') for k, v in pairs}
+
+
+def test_profile_table_matches_gres_py():
+    assert _lua_table("PROFILE_TO_TYPE") == gres.PROFILE_TO_GRES
+
+
+def test_max_per_gpu_matches_gres_py():
+    assert {k: int(v) for k, v in _lua_table("MAX_PER_GPU").items()} == gres.MAX_PER_GPU
+
+
+def test_compute_slices_match_gres_py():
+    assert {k: int(v) for k, v in _lua_table("COMPUTE_SLICES").items()} == gres.COMPUTE_SLICES
+
+
+def test_type_order_matches_gres_py():
+    m = re.search(r"local TYPE_ORDER = \{([^}]*)\}", LUA_TEXT)
+    assert m
+    assert tuple(re.findall(r'"([^"]+)"', m.group(1))) == gres.GRES_TYPES
+
+
+def test_max_gpus_line_is_substitutable():
+    # LocalCluster rewrites exactly this line; keep it unique and plain.
+    assert len(re.findall(r"(?m)^local MAX_GPUS_PER_NODE = \d+$", LUA_TEXT)) == 1
+
+
+def test_profile_names_agree_with_geometry_models():
+    """Every profile of slurm_mig.mig.profiles maps to the GRES type of its kind."""
+    profiles = pytest.importorskip("slurm_mig.mig.profiles")
+    for model in profiles.GPU_MODELS.values():
+        for p in model.profiles:
+            expected = gres.gres_type_for_kind(p.kind)
+            if p.name in gres.AMBIGUOUS_PROFILES:
+                continue  # 1g.10gb: 1g on 80GB parts, 1gdm on A100-40GB (documented choice)
+            assert gres.PROFILE_TO_GRES[p.name] == expected, (model.name, p.name)
+
+
+# -- behaviour, under a real Lua 5.1 ------------------------------------------------
+
+HARNESS = r"""
+local messages = {}
+slurm = {
+    SUCCESS = 0, ERROR = -1,
+    log_user = function(fmt, ...) table.insert(messages, string.format(fmt, ...)) end,
+    log_info = function(...) end,
+    log_debug = function(...) end,
+}
+dofile(arg[1])
+for line in io.lines() do
+    messages = {}
+    local field, value = string.match(line, "^([%w_]+)=(.*)$")
+    local desc = {}
+    if value ~= "<nil>" then desc[field] = value end
+    local rc = slurm_job_submit(desc, {}, 0)
+    io.write(string.format("%d\t%s\t%s\n", rc, tostring(desc.tres_per_node), table.concat(messages, " | ")))
+end
+"""
+
+
+@pytest.fixture(scope="module")
+def lua(tmp_path_factory):
+    exe = shutil.which("lua5.1")
+    if exe is None and os.geteuid() == 0 and shutil.which("apt-get"):
+        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+        cmd = ["apt-get", "install", "-y", "-q", "--no-install-recommends", "lua5.1"]
+        if subprocess.run(cmd, env=env, capture_output=True).returncode != 0:
+            subprocess.run(["apt-get", "update", "-q"], env=env, capture_output=True)
+            subprocess.run(cmd, env=env, capture_output=True)
+        exe = shutil.which("lua5.1")
+    if exe is None:
+        pytest.skip("no lua5.1 interpreter (apt-get install lua5.1) to run job_submit.lua")
+    script = tmp_path_factory.mktemp("lua") / "harness.lua"
+    script.write_text(HARNESS)
+
+    def run(cases: list[tuple[str, str | None]], max_gpus: int = 2) -> list[tuple[int, str, str]]:
+        src = tmp_path_factory.mktemp("lua") / "job_submit.lua"
+        src.write_text(re.sub(r"(?m)^local MAX_GPUS_PER_NODE = \d+", f"local MAX_GPUS_PER_NODE = {max_gpus}",
+                              LUA_TEXT))
+        stdin = "".join(f"{field}={'<nil>' if v is None else v}\n" for field, v in cases)
+        out = subprocess.run([exe, str(script), str(src)], input=stdin, capture_output=True, text=True,
+                             timeout=30, check=True).stdout
+        rows = []
+        for line in out.splitlines():
+            rc, tres, msg = line.split("\t")
+            rows.append((int(rc), tres, msg))
+        assert len(rows) == len(cases)
+        return rows
+
+    return run
+
+
+ACCEPTED = [
+    ("gres:mig:3g", "gres:mig:3g:1"),
+    ("gres:mig:3g:2", "gres:mig:3g:2"),
+    ("gres:mig:1g:2", "gres:mig:1g:2"),
+    ("gres:mig:3G", "gres:mig:3g:1"),
+    ("gres:mig:3g.40gb", "gres:mig:3g:1"),
+    ("gres:mig:1g.20gb", "gres:mig:1gdm:1"),
+    ("gres:mig:1g.10gb:2", "gres:mig:1g:2"),
+    ("gres:mig:1g.5gb+me", "gres:mig:1gme:1"),
+    ("gres:mig:3g.71gb", "gres:mig:3g:1"),
+    ("gres:mig:2g.12gb+me", "gres:mig:2gme:1"),
+    ("gres:mig:1gdm:4", "gres:mig:1gdm:4"),
+    ("gres:mig:7g:2", "gres:mig:7g:2"),  # 2 GPUs per node
+    ("gres:mig:1g:14", "gres:mig:1g:14"),
+    # later releases spell the prefix "gres/"; it is kept
+    ("gres/mig:4g", "gres/mig:4g:1"),
+    # other GRES in the same request pass through, in order
+    ("gres:mig:3g,gres:foo:1", "gres:mig:3g:1,gres:foo:1"),
+    ("gres:foo:1,gres:mig:2g:2", "gres:foo:1,gres:mig:2g:2"),
+    ("gres:gpu:1", "gres:gpu:1"),
+    # the same type twice is merged, different types are kept apart
+    ("gres:mig:1g,gres:mig:1g:2", "gres:mig:1g:3"),
+    ("gres:mig:3g,gres:mig:1g:2", "gres:mig:3g:1,gres:mig:1g:2"),
+    ("gres:mig:4g:2,gres:mig:3g:2", "gres:mig:4g:2,gres:mig:3g:2"),  # 14 slices = 2 GPUs
+]
+
+
+def test_lua_accepts_and_rewrites(lua):
+    rows = lua([("tres_per_node", src) for src, _ in ACCEPTED])
+    for (src, want), (rc, got, msg) in zip(ACCEPTED, rows):
+        assert (rc, got) == (0, want), (src, msg)
+
+
+def test_lua_leaves_jobs_without_gres_alone(lua):
+    (rc, tres, msg), = lua([("tres_per_node", None)])
+    assert (rc, tres, msg) == (0, "nil", "")
+
+
+REJECTED = [
+    ("gres:mig:5g", "unknown MIG size '5g'"),
+    ("gres:mig:8g", "unknown MIG size '8g'"),
+    ("gres:mig:0g", "unknown MIG size '0g'"),
+    ("gres:mig:abc", "unknown MIG size 'abc'"),
+    ("gres:mig:3g.41gb", "unknown MIG size '3g.41gb'"),
+    ("gres:mig", "does not name a MIG size"),
+    ("gres:mig:2", "does not name a MIG size"),
+    ("gres:mig:", "does not name a MIG size"),
+    ("gres:mig::2", "does not name a MIG size"),
+    ("gres:mig:3g:0", "must be at least 1"),
+    ("gres:mig:3g:x", "must be a whole number"),
+    ("gres:mig:3g:1k", "must be a whole number"),
+    ("gres:mig:3g:-1", "must be a whole number"),
+    ("gres:mig:3g:1:2", "malformed"),
+    ("gres:mig:3g:99", "holds at most 4 (2 per GPU x 2 GPUs)"),
+    ("gres:mig:7g:3", "holds at most 2"),
+    ("gres:mig:1gme:3", "holds at most 2"),
+    ("gres:mig:1g:15", "holds at most 14"),
+    ("gres:mig:4g:2,gres:mig:3g:2,gres:mig:1g", "15 compute slices per node"),
+    ("gres:foo:1,gres:mig:9g", "unknown MIG size '9g'"),
+]
+
+
+def test_lua_rejects_with_message(lua):
+    rows = lua([("tres_per_node", src) for src, _ in REJECTED])
+    for (src, want), (rc, _tres, msg) in zip(REJECTED, rows):
+        assert rc == -1, src
+        assert msg.startswith("slurm-mig: "), (src, msg)
+        assert want in msg, (src, msg)
+
+
+def test_lua_rejects_mig_in_other_tres_fields(lua):
+    (rc, _t, msg), = lua([("tres_per_task", "gres:mig:3g:1")])
+    assert rc == -1 and "per node with --gres" in msg
+
+
+def test_lua_max_gpus_scales_limits(lua):
+    rows = lua([("tres_per_node", "gres:mig:3g:16"), ("tres_per_node", "gres:mig:3g:17")], max_gpus=8)
+    assert rows[0][:2] == (0, "gres:mig:3g:16")
+    assert rows[1][0] == -1 and "holds at most 16" in rows[1][2]

@@ -1,0 +1,524 @@
+"""Parsers and GRES helpers, on output captured from the real Slurm 22.05.8 local cluster.
+
+The samples below are literal captures (the JSON re-serialised without
+whitespace). Where a test feeds a hand-made shape (newer releases' JSON), it
+says so.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from slurm_mig.errors import GeometryError
+from slurm_mig.slurm import gres, parsers
+
+# `squeue --json` on Debian Slurm 22.05.8 (local cluster, n3 drained). Jobs: 19 running
+# mig:3g, 20 `-N2 --gres=mig:1g:2`, 21 held mig:3g.40gb:2 (rewritten by job_submit.lua),
+# 22 pending on drained n3, 23 no gres. Re-serialised compactly, content unchanged.
+SQUEUE_JSON_22_05 = r"""{"meta":{"plugin":{"type":"openapi/v0.0.38","name":"Slurm OpenAPI v0.0.38"},"Slurm":{"version":{"major":22,"micro":8,"minor":5},"release":"22.05.8"}},"errors":[],"jobs":[{"account":"","accrue_time":1795257118,"admin_comment":"","array_job_id":0,"array_task_id":null,"array_max_tasks":0,"array_task_string":"","association_id":0,"batch_features":"","batch_flag":true,"batch_host":"n1","flags":["JOB_WAS_RUNNING"],"burst_buffer":"","burst_buffer_state":"","cluster":"slurmmig","cluster_features":"","command":"","comment":"","container":"","contiguous":false,"core_spec":null,"thread_spec":null,"cores_per_socket":null,"billable_tres":1.0,"cpus_per_task":null,"cpu_frequency_minimum":null,"cpu_frequency_maximum":null,"cpu_frequency_governor":null,"cpus_per_tres":"","deadline":0,"delay_boot":0,"dependency":"","derived_exit_code":0,"eligible_time":1795257118,"end_time":1795258919,"excluded_nodes":"","exit_code":0,"features":"","federation_origin":"","federation_siblings_active":"","federation_siblings_viable":"","gres_detail":["mig:3g(CNT:1)"],"group_id":0,"group_name":"root","job_id":19,"job_resources":{"nodes":"n1","allocated_cores":1,"allocated_hosts":1,"allocated_nodes":[{"sockets":{"0":{"cores":{"0":"allocated"}}},"nodename":"n1","cpus_used":0,"memory_used":0,"memory_allocated":0}]},"job_state":"RUNNING","last_sched_evaluation":1795257119,"licenses":"","max_cpus":0,"max_nodes":0,"mcs_label":"","memory_per_tres":"","name":"train","nodes":"n1","nice":null,"tasks_per_core":null,"tasks_per_node":0,"tasks_per_socket":null,"tasks_per_board":0,"cpus":1,"node_count":1,"tasks":1,"het_job_id":0,"het_job_id_set":"","het_job_offset":0,"partition":"debug","prefer":"","memory_per_node":null,"memory_per_cpu":null,"minimum_cpus_per_node":1,"minimum_tmp_disk_per_node":0,"preempt_time":0,"pre_sus_time":0,"priority":4294901759,"profile":null,"qos":"","reboot":false,"required_nodes":"","requeue":true,"resize_time":0,"restart_cnt":0,"resv_name":"","shared":null,"show_flags":["SHOW_ALL","SHOW_DETAIL","SHOW_LOCAL"],"sockets_per_board":0,"sockets_per_node":null,"start_time":1795257119,"state_description":"","state_reason":"None","standard_error":"","standard_input":"/dev/null","standard_output":"","submit_time":1795257118,"suspend_time":0,"system_comment":"","time_limit":30,"time_minimum":0,"threads_per_core":null,"tres_bind":"","tres_freq":"","tres_per_job":"","tres_per_node":"gres:mig:3g:1","tres_per_socket":"","tres_per_task":"","tres_req_str":"cpu=1,mem=16000M,node=1,billing=1","tres_alloc_str":"cpu=1,node=1,billing=1","user_id":0,"user_name":"root","wckey":"","current_working_directory":"/tmp/cap"},{"account":"","accrue_time":1795257118,"admin_comment":"","array_job_id":0,"array_task_id":null,"array_max_tasks":0,"array_task_string":"","association_id":0,"batch_features":"","batch_flag":true,"batch_host":"n1","flags":["JOB_WAS_RUNNING"],"burst_buffer":"","burst_buffer_state":"","cluster":"slurmmig","cluster_features":"","command":"","comment":"","container":"","contiguous":false,"core_spec":null,"thread_spec":null,"cores_per_socket":null,"billable_tres":2.0,"cpus_per_task":null,"cpu_frequency_minimum":null,"cpu_frequency_maximum":null,"cpu_frequency_governor":null,"cpus_per_tres":"","deadline":0,"delay_boot":0,"dependency":"","derived_exit_code":0,"eligible_time":1795257118,"end_time":1826793119,"excluded_nodes":"","exit_code":0,"features":"","federation_origin":"","federation_siblings_active":"","federation_siblings_viable":"","gres_detail":["mig:1g(CNT:2)","mig:1g(CNT:2)"],"group_id":0,"group_name":"root","job_id":20,"job_resources":{"nodes":"n[1-2]","allocated_cores":2,"allocated_hosts":2,"allocated_nodes":[{"sockets":{"0":{"cores":{"1":"allocated"}}},"nodename":"n1","cpus_used":0,"memory_used":0,"memory_allocated":0},{"sockets":{"0":{"cores":{"0":"allocated"}}},"nodename":"n2","cpus_used":0,"memory_used":0,"memory_allocated":0}]},"job_state":"RUNNING","last_sched_evaluation":1795257119,"licenses":"","max_cpus":0,"max_nodes":0,"mcs_label":"","memory_per_tres":"","name":"multi","nodes":"n[1-2]","nice":null,"tasks_per_core":null,"tasks_per_node":0,"tasks_per_socket":null,"tasks_per_board":0,"cpus":2,"node_count":2,"tasks":2,"het_job_id":0,"het_job_id_set":"","het_job_offset":0,"partition":"debug","prefer":"","memory_per_node":null,"memory_per_cpu":null,"minimum_cpus_per_node":1,"minimum_tmp_disk_per_node":0,"preempt_time":0,"pre_sus_time":0,"priority":4294901758,"profile":null,"qos":"","reboot":false,"required_nodes":"","requeue":true,"resize_time":0,"restart_cnt":0,"resv_name":"","shared":null,"show_flags":["SHOW_ALL","SHOW_DETAIL","SHOW_LOCAL"],"sockets_per_board":0,"sockets_per_node":null,"start_time":1795257119,"state_description":"","state_reason":"None","standard_error":"","standard_input":"/dev/null","standard_output":"","submit_time":1795257118,"suspend_time":0,"system_comment":"","time_limit":525600,"time_minimum":0,"threads_per_core":null,"tres_bind":"","tres_freq":"","tres_per_job":"","tres_per_node":"gres:mig:1g:2","tres_per_socket":"","tres_per_task":"","tres_req_str":"cpu=2,mem=32000M,node=2,billing=2","tres_alloc_str":"cpu=2,node=2,billing=2","user_id":0,"user_name":"root","wckey":"","current_working_directory":"/tmp/cap"},{"account":"","accrue_time":0,"admin_comment":"","array_job_id":0,"array_task_id":null,"array_max_tasks":0,"array_task_string":"","association_id":0,"batch_features":"","batch_flag":true,"batch_host":"","flags":[],"burst_buffer":"","burst_buffer_state":"","cluster":"slurmmig","cluster_features":"","command":"","comment":"","container":"","contiguous":false,"core_spec":null,"thread_spec":null,"cores_per_socket":null,"billable_tres":null,"cpus_per_task":null,"cpu_frequency_minimum":null,"cpu_frequency_maximum":null,"cpu_frequency_governor":null,"cpus_per_tres":"","deadline":0,"delay_boot":0,"dependency":"","derived_exit_code":0,"eligible_time":0,"end_time":0,"excluded_nodes":"","exit_code":0,"features":"","federation_origin":"","federation_siblings_active":"","federation_siblings_viable":"","gres_detail":[],"group_id":0,"group_name":"root","job_id":21,"job_state":"PENDING","last_sched_evaluation":1795257118,"licenses":"","max_cpus":0,"max_nodes":0,"mcs_label":"","memory_per_tres":"","name":"held","nodes":"","nice":null,"tasks_per_core":null,"tasks_per_node":0,"tasks_per_socket":null,"tasks_per_board":0,"cpus":1,"node_count":1,"tasks":1,"het_job_id":0,"het_job_id_set":"","het_job_offset":0,"partition":"debug","prefer":"","memory_per_node":null,"memory_per_cpu":null,"minimum_cpus_per_node":1,"minimum_tmp_disk_per_node":0,"preempt_time":0,"pre_sus_time":0,"priority":0,"profile":null,"qos":"","reboot":false,"required_nodes":"","requeue":true,"resize_time":0,"restart_cnt":0,"resv_name":"","shared":null,"show_flags":["SHOW_ALL","SHOW_DETAIL","SHOW_LOCAL"],"sockets_per_board":0,"sockets_per_node":null,"start_time":0,"state_description":"","state_reason":"JobHeldUser","standard_error":"","standard_input":"/dev/null","standard_output":"","submit_time":1795257118,"suspend_time":0,"system_comment":"","time_limit":10,"time_minimum":0,"threads_per_core":null,"tres_bind":"","tres_freq":"","tres_per_job":"","tres_per_node":"gres:mig:3g:2","tres_per_socket":"","tres_per_task":"","tres_req_str":"cpu=1,mem=16000M,node=1,billing=1","tres_alloc_str":"","user_id":0,"user_name":"root","wckey":"","current_working_directory":"/tmp/cap"},{"account":"","accrue_time":1795257118,"admin_comment":"","array_job_id":0,"array_task_id":null,"array_max_tasks":0,"array_task_string":"","association_id":0,"batch_features":"","batch_flag":true,"batch_host":"","flags":[],"burst_buffer":"","burst_buffer_state":"","cluster":"slurmmig","cluster_features":"","command":"","comment":"","container":"","contiguous":false,"core_spec":null,"thread_spec":null,"cores_per_socket":null,"billable_tres":null,"cpus_per_task":null,"cpu_frequency_minimum":null,"cpu_frequency_maximum":null,"cpu_frequency_governor":null,"cpus_per_tres":"","deadline":0,"delay_boot":0,"dependency":"","derived_exit_code":0,"eligible_time":1795257118,"end_time":0,"excluded_nodes":"","exit_code":0,"features":"","federation_origin":"","federation_siblings_active":"","federation_siblings_viable":"","gres_detail":[],"group_id":0,"group_name":"root","job_id":22,"job_state":"PENDING","last_sched_evaluation":1795257119,"licenses":"","max_cpus":0,"max_nodes":0,"mcs_label":"","memory_per_tres":"","name":"waits","nodes":"","nice":null,"tasks_per_core":null,"tasks_per_node":0,"tasks_per_socket":null,"tasks_per_board":0,"cpus":1,"node_count":1,"tasks":1,"het_job_id":0,"het_job_id_set":"","het_job_offset":0,"partition":"debug","prefer":"","memory_per_node":null,"memory_per_cpu":null,"minimum_cpus_per_node":1,"minimum_tmp_disk_per_node":0,"preempt_time":0,"pre_sus_time":0,"priority":4294901757,"profile":null,"qos":"","reboot":false,"required_nodes":"n3","requeue":true,"resize_time":0,"restart_cnt":0,"resv_name":"","shared":null,"show_flags":["SHOW_ALL","SHOW_DETAIL","SHOW_LOCAL"],"sockets_per_board":0,"sockets_per_node":null,"start_time":0,"state_description":"ReqNodeNotAvail, UnavailableNodes:n3","state_reason":"ReqNodeNotAvail","standard_error":"","standard_input":"/dev/null","standard_output":"","submit_time":1795257118,"suspend_time":0,"system_comment":"","time_limit":null,"time_minimum":0,"threads_per_core":null,"tres_bind":"","tres_freq":"","tres_per_job":"","tres_per_node":"gres:mig:2g:1","tres_per_socket":"","tres_per_task":"","tres_req_str":"cpu=1,mem=16000M,node=1,billing=1","tres_alloc_str":"","user_id":0,"user_name":"root","wckey":"","current_working_directory":"/tmp/cap"},{"account":"","accrue_time":1795257118,"admin_comment":"","array_job_id":0,"array_task_id":null,"array_max_tasks":0,"array_task_string":"","association_id":0,"batch_features":"","batch_flag":true,"batch_host":"n1","flags":["JOB_WAS_RUNNING"],"burst_buffer":"","burst_buffer_state":"","cluster":"slurmmig","cluster_features":"","command":"","comment":"","container":"","contiguous":false,"core_spec":null,"thread_spec":null,"cores_per_socket":null,"billable_tres":1.0,"cpus_per_task":null,"cpu_frequency_minimum":null,"cpu_frequency_maximum":null,"cpu_frequency_governor":null,"cpus_per_tres":"","deadline":0,"delay_boot":0,"dependency":"","derived_exit_code":0,"eligible_time":1795257118,"end_time":1826793119,"excluded_nodes":"","exit_code":0,"features":"","federation_origin":"","federation_siblings_active":"","federation_siblings_viable":"","gres_detail":[],"group_id":0,"group_name":"root","job_id":23,"job_resources":{"nodes":"n1","allocated_cores":1,"allocated_hosts":1,"allocated_nodes":[{"sockets":{"0":{"cores":{"2":"allocated"}}},"nodename":"n1","cpus_used":0,"memory_used":0,"memory_allocated":0}]},"job_state":"RUNNING","last_sched_evaluation":1795257119,"licenses":"","max_cpus":0,"max_nodes":0,"mcs_label":"","memory_per_tres":"","name":"plain","nodes":"n1","nice":null,"tasks_per_core":null,"tasks_per_node":0,"tasks_per_socket":null,"tasks_per_board":0,"cpus":1,"node_count":1,"tasks":1,"het_job_id":0,"het_job_id_set":"","het_job_offset":0,"partition":"debug","prefer":"","memory_per_node":null,"memory_per_cpu":null,"minimum_cpus_per_node":1,"minimum_tmp_disk_per_node":0,"preempt_time":0,"pre_sus_time":0,"priority":4294901756,"profile":null,"qos":"","reboot":false,"required_nodes":"","requeue":true,"resize_time":0,"restart_cnt":0,"resv_name":"","shared":null,"show_flags":["SHOW_ALL","SHOW_DETAIL","SHOW_LOCAL"],"sockets_per_board":0,"sockets_per_node":null,"start_time":1795257119,"state_description":"","state_reason":"None","standard_error":"","standard_input":"/dev/null","standard_output":"","submit_time":1795257118,"suspend_time":0,"system_comment":"","time_limit":525600,"time_minimum":0,"threads_per_core":null,"tres_bind":"","tres_freq":"","tres_per_job":"","tres_per_node":"","tres_per_socket":"","tres_per_task":"","tres_req_str":"cpu=1,mem=16000M,node=1,billing=1","tres_alloc_str":"cpu=1,node=1,billing=1","user_id":0,"user_name":"root","wckey":"","current_working_directory":"/tmp/cap"}]}"""
+
+# `sinfo --json` at the same moment.
+SINFO_JSON_22_05 = r"""{"meta":{"plugin":{"type":"openapi/v0.0.38","name":"Slurm OpenAPI v0.0.38"},"Slurm":{"version":{"major":22,"micro":8,"minor":5},"release":"22.05.8"}},"errors":[],"nodes":[{"architecture":"x86_64","burstbuffer_network_address":"","boards":1,"boot_time":1795256448,"comment":"","cores":8,"cpu_binding":0,"cpu_load":5,"extra":"","free_memory":23733,"cpus":8,"last_busy":1795257117,"features":"","active_features":"","gres":"mig:1g:4,mig:1gme:0,mig:1gdm:0,mig:2g:2,mig:2gme:0,mig:3g:2,mig:4g:0,mig:7g:0","gres_drained":"N/A","gres_used":"mig:1g:2,mig:1gme:0,mig:1gdm:0,mig:2g:0,mig:2gme:0,mig:3g:1,mig:4g:0,mig:7g:0","mcs_label":"","name":"n1","next_state_after_reboot":"invalid","address":"127.0.0.1","hostname":"localhost","state":"mixed","state_flags":[],"next_state_after_reboot_flags":[],"operating_system":"Linux 6.18.44-fc-v669 #1 SMP PREEMPT_DYNAMIC @0","owner":null,"partitions":["debug"],"port":17005,"real_memory":16000,"reason":"","reason_changed_at":0,"reason_set_by_user":null,"slurmd_start_time":1795257117,"sockets":1,"threads":1,"temporary_disk":0,"weight":1,"tres":"cpu=8,mem=16000M,billing=8","slurmd_version":"22.05.8","alloc_memory":0,"alloc_cpus":3,"idle_cpus":5,"tres_used":"cpu=3","tres_weighted":3.0},{"architecture":"x86_64","burstbuffer_network_address":"","boards":1,"boot_time":1795256449,"comment":"","cores":8,"cpu_binding":0,"cpu_load":5,"extra":"","free_memory":23734,"cpus":8,"last_busy":1795257118,"features":"","active_features":"","gres":"mig:1g:4,mig:1gme:0,mig:1gdm:0,mig:2g:2,mig:2gme:0,mig:3g:2,mig:4g:0,mig:7g:0","gres_drained":"N/A","gres_used":"mig:1g:2,mig:1gme:0,mig:1gdm:0,mig:2g:0,mig:2gme:0,mig:3g:0,mig:4g:0,mig:7g:0","mcs_label":"","name":"n2","next_state_after_reboot":"invalid","address":"127.0.0.1","hostname":"localhost","state":"mixed","state_flags":[],"next_state_after_reboot_flags":[],"operating_system":"Linux 6.18.44-fc-v669 #1 SMP PREEMPT_DYNAMIC @0","owner":null,"partitions":["debug"],"port":17006,"real_memory":16000,"reason":"","reason_changed_at":0,"reason_set_by_user":null,"slurmd_start_time":1795257117,"sockets":1,"threads":1,"temporary_disk":0,"weight":1,"tres":"cpu=8,mem=16000M,billing=8","slurmd_version":"22.05.8","alloc_memory":0,"alloc_cpus":1,"idle_cpus":7,"tres_used":"cpu=1","tres_weighted":1.0},{"architecture":"x86_64","burstbuffer_network_address":"","boards":1,"boot_time":1795256448,"comment":"","cores":8,"cpu_binding":0,"cpu_load":5,"extra":"","free_memory":23733,"cpus":8,"last_busy":1795257117,"features":"","active_features":"","gres":"mig:1g:4,mig:1gme:0,mig:1gdm:0,mig:2g:2,mig:2gme:0,mig:3g:2,mig:4g:0,mig:7g:0","gres_drained":"N/A","gres_used":"mig:1g:0,mig:1gme:0,mig:1gdm:0,mig:2g:0,mig:2gme:0,mig:3g:0,mig:4g:0,mig:7g:0","mcs_label":"","name":"n3","next_state_after_reboot":"invalid","address":"127.0.0.1","hostname":"localhost","state":"idle","state_flags":["DRAIN"],"next_state_after_reboot_flags":[],"operating_system":"Linux 6.18.44-fc-v669 #1 SMP PREEMPT_DYNAMIC @0","owner":null,"partitions":["debug"],"port":17007,"real_memory":16000,"reason":"mig reconfig in progress","reason_changed_at":1795257118,"reason_set_by_user":"root","slurmd_start_time":1795257117,"sockets":1,"threads":1,"temporary_disk":0,"weight":1,"tres":"cpu=8,mem=16000M,billing=8","slurmd_version":"22.05.8","alloc_memory":0,"alloc_cpus":0,"idle_cpus":8,"tres_used":null,"tres_weighted":0.0}]}"""
+
+# `scontrol -d show job` at the same moment (multi-line form).
+SCONTROL_JOBS_D = r"""JobId=19 JobName=train
+   UserId=root(0) GroupId=root(0) MCS_label=N/A
+   Priority=4294901759 Nice=0 Account=(null) QOS=(null)
+   JobState=RUNNING Reason=None Dependency=(null)
+   Requeue=1 Restarts=0 BatchFlag=1 Reboot=0 ExitCode=0:0
+   DerivedExitCode=0:0
+   RunTime=00:00:00 TimeLimit=00:30:00 TimeMin=N/A
+   SubmitTime=2026-11-21T10:31:58 EligibleTime=2026-11-21T10:31:58
+   AccrueTime=2026-11-21T10:31:58
+   StartTime=2026-11-21T10:31:59 EndTime=2026-11-21T11:01:59 Deadline=N/A
+   SuspendTime=None SecsPreSuspend=0 LastSchedEval=2026-11-21T10:31:59 Scheduler=Backfill
+   Partition=debug AllocNode:Sid=localhost:1988
+   ReqNodeList=(null) ExcNodeList=(null)
+   NodeList=n1
+   BatchHost=n1
+   NumNodes=1 NumCPUs=1 NumTasks=1 CPUs/Task=1 ReqB:S:C:T=0:0:*:*
+   TRES=cpu=1,node=1,billing=1
+   Socks/Node=* NtasksPerN:B:S:C=0:0:*:* CoreSpec=*
+   JOB_GRES=mig:3g:1
+     Nodes=n1 CPU_IDs=0 Mem=0 GRES=mig:3g(CNT:1)
+   MinCPUsNode=1 MinMemoryNode=0 MinTmpDiskNode=0
+   Features=(null) DelayBoot=00:00:00
+   OverSubscribe=OK Contiguous=0 Licenses=(null) Network=(null)
+   Command=(null)
+   WorkDir=/tmp/cap
+   StdErr=/tmp/cap/slurm-19.out
+   StdIn=/dev/null
+   StdOut=/tmp/cap/slurm-19.out
+   Power=
+   TresPerNode=gres:mig:3g:1
+   
+
+JobId=20 JobName=multi
+   UserId=root(0) GroupId=root(0) MCS_label=N/A
+   Priority=4294901758 Nice=0 Account=(null) QOS=(null)
+   JobState=RUNNING Reason=None Dependency=(null)
+   Requeue=1 Restarts=0 BatchFlag=1 Reboot=0 ExitCode=0:0
+   DerivedExitCode=0:0
+   RunTime=00:00:00 TimeLimit=365-00:00:00 TimeMin=N/A
+   SubmitTime=2026-11-21T10:31:58 EligibleTime=2026-11-21T10:31:58
+   AccrueTime=2026-11-21T10:31:58
+   StartTime=2026-11-21T10:31:59 EndTime=2027-11-21T10:31:59 Deadline=N/A
+   SuspendTime=None SecsPreSuspend=0 LastSchedEval=2026-11-21T10:31:59 Scheduler=Backfill
+   Partition=debug AllocNode:Sid=localhost:1988
+   ReqNodeList=(null) ExcNodeList=(null)
+   NodeList=n[1-2]
+   BatchHost=n1
+   NumNodes=2 NumCPUs=2 NumTasks=2 CPUs/Task=1 ReqB:S:C:T=0:0:*:*
+   TRES=cpu=2,node=2,billing=2
+   Socks/Node=* NtasksPerN:B:S:C=0:0:*:* CoreSpec=*
+   JOB_GRES=mig:1g:4
+     Nodes=n1 CPU_IDs=1 Mem=0 GRES=mig:1g(CNT:2)
+     Nodes=n2 CPU_IDs=0 Mem=0 GRES=mig:1g(CNT:2)
+   MinCPUsNode=1 MinMemoryNode=0 MinTmpDiskNode=0
+   Features=(null) DelayBoot=00:00:00
+   OverSubscribe=OK Contiguous=0 Licenses=(null) Network=(null)
+   Command=(null)
+   WorkDir=/tmp/cap
+   StdErr=/tmp/cap/slurm-20.out
+   StdIn=/dev/null
+   StdOut=/tmp/cap/slurm-20.out
+   Power=
+   TresPerNode=gres:mig:1g:2
+   
+
+JobId=21 JobName=held
+   UserId=root(0) GroupId=root(0) MCS_label=N/A
+   Priority=0 Nice=0 Account=(null) QOS=(null)
+   JobState=PENDING Reason=JobHeldUser Dependency=(null)
+   Requeue=1 Restarts=0 BatchFlag=1 Reboot=0 ExitCode=0:0
+   DerivedExitCode=0:0
+   RunTime=00:00:00 TimeLimit=00:10:00 TimeMin=N/A
+   SubmitTime=2026-11-21T10:31:58 EligibleTime=Unknown
+   AccrueTime=Unknown
+   StartTime=Unknown EndTime=Unknown Deadline=N/A
+   SuspendTime=None SecsPreSuspend=0 LastSchedEval=2026-11-21T10:31:58 Scheduler=Main
+   Partition=debug AllocNode:Sid=localhost:1988
+   ReqNodeList=(null) ExcNodeList=(null)
+   NodeList=
+   NumNodes=1 NumCPUs=1 NumTasks=1 CPUs/Task=1 ReqB:S:C:T=0:0:*:*
+   TRES=cpu=1,mem=16000M,node=1,billing=1
+   Socks/Node=* NtasksPerN:B:S:C=0:0:*:* CoreSpec=*
+   MinCPUsNode=1 MinMemoryNode=0 MinTmpDiskNode=0
+   Features=(null) DelayBoot=00:00:00
+   OverSubscribe=OK Contiguous=0 Licenses=(null) Network=(null)
+   Command=(null)
+   WorkDir=/tmp/cap
+   StdErr=/tmp/cap/slurm-21.out
+   StdIn=/dev/null
+   StdOut=/tmp/cap/slurm-21.out
+   Power=
+   TresPerNode=gres:mig:3g:2
+   
+
+JobId=22 JobName=waits
+   UserId=root(0) GroupId=root(0) MCS_label=N/A
+   Priority=4294901757 Nice=0 Account=(null) QOS=(null)
+   JobState=PENDING Reason=ReqNodeNotAvail,_UnavailableNodes:n3 Dependency=(null)
+   Requeue=1 Restarts=0 BatchFlag=1 Reboot=0 ExitCode=0:0
+   DerivedExitCode=0:0
+   RunTime=00:00:00 TimeLimit=UNLIMITED TimeMin=N/A
+   SubmitTime=2026-11-21T10:31:58 EligibleTime=2026-11-21T10:31:58
+   AccrueTime=2026-11-21T10:31:58
+   StartTime=Unknown EndTime=Unknown Deadline=N/A
+   SuspendTime=None SecsPreSuspend=0 LastSchedEval=2026-11-21T10:31:59 Scheduler=Backfill:*
+   Partition=debug AllocNode:Sid=localhost:1988
+   ReqNodeList=n3 ExcNodeList=(null)
+   NodeList=
+   NumNodes=1 NumCPUs=1 NumTasks=1 CPUs/Task=1 ReqB:S:C:T=0:0:*:*
+   TRES=cpu=1,mem=16000M,node=1,billing=1
+   Socks/Node=* NtasksPerN:B:S:C=0:0:*:* CoreSpec=*
+   MinCPUsNode=1 MinMemoryNode=0 MinTmpDiskNode=0
+   Features=(null) DelayBoot=00:00:00
+   OverSubscribe=OK Contiguous=0 Licenses=(null) Network=(null)
+   Command=(null)
+   WorkDir=/tmp/cap
+   StdErr=/tmp/cap/slurm-22.out
+   StdIn=/dev/null
+   StdOut=/tmp/cap/slurm-22.out
+   Power=
+   TresPerNode=gres:mig:2g:1
+   
+
+JobId=23 JobName=plain
+   UserId=root(0) GroupId=root(0) MCS_label=N/A
+   Priority=4294901756 Nice=0 Account=(null) QOS=(null)
+   JobState=RUNNING Reason=None Dependency=(null)
+   Requeue=1 Restarts=0 BatchFlag=1 Reboot=0 ExitCode=0:0
+   DerivedExitCode=0:0
+   RunTime=00:00:00 TimeLimit=365-00:00:00 TimeMin=N/A
+   SubmitTime=2026-11-21T10:31:58 EligibleTime=2026-11-21T10:31:58
+   AccrueTime=2026-11-21T10:31:58
+   StartTime=2026-11-21T10:31:59 EndTime=2027-11-21T10:31:59 Deadline=N/A
+   SuspendTime=None SecsPreSuspend=0 LastSchedEval=2026-11-21T10:31:59 Scheduler=Backfill
+   Partition=debug AllocNode:Sid=localhost:1988
+   ReqNodeList=(null) ExcNodeList=(null)
+   NodeList=n1
+   BatchHost=n1
+   NumNodes=1 NumCPUs=1 NumTasks=1 CPUs/Task=1 ReqB:S:C:T=0:0:*:*
+   TRES=cpu=1,node=1,billing=1
+   Socks/Node=* NtasksPerN:B:S:C=0:0:*:* CoreSpec=*
+   JOB_GRES=(null)
+     Nodes=n1 CPU_IDs=2 Mem=0 GRES=
+   MinCPUsNode=1 MinMemoryNode=0 MinTmpDiskNode=0
+   Features=(null) DelayBoot=00:00:00
+   OverSubscribe=OK Contiguous=0 Licenses=(null) Network=(null)
+   Command=(null)
+   WorkDir=/tmp/cap
+   StdErr=/tmp/cap/slurm-23.out
+   StdIn=/dev/null
+   StdOut=/tmp/cap/slurm-23.out
+   Power=
+   
+
+"""
+
+# `scontrol -d -o show job 20` (one-line form).
+SCONTROL_JOB20_D_ONELINE = r"""JobId=20 JobName=multi UserId=root(0) GroupId=root(0) MCS_label=N/A Priority=4294901758 Nice=0 Account=(null) QOS=(null) JobState=RUNNING Reason=None Dependency=(null) Requeue=1 Restarts=0 BatchFlag=1 Reboot=0 ExitCode=0:0 DerivedExitCode=0:0 RunTime=00:00:06 TimeLimit=365-00:00:00 TimeMin=N/A SubmitTime=2026-11-21T10:31:58 EligibleTime=2026-11-21T10:31:58 AccrueTime=2026-11-21T10:31:58 StartTime=2026-11-21T10:31:59 EndTime=2027-11-21T10:31:59 Deadline=N/A SuspendTime=None SecsPreSuspend=0 LastSchedEval=2026-11-21T10:31:59 Scheduler=Backfill Partition=debug AllocNode:Sid=localhost:1988 ReqNodeList=(null) ExcNodeList=(null) NodeList=n[1-2] BatchHost=n1 NumNodes=2 NumCPUs=2 NumTasks=2 CPUs/Task=1 ReqB:S:C:T=0:0:*:* TRES=cpu=2,node=2,billing=2 Socks/Node=* NtasksPerN:B:S:C=0:0:*:* CoreSpec=* JOB_GRES=mig:1g:4   Nodes=n1 CPU_IDs=1 Mem=0 GRES=mig:1g(CNT:2)   Nodes=n2 CPU_IDs=0 Mem=0 GRES=mig:1g(CNT:2) MinCPUsNode=1 MinMemoryNode=0 MinTmpDiskNode=0 Features=(null) DelayBoot=00:00:00 OverSubscribe=OK Contiguous=0 Licenses=(null) Network=(null) Command=(null) WorkDir=/tmp/cap StdErr=/tmp/cap/slurm-20.out StdIn=/dev/null StdOut=/tmp/cap/slurm-20.out Power= TresPerNode=gres:mig:1g:2 
+"""
+
+# `scontrol show node` (no -d: no GresUsed).
+SCONTROL_NODES = r"""NodeName=n1 Arch=x86_64 CoresPerSocket=8 
+   CPUAlloc=3 CPUEfctv=8 CPUTot=8 CPULoad=0.05
+   AvailableFeatures=(null)
+   ActiveFeatures=(null)
+   Gres=mig:1g:4,mig:1gme:0,mig:1gdm:0,mig:2g:2,mig:2gme:0,mig:3g:2,mig:4g:0,mig:7g:0
+   NodeAddr=127.0.0.1 NodeHostName=localhost Port=17005 Version=22.05.8
+   OS=Linux 6.18.44-fc-v669 #1 SMP PREEMPT_DYNAMIC @0 
+   RealMemory=16000 AllocMem=0 FreeMem=23733 Sockets=1 Boards=1
+   State=MIXED ThreadsPerCore=1 TmpDisk=0 Weight=1 Owner=N/A MCS_label=N/A
+   Partitions=debug 
+   BootTime=2026-11-21T10:20:48 SlurmdStartTime=2026-11-21T10:31:57
+   LastBusyTime=2026-11-21T10:31:57
+   CfgTRES=cpu=8,mem=16000M,billing=8
+   AllocTRES=cpu=3
+   CapWatts=n/a
+   CurrentWatts=0 AveWatts=0
+   ExtSensorsJoules=n/s ExtSensorsWatts=0 ExtSensorsTemp=n/s
+
+NodeName=n2 Arch=x86_64 CoresPerSocket=8 
+   CPUAlloc=1 CPUEfctv=8 CPUTot=8 CPULoad=0.05
+   AvailableFeatures=(null)
+   ActiveFeatures=(null)
+   Gres=mig:1g:4,mig:1gme:0,mig:1gdm:0,mig:2g:2,mig:2gme:0,mig:3g:2,mig:4g:0,mig:7g:0
+   NodeAddr=127.0.0.1 NodeHostName=localhost Port=17006 Version=22.05.8
+   OS=Linux 6.18.44-fc-v669 #1 SMP PREEMPT_DYNAMIC @0 
+   RealMemory=16000 AllocMem=0 FreeMem=23734 Sockets=1 Boards=1
+   State=MIXED ThreadsPerCore=1 TmpDisk=0 Weight=1 Owner=N/A MCS_label=N/A
+   Partitions=debug 
+   BootTime=2026-11-21T10:20:49 SlurmdStartTime=2026-11-21T10:31:57
+   LastBusyTime=2026-11-21T10:31:58
+   CfgTRES=cpu=8,mem=16000M,billing=8
+   AllocTRES=cpu=1
+   CapWatts=n/a
+   CurrentWatts=0 AveWatts=0
+   ExtSensorsJoules=n/s ExtSensorsWatts=0 ExtSensorsTemp=n/s
+
+NodeName=n3 Arch=x86_64 CoresPerSocket=8 
+   CPUAlloc=0 CPUEfctv=8 CPUTot=8 CPULoad=0.05
+   AvailableFeatures=(null)
+   ActiveFeatures=(null)
+   Gres=mig:1g:4,mig:1gme:0,mig:1gdm:0,mig:2g:2,mig:2gme:0,mig:3g:2,mig:4g:0,mig:7g:0
+   NodeAddr=127.0.0.1 NodeHostName=localhost Port=17007 Version=22.05.8
+   OS=Linux 6.18.44-fc-v669 #1 SMP PREEMPT_DYNAMIC @0 
+   RealMemory=16000 AllocMem=0 FreeMem=23733 Sockets=1 Boards=1
+   State=IDLE+DRAIN ThreadsPerCore=1 TmpDisk=0 Weight=1 Owner=N/A MCS_label=N/A
+   Partitions=debug 
+   BootTime=2026-11-21T10:20:48 SlurmdStartTime=2026-11-21T10:31:57
+   LastBusyTime=2026-11-21T10:31:57
+   CfgTRES=cpu=8,mem=16000M,billing=8
+   AllocTRES=
+   CapWatts=n/a
+   CurrentWatts=0 AveWatts=0
+   ExtSensorsJoules=n/s ExtSensorsWatts=0 ExtSensorsTemp=n/s
+   Reason=mig reconfig in progress [root@2026-11-21T10:31:58]
+
+"""
+
+# `scontrol -d show node n1` (with GresUsed).
+SCONTROL_NODE_N1_D = r"""NodeName=n1 Arch=x86_64 CoresPerSocket=8 
+   CPUAlloc=3 CPUEfctv=8 CPUTot=8 CPULoad=0.05
+   AvailableFeatures=(null)
+   ActiveFeatures=(null)
+   Gres=mig:1g:4,mig:1gme:0,mig:1gdm:0,mig:2g:2,mig:2gme:0,mig:3g:2,mig:4g:0,mig:7g:0
+   GresDrain=N/A
+   GresUsed=mig:1g:2,mig:1gme:0,mig:1gdm:0,mig:2g:0,mig:2gme:0,mig:3g:1,mig:4g:0,mig:7g:0
+   NodeAddr=127.0.0.1 NodeHostName=localhost Port=17005 Version=22.05.8
+   OS=Linux 6.18.44-fc-v669 #1 SMP PREEMPT_DYNAMIC @0 
+   RealMemory=16000 AllocMem=0 FreeMem=23733 Sockets=1 Boards=1
+   State=MIXED ThreadsPerCore=1 TmpDisk=0 Weight=1 Owner=N/A MCS_label=N/A
+   Partitions=debug 
+   BootTime=2026-11-21T10:20:48 SlurmdStartTime=2026-11-21T10:31:57
+   LastBusyTime=2026-11-21T10:31:57
+   CfgTRES=cpu=8,mem=16000M,billing=8
+   AllocTRES=cpu=3
+   CapWatts=n/a
+   CurrentWatts=0 AveWatts=0
+   ExtSensorsJoules=n/s ExtSensorsWatts=0 ExtSensorsTemp=n/s
+
+"""
+
+# `scontrol show node -o n3` (drained, reason with spaces).
+SCONTROL_NODE_N3_ONELINE = r"""NodeName=n3 Arch=x86_64 CoresPerSocket=8  CPUAlloc=0 CPUEfctv=8 CPUTot=8 CPULoad=0.05 AvailableFeatures=(null) ActiveFeatures=(null) Gres=mig:1g:4,mig:1gme:0,mig:1gdm:0,mig:2g:2,mig:2gme:0,mig:3g:2,mig:4g:0,mig:7g:0 NodeAddr=127.0.0.1 NodeHostName=localhost Port=17007 Version=22.05.8 OS=Linux 6.18.44-fc-v669 #1 SMP PREEMPT_DYNAMIC @0  RealMemory=16000 AllocMem=0 FreeMem=23733 Sockets=1 Boards=1 State=IDLE+DRAIN ThreadsPerCore=1 TmpDisk=0 Weight=1 Owner=N/A MCS_label=N/A Partitions=debug  BootTime=2026-11-21T10:20:48 SlurmdStartTime=2026-11-21T10:31:57 LastBusyTime=2026-11-21T10:31:57 CfgTRES=cpu=8,mem=16000M,billing=8 AllocTRES= CapWatts=n/a CurrentWatts=0 AveWatts=0 ExtSensorsJoules=n/s ExtSensorsWatts=0 ExtSensorsTemp=n/s Reason=mig reconfig in progress [root@2026-11-21T10:31:58]
+"""
+
+
+ALL_TYPES_0 = {t: 0 for t in gres.GRES_TYPES}
+BOOT = {**ALL_TYPES_0, "1g": 4, "2g": 2, "3g": 2}
+
+
+# -- squeue --json ----------------------------------------------------------------
+
+
+def test_squeue_json_jobs():
+    jobs = {j.job_id: j for j in parsers.parse_squeue_json(json.loads(SQUEUE_JSON_22_05))}
+    assert sorted(jobs) == [19, 20, 21, 22, 23]
+    j = jobs[19]
+    assert (j.name, j.user, j.user_id, j.state, j.partition) == ("train", "root", 0, "RUNNING", "debug")
+    assert j.nodes == ["n1"] and j.node_count == 1
+    assert j.mig == {"3g": 1} and j.tres_per_node == "gres:mig:3g:1" and j.wants_mig
+    assert j.submit_time == 1795257118 and j.start_time == 1795257119
+    assert j.time_limit_min == 30 and j.priority == 4294901759
+    assert j.state_reason == ""  # Slurm writes "None"
+
+
+def test_squeue_json_multi_node_pending_held_plain():
+    jobs = {j.job_id: j for j in parsers.parse_squeue_json(json.loads(SQUEUE_JSON_22_05))}
+    assert jobs[20].nodes == ["n1", "n2"] and jobs[20].mig == {"1g": 2}  # per node
+    # A running job without a limit shows 365 days; the same while pending is null.
+    assert jobs[20].time_limit_min == 525600
+    assert jobs[22].time_limit_min is None
+    held = jobs[21]
+    assert held.pending and held.held and held.mig == {"3g": 2} and held.start_time is None
+    assert held.state_reason == "JobHeldUser"
+    assert jobs[22].pending and not jobs[22].held and jobs[22].state_reason == "ReqNodeNotAvail"
+    assert jobs[22].nodes == []
+    assert jobs[23].mig == {} and not jobs[23].wants_mig and jobs[23].tres_per_node == ""
+
+
+def test_squeue_json_tolerates_newer_and_missing_fields():
+    # Hand-made in the shape of Slurm 23.02+ (lists for state, number objects, gres/ prefix).
+    doc = {"jobs": [
+        {"job_id": 7, "job_state": ["PENDING", "REQUEUED"], "tres_per_node": "gres/mig:2g:3",
+         "time_limit": {"set": True, "infinite": False, "number": 60},
+         "priority": {"set": True, "infinite": False, "number": 100},
+         "submit_time": {"set": True, "infinite": False, "number": 1700000000},
+         "start_time": {"set": False, "infinite": False, "number": 0},
+         "user_name": "alice", "nodes": ""},
+        {"job_id": 8, "job_state": "RUNNING", "gres": "mig:7g:1", "time_limit": {"set": True, "infinite": True,
+                                                                              "number": 0}},
+        {"name": "no id: skipped"},
+        {"job_id": 9},
+    ]}
+    jobs = {j.job_id: j for j in parsers.parse_squeue_json(doc)}
+    assert sorted(jobs) == [7, 8, 9]
+    assert jobs[7].state == "PENDING" and "REQUEUED" in jobs[7].flags
+    assert jobs[7].mig == {"2g": 3} and jobs[7].time_limit_min == 60 and jobs[7].priority == 100
+    assert jobs[7].submit_time == 1700000000 and jobs[7].start_time is None
+    assert jobs[8].mig == {"7g": 1} and jobs[8].time_limit_min is None
+    assert jobs[9].state == "" and jobs[9].mig == {} and jobs[9].nodes == []
+    assert parsers.parse_squeue_json({}) == []
+
+
+# -- sinfo --json / scontrol show node ----------------------------------------------
+
+
+def test_sinfo_json_nodes():
+    nodes = {n.name: n for n in parsers.parse_sinfo_json(json.loads(SINFO_JSON_22_05))}
+    assert sorted(nodes) == ["n1", "n2", "n3"]
+    n1 = nodes["n1"]
+    assert n1.state == "mixed" and not n1.flags and n1.available
+    assert n1.gres == BOOT
+    assert n1.gres_used == {**ALL_TYPES_0, "1g": 2, "3g": 1}
+    assert n1.gres_free == {**ALL_TYPES_0, "1g": 2, "2g": 2, "3g": 1}
+    assert n1.partitions == ["debug"] and n1.cpus == 8 and n1.alloc_cpus == 3
+    n3 = nodes["n3"]
+    assert n3.state == "idle" and n3.drained and not n3.available
+    assert n3.reason == "mig reconfig in progress"
+
+
+def test_scontrol_nodes_multiline_oneline_and_detail():
+    nodes = parsers.parse_scontrol_nodes(SCONTROL_NODES)
+    assert [n.name for n in nodes] == ["n1", "n2", "n3"]
+    assert all(n.gres == BOOT for n in nodes)
+    assert nodes[0].gres_used is None  # not printed without -d
+    assert nodes[0].state == "mixed" and nodes[0].cpus == 8 and nodes[0].alloc_cpus == 3
+    assert nodes[2].drained and nodes[2].reason == "mig reconfig in progress"
+    (n3,) = parsers.parse_scontrol_nodes(SCONTROL_NODE_N3_ONELINE)
+    assert (n3.name, n3.state, n3.flags, n3.reason) == ("n3", "idle", frozenset({"DRAIN"}),
+                                                        "mig reconfig in progress")
+    (n1,) = parsers.parse_scontrol_nodes(SCONTROL_NODE_N1_D)
+    assert n1.gres_used == {**ALL_TYPES_0, "1g": 2, "3g": 1}
+
+
+@pytest.mark.parametrize("state,flags,base,expect", [
+    ("IDLE+DRAIN", None, "idle", {"DRAIN"}),
+    ("DOWN*", None, "down", {"NOT_RESPONDING"}),
+    ("MIXED+DRAIN+INVALID_REG", None, "mixed", {"DRAIN", "INVALID_REG"}),
+    ("idle*", None, "idle", {"NOT_RESPONDING"}),
+    ("drained", None, "idle", {"DRAIN"}),
+    ("draining", None, "allocated", {"DRAIN"}),
+    ("idle", ["DRAIN"], "idle", {"DRAIN"}),  # 22.05 JSON
+    (["IDLE", "DRAIN"], None, "idle", {"DRAIN"}),  # 23.02+ JSON
+    ("idle~", None, "idle", {"POWERED_DOWN"}),
+    ("", None, "unknown", set()),
+    (None, None, "unknown", set()),
+])
+def test_node_state(state, flags, base, expect):
+    assert parsers.parse_node_state(state, flags) == (base, frozenset(expect))
+
+
+# -- scontrol -d show job ------------------------------------------------------------
+
+
+def test_scontrol_jobs_detail():
+    jobs = {j.job_id: j for j in parsers.parse_scontrol_jobs(SCONTROL_JOBS_D)}
+    assert sorted(jobs) == [19, 20, 21, 22, 23]
+    j = jobs[19]
+    assert (j.name, j.user, j.state, j.partition, j.nodes, j.batch_host) == (
+        "train", "root", "RUNNING", "debug", ["n1"], "n1")
+    assert j.job_gres_raw == "mig:3g:1" and j.job_gres == {"3g": 1}
+    assert j.node_gres == {"n1": {"3g": 1}} and j.mig == {"3g": 1}
+    assert j.time_limit == "00:30:00" and j.fields["TRES"] == "cpu=1,node=1,billing=1"
+    # JOB_GRES is the total over nodes; the split is per node.
+    m = jobs[20]
+    assert m.job_gres == {"1g": 4} and m.mig == {"1g": 2}
+    assert m.node_gres == {"n1": {"1g": 2}, "n2": {"1g": 2}} and m.nodes == ["n1", "n2"]
+    assert jobs[21].held and jobs[21].job_gres == {} and jobs[21].mig == {"3g": 2}
+    assert jobs[22].reason == "ReqNodeNotAvail,_UnavailableNodes:n3" and jobs[22].time_limit == "UNLIMITED"
+    assert jobs[23].job_gres == {} and jobs[23].node_gres == {} and jobs[23].mig == {}
+
+
+def test_scontrol_job_oneline_matches_multiline():
+    (one,) = parsers.parse_scontrol_jobs(SCONTROL_JOB20_D_ONELINE)
+    multi = {j.job_id: j for j in parsers.parse_scontrol_jobs(SCONTROL_JOBS_D)}[20]
+    assert one.node_gres == multi.node_gres and one.job_gres == multi.job_gres
+    assert one.tres_per_node == multi.tres_per_node == "gres:mig:1g:2"
+
+
+def test_scontrol_no_jobs():
+    assert parsers.parse_scontrol_jobs("No jobs in the system\n") == []
+    assert parsers.parse_scontrol_nodes("") == []
+
+
+def test_kv_values_with_spaces_and_colon_keys():
+    pairs = dict(parsers.parse_kv("OS=Linux 6.1 #1 SMP ReqB:S:C:T=0:0:*:* CPUs/Task=1 TRES=cpu=1,node=1 "
+                                  "Reason=a b c [root@2026-01-01T00:00:00]"))
+    assert pairs == {"OS": "Linux 6.1 #1 SMP", "ReqB:S:C:T": "0:0:*:*", "CPUs/Task": "1",
+                     "TRES": "cpu=1,node=1", "Reason": "a b c [root@2026-01-01T00:00:00]"}
+
+
+@pytest.mark.parametrize("expr,expect", [
+    ("n[1-3,5],gpu01", ["n1", "n2", "n3", "n5", "gpu01"]),
+    ("gpu[08-10]", ["gpu08", "gpu09", "gpu10"]),
+    ("n1", ["n1"]),
+    ("", []),
+    ("(null)", []),
+])
+def test_expand_hostlist(expr, expect):
+    assert parsers.expand_hostlist(expr) == expect
+
+
+def test_detail_gres_forms():
+    assert parsers._detail_gres("mig:1g(CNT:2),mig:3g(IDX:0-1),gpu:a100(IDX:0)") == {"1g": 2, "3g": 2}
+    assert parsers._detail_gres("") == {}
+
+
+def test_mig_request():
+    assert parsers.mig_request("gres:mig:3g:2,gres:foo:1") == {"3g": 2}
+    assert parsers.mig_request("gres/mig:1g:1,gres/mig:1g:2") == {"1g": 3}
+    assert parsers.mig_request("gres:mig:2") == {}  # untyped: not a MIG size request
+    assert parsers.mig_request("gres:mig:3g:1k") == {}  # unparsable count skipped
+    assert parsers.mig_request(None) == {}
+
+
+# -- gres.py -------------------------------------------------------------------------
+
+
+def test_format_node_gres():
+    assert gres.format_node_gres({"1g": 2, "3g": 1}) == "mig:1g:2,mig:3g:1"
+    assert gres.format_node_gres({"3g": 1, "1g": 2}) == "mig:1g:2,mig:3g:1"  # stable order
+    assert gres.format_node_gres({"7g": 0}) == ""
+    assert gres.format_node_gres({"1g": 1}, include_all=True) == (
+        "mig:1g:1,mig:1gme:0,mig:1gdm:0,mig:2g:0,mig:2gme:0,mig:3g:0,mig:4g:0,mig:7g:0")
+    assert gres.format_node_gres({"2g": 1}, other=["gpu:2"]) == "mig:2g:1,gpu:2"
+    with pytest.raises(GeometryError):
+        gres.format_node_gres({"5g": 1})
+    with pytest.raises(GeometryError):
+        gres.format_node_gres({"1g": -1})
+
+
+def test_parse_node_gres():
+    assert gres.parse_node_gres("mig:1g:2,mig:3g:1(S:0)") == {"1g": 2, "3g": 1}
+    assert gres.parse_node_gres("mig:1g:2(S:0-1),gpu:a100:1(S:0),mig:1g:1") == {"1g": 3}
+    assert gres.parse_node_gres("mig:7g:0") == {"7g": 0}
+    assert gres.parse_node_gres("(null)") == {} and gres.parse_node_gres(None) == {}
+    assert gres.parse_node_gres("mig:1g:4(IDX:N/A)") == {"1g": 4}
+    # format and parse round-trip
+    counts = {"1g": 3, "1gdm": 1, "4g": 1}
+    assert gres.parse_node_gres(gres.format_node_gres(counts)) == counts
+
+
+def test_other_gres_and_split():
+    assert gres.split_gres("mig:1g:2(S:0-1),gpu:1") == ["mig:1g:2(S:0-1)", "gpu:1"]
+    assert gres.other_gres("mig:1g:2(S:0),gpu:a100:1(S:0),foo:3") == ["gpu:a100:1", "foo:3"]
+
+
+@pytest.mark.parametrize("name,gtype", [
+    ("3g.40gb", "3g"), ("MIG 3g.40gb", "3g"), ("3G.40GB", "3g"), ("1g.10gb", "1g"), ("1g.20gb", "1gdm"),
+    ("1g.5gb+me", "1gme"), ("1g.5gb", "1g"), ("3g.71gb", "3g"), ("1g.6gb", "1g"), ("2g.12gb", "2g"),
+    ("2g.12gb+me", "2gme"), ("4g.24gb", "4g"), ("7g.180gb", "7g"), ("1gdm", "1gdm"), ("7g", "7g"),
+])
+def test_profile_to_gres(name, gtype):
+    assert gres.gres_type_for_profile(name) == gtype
+
+
+def test_profile_table_covers_facts_and_has_no_dots_in_types():
+    for model, table in gres.PROFILES_BY_MODEL.items():
+        for name, gtype in table.items():
+            assert gres.PROFILE_TO_GRES[name] == (gres.AMBIGUOUS_PROFILES.get(name) or gtype), (model, name)
+    assert all("." not in t and "+" not in t for t in gres.GRES_TYPES)
+    assert set(gres.PROFILE_TO_GRES.values()) <= set(gres.GRES_TYPES)
+    # The one name whose meaning depends on the model.
+    assert gres.PROFILES_BY_MODEL["A100-40GB"]["1g.10gb"] == "1gdm"
+    assert gres.PROFILES_BY_MODEL["H100-80GB"]["1g.10gb"] == "1g"
+
+
+def test_unknown_profile():
+    with pytest.raises(GeometryError, match="unknown MIG profile"):
+        gres.gres_type_for_profile("5g.50gb")
+
+
+def test_kind_mapping():
+    assert gres.gres_type_for_kind("1g+me") == "1gme" and gres.gres_type_for_kind("1g.dm") == "1gdm"
+    assert gres.GRES_TO_KIND["2gme"] == "2g+me"
+    with pytest.raises(GeometryError):
+        gres.gres_type_for_kind("9g")
+
+
+# `squeue --json` and `sinfo --json` (22.05.8) with slurmctld unreachable: exit status 0!
+SQUEUE_JSON_CTLD_DOWN = r"""{"meta":{"plugin":{"type":"openapi\/v0.0.38","name":"Slurm OpenAPI v0.0.38"},"Slurm":{"version":{"major":22,"micro":8,"minor":5},"release":"22.05.8"}},"errors":[{"description":"Failed while looking for jobs","error_number":-1,"error":"Unspecified error","source":"slurm_load_jobs"}],"jobs":[]}"""
+SINFO_JSON_CTLD_DOWN = r"""{"meta":{"plugin":{"type":"openapi\/v0.0.38","name":"Slurm OpenAPI v0.0.38"},"Slurm":{"version":{"major":22,"micro":8,"minor":5},"release":"22.05.8"}},"errors":[{"error":"Unspecified error","errno":-1}],"nodes":[]}"""
+
+
+def test_json_errors_when_controller_down():
+    assert parsers.json_errors(json.loads(SQUEUE_JSON_CTLD_DOWN)) == [
+        "slurm_load_jobs Failed while looking for jobs Unspecified error"]
+    assert parsers.json_errors(json.loads(SINFO_JSON_CTLD_DOWN)) == ["Unspecified error"]
+    assert parsers.json_errors(json.loads(SQUEUE_JSON_22_05)) == []
+
+
+def test_parse_scontrol_kv_and_mig_request():
+    fields = parsers.parse_scontrol_kv(SCONTROL_JOB20_D_ONELINE)
+    assert fields["JobId"] == "20" and fields["TresPerNode"] == "gres:mig:1g:2"
+    assert "GRES" not in fields  # per-node detail is not a top-level field
+    assert parsers.parse_mig_request(fields) == ("1g", 2)
+    assert parsers.parse_mig_request({"tres_per_node": "gres:foo:1,gres:mig:3g:1"}) == ("3g", 1)
+    assert parsers.parse_mig_request({"TresPerNode": ""}) is None
+    assert parsers.parse_scontrol_kv("A=1 B=two words") == {"A": "1", "B": "two words"}
