@@ -693,16 +693,30 @@ class LocalCluster:
         if purge:
             shutil.rmtree(self.state_dir, ignore_errors=True)
 
-    def restart_slurmctld(self, *, timeout: float = 60.0) -> None:
-        """Stop and start slurmctld (keeping its saved state), then wait for the nodes.
+    def restart_slurmctld(self, *, timeout: float = 60.0, reregister: bool = True) -> None:
+        """Stop and start slurmctld (keeping its saved state and jobs), then wait for the nodes.
 
-        Runtime Gres updates are lost: slurmctld reads node Gres from slurm.conf again.
+        Runtime Gres updates are lost: slurmctld reads node Gres from slurm.conf
+        again. Measured on 22.05.8: after a restart the nodes stay ``unknown``
+        for ~3-4 s until slurmctld's next ping; with ``reregister`` an
+        ``scontrol reconfigure`` as soon as slurmctld answers makes every slurmd
+        register at once (nodes idle ~0.1 s after the restart).
         """
         pid = self._read_pid("slurmctld")
         if pid:
             self._terminate([pid], 15)
         self._start_slurmctld(clear_state=False)
-        self.wait_ready(timeout)
+        client = self.client(timeout=10)
+        deadline = time.monotonic() + timeout
+        while not client.ping():
+            if self._read_pid("slurmctld") is None:
+                raise SlurmMigError(f"slurmctld exited after restart; see {self.state_dir / 'log'}")
+            if time.monotonic() > deadline:
+                raise SlurmMigError(f"slurmctld not answering {timeout:.0f}s after restart")
+            time.sleep(0.05)
+        if reregister:
+            client.run(["scontrol", "reconfigure"])
+        self.wait_ready(max(1.0, deadline - time.monotonic()))
 
     def reconfigure(self) -> None:
         """Rewrite the config files (same ports) and run ``scontrol reconfigure``."""

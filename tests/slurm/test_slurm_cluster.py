@@ -244,3 +244,40 @@ def test_cli_up_capacity_node_status_down(tmp_path_factory, capsys, wait_for):
     pids = [p for p in up["daemons"].values() if p]
     assert pids and not any(os.path.exists(f"/proc/{p}") for p in pids)
     assert main(["cluster", "status", "--state-dir", str(state)]) == 1
+
+
+def test_hooks_from_snippet_run_with_extra_env(tmp_path_factory, wait_for):
+    """Prolog/Epilog/TaskProlog lines of etc/slurm.conf.snippet, pointed at stand-in hooks."""
+    d = tmp_path_factory.mktemp("hooks")
+    os.chmod(d, 0o755)
+    hooks = {}
+    for key, body in {
+        "prolog": 'env | sort > "$HOOK_OUT/prolog.$SLURM_JOB_ID"\n',
+        "epilog": 'echo "$SLURM_JOB_EXIT_CODE" > "$HOOK_OUT/epilog.$SLURM_JOB_ID"\n',
+        "taskprolog": 'echo "export FROM_TASKPROLOG=yes-$HOOK_TAG"\n',
+    }.items():
+        path = d / key
+        path.write_text("#!/bin/sh\n" + body)
+        path.chmod(0o755)
+        hooks[key] = path
+    c = LocalCluster(tmp_path_factory.mktemp("hook-cluster"), nodes=1, hooks=hooks,
+                     hook_env={"HOOK_OUT": str(d), "HOOK_TAG": "a b'c"})
+    try:
+        c.start(timeout=30)
+        conf = (c.state_dir / "etc" / "slurm-mig.conf").read_text()
+        assert "PrologFlags=Alloc" in conf and "GresTypes=mig" in conf and "JobSubmitPlugins=lua" in conf
+        slurm = c.client()
+        out = d / "job.out"
+        job_id = slurm.sbatch(wrap="echo $FROM_TASKPROLOG", gres="mig:3g", args=["-o", str(out)])
+        wait_for(lambda: (d2 := slurm.scontrol_show_job(job_id)) and d2.state == "COMPLETED",
+                 what="hooked job completed")
+        assert out.read_text().strip() == "yes-a b'c"
+        prolog_env = (d / f"prolog.{job_id}").read_text()
+        assert f"SLURM_JOB_ID={job_id}" in prolog_env and "SLURMD_NODENAME=n1" in prolog_env
+        wait_for(lambda: (d / f"epilog.{job_id}").exists(), what="epilog ran")
+        # PrologFlags=Alloc: salloc gets its Prolog at allocation time too.
+        r = _run(c, ["salloc", "--gres=mig:1g", "sh", "-c", "echo $SLURM_JOB_ID"])
+        assert r.returncode == 0, r.stderr
+        assert (d / f"prolog.{r.stdout.strip()}").exists()
+    finally:
+        c.stop(purge=True)
