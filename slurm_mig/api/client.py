@@ -41,7 +41,11 @@ class ControllerClient:
         for attempt in range(self.retries + 1):
             req = urllib.request.Request(self.url + path, data=body, method="POST")
             req.add_header("Content-Type", "application/json")
-            req.add_header(HEADER, self.auth.sign(body, self.node))
+            try:
+                req.add_header(HEADER, self.auth.sign(body, self.node))
+            except SlurmMigError as exc:
+                # No credential (munged down): as good as no controller, so callers take their fallback.
+                raise ControllerUnavailable(f"cannot sign the request: {exc}") from exc
             try:
                 with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
                     return json.loads(resp.read() or b"{}")

@@ -51,6 +51,7 @@ def _run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=getattr(logging, cfg.log.level.upper(), logging.INFO),
                         filename=cfg.log.file or None,
                         format="%(asctime)s slurm-mig-controller %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("apscheduler").setLevel(logging.WARNING)
     controller = build(cfg)
     if args.once:
         server = None if args.no_api else serve(cfg, controller)

@@ -424,8 +424,8 @@ class Controller:
     def _node_gpus(self, node: str, node_bindings: dict, exclude_job: str) -> list[NodeGpu]:
         desired = self.store.desired(node)
         bound: dict[int, set[Slot]] = {}
-        for b in self.store.live_bindings(node):
-            if str(b.job_id) == exclude_job:
+        for jid, _node, b in self.store.live_bindings(node):
+            if str(jid) == exclude_job:
                 continue
             bound.setdefault(b.gpu, set()).add(Slot(b.start, b.profile))
         # The node's own binding files count too: they may know of jobs the store lost.
@@ -502,7 +502,8 @@ class Controller:
         exit_code = payload.get("exit_code")
         with self.store.transaction():
             job = self.store.get_job(job_id)
-            if job is None:
+            if job is None or not payload.get("instances"):
+                # Not a MIG job, or a run that never got its instances (requeued in its Prolog).
                 return {"ok": True, "recorded": False}
             state = "COMPLETED" if (exit_code in (0, None)) else "FAILED"
             recorded = self.store.record_outcome(job_id, state=state, exit_code=exit_code,
@@ -546,8 +547,8 @@ class Controller:
 
     def _reconcile_bindings(self, node: str, node_bindings: dict, now: float) -> None:
         live = {}
-        for b in self.store.live_bindings(node):
-            live.setdefault(str(b.job_id), []).append(b)
+        for jid, _node, b in self.store.live_bindings(node):
+            live.setdefault(str(jid), []).append(b)
         for job_id, binds in live.items():
             job = self.store.get_job(job_id)
             # Bound in the store, unknown to the node, and past its start: the epilog was lost.

@@ -205,29 +205,31 @@ class Node:
     # -- Slurm -----------------------------------------------------------------
     def requeue(self, job_id: str, reason: str) -> int:
         """Give the job back to Slurm's queue with a readable reason; the node stays healthy."""
-        from slurm_mig.slurm.runner import run_slurm
+        from slurm_mig.slurm.runner import SlurmClient
 
-        env = {"SLURM_CONF": self.settings.slurm_conf} if self.settings.slurm_conf else None
+        client = SlurmClient(slurm_conf=self.settings.slurm_conf, timeout=10)
         log.warning("job %s requeued: %s", job_id, reason)
-        # AdminComment is shown by `scontrol show job` and squeue --format=%k... keeps the user's Comment.
-        run_slurm(["scontrol", "update", f"JobId={job_id}", f"AdminComment=slurm-mig: {reason}"[:1000]],
-                  env=env, timeout=10)
-        res = run_slurm(["scontrol", "requeue", job_id], env=env, timeout=10)
-        if res.returncode != 0:
-            log.error("scontrol requeue %s failed: %s", job_id, res.stderr.strip())
+        # AdminComment shows in `scontrol show job` and leaves the user's own Comment alone.
+        client.run(["scontrol", "update", f"JobId={job_id}", f"AdminComment=slurm-mig: {reason}"[:1000]])
+        res = client.run(["scontrol", "requeue", job_id])
+        if not res.ok:
+            log.error("scontrol requeue %s failed: %s", job_id, res.describe())
         return 0
 
 
 def _job_request(node: Node, job_id: str) -> tuple[str, int] | None:
     """The job's MIG request from Slurm itself (used when the controller cannot be asked)."""
-    from slurm_mig.slurm.parsers import parse_mig_request, parse_scontrol_kv
-    from slurm_mig.slurm.runner import run_slurm
+    from slurm_mig.slurm.runner import SlurmClient
 
-    env = {"SLURM_CONF": node.settings.slurm_conf} if node.settings.slurm_conf else None
-    res = run_slurm(["scontrol", "show", "job", "-d", job_id], env=env, timeout=10)
-    if res.returncode != 0:
+    detail = SlurmClient(slurm_conf=node.settings.slurm_conf, timeout=10).scontrol_show_job(job_id)
+    if detail is None:
         return None
-    return parse_mig_request(parse_scontrol_kv(res.stdout))
+    if not detail.mig:
+        return (None, 0)
+    from slurm_mig.slurm.gres import GRES_TO_KIND
+
+    gtype, count = next(iter(sorted(detail.mig.items())))
+    return GRES_TO_KIND.get(gtype, gtype), count
 
 
 # -- the hooks ---------------------------------------------------------------
