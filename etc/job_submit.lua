@@ -237,10 +237,14 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
 end
 
 function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
-    -- scontrol update job ... Gres=mig:3g goes through the same rules.
+    -- scontrol update job ... Gres=mig:3g goes through the same rules. Slurm
+    -- 22.05 does not show log_user text for a refused update: scontrol only
+    -- prints "Unspecified error for job N"; the reason is in slurmctld's log.
     local err = check_desc(job_desc)
     if err ~= nil then
         slurm.log_user("slurm-mig: %s", err)
+        slurm.log_info("slurm-mig: refused update of job %s by uid %s: %s",
+            tostring(job_rec and job_rec.job_id), tostring(modify_uid), err)
         return slurm.ERROR
     end
     return slurm.SUCCESS

@@ -393,16 +393,22 @@ class LocalCluster:
         lines.extend(self.extra_conf)
         return "\n".join(lines) + "\n"
 
-    def _write_config(self, ctld_port: int, node_ports: Sequence[int]) -> bool:
-        """Write slurm.conf and friends; return True when anything changed."""
+    def _config_files(self, ctld_port: int, node_ports: Sequence[int]) -> dict[Path, str]:
         etc = self.state_dir / "etc"
-        etc.mkdir(parents=True, exist_ok=True)
-        files = {
+        return {
             etc / "slurm.conf": self.render_conf(ctld_port, node_ports),
             etc / "slurm-mig.conf": self._snippet_text(),
             # slurmctld refuses to start unless job_submit.lua sits next to slurm.conf.
             etc / "job_submit.lua": self._lua_text(),
         }
+
+    def _config_differs(self, ctld_port: int, node_ports: Sequence[int]) -> bool:
+        return any(not p.exists() or p.read_text() != t for p, t in self._config_files(ctld_port, node_ports).items())
+
+    def _write_config(self, ctld_port: int, node_ports: Sequence[int]) -> bool:
+        """Write slurm.conf and friends; return True when anything changed."""
+        (self.state_dir / "etc").mkdir(parents=True, exist_ok=True)
+        files = self._config_files(ctld_port, node_ports)
         changed = False
         for path, text in files.items():
             if not path.exists() or path.read_text() != text:
@@ -422,12 +428,28 @@ class LocalCluster:
             return None
         # Only trust a pid whose command line still names our state dir, so a
         # recycled pid never gets a signal from us.
-        if _pid_alive(pid) and any(str(self.state_dir) in a for a in _cmdline(pid)):
+        if not _pid_alive(pid):
+            return None
+        args = _cmdline(pid)
+        for _ in range(50):
+            if args:
+                break
+            # Popen returns when the child's close-on-exec fds close, which is
+            # before the kernel has set up the new argv: /proc/PID/cmdline can
+            # read empty for a moment right after a spawn.
+            time.sleep(0.01)
+            args = _cmdline(pid)
+        if any(str(self.state_dir) in a for a in args):
             return pid
         return None
 
     def _daemons(self) -> list[str]:
-        return ["munged", "slurmctld", *[f"slurmd-{n}" for n in self.node_names]]
+        names = ["munged", "slurmctld", *[f"slurmd-{n}" for n in self.node_names]]
+        # A cluster started earlier with more nodes left pid files for them too.
+        pid_dir = self.state_dir / "pids"
+        if pid_dir.is_dir():
+            names += sorted(p.stem for p in pid_dir.glob("slurmd-*.pid") if p.stem not in names)
+        return names
 
     def running(self) -> dict[str, int | None]:
         """``{daemon: pid or None}`` for munged, slurmctld and every slurmd."""
@@ -498,20 +520,19 @@ class LocalCluster:
             raise SlurmMigError("Slurm is not installed; call LocalCluster.ensure_installed() "
                                 "or run `slurm-mig cluster up` (which installs it)")
         pids = self.running()
-        up = all(pids.values())
-        ctld_port, node_ports = self._ports(up)
-        changed = self._write_config(ctld_port, node_ports)
-        if up and not changed:
-            log.info("local cluster in %s already running", self.state_dir)
-            if wait:
-                self.wait_ready(timeout)
-            return self
+        if all(pids.values()):
+            ctld_port, node_ports = self._ports(True)
+            if not self._config_differs(ctld_port, node_ports):
+                log.info("local cluster in %s already running", self.state_dir)
+                if wait:
+                    self.wait_ready(timeout)
+                return self
         if any(pids.values()):
-            log.info("restarting local cluster in %s (%s)", self.state_dir,
-                     "config changed" if changed else "some daemons were down")
+            # Stop with the config the running daemons use, then write the new one.
+            log.info("restarting local cluster in %s (config changed or some daemons down)", self.state_dir)
             self.stop()
-            ctld_port, node_ports = self._ports(False)
-            self._write_config(ctld_port, node_ports)
+        ctld_port, node_ports = self._ports(False)
+        self._write_config(ctld_port, node_ports)
         for sub in ("log", "pids", "run", "spool/ctld"):
             (self.state_dir / sub).mkdir(parents=True, exist_ok=True)
         self._start_munge()
@@ -669,7 +690,7 @@ class LocalCluster:
                 time.sleep(0.1)
         # Nodes first, then the controller: slurmd shuts down at once while
         # slurmctld still answers.
-        self._terminate([pids[f"slurmd-{n}"] for n in self.node_names if pids.get(f"slurmd-{n}")], timeout)
+        self._terminate([pid for name, pid in pids.items() if name.startswith("slurmd-") and pid], timeout)
         if pids.get("slurmctld"):
             self._terminate([pids["slurmctld"]], timeout)
         leftovers = self._stepd_pids()

@@ -182,6 +182,19 @@ def test_start_is_idempotent(slurm_cluster):
     assert time.monotonic() - t0 < 5
 
 
+def test_job_update_goes_through_the_same_rules(slurm):
+    job_id = slurm.sbatch(wrap="true", gres="mig:1g", args=["-H", "-o", "/dev/null"])
+    try:
+        slurm.check(["scontrol", "update", f"JobId={job_id}", "Gres=mig:3g.40gb:2"])
+        assert slurm.scontrol_show_job(job_id).tres_per_node == "gres:mig:3g:2"
+        res = slurm.run(["scontrol", "update", f"JobId={job_id}", "Gres=mig:5g"])
+        # Refused, but 22.05 shows no log_user text for updates.
+        assert res.returncode != 0 and "Unspecified error" in res.stderr
+        assert slurm.scontrol_show_job(job_id).tres_per_node == "gres:mig:3g:2"
+    finally:
+        slurm.scancel(job_id)
+
+
 def test_requeue_and_cancel(slurm, job_dir, wait_for):
     job_id = slurm.sbatch(wrap="sleep 30", gres="mig:1g", args=["-o", str(job_dir / "q.out")])
     _job(slurm, job_id, wait_for, states=("RUNNING",))
