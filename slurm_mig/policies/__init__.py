@@ -18,32 +18,46 @@ from slurm_mig.policies.base import (
 )
 
 # name -> factory; other modules add theirs with register_policy().
-_REGISTRY: dict[str, Callable[[], Policy]] = {}
+_REGISTRY: dict[str, Callable[..., Policy]] = {}
 
 
-def register_policy(name: str, factory: Callable[[], Policy]) -> None:
+def register_policy(name: str, factory: Callable[..., Policy]) -> None:
     """Make a policy available to get_policy() under ``name``."""
     _REGISTRY[name] = factory
 
 
 def _builtin() -> None:
-    from slurm_mig.policies.first_fit import FirstFitPolicy
+    from slurm_mig.policies.first_fit import FirstFitPolicy, GreedyPolicy
+    from slurm_mig.policies.frag_aware import FragAwarePolicy
+    from slurm_mig.policies.static import NoMigPolicy, StaticPolicy
 
-    register_policy("first-fit", FirstFitPolicy)
+    for name, factory in (
+        ("first-fit", FirstFitPolicy),
+        ("greedy", GreedyPolicy),
+        ("no-mig", NoMigPolicy),
+        ("static", StaticPolicy),
+        ("frag-aware", FragAwarePolicy),
+    ):
+        _REGISTRY.setdefault(name, factory)
 
 
-def get_policy(name: str) -> Policy:
-    """A new instance of the policy called ``name``."""
-    if not _REGISTRY:
+def get_policy(name: str, **options) -> Policy:
+    """A new instance of the policy called ``name``; ``options`` go to its constructor
+    (e.g. ``get_policy("static", plan="4g@0,3g@4")``)."""
+    if not _REGISTRY or "first-fit" not in _REGISTRY:
         _builtin()
     try:
-        return _REGISTRY[name]()
+        factory = _REGISTRY[name]
     except KeyError:
         raise ConfigError(f"unknown policy {name!r} (known: {', '.join(sorted(_REGISTRY))})") from None
+    try:
+        return factory(**options)
+    except TypeError as exc:
+        raise ConfigError(f"bad options for policy {name!r}: {exc}") from None
 
 
 def policy_names() -> list[str]:
-    if not _REGISTRY:
+    if not _REGISTRY or "first-fit" not in _REGISTRY:
         _builtin()
     return sorted(_REGISTRY)
 

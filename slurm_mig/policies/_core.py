@@ -1,0 +1,828 @@
+"""Shared machinery of the dispatch policies: an incremental cluster index, Slurm-style
+priority dispatch with backfill and a reservation for the blocked head job.
+
+Speed without impurity: a policy object keeps a :class:`ClusterIndex` of derived
+facts per :class:`GpuState` (locked slices, free instances, how many instances of
+each profile could be carved), keyed on the *identity* of the GpuState objects
+in the last state it saw. A new state that reuses most GpuState objects (the
+simulator and the controller replace only the GPUs that changed) costs one
+identity scan plus work for the changed GPUs. The result is exactly what a
+fresh index would give, so ``decide`` stays a pure function of its input.
+
+Backfill (EASY, like Slurm's): jobs are taken in priority order. The first
+``reservations`` jobs that cannot start get a reservation: the GPU(s) and
+memory slices where they can start earliest, judged from ``busy_until`` (the
+running jobs' time limits). A later job may start only where it does not
+touch a reserved region, or if its own time limit ends before the reservation
+starts. So a big job is never starved by a stream of small ones.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from itertools import compress
+from operator import is_not
+from typing import Iterable, Iterator
+
+from slurm_mig.errors import GeometryError
+from slurm_mig.mig.layout import Layout, Slot
+from slurm_mig.mig.profiles import GpuModel
+from slurm_mig.mig.transitions import CarveOption, carve_options
+from slurm_mig.policies.base import (
+    Assignment, ClusterState, Decision, GpuState, LayoutChange, PendingJob,
+)
+
+INF = math.inf
+
+
+# ---------------------------------------------------------------------------
+# per-model tables and memoised geometry
+# ---------------------------------------------------------------------------
+
+
+class PInfo:
+    """A profile of one GPU model with what the hot loops need, precomputed."""
+
+    __slots__ = ("name", "kind", "compute", "mem", "max_count", "starts", "masks", "slots", "_pack")
+
+    def __init__(self, p) -> None:
+        self.name = p.name
+        self.kind = p.kind
+        self.compute = p.compute_slices
+        self.mem = p.memory_slices
+        self.max_count = p.max_count
+        self.starts = tuple(p.starts)
+        self.masks = tuple(p.mask(s) for s in self.starts)
+        self.slots = {s: Slot(s, p.name) for s in self.starts}
+        self._pack: dict[tuple[int, int, int], tuple[int, ...]] = {}
+
+    def mask(self, start: int) -> int:
+        return ((1 << self.mem) - 1) << start
+
+    def pack(self, locked_mask: int, free_compute: int, room: int) -> tuple[int, ...]:
+        """Starts of the most instances of this profile that fit beside the locked slices.
+
+        Placements are aligned intervals of one size, so taking legal starts left
+        to right is optimal; the compute-slice and per-GPU count limits cap it.
+        """
+        key = (locked_mask, free_compute, room)
+        got = self._pack.get(key)
+        if got is None:
+            out = []
+            used = locked_mask
+            for s, m in zip(self.starts, self.masks):
+                if not used & m:
+                    out.append(s)
+                    used |= m
+            n = max(0, min(len(out), free_compute // self.compute, room))
+            got = self._pack[key] = tuple(out[:n])
+        return got
+
+
+class ModelTable:
+    """Profiles of one GPU model by every name a job may use."""
+
+    _tables: dict[str, "ModelTable"] = {}
+
+    def __init__(self, model: GpuModel) -> None:
+        self.model = model
+        self.compute = model.compute_slices
+        self.by_name = {p.name: PInfo(p) for p in model.profiles}
+        basic = [self.by_name[p.name] for p in model.basic_profiles]
+        self.smallest = min(basic, key=lambda p: (p.compute, p.mem))
+        self._resolved: dict[str, PInfo | None] = {}
+
+    @classmethod
+    def of(cls, model: GpuModel) -> "ModelTable":
+        t = cls._tables.get(model.name)
+        if t is None or t.model is not model:
+            t = cls._tables[model.name] = cls(model)
+        return t
+
+    def resolve(self, key: str) -> PInfo | None:
+        try:
+            return self._resolved[key]
+        except KeyError:
+            try:
+                pi = self.by_name[self.model.profile(key).name]
+            except GeometryError:
+                pi = None
+            self._resolved[key] = pi
+            return pi
+
+
+_CARVE_MEMO: dict[tuple, list[CarveOption]] = {}
+
+
+def carve_memo(layout: Layout, profile: str, locked: frozenset[Slot]) -> list[CarveOption]:
+    """carve_options() memoised: layouts and locked sets repeat endlessly across GPUs."""
+    key = (layout.model.name, layout.slots, profile, locked)
+    got = _CARVE_MEMO.get(key)
+    if got is None:
+        if len(_CARVE_MEMO) > 200_000:
+            _CARVE_MEMO.clear()
+        got = _CARVE_MEMO[key] = carve_options(layout, profile, locked)
+    return got
+
+
+# ---------------------------------------------------------------------------
+# derived facts about one GPU
+# ---------------------------------------------------------------------------
+
+
+class GpuInfo:
+    """What the dispatch loop needs to know about one GPU; a clone is a working copy."""
+
+    __slots__ = ("gs", "t", "gidx", "node", "avail", "layout", "locked", "locked_mask", "locked_compute",
+                 "same", "ends", "busy_end", "free", "_cap", "_earliest", "_steps")
+
+    def __init__(self, gs: GpuState | None, t: ModelTable | None = None, gidx: int = 0, node: int = 0,
+                 now: float = 0.0) -> None:
+        if gs is None:  # clone() fills the fields
+            return
+        self.gs = gs
+        self.t = t
+        self.gidx = gidx
+        self.node = node
+        self.avail = gs.available
+        self.layout = gs.layout
+        self.locked = set(gs.busy) | set(gs.reconfiguring)
+        by_name = t.by_name
+        mask = comp = 0
+        same: dict[str, int] = {}
+        for s in self.locked:
+            pi = by_name[s.profile]
+            mask |= pi.mask(s.start)
+            comp += pi.compute
+            same[s.profile] = same.get(s.profile, 0) + 1
+        self.locked_mask = mask
+        self.locked_compute = comp
+        self.same = same
+        until = dict(gs.busy_until)
+        ends = []
+        for s in self.locked:
+            if s in gs.busy:
+                ends.append((until.get(s, INF), s.start, s.profile))
+            else:  # being created or destroyed for no job: free again within a second
+                ends.append((-INF, s.start, s.profile))
+        ends.sort()
+        self.ends = ends
+        self.busy_end = max((e for e, _, _ in ends), default=-INF)
+        self._refresh_free()
+        self._cap: dict = {}
+        self._earliest: dict = {}
+        self._steps: dict = {}
+
+    def _refresh_free(self) -> None:
+        free: dict[str, list[Slot]] = {}
+        for s in self.layout.slots:
+            if s not in self.locked:
+                free.setdefault(s.profile, []).append(s)
+        for v in free.values():
+            v.sort()
+        self.free = free
+
+    def clone(self) -> "GpuInfo":
+        c = GpuInfo(None)
+        c.gs, c.t, c.gidx, c.node, c.avail = self.gs, self.t, self.gidx, self.node, self.avail
+        c.layout = self.layout
+        c.locked = set(self.locked)
+        c.locked_mask, c.locked_compute = self.locked_mask, self.locked_compute
+        c.same = dict(self.same)
+        c.ends = list(self.ends)
+        c.busy_end = self.busy_end
+        c.free = {k: list(v) for k, v in self.free.items()}
+        c._cap, c._earliest, c._steps = {}, {}, {}
+        return c
+
+    # -- queries -------------------------------------------------------------
+    def carve_starts(self, pi: PInfo) -> tuple[int, ...]:
+        """Starts of the most instances of ``pi`` this GPU could hold, destroying only idle ones."""
+        return pi.pack(self.locked_mask, self.t.compute - self.locked_compute, pi.max_count - self.same.get(pi.name, 0))
+
+    def cap(self, pi: PInfo | None, carve: bool) -> int:
+        if pi is None or not self.avail:
+            return 0
+        key = (pi, carve)
+        got = self._cap.get(key)
+        if got is None:
+            got = self._cap[key] = len(self.carve_starts(pi)) if carve else len(self.free.get(pi.name, ()))
+        return got
+
+    def any_cap(self, carve: bool) -> int:
+        if not self.avail:
+            return 0
+        if carve:
+            return self.cap(self.t.smallest, True)
+        return sum(len(v) for v in self.free.values())
+
+    def steps(self, pi: PInfo, carve: bool) -> list[tuple[float, int]]:
+        """[(time, instances of pi available from then on)], from now until every job ends.
+
+        Judged from busy_until (INF where a job has no time limit). With ``carve``
+        idle slices may be re-carved; without, only existing instances count.
+        """
+        got = self._steps.get((pi, carve))
+        if got is None:
+            got = self._steps[(pi, carve)] = self._compute_steps(pi, carve)
+        return got
+
+    def _compute_steps(self, pi: PInfo, carve: bool) -> list[tuple[float, int]]:
+        out: list[tuple[float, int]] = []
+        mask, comp, same = self.locked_mask, self.locked_compute, dict(self.same)
+        by_name = self.t.by_name
+        if carve:
+            n = len(pi.pack(mask, self.t.compute - comp, pi.max_count - same.get(pi.name, 0)))
+        else:
+            n = len(self.free.get(pi.name, ()))
+        out.append((-INF, n))
+        for end, start, pname in self.ends:
+            q = by_name[pname]
+            if carve:
+                mask &= ~q.mask(start)
+                comp -= q.compute
+                same[pname] -= 1
+                n2 = len(pi.pack(mask, self.t.compute - comp, pi.max_count - same.get(pi.name, 0)))
+            else:
+                n2 = n + (1 if pname == pi.name and Slot(start, pname) in self.layout.slots else 0)
+            if n2 > n:
+                if out[-1][0] == end:
+                    out[-1] = (end, n2)
+                else:
+                    out.append((end, n2))
+                n = n2
+        return out
+
+    def region_at(self, pi: PInfo, t: float, carve: bool, need: int = 1) -> int:
+        """Memory-slice mask of ``need`` instances of pi that are free by time ``t``."""
+        mask, comp, same = self.locked_mask, self.locked_compute, dict(self.same)
+        by_name = self.t.by_name
+        if carve:
+            for end, start, pname in self.ends:
+                if end > t:
+                    break
+                q = by_name[pname]
+                mask &= ~q.mask(start)
+                comp -= q.compute
+                same[pname] -= 1
+            starts = pi.pack(mask, self.t.compute - comp, pi.max_count - same.get(pi.name, 0))[:need]
+        else:
+            ending = {(s, p) for e, s, p in self.ends if e <= t}
+            starts = [s.start for s in self.layout.slots
+                      if s.profile == pi.name and (s not in self.locked or (s.start, s.profile) in ending)][:need]
+        region = 0
+        for s in starts:
+            region |= pi.mask(s)
+        return region
+
+    def earliest(self, pi: PInfo, carve: bool) -> float:
+        """When one instance of ``pi`` could start here (-INF: now)."""
+        key = (pi, carve)
+        got = self._earliest.get(key)
+        if got is None:
+            got = INF
+            for t, n in self.steps(pi, carve):
+                if n >= 1:
+                    got = t
+                    break
+            self._earliest[key] = got
+        return got
+
+    # -- working-copy updates ---------------------------------------------------
+    def _lock(self, slot: Slot, pi: PInfo, end: float) -> None:
+        self.locked.add(slot)
+        self.locked_mask |= pi.mask(slot.start)
+        self.locked_compute += pi.compute
+        self.same[pi.name] = self.same.get(pi.name, 0) + 1
+        self.ends.append((end, slot.start, slot.profile))
+        self.ends.sort()
+        if end > self.busy_end:
+            self.busy_end = end
+        self._cap.clear()
+        self._earliest.clear()
+        self._steps.clear()
+
+    def take(self, slot: Slot, pi: PInfo, end: float) -> None:
+        """Give an existing idle instance to a job."""
+        self._lock(slot, pi, end)
+        self.free[slot.profile].remove(slot)
+
+    def carve(self, opt: CarveOption, pi: PInfo, end: float) -> None:
+        """Apply a carve option and give the new instance to a job."""
+        self.layout = opt.target
+        self._lock(opt.slot, pi, end)
+        self._refresh_free()
+
+
+# ---------------------------------------------------------------------------
+# the index over all GPUs
+# ---------------------------------------------------------------------------
+
+
+class KeyIndex:
+    """For one requested profile: which GPUs and nodes could offer it, and when."""
+
+    __slots__ = ("key", "caps", "node_cap", "nodes", "gpus", "heap", "earliest")
+
+    def __init__(self, idx: "ClusterIndex", key: str) -> None:
+        self.key = key
+        carve = idx.carve
+        self.caps = [info.cap(info.t.resolve(key), carve) for info in idx.infos]
+        self.node_cap = [0] * len(idx.node_gpus)
+        for info, c in zip(idx.infos, self.caps):
+            self.node_cap[info.node] += c
+        self.nodes = [n for n, c in enumerate(self.node_cap) if c > 0]
+        self.gpus = {i for i, c in enumerate(self.caps) if c > 0}
+        self.heap: list | None = None
+        self.earliest: dict[int, float] = {}
+
+    def update(self, idx: "ClusterIndex", gidx: int, info: GpuInfo) -> None:
+        c = info.cap(info.t.resolve(self.key), idx.carve)
+        old = self.caps[gidx]
+        if c != old:
+            self.caps[gidx] = c
+            n = info.node
+            before = self.node_cap[n]
+            self.node_cap[n] = after = before + c - old
+            if before > 0 and after <= 0:
+                del self.nodes[_bisect(self.nodes, n)]
+            elif before <= 0 and after > 0:
+                self.nodes.insert(_bisect(self.nodes, n), n)
+            if c > 0:
+                self.gpus.add(gidx)
+            else:
+                self.gpus.discard(gidx)
+        if self.heap is not None:
+            self._push(idx, gidx, info)
+
+    def _push(self, idx: "ClusterIndex", gidx: int, info: GpuInfo) -> None:
+        pi = info.t.resolve(self.key)
+        if pi is None or not info.avail:
+            self.earliest.pop(gidx, None)
+            return
+        e = info.earliest(pi, idx.carve)
+        self.earliest[gidx] = e
+        heapq.heappush(self.heap, (e, info.locked_compute, idx.rank[gidx], gidx, id(info)))
+
+    def build_heap(self, idx: "ClusterIndex") -> None:
+        self.heap = []
+        self.earliest = {}
+        for gidx, info in enumerate(idx.infos):
+            self._push(idx, gidx, info)
+
+
+def _bisect(a: list[int], x: int) -> int:
+    lo, hi = 0, len(a)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if a[mid] < x:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+class ClusterIndex:
+    """Derived facts for every GPU of the last state seen, updated by identity diff."""
+
+    def __init__(self, carve: bool = True) -> None:
+        self.carve = carve
+        self.gpus: tuple[GpuState, ...] | None = None
+        self.infos: list[GpuInfo] = []
+        self.node_names: list[str] = []
+        self.node_gpus: list[list[int]] = []
+        self.rank: list[int] = []
+        self.keys: dict[str, KeyIndex] = {}
+        self.any_gpus: set[int] = set()
+        self.changed_since: list[int] = []  # GPUs changed by the last sync (all, after a rebuild)
+        self.rebuilt = False
+
+    def sync(self, state: ClusterState) -> None:
+        gpus = state.gpus
+        old = self.gpus
+        self.rebuilt = False
+        if old is gpus:
+            self.changed_since = []
+            return
+        if old is None or len(old) != len(gpus):
+            self._rebuild(state)
+            return
+        changed = list(compress(range(len(gpus)), map(is_not, old, gpus)))
+        for i in changed:
+            if gpus[i].node != old[i].node or gpus[i].index != old[i].index or gpus[i].model is not old[i].model:
+                self._rebuild(state)
+                return
+        self.gpus = gpus
+        now = state.now
+        for i in changed:
+            info = GpuInfo(gpus[i], ModelTable.of(gpus[i].model), i, self.infos[i].node, now)
+            self.infos[i] = info
+            if info.any_cap(self.carve) > 0:
+                self.any_gpus.add(i)
+            else:
+                self.any_gpus.discard(i)
+            for ki in self.keys.values():
+                ki.update(self, i, info)
+        self._stale_heaps()
+        self.changed_since = changed
+
+    def _stale_heaps(self) -> None:
+        n = len(self.infos)
+        for ki in self.keys.values():
+            if ki.heap is not None and len(ki.heap) > 4 * n + 64:
+                ki.build_heap(self)
+
+    def _rebuild(self, state: ClusterState) -> None:
+        gpus = state.gpus
+        self.gpus = gpus
+        self.rebuilt = True
+        self.node_names = sorted({g.node for g in gpus})
+        node_rank = {n: i for i, n in enumerate(self.node_names)}
+        self.node_gpus = [[] for _ in self.node_names]
+        self.rank = [0] * len(gpus)
+        self.infos = []
+        for i, g in enumerate(gpus):
+            nr = node_rank[g.node]
+            self.rank[i] = nr * 4096 + len(self.node_gpus[nr])
+            self.node_gpus[nr].append(i)
+            self.infos.append(GpuInfo(g, ModelTable.of(g.model), i, nr, state.now))
+        self.keys = {}
+        self.any_gpus = {i for i, info in enumerate(self.infos) if info.any_cap(self.carve) > 0}
+        self.changed_since = list(range(len(gpus)))
+
+    def key(self, key: str) -> KeyIndex:
+        ki = self.keys.get(key)
+        if ki is None:
+            ki = self.keys[key] = KeyIndex(self, key)
+        return ki
+
+
+# ---------------------------------------------------------------------------
+# one decision's working state
+# ---------------------------------------------------------------------------
+
+
+class Reservation:
+    """Where and from when a blocked job will start: GPU index -> memory-slice mask."""
+
+    __slots__ = ("job_id", "t", "regions", "node")
+
+    def __init__(self, job_id: str, t: float, regions: dict[int, int], node: int) -> None:
+        self.job_id, self.t, self.regions, self.node = job_id, t, regions, node
+
+    def conflicts(self, gidx: int, mask: int, end: float) -> bool:
+        r = self.regions.get(gidx)
+        return bool(r is not None and r & mask and end > self.t)
+
+
+class Ctx:
+    """The working state of one decision: copies of the GPUs it touched, its reservations."""
+
+    def __init__(self, idx: ClusterIndex, now: float) -> None:
+        self.idx = idx
+        self.now = now
+        self.work: dict[int, GpuInfo] = {}
+        self.touched_nodes: set[int] = set()
+        self.reservations: list[Reservation] = []
+        self.assigned: list[Assignment] = []
+
+    def info(self, gidx: int) -> GpuInfo:
+        w = self.work.get(gidx)
+        return w if w is not None else self.idx.infos[gidx]
+
+    def conflicts(self, gidx: int, mask: int, end: float) -> bool:
+        for r in self.reservations:
+            if r.conflicts(gidx, mask, end):
+                return True
+        return False
+
+    def exhausted(self) -> bool:
+        """True when no GPU has a single free slice: nothing more can start in this decision."""
+        any_gpus = self.idx.any_gpus
+        if len(any_gpus) > len(self.work) or any_gpus - self.work.keys():
+            return False
+        carve = self.idx.carve
+        return not any(w.any_cap(carve) > 0 for w in self.work.values())
+
+    def commit(self, local: dict[int, GpuInfo]) -> None:
+        for g, w in local.items():
+            self.work[g] = w
+            self.touched_nodes.add(w.node)
+
+    def candidate_nodes(self, key: str, count: int) -> Iterator[int]:
+        """Nodes in name order whose GPUs could hold ``count`` x ``key`` (necessary, not sufficient)."""
+        idx = self.idx
+        ki = idx.key(key)
+        touched = self.touched_nodes
+        carve = idx.carve
+        extra = []
+        for n in touched:
+            total = 0
+            for g in idx.node_gpus[n]:
+                w = self.info(g)
+                total += w.cap(w.t.resolve(key), carve)
+            if total >= count:
+                extra.append(n)
+        extra.sort()
+        ncap = ki.node_cap
+
+        def untouched() -> Iterator[int]:
+            for n in ki.nodes:
+                if n not in touched and ncap[n] >= count:
+                    yield n
+
+        if not extra:
+            yield from untouched()
+        else:
+            yield from heapq.merge(untouched(), extra)
+
+    def candidate_gpus(self, key: str) -> Iterable[int]:
+        """GPUs that could hold one instance of ``key`` now (ignoring reservations), unordered."""
+        idx = self.idx
+        ki = idx.key(key)
+        if not self.work:
+            return ki.gpus
+        carve = idx.carve
+        out = set(ki.gpus)
+        for g, w in self.work.items():
+            if w.cap(w.t.resolve(key), carve) > 0:
+                out.add(g)
+            else:
+                out.discard(g)
+        return out
+
+    # -- reservations -------------------------------------------------------------
+    def reserve(self, job: PendingJob) -> Reservation | None:
+        """Reserve the place where ``job`` can start earliest (see module doc)."""
+        idx = self.idx
+        carve = idx.carve
+        key, count = job.profile, job.count
+        taken = {g for r in self.reservations for g in r.regions}
+        if count == 1:
+            ki = idx.key(key)
+            if ki.heap is None:
+                ki.build_heap(idx)
+            best = None
+            heap = ki.heap
+            # Lazy deletion: entries for replaced GpuInfos are dropped as they surface.
+            skipped = []
+            while heap:
+                e, lc, rank, g, ident = heap[0]
+                info = idx.infos[g]
+                if id(info) != ident or ki.earliest.get(g) != e:
+                    heapq.heappop(heap)
+                    continue
+                if g in self.work or g in taken:
+                    skipped.append(heapq.heappop(heap))
+                    continue
+                best = (e, lc, rank, g)
+                break
+            for item in skipped:
+                heapq.heappush(heap, item)
+            for g, w in self.work.items():
+                if g in taken:
+                    continue
+                pi = w.t.resolve(key)
+                if pi is None or not w.avail:
+                    continue
+                cand = (w.earliest(pi, carve), w.locked_compute, idx.rank[g], g)
+                if best is None or cand < best:
+                    best = cand
+            if best is None:
+                return None
+            e, _, _, g = best
+            info = self.info(g)
+            pi = info.t.resolve(key)
+            region = info.region_at(pi, e, carve) or pi.mask(pi.starts[0])
+            r = Reservation(job.job_id, max(e, self.now), {g: region}, info.node)
+            self.reservations.append(r)
+            return r
+        # Several instances on one node: sweep each node's step functions.
+        best_node = None
+        for n, gidxs in enumerate(idx.node_gpus):
+            if any(g in taken for g in gidxs):
+                continue
+            events: list[tuple[float, int, int]] = []
+            for g in gidxs:
+                w = self.info(g)
+                pi = w.t.resolve(key)
+                if pi is None or not w.avail:
+                    continue
+                prev = 0
+                for t, k in w.steps(pi, carve):
+                    events.append((t, g, k - prev))
+                    prev = k
+            events.sort()
+            total = 0
+            when = None
+            for t, g, dk in events:
+                total += dk
+                if total >= count:
+                    when = t
+                    break
+            if when is None:
+                continue
+            cand = (when, n)
+            if best_node is None or cand < best_node:
+                best_node = cand
+        if best_node is None:
+            return None
+        when, n = best_node
+        regions = {}
+        for g in idx.node_gpus[n]:
+            w = self.info(g)
+            pi = w.t.resolve(key)
+            if pi is None or not w.avail:
+                continue
+            m = w.region_at(pi, when, carve, need=count)
+            if m:
+                regions[g] = m
+        r = Reservation(job.job_id, max(when, self.now), regions, n)
+        self.reservations.append(r)
+        return r
+
+    # -- output -------------------------------------------------------------------
+    def changes(self, reason: str) -> list[LayoutChange]:
+        out = []
+        for g in sorted(self.work):
+            w = self.work[g]
+            if w.layout is not w.gs.layout and w.layout.slots != w.gs.layout.slots:
+                out.append(LayoutChange(w.gs.node, w.gs.index, w.layout,
+                                        f"{reason}: {w.gs.layout} -> {w.layout}"))
+        return out
+
+
+# ---------------------------------------------------------------------------
+# the dispatch loop
+# ---------------------------------------------------------------------------
+
+PLACED, NO_ROOM, CONFLICT = "placed", "no-room", "conflict"
+
+
+class DispatchPolicy:
+    """Priority order with EASY backfill; subclasses choose where each job goes (``place``)."""
+
+    name = "dispatch"
+    version = "1"
+    carve = True  # may destroy idle instances and create new ones
+    whole_gpu = False  # the simulator turns each request into whole GPUs (no-MIG)
+    change_reason = "carve instances for pending jobs"
+
+    def __init__(self, *, backfill: bool = True, reservations: int = 1, explain_waiting: bool = True) -> None:
+        self.backfill = backfill
+        self.reservations = reservations
+        self.explain_waiting = explain_waiting
+        self._index = ClusterIndex(carve=self.carve)
+
+    # subclasses --------------------------------------------------------------------
+    def begin(self, ctx: Ctx, state: ClusterState) -> None:
+        """Hook run before the queue is walked (e.g. demand weights, layout upkeep)."""
+
+    def place(self, ctx: Ctx, job: PendingJob, end: float) -> tuple[str, Assignment | None]:
+        raise NotImplementedError
+
+    def finish(self, ctx: Ctx, state: ClusterState) -> list[LayoutChange]:
+        """Hook after the queue walk: extra layout changes (default: those the placements made)."""
+        return ctx.changes(self.change_reason)
+
+    # the loop ----------------------------------------------------------------------
+    def decide(self, state: ClusterState) -> Decision:
+        idx = self._index
+        idx.sync(state)
+        now = state.now
+        ctx = Ctx(idx, now)
+        self.begin(ctx, state)
+        assignments: list[Assignment] = []
+        waiting: list[tuple[str, str]] = []
+        explain = self.explain_waiting
+        dead: set[tuple[str, int]] = set()
+        conflict_end: dict[tuple[str, int], float] = {}
+        blocked = False
+        pending = state.pending
+        n = len(pending)
+        i = 0
+        stopped = ""
+        while i < n:
+            job = pending[i]
+            i += 1
+            if blocked and not self.backfill:
+                if explain:
+                    waiting.append((job.job_id, "behind a higher-priority job that cannot start yet"))
+                continue
+            key = (job.profile, job.count)
+            tl = job.time_limit_s
+            end = now + tl if tl else INF
+            if key in dead:
+                if explain:
+                    waiting.append((job.job_id, f"no node can hold {job.count} x {job.profile} on idle slices now"))
+                continue
+            if key in conflict_end and end >= conflict_end[key]:
+                if explain:
+                    waiting.append((job.job_id, self._reserved_reason(ctx)))
+                continue
+            status, assignment = self.place(ctx, job, end)
+            if status == PLACED:
+                assignments.append(assignment)
+                if ctx.exhausted():
+                    stopped = "every slice is in use"
+                    break
+                continue
+            blocked = True
+            if status == NO_ROOM:
+                dead.add(key)
+                reason = f"no node can hold {job.count} x {job.profile} on idle slices now"
+            else:
+                conflict_end[key] = min(end, conflict_end.get(key, INF))
+                reason = self._reserved_reason(ctx)
+            if len(ctx.reservations) < self.reservations:
+                r = ctx.reserve(job)
+                if r is not None:
+                    when = "when running jobs end" if r.t == INF else f"from t={r.t:.0f}s"
+                    gp = ", ".join(f"{idx.gpus[g].key}" for g in sorted(r.regions))
+                    reason += f"; reserved {gp} {when}"
+            if explain:
+                waiting.append((job.job_id, reason))
+        if i < n and explain:
+            why = f"not considered: {stopped}" if stopped else "not considered"
+            waiting.extend((j.job_id, why) for j in pending[i:])
+        changes = self.finish(ctx, state)
+        extra = {"reservations": [(r.job_id, r.t, sorted(idx.gpus[g].key for g in r.regions))
+                                  for r in ctx.reservations],
+                 "examined": i}
+        return Decision(tuple(changes), tuple(assignments), tuple(waiting), self.name, self.version, extra)
+
+    def _reserved_reason(self, ctx: Ctx) -> str:
+        if ctx.reservations:
+            r = ctx.reservations[0]
+            return f"would delay job {r.job_id}, which holds a reservation (backfill)"
+        return "held back by a reservation"
+
+    # helpers for subclasses -------------------------------------------------------------
+    @staticmethod
+    def assignment(job: PendingJob, ctx: Ctx, picked: list[tuple[int, Slot]], how: str) -> Assignment:
+        idx = ctx.idx
+        node = idx.gpus[picked[0][0]].node
+        where = ", ".join(f"{idx.gpus[g].key}:{s}" for g, s in picked)
+        return Assignment(job.job_id, node, tuple((idx.gpus[g].index, s) for g, s in picked), f"{how} {where}")
+
+
+def place_first_fit(ctx: Ctx, job: PendingJob, end: float, reserve_aware: bool = True) -> tuple[str, Assignment | None]:
+    """The first node (by name) that can hold the job: its free instances first, then carves.
+
+    Within a node: existing free instances in GPU order, then carve_options()[0]
+    on each GPU in order (the first option that does not touch a reservation).
+    """
+    idx = ctx.idx
+    carve = idx.carve
+    key, count = job.profile, job.count
+    conflicted = False
+    for node in ctx.candidate_nodes(key, count):
+        local: dict[int, GpuInfo] = {}
+        picked: list[tuple[int, Slot]] = []
+        carved = False
+        gidxs = idx.node_gpus[node]
+        for g in gidxs:
+            w = ctx.info(g)
+            pi = w.t.resolve(key)
+            if pi is None or not w.avail:
+                continue
+            for slot in list(w.free.get(pi.name, ())):
+                if len(picked) >= count:
+                    break
+                if reserve_aware and ctx.reservations and ctx.conflicts(g, pi.mask(slot.start), end):
+                    conflicted = True
+                    continue
+                if g not in local:
+                    local[g] = w = w.clone()
+                w.take(slot, pi, end)
+                picked.append((g, slot))
+        if carve:
+            for g in gidxs:
+                if len(picked) >= count:
+                    break
+                w = local.get(g) or ctx.info(g)
+                pi = w.t.resolve(key)
+                if pi is None or not w.avail:
+                    continue
+                while len(picked) < count:
+                    opts = carve_memo(w.layout, pi.name, frozenset(w.locked))
+                    opt = None
+                    for o in opts:
+                        if reserve_aware and ctx.reservations and ctx.conflicts(g, pi.mask(o.slot.start), end):
+                            conflicted = True
+                            continue
+                        opt = o
+                        break
+                    if opt is None:
+                        break
+                    if g not in local:
+                        local[g] = w = w.clone()
+                    w.carve(opt, pi, end)
+                    picked.append((g, opt.slot))
+                    carved = True
+        if len(picked) == count:
+            ctx.commit(local)
+            how = "carved" if carved else "free instance(s)"
+            return PLACED, DispatchPolicy.assignment(job, ctx, picked, how)
+    return (CONFLICT if conflicted else NO_ROOM), None

@@ -1,0 +1,524 @@
+"""Workloads for the simulator: jobs, speed models, trace loaders and generators.
+
+A :class:`Job` asks for ``count`` instances of one MIG profile (a kind such as
+``"3g"``) on one node, like ``sbatch --gres=mig:3g:2``. ``duration_s`` is its
+run time on that profile; a :class:`SpeedModel` gives the run time on another
+profile (only the no-MIG baseline runs a job on a profile other than the one it
+asked for: a whole GPU, 7g). ``time_limit_s`` plays Slurm's ``--time``: an
+over-estimate of the run time that policies may use.
+
+Sources:
+
+* :func:`load_alibaba` -- Alibaba cluster-trace-gpu-v2023 pod lists (Weng et al.,
+  "Beware of Fragmentation", USENIX ATC'23). ``gpu_milli`` maps to a profile by a
+  configurable :class:`MilliMap`; the trace's run time is taken as the run time
+  on that profile. Pods that never ran, or have no GPU, are skipped and counted.
+* :func:`poisson_workload`, :func:`rl_mig_workload`, :func:`miso_workload` --
+  seeded synthetic generators (Poisson arrivals; the RL-MIG paper's scaling
+  families; MISO's measured per-size speeds).
+* :func:`load_outcomes_db` -- replay of the job outcomes recorded in the state DB.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import random
+import sqlite3
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Iterable, Mapping, Sequence
+
+from slurm_mig.errors import ConfigError, GeometryError
+from slurm_mig.mig.profiles import get_model
+
+KINDS = ("1g", "2g", "3g", "4g", "7g")
+COMPUTE = {"1g": 1, "2g": 2, "3g": 3, "4g": 4, "7g": 7}
+
+
+def base_kind(kind: str) -> str:
+    """"1g+me", "1g.dm", "1g.10gb" -> "1g": the size that decides speed."""
+    k = kind.strip().lower()
+    return k.split("+")[0].split(".")[0]
+
+
+# ---------------------------------------------------------------------------
+# speed models
+# ---------------------------------------------------------------------------
+
+# Slowdown of each size relative to a whole GPU (7g), MISO (SoCC'22) on A100,
+# FACTS §5. inf = does not fit (out of memory).
+MISO_MODELS: dict[str, dict[str, float]] = {
+    "resnet_train512": {"7g": 1.0, "4g": 1.34, "3g": 1.53, "2g": 2.39, "1g": 4.47},
+    "mobilenet_train64": {"7g": 1.0, "4g": 1.02, "3g": 1.03, "2g": 1.11, "1g": 1.23},
+    "bert_train8": {"7g": 1.0, "4g": 1.74, "3g": 1.93, "2g": math.inf, "1g": math.inf},
+    "transformer_train32": {"7g": 1.0, "4g": 1.68, "3g": 1.87, "2g": 3.15, "1g": 6.10},
+    "embedding_train64": {"7g": 1.0, "4g": 1.06, "3g": 1.06, "2g": 1.20, "1g": 1.59},
+    "deepspeech2_train8": {"7g": 1.0, "4g": 1.25, "3g": 1.60, "2g": 2.60, "1g": 8.47},
+}
+
+
+def _mean_of_miso() -> dict[str, float]:
+    out = {}
+    for k in KINDS:
+        vals = [m[k] for m in MISO_MODELS.values() if math.isfinite(m[k])]
+        out[k] = round(sum(vals) / len(vals), 2)
+    return out
+
+
+@dataclass(frozen=True)
+class SpeedModel:
+    """Slowdown per size relative to 7g: run time on size k = run time on 7g x slowdown[k].
+
+    The default, ``miso-mean``, is the mean of MISO's six measured models where
+    they fit (4g 1.35, 3g 1.50, 2g 2.09, 1g 4.37): jobs speed up on bigger
+    slices, far less than linearly.
+    """
+
+    name: str
+    slowdown: tuple[tuple[str, float], ...]
+
+    @classmethod
+    def of(cls, name: str, table: Mapping[str, float]) -> "SpeedModel":
+        return cls(name, tuple(sorted((base_kind(k), float(v)) for k, v in table.items())))
+
+    def factor(self, kind: str) -> float:
+        k = base_kind(kind)
+        for name, v in self.slowdown:
+            if name == k:
+                return v
+        return 1.0 if k == "7g" else math.inf
+
+    def convert(self, duration_s: float, from_kind: str, to_kind: str) -> float:
+        """Run time on ``to_kind`` of a job that takes ``duration_s`` on ``from_kind``."""
+        if base_kind(from_kind) == base_kind(to_kind):
+            return duration_s
+        return duration_s * self.factor(to_kind) / self.factor(from_kind)
+
+
+SPEED_MODELS: dict[str, SpeedModel] = {
+    "miso-mean": SpeedModel.of("miso-mean", _mean_of_miso()),
+    "linear": SpeedModel.of("linear", {"7g": 1.0, "4g": 7 / 4, "3g": 7 / 3, "2g": 3.5, "1g": 7.0}),
+    "flat": SpeedModel.of("flat", {"7g": 1.0, "4g": 1.0, "3g": 1.0, "2g": 1.0, "1g": 1.0}),
+    **{f"miso:{k}": SpeedModel.of(f"miso:{k}", v) for k, v in MISO_MODELS.items()},
+}
+DEFAULT_SPEED = SPEED_MODELS["miso-mean"]
+
+
+def get_speed_model(name: str) -> SpeedModel:
+    try:
+        return SPEED_MODELS[name]
+    except KeyError:
+        raise ConfigError(f"unknown speed model {name!r} (known: {', '.join(SPEED_MODELS)})") from None
+
+
+# ---------------------------------------------------------------------------
+# jobs and workloads
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """One batch job: ``count`` x ``profile`` on one node for ``duration_s`` (on that profile)."""
+
+    job_id: str
+    submit_time: float
+    profile: str  # kind: "1g", "2g", "3g", "4g", "7g" (or a full profile name)
+    count: int
+    duration_s: float
+    time_limit_s: float | None = None
+    speed: SpeedModel = DEFAULT_SPEED
+    priority: int = 0  # higher runs first; ties by submit time (Slurm's FIFO default)
+
+    def duration_on(self, kind: str) -> float:
+        return self.speed.convert(self.duration_s, self.profile, kind)
+
+    def time_limit_on(self, kind: str) -> float | None:
+        if self.time_limit_s is None:
+            return None
+        return self.speed.convert(self.time_limit_s, self.profile, kind)
+
+    @property
+    def compute(self) -> int:
+        """Compute slices it holds while running (count x size)."""
+        return self.count * COMPUTE.get(base_kind(self.profile), 7)
+
+
+@dataclass
+class Workload:
+    """Jobs sorted by submit time, plus where they came from."""
+
+    name: str
+    jobs: list[Job]
+    model: str = "H100-80GB"
+    nodes: int = 2  # suggested cluster: nodes x gpus_per_node
+    gpus_per_node: int = 8
+    meta: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.jobs.sort(key=lambda j: (j.submit_time, j.job_id))
+
+    def __len__(self) -> int:
+        return len(self.jobs)
+
+    def profile_mix(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for j in self.jobs:
+            out[j.profile] = out.get(j.profile, 0) + j.count
+        return dict(sorted(out.items()))
+
+
+def _limit(duration: float, rng: random.Random, lo: float = 1.0, hi: float = 4.0) -> float:
+    """A user's --time for a job that really takes ``duration``: an over-estimate.
+
+    Factor log-uniform in [lo, hi] (median 2x with the defaults), rounded up to
+    whole minutes as Slurm does.
+    """
+    factor = math.exp(rng.uniform(math.log(lo), math.log(hi)))
+    return max(60.0, math.ceil(duration * factor / 60.0) * 60.0)
+
+
+def with_time_limits(jobs: Iterable[Job], seed: int = 0, lo: float = 1.0, hi: float = 4.0) -> list[Job]:
+    """Give each job a synthetic --time (see _limit); deterministic for a seed."""
+    rng = random.Random(seed)
+    return [replace(j, time_limit_s=_limit(j.duration_s, rng, lo, hi)) for j in jobs]
+
+
+# ---------------------------------------------------------------------------
+# Alibaba cluster-trace-gpu-v2023
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MilliMap:
+    """gpu_milli (thousandths of a GPU) -> MIG profile kind.
+
+    ``table`` is a list of (upper bound in milli, kind), ascending: a pod gets
+    the first kind whose bound is >= its gpu_milli. The default gives a pod the
+    smallest profile whose compute share covers its GPU share: up to 1/7 of a
+    GPU (142) -> 1g, 2/7 (285) -> 2g, 3/7 (428) -> 3g, 4/7 (571) -> 4g, more ->
+    7g. Pods with num_gpu > 1 ask for num_gpu instances of the mapped profile
+    (in this trace they all ask for whole GPUs: num_gpu x 7g).
+    """
+
+    table: tuple[tuple[int, str], ...] = ((142, "1g"), (285, "2g"), (428, "3g"), (571, "4g"), (1000, "7g"))
+
+    def kind(self, milli: int) -> str:
+        for bound, kind in self.table:
+            if milli <= bound:
+                return kind
+        return self.table[-1][1]
+
+    @classmethod
+    def parse(cls, text: str) -> "MilliMap":
+        """``"1g:142,2g:285,3g:428,4g:571,7g:1000"``."""
+        items = []
+        for part in text.split(","):
+            kind, sep, bound = part.strip().partition(":")
+            if not sep or not bound.strip().isdigit():
+                raise ConfigError(f"bad gpu_milli map item {part!r}: expected KIND:MAX_MILLI, e.g. 2g:285")
+            items.append((int(bound), kind.strip()))
+        items.sort()
+        if not items or items[-1][0] < 1000:
+            raise ConfigError("the gpu_milli map must cover 1000 (a whole GPU)")
+        return cls(tuple(items))
+
+    def __str__(self) -> str:
+        return ",".join(f"{k}:{b}" for b, k in self.table)
+
+
+ALIBABA_COLUMNS = ("name", "num_gpu", "gpu_milli", "creation_time", "deletion_time", "scheduled_time")
+
+
+def load_alibaba(
+    path: str | Path,
+    *,
+    milli_map: MilliMap = MilliMap(),
+    speed: SpeedModel = DEFAULT_SPEED,
+    time_limits: bool = True,
+    seed: int = 0,
+    model: str = "H100-80GB",
+    nodes: int = 4,
+    gpus_per_node: int = 8,
+    name: str | None = None,
+) -> Workload:
+    """Load an Alibaba cluster-trace-gpu-v2023 pod list (e.g. openb_pod_list_default.csv).
+
+    Submit time = creation_time; run time = deletion_time - scheduled_time, taken
+    as the run time on the mapped profile. Skipped and counted in
+    ``meta["skipped"]``: pods with no scheduled_time (never ran), then pods with
+    num_gpu = 0 (no GPU), then rows with a non-positive run time or unparsable
+    numbers. Submit times are shifted so the first pod arrives at 0. With
+    ``time_limits`` each job gets a synthetic --time (the trace has none).
+    """
+    path = Path(path)
+    try:
+        fh = path.open(newline="")
+    except OSError as exc:
+        raise ConfigError(f"cannot read trace {path}: {exc.strerror or exc}") from exc
+    skipped = {"never_ran": 0, "no_gpu": 0, "bad_row": 0}
+    rows = 0
+    raw: list[tuple[str, float, str, int, float]] = []
+    with fh:
+        reader = csv.DictReader(fh)
+        missing = [c for c in ALIBABA_COLUMNS if c not in (reader.fieldnames or ())]
+        if missing:
+            raise ConfigError(f"{path} is not an Alibaba v2023 pod list: missing column(s) {', '.join(missing)}")
+        for row in reader:
+            rows += 1
+            sched = (row.get("scheduled_time") or "").strip()
+            if not sched:
+                skipped["never_ran"] += 1
+                continue
+            try:
+                num_gpu = int(float(row["num_gpu"] or 0))
+                if num_gpu <= 0:
+                    skipped["no_gpu"] += 1
+                    continue
+                milli = int(float(row["gpu_milli"] or 0))
+                created = float(row["creation_time"])
+                duration = float(row["deletion_time"]) - float(sched)
+            except (TypeError, ValueError):
+                skipped["bad_row"] += 1
+                continue
+            if duration <= 0 or milli <= 0:
+                skipped["bad_row"] += 1
+                continue
+            raw.append((row["name"], created, milli_map.kind(milli), num_gpu, duration))
+    t0 = min((r[1] for r in raw), default=0.0)
+    jobs = [Job(n, c - t0, k, g, d, None, speed) for n, c, k, g, d in raw]
+    if time_limits:
+        jobs = with_time_limits(jobs, seed)
+    meta = {
+        "source": str(path), "rows": rows, "loaded": len(jobs), "skipped": skipped,
+        "milli_map": str(milli_map), "speed_model": speed.name, "time_limits": time_limits,
+    }
+    return Workload(name or f"alibaba:{path.stem}", jobs, model, nodes, gpus_per_node, meta)
+
+
+# ---------------------------------------------------------------------------
+# synthetic generators
+# ---------------------------------------------------------------------------
+
+DEFAULT_MIX = {"1g": 0.3, "2g": 0.25, "3g": 0.2, "4g": 0.1, "7g": 0.15}
+
+
+def _pick(rng: random.Random, weights: Mapping[str, float]) -> str:
+    r = rng.random() * sum(weights.values())
+    for k, w in weights.items():
+        r -= w
+        if r <= 0:
+            return k
+    return next(reversed(list(weights)))
+
+
+def _arrivals(rng: random.Random, jobs_compute_s: Sequence[float], gpus: int, load: float,
+              slices_per_gpu: int = 7) -> list[float]:
+    """Poisson arrival times giving offered ``load`` (compute-slice-seconds per capacity) on ``gpus``."""
+    n = len(jobs_compute_s)
+    if n == 0:
+        return []
+    mean_work = sum(jobs_compute_s) / n
+    rate = load * gpus * slices_per_gpu / mean_work  # jobs per second
+    t, out = 0.0, []
+    for _ in range(n):
+        out.append(t)
+        t += rng.expovariate(rate)
+    return out
+
+
+def poisson_workload(
+    n_jobs: int = 2000,
+    *,
+    gpus: int = 16,
+    gpus_per_node: int = 8,
+    load: float = 0.95,
+    mix: Mapping[str, float] = DEFAULT_MIX,
+    mean_duration_s: float = 1800.0,
+    sigma: float = 1.0,
+    multi_gpu_share: float = 0.0,
+    speed: SpeedModel = DEFAULT_SPEED,
+    seed: int = 0,
+    model: str = "H100-80GB",
+    name: str | None = None,
+) -> Workload:
+    """Poisson arrivals, profiles drawn from ``mix``, log-normal run times (on the profile asked for).
+
+    ``load`` is the offered compute load on ``gpus`` GPUs (1.0 = every compute
+    slice busy on average); above ~0.8 jobs queue. ``multi_gpu_share`` of the
+    7g jobs ask for 2-8 GPUs on one node.
+    """
+    rng = random.Random(seed)
+    mu = math.log(mean_duration_s) - sigma * sigma / 2
+    specs = []
+    for i in range(n_jobs):
+        kind = _pick(rng, mix)
+        count = 1
+        if kind == "7g" and multi_gpu_share and rng.random() < multi_gpu_share:
+            count = rng.choice([2, 4, 8])
+            count = min(count, gpus_per_node)
+        dur = max(5.0, rng.lognormvariate(mu, sigma))
+        specs.append((kind, count, dur))
+    arr = _arrivals(rng, [COMPUTE[k] * c * d for k, c, d in specs], gpus, load)
+    jobs = [Job(f"p{i}", arr[i], k, c, d, None, speed) for i, (k, c, d) in enumerate(specs)]
+    jobs = with_time_limits(jobs, seed + 1)
+    return Workload(name or f"poisson-{n_jobs}", jobs, model, max(1, gpus // gpus_per_node), gpus_per_node,
+                    {"generator": "poisson", "load": load, "seed": seed, "mix": dict(mix)})
+
+
+# The RL-MIG paper's families (Villarrubia et al., FGCS 2025, FACTS §5): a job
+# takes t1 ~ U(range) on one slice and t_s = (s-1+d)/s * t_(s-1) on s slices
+# (d = 0: perfect scaling, d = 1: none). Parameters below are ours, in its spirit.
+RL_FAMILIES: dict[str, dict] = {
+    "good_scaling": {"d": (0.0, 0.2), "t1": (600.0, 3600.0)},
+    "bad_scaling": {"d": (0.7, 1.0), "t1": (600.0, 3600.0)},
+    "mix_extreme": {"d": "extreme", "t1": (600.0, 3600.0)},
+    "mix_soft": {"d": (0.2, 0.8), "t1": (600.0, 3600.0)},
+    "wide_times": {"d": (0.0, 1.0), "t1": (60.0, 14400.0)},
+}
+
+
+def rl_scaling_times(t1: float, d: float) -> dict[str, float]:
+    """t_s for s = 1..7 by the RL-MIG recurrence; returned for 1g/2g/3g/4g/7g."""
+    t = {1: t1}
+    for s in range(2, 8):
+        t[s] = (s - 1 + d) / s * t[s - 1]
+    return {"1g": t[1], "2g": t[2], "3g": t[3], "4g": t[4], "7g": t[7]}
+
+
+def rl_mig_workload(
+    family: str = "mix_extreme",
+    n_jobs: int = 1500,
+    *,
+    gpus: int = 16,
+    gpus_per_node: int = 8,
+    load: float = 0.95,
+    mix: Mapping[str, float] = DEFAULT_MIX,
+    seed: int = 0,
+    model: str = "H100-80GB",
+) -> Workload:
+    """A job stream from one RL-MIG family: each job's speed curve follows the recurrence.
+
+    Each job asks for a profile drawn from ``mix``; its run time is t_s for that
+    size and its own speed model is the curve t_s / t_7.
+    """
+    if family not in RL_FAMILIES:
+        raise ConfigError(f"unknown RL-MIG family {family!r} (known: {', '.join(RL_FAMILIES)})")
+    spec = RL_FAMILIES[family]
+    rng = random.Random(seed)
+    specs = []
+    for i in range(n_jobs):
+        if spec["d"] == "extreme":
+            d = rng.uniform(0.0, 0.1) if rng.random() < 0.5 else rng.uniform(0.9, 1.0)
+        else:
+            d = rng.uniform(*spec["d"])
+        times = rl_scaling_times(rng.uniform(*spec["t1"]), d)
+        sp = SpeedModel.of(f"rl:d={d:.2f}", {k: times[k] / times["7g"] for k in KINDS})
+        kind = _pick(rng, mix)
+        specs.append((kind, times[kind], sp))
+    arr = _arrivals(rng, [COMPUTE[k] * dur for k, dur, _ in specs], gpus, load)
+    jobs = [Job(f"r{i}", arr[i], k, 1, dur, None, sp) for i, (k, dur, sp) in enumerate(specs)]
+    jobs = with_time_limits(jobs, seed + 1)
+    return Workload(f"rl-{family}", jobs, model, max(1, gpus // gpus_per_node), gpus_per_node,
+                    {"generator": "rl-mig", "family": family, "load": load, "seed": seed})
+
+
+def miso_workload(
+    n_jobs: int = 1500,
+    *,
+    gpus: int = 16,
+    gpus_per_node: int = 8,
+    load: float = 0.95,
+    mix: Mapping[str, float] = DEFAULT_MIX,
+    mean_duration_7g_s: float = 1200.0,
+    seed: int = 0,
+    model: str = "H100-80GB",
+) -> Workload:
+    """Jobs of MISO's six measured models, each with that model's per-size speed.
+
+    A job's run time on 7g is log-normal; it asks for a profile from ``mix`` among
+    those it fits in (bert does not fit 1g/2g and asks for 3g or bigger).
+    """
+    rng = random.Random(seed)
+    names = sorted(MISO_MODELS)
+    mu = math.log(mean_duration_7g_s) - 0.5
+    specs = []
+    for _ in range(n_jobs):
+        m = rng.choice(names)
+        sp = SPEED_MODELS[f"miso:{m}"]
+        fits = {k: w for k, w in mix.items() if math.isfinite(MISO_MODELS[m][k])}
+        kind = _pick(rng, fits)
+        d7 = max(5.0, rng.lognormvariate(mu, 1.0))
+        specs.append((kind, d7 * sp.factor(kind), sp))
+    arr = _arrivals(rng, [COMPUTE[k] * dur for k, dur, _ in specs], gpus, load)
+    jobs = [Job(f"m{i}", arr[i], k, 1, dur, None, sp) for i, (k, dur, sp) in enumerate(specs)]
+    jobs = with_time_limits(jobs, seed + 1)
+    return Workload("miso-models", jobs, model, max(1, gpus // gpus_per_node), gpus_per_node,
+                    {"generator": "miso", "load": load, "seed": seed})
+
+
+# ---------------------------------------------------------------------------
+# replay of recorded outcomes
+# ---------------------------------------------------------------------------
+
+
+def load_outcomes_db(
+    path: str | Path,
+    *,
+    model: str = "H100-80GB",
+    speed: SpeedModel = DEFAULT_SPEED,
+    nodes: int = 1,
+    gpus_per_node: int = 8,
+    table: str = "outcomes",
+) -> Workload:
+    """Replay the jobs recorded in the state DB's ``outcomes`` table.
+
+    Reads job_id, profile, count, submit_time, start_time, end_time (and
+    time_limit_s, run_s when present) with a plain sqlite3 query. Run time =
+    end_time - start_time (or run_s); submit_time falls back to start_time.
+    Rows without a usable run time or with an unknown profile are skipped and
+    counted in ``meta["skipped"]``.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"state DB {path} does not exist")
+    try:
+        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    except sqlite3.Error as exc:
+        raise ConfigError(f"cannot open state DB {path}: {exc}") from exc
+    gpu_model = get_model(model)
+    skipped = {"no_run_time": 0, "unknown_profile": 0}
+    jobs: list[Job] = []
+    try:
+        cols = {r[1] for r in con.execute(f"PRAGMA table_info({table})")}
+        if not cols:
+            raise ConfigError(f"{path} has no {table!r} table (is it a slurm-mig state DB?)")
+        want = [c for c in ("job_id", "profile", "count", "submit_time", "start_time", "end_time",
+                            "time_limit_s", "run_s") if c in cols]
+        if "job_id" not in want or "profile" not in want:
+            raise ConfigError(f"{path}:{table} lacks job_id/profile columns")
+        for row in con.execute(f"SELECT {', '.join(want)} FROM {table}"):
+            r = dict(zip(want, row))
+            start, end = r.get("start_time"), r.get("end_time")
+            run = (end - start) if start is not None and end is not None else r.get("run_s")
+            if run is None or run <= 0:
+                skipped["no_run_time"] += 1
+                continue
+            try:
+                kind = gpu_model.profile(str(r["profile"])).kind
+            except GeometryError:
+                skipped["unknown_profile"] += 1
+                continue
+            submit = r.get("submit_time")
+            if submit is None:
+                submit = start if start is not None else 0.0
+            jobs.append(Job(str(r["job_id"]), float(submit), kind, int(r.get("count") or 1), float(run),
+                            r.get("time_limit_s"), speed))
+    except sqlite3.Error as exc:
+        raise ConfigError(f"cannot read {table} from {path}: {exc}") from exc
+    finally:
+        con.close()
+    t0 = min((j.submit_time for j in jobs), default=0.0)
+    jobs = [replace(j, submit_time=j.submit_time - t0) for j in jobs]
+    return Workload(f"replay:{path.name}", jobs, model, nodes, gpus_per_node,
+                    {"source": str(path), "loaded": len(jobs), "skipped": skipped})
