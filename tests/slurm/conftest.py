@@ -23,10 +23,15 @@ def _need_root() -> None:
 
 
 @pytest.fixture(scope="session")
-def slurm_cluster(tmp_path_factory) -> LocalCluster:
-    """A running 3-node LocalCluster; stopped (and its state removed) after the session."""
+def slurm_installed() -> None:
+    """Slurm and munge are installed (apt-get on first use); skips when not root."""
     _need_root()
     ensure_installed()
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory, slurm_installed) -> LocalCluster:
+    """A running 3-node LocalCluster; stopped (and its state removed) after the session."""
     # pytest's base temp path is short enough for munge's unix socket.
     cluster = LocalCluster(tmp_path_factory.mktemp("slurm-cluster"), nodes=3, gpus_per_node=2,
                            min_job_age=60)

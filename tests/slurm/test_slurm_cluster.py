@@ -206,7 +206,18 @@ def test_requeue_and_cancel(slurm, job_dir, wait_for):
     wait_for(lambda: slurm.scontrol_show_job(job_id).state == "CANCELLED", what="cancelled")
 
 
-def test_query_failure_returns_none_and_check_raises(tmp_path):
+def test_requeue_eligible_now_runs_again_at_once(slurm, job_dir, wait_for):
+    job_id = slurm.sbatch(wrap="sleep 30", gres="mig:1g", args=["-o", str(job_dir / "e.out")])
+    _job(slurm, job_id, wait_for, states=("RUNNING",))
+    slurm.scontrol_requeue(job_id, eligible_now=True)
+    # Without eligible_now it would pend ~120 s with Reason=BeginTime.
+    d = wait_for(lambda: (d := slurm.scontrol_show_job(job_id)) and d.state == "RUNNING" and d,
+                 timeout=10, what="requeued job running again")
+    assert d.fields["Restarts"] == "1"
+    slurm.scancel(job_id)
+
+
+def test_query_failure_returns_none_and_check_raises(tmp_path, slurm_installed):
     from slurm_mig.slurm.runner import SlurmClient
 
     # A slurm.conf pointing at a controller that is not there.
@@ -226,7 +237,7 @@ def test_query_failure_returns_none_and_check_raises(tmp_path):
 # -- the CLI and the capacity node ------------------------------------------------------
 
 
-def test_cli_up_capacity_node_status_down(tmp_path_factory, capsys, wait_for):
+def test_cli_up_capacity_node_status_down(tmp_path_factory, capsys, wait_for, slurm_installed):
     from slurm_mig.cli import main
 
     state = tmp_path_factory.mktemp("cli-cluster")
@@ -259,7 +270,7 @@ def test_cli_up_capacity_node_status_down(tmp_path_factory, capsys, wait_for):
     assert main(["cluster", "status", "--state-dir", str(state)]) == 1
 
 
-def test_hooks_from_snippet_run_with_extra_env(tmp_path_factory, wait_for):
+def test_hooks_from_snippet_run_with_extra_env(tmp_path_factory, wait_for, slurm_installed):
     """Prolog/Epilog/TaskProlog lines of etc/slurm.conf.snippet, pointed at stand-in hooks."""
     d = tmp_path_factory.mktemp("hooks")
     os.chmod(d, 0o755)
