@@ -319,6 +319,16 @@ class Controller:
             for n in nodes:
                 self.metrics.set("slurm_mig_node_up", (("node", n.name),), 1.0 if n.state == "up" else 0.0)
 
+    def _finish_reconfig(self, entry_id: int, state: str, **kw):
+        """journal_finish(), and the reconfiguration's duration (start -> finish) into
+        slurm_mig_reconfiguration_seconds (done and failed ones; abandoned ones never ran)."""
+        e = self.store.journal_finish(entry_id, state, **kw)
+        start = e.started_at or e.created_at
+        if e.finished_at is not None and start is not None:
+            self.metrics.observe("slurm_mig_reconfiguration_seconds", max(0.0, e.finished_at - start),
+                                 (0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300))
+        return e
+
     # ------------------------------------------------------------------ API
     def routes(self) -> dict:
         return {"/v1/prolog": self.on_prolog, "/v1/bound": self.on_bound, "/v1/bind-failed": self.on_bind_failed,
@@ -473,7 +483,7 @@ class Controller:
                               "AND released_at IS NULL", (i.get("uuid"), job_id, node, int(i["gpu"]), int(i["start"])))
             for e in self.store.open_journal_entries(node):
                 if e.state == "in_progress":
-                    self.store.journal_finish(e.id, "done", outcome=f"applied by the prolog of job {job_id}", now=now)
+                    self._finish_reconfig(e.id, "done", outcome=f"applied by the prolog of job {job_id}", now=now)
             self.store.add_event("start", f"job {job_id} started on {node} with "
                                  + ", ".join(f"{i['profile']}@{i['gpu']}:{i['start']}" for i in insts),
                                  node=node, job_id=job_id, now=now)
@@ -488,7 +498,7 @@ class Controller:
             self.store.set_job_state(job_id, "REQUEUED", now=now, reason="reconfiguration failed on the node")
             for e in self.store.open_journal_entries(node):
                 if e.state == "in_progress":
-                    self.store.journal_finish(e.id, "failed", error=str(payload.get("results"))[:2000], now=now)
+                    self._finish_reconfig(e.id, "failed", error=str(payload.get("results"))[:2000], now=now)
             self.store.add_event("bind-failed", f"job {job_id} on {node}: {payload.get('results')}"[:2000],
                                  node=node, job_id=job_id, now=now)
         self.metrics.inc("slurm_mig_hook_errors_total", (("kind", "bind_failed"),))
@@ -538,7 +548,7 @@ class Controller:
                 else:
                     for e in self.store.open_journal_entries(node):
                         if e.gpu == gi:
-                            self.store.journal_finish(e.id, "done", outcome="observed in place", now=now)
+                            self._finish_reconfig(e.id, "done", outcome="observed in place", now=now)
             for e in self.store.open_journal_entries(node):
                 if e.state == "planned" and str(e.gpu) in desired:
                     self.store._x("UPDATE reconfig_journal SET state = 'in_progress', started_at = ? WHERE id = ?",
@@ -577,8 +587,8 @@ class Controller:
                 ok = bool(r.get("ok")) and r.get("reached", True)
                 for e in self.store.open_journal_entries(node):
                     if e.gpu == gi:
-                        self.store.journal_finish(e.id, "done" if ok else "failed",
-                                                  outcome=str(r.get("done")), error=r.get("error"), now=now)
+                        self._finish_reconfig(e.id, "done" if ok else "failed",
+                                              outcome=str(r.get("done")), error=r.get("error"), now=now)
                 self.metrics.inc("slurm_mig_reconfigurations_total", (("result", "ok" if ok else "failed"),))
                 self.store.add_event("applied", f"{node}/{gi}: {r.get('before')} -> {r.get('after')}"
                                      + ("" if ok else f" FAILED: {r.get('error')}"), node=node, now=now)
