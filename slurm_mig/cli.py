@@ -22,6 +22,7 @@ COMMAND_MODULES = [
     "slurm_mig.slurm.cli",
     "slurm_mig.controller.cli",
     "slurm_mig.node.cli",
+    "slurm_mig.ops.cli",
 ]
 
 

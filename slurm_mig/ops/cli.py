@@ -1,0 +1,463 @@
+"""`slurm-mig status | jobs | nodes | decisions | explain | top`: the operator's commands.
+
+All of them read the controller's state database (``[controller].db_path`` of the config chosen
+with ``--config`` / ``$SLURM_MIG_CONFIG``; ``--db PATH`` reads another file, e.g. a copy taken for
+a post-mortem) read-only, and print text for people or, with ``--json``, the data of
+:mod:`slurm_mig.ops.views` for scripts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+JOB_STATE_GROUPS = {
+    "live": ("PENDING", "REQUEUED", "RUNNING", "SUSPENDED", "COMPLETING"),
+    "pending": ("PENDING", "REQUEUED"),
+    "running": ("RUNNING", "SUSPENDED", "COMPLETING"),
+    "done": ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
+             "BOOT_FAIL", "DEADLINE"),
+}
+
+
+def _common(p: argparse.ArgumentParser, *, json_flag: bool = True) -> None:
+    p.add_argument("--db", metavar="PATH", help="read this state database instead of [controller].db_path")
+    if json_flag:
+        p.add_argument("--json", action="store_true", help="print JSON (the same data, for scripts)")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("status", help="controller, nodes, GPUs, instances by profile and the queue, at a glance")
+    _common(p)
+    p.add_argument("--check", action="store_true",
+                   help="exit 1 when the controller is not ticking or a GPU node is down, drained or stale")
+    p.add_argument("--no-probe", action="store_true", help="do not call the controller's /healthz")
+    p.set_defaults(func=_status)
+
+    p = sub.add_parser("jobs", help="MIG jobs slurm-mig knows: queue order, wait, instances and why")
+    _common(p)
+    p.add_argument("--state", default="live",
+                   help="live (default), pending, running, done, all, or Slurm states separated by commas")
+    p.add_argument("--user", help="only this user's jobs")
+    p.add_argument("--partition", help="only jobs in this partition")
+    p.add_argument("--profile", help="only jobs asking for this profile (3g, 1g.dm, ...)")
+    p.add_argument("--limit", type=int, help="at most this many jobs")
+    p.set_defaults(func=_jobs)
+
+    p = sub.add_parser("nodes", help="every GPU's MIG layout: instances, jobs on them, reconfigurations")
+    _common(p)
+    p.add_argument("--node", metavar="NODES", help="hostlist or glob, e.g. gpu[01-04] or 'gpu*'")
+    p.add_argument("--partition", help="only nodes of this Slurm partition (asks sinfo)")
+    p.add_argument("--width", type=int, help="line width (default: the terminal's, or 100)")
+    p.set_defaults(func=_nodes)
+
+    p = sub.add_parser("decisions", help="the policy's recent decisions and their reasons")
+    _common(p)
+    p.add_argument("--limit", type=int, default=10, help="how many (default 10)")
+    p.add_argument("--waiting", action="store_true",
+                   help="also decisions that only kept jobs waiting (one per controller tick while any job waits)")
+    p.add_argument("--all", action="store_true", help="every decision, including those that did nothing")
+    p.add_argument("--job", metavar="JOBID", help="only decisions that placed or held this job")
+    p.set_defaults(func=_decisions)
+
+    p = sub.add_parser("explain", help="why a job waited, or landed where it did")
+    _common(p)
+    p.add_argument("job_id", metavar="JOBID")
+    p.add_argument("--width", type=int, help="line width (default: the terminal's, or 100)")
+    p.add_argument("--replay", action="store_true",
+                   help="also replay the job's surroundings in the simulator with the configured policy and "
+                        "draw the simulated timeline")
+    p.set_defaults(func=_explain)
+
+    p = sub.add_parser("top", help="live dashboard: GPU slices, queue, decisions, health")
+    _common(p, json_flag=False)
+    p.add_argument("--once", action="store_true", help="print one frame and exit")
+    p.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes (default 2)")
+    p.add_argument("--node", metavar="NODES", help="only these nodes: hostlist or glob")
+    p.add_argument("--partition", help="only this partition's nodes and jobs (asks sinfo)")
+    p.add_argument("--page", type=int, default=1, help="start on this page")
+    p.add_argument("--view", choices=("auto", "gpus", "summary"), default="auto",
+                   help="GPU bars, per-profile summary with one line per node, or auto (bars when they fit)")
+    p.add_argument("--width", type=int, help="with --once: frame width (default: terminal, or 80)")
+    p.add_argument("--height", type=int, help="with --once: frame height (default: terminal, or 24)")
+    p.add_argument("--ascii", action="store_true", help="ASCII characters only (terminals without UTF-8)")
+    p.set_defaults(func=_top)
+
+
+# -- plumbing -----------------------------------------------------------------------------------
+
+def _open(args):
+    from slurm_mig.config import load_config
+    from slurm_mig.ops.views import open_readonly
+
+    cfg = load_config(args.config)
+    path = args.db or cfg.controller.db_path
+    return cfg, open_readonly(path, busy_timeout_s=cfg.controller.db_busy_timeout_s)
+
+
+def _width(args, default: int = 100) -> int:
+    if getattr(args, "width", None):
+        return max(40, args.width)
+    import shutil
+
+    if sys.stdout.isatty():
+        return max(40, shutil.get_terminal_size((default, 24)).columns)
+    return default
+
+
+def _console(width: int):
+    from rich.console import Console
+
+    return Console(width=width, highlight=False, soft_wrap=False)
+
+
+def _print_json(value) -> None:
+    from slurm_mig.ops.views import to_json
+
+    print(to_json(value))
+
+
+def _partition_nodes(cfg, partition: str | None):
+    if not partition:
+        return None
+    from slurm_mig.ops.top import PartitionNodes
+
+    return PartitionNodes(cfg, partition).get()
+
+
+# -- status -------------------------------------------------------------------------------------
+
+def _status(args) -> int:
+    from slurm_mig.ops import render as R
+    from slurm_mig.ops import views as V
+    from slurm_mig.ops.top import probe_healthz
+
+    cfg, store = _open(args)
+    with store:
+        snap = V.load_snapshot(store, stale_after_s=cfg.controller.node_stale_after_s)
+    healthz = None if args.no_probe or args.db else probe_healthz(cfg)
+    st = V.status_view(snap, tick_interval_s=cfg.controller.tick_interval_s, healthz=healthz)
+    trouble = st["controller"]["state"] != "ok" or any(k != "up" for k in st["nodes"]["by_state"])
+    if args.json:
+        _print_json(st)
+        return 1 if (args.check and trouble) else 0
+    c = st["controller"]
+    last = c["last_decision"]
+    line = f"controller  {c['state']} ({c['detail']}"
+    if healthz is not None:
+        line += "; /healthz " + ("ok" if healthz else "NOT answering")
+    line += ")"
+    if last:
+        lat = f", {last['latency_ms']:.1f} ms" if last.get("latency_ms") is not None else ""
+        line += f"  policy {last['policy']} {last['version']}".rstrip() + f" (decision #{last['id']}{lat})"
+    print(line)
+    n = st["nodes"]
+    states = ", ".join(f"{v} {k}" for k, v in n["by_state"].items()) or "none reported"
+    print(f"nodes       {n['total']} with GPUs: {states}"
+          + (f"   (no GPUs: {', '.join(n['other'])})" if n["other"] else ""))
+    g = st["gpus"]
+    print(f"GPUs        {g['total']} ({g['mig_enabled']} with MIG on), {g['reconfiguring']} reconfiguring; "
+          f"{g['slices']} memory slices, {round(100 * g['busy_fraction'])}% busy, "
+          f"{g['fragmented_slices']} idle but fragmented")
+    i = st["instances"]
+    print(f"instances   busy {i['busy']}  idle {i['idle']}  reconfiguring {i['reconfiguring']}")
+    j = st["jobs"]
+    q = f"queue       {j['pending']} pending, {j['running']} running"
+    if j["oldest_pending"]:
+        o = j["oldest_pending"]
+        q += f"; oldest pending: job {o['job_id']} ({o['count']} x {o['profile']}) for {V.fmt_duration(o['wait_s'])}"
+    print(q)
+    print()
+    for line in R.table(R.profile_table_rows(st["profiles"]),
+                        ["PROFILE", "TOTAL", "BUSY", "IDLE", "RECONF", "PENDING", "OLDEST WAIT"], 100,
+                        align="lrrrrrr"):
+        print(line)
+    if st["reconfigurations"]:
+        print()
+        print("open reconfigurations:")
+        for r in st["reconfigurations"]:
+            print(f"  #{r['id']} {r['node']}/{r['gpu']} {r['from']} -> {r['to']} {r['state']} "
+                  f"({r['progress']}/{len(r['steps'])} steps, {V.fmt_duration(r['duration_s'])})")
+    return 1 if (args.check and trouble) else 0
+
+
+# -- jobs ---------------------------------------------------------------------------------------
+
+def _jobs(args) -> int:
+    from slurm_mig.ops import render as R
+    from slurm_mig.ops import views as V
+    from slurm_mig.store import JOB_STATES
+
+    spec = args.state.lower()
+    if spec == "all":
+        states = None
+    elif spec in JOB_STATE_GROUPS:
+        states = JOB_STATE_GROUPS[spec]
+    else:
+        states = tuple(s.strip().upper() for s in args.state.split(",") if s.strip())
+        bad = [s for s in states if s not in JOB_STATES]
+        if bad:
+            print(f"slurm-mig jobs: unknown state {', '.join(bad)} (use live, pending, running, done, all, "
+                  f"or {', '.join(JOB_STATES)})", file=sys.stderr)
+            return 2
+    cfg, store = _open(args)
+    with store:
+        jobs = V.jobs_view(store, states=states, user=args.user, partition=args.partition, profile=args.profile,
+                           limit=args.limit)
+    if args.json:
+        _print_json(jobs)
+        return 0
+    if not jobs:
+        print("no jobs")
+        return 0
+    rows = []
+    for j in jobs:
+        where = ""
+        if j["node"] and j["instances"]:
+            where = j["node"] + ":" + ",".join(f"{i['profile'].split('.')[0]}@{i['gpu']}/{i['start']}"
+                                               for i in j["instances"])
+        elif j.get("reserved"):
+            where = "(" + str(j["reserved"].get("node")) + ")"
+        rows.append([j["job_id"], j["user"] or "-", j["partition"] or "-",
+                     f"{j['count']}x{j['profile']}" if j["count"] != 1 else j["profile"], j["state"],
+                     V.fmt_duration(j["wait_s"]), V.fmt_duration(j["run_s"]) if j["run_s"] is not None else "-",
+                     where or "-", j["reason"] or "-"])
+    for line in R.table(rows, ["JOB", "USER", "PARTITION", "WANTS", "STATE", "WAIT", "RUN", "WHERE", "WHY"],
+                        _width(args, 120), align="lllllrrll"):
+        print(line)
+    return 0
+
+
+# -- nodes --------------------------------------------------------------------------------------
+
+def _nodes(args) -> int:
+    from rich.text import Text
+
+    from slurm_mig.ops import render as R
+    from slurm_mig.ops import views as V
+
+    cfg, store = _open(args)
+    with store:
+        snap = V.load_snapshot(store, stale_after_s=cfg.controller.node_stale_after_s)
+    nodes = V.node_views(snap, nodes=args.node, only=_partition_nodes(cfg, args.partition))
+    if args.json:
+        _print_json(nodes)
+        return 0
+    if not nodes:
+        print("no nodes match" if (args.node or args.partition) else "no nodes reported yet")
+        return 0
+    width = _width(args)
+    con = _console(width)
+    g = R.Glyphs()
+    for n in nodes:
+        head = Text()
+        head.append(n["name"], style="bold")
+        head.append("  ")
+        head.append_text(R.node_state_text(n))
+        seen = V.fmt_duration(n["seen_ago_s"]) + " ago" if n["seen_ago_s"] is not None else "never"
+        head.append(f"  seen {seen}  health {n['health']}", style=R.STYLE["dim"])
+        if n["agent_version"]:
+            head.append(f"  agent {n['agent_version']}", style=R.STYLE["dim"])
+        if not n["gpus"]:
+            head.append("  (no GPUs reported)", style=R.STYLE["dim"])
+        con.print(head, no_wrap=True, crop=True)
+        for gpu in n["gpus"]:
+            t = Text(f"  GPU {gpu['gpu']} {gpu['model'] or gpu['name'] or '?'}  layout {gpu['layout'] or '-'}")
+            if gpu["desired"] and gpu["desired"] != gpu["layout"]:
+                t.append(f"  desired {gpu['desired']}", style=R.STYLE["warn"])
+            rc = gpu["reconfiguration"]
+            if rc:
+                t.append(f"  reconfiguration #{rc['id']} {rc['state']} {rc['progress']}/{rc['steps']} steps "
+                         f"-> {rc['to']}", style=R.STYLE["warn"])
+            t.append(f"  free: up to {gpu['largest_free_kind'] or 'nothing'}", style=R.STYLE["dim"])
+            con.print(R.crop(t, width), no_wrap=True, crop=True)
+            bar_w = min(8 * 12, width - 4)
+            bar_w -= bar_w % max(1, gpu["slices"] or 1)
+            line = Text("    ")
+            line.append_text(R.gpu_bar(gpu, bar_w, g))
+            con.print(line, no_wrap=True, crop=True)
+    return 0
+
+
+# -- decisions ----------------------------------------------------------------------------------
+
+def _decisions(args) -> int:
+    from slurm_mig.ops import views as V
+
+    cfg, store = _open(args)
+    with store:
+        ds = V.decisions_view(store, limit=args.limit, include_noop=args.all, include_waiting=args.waiting,
+                              job_id=args.job)
+    if args.json:
+        _print_json(ds)
+        return 0
+    if not ds:
+        print("no decisions recorded" + ("" if args.all else
+                                         " that re-carved or placed anything (--waiting, --all show more)"))
+        return 0
+    width = _width(args)
+    for d in ds:
+        lat = f" {d['latency_ms']:.1f} ms" if d["latency_ms"] is not None else ""
+        print(f"#{d['id']} {V.fmt_when(d['time'], d['time'])} {d['policy']} {d['version']}{lat}: {d['summary']}"[:width])
+        for c in d["changes"]:
+            print(f"    re-carve {c['node']}/{c['gpu']} -> {c['target']}: {c.get('reason', '')}"[:width])
+        for a in d["assignments"]:
+            inst = ", ".join(f"{i['profile']}@{i['start']} GPU {i['gpu']}" for i in a.get("instances", []))
+            print(f"    job {a['job_id']} -> {a['node']} ({inst}): {a.get('reason', '')}"[:width])
+        shown = d["waiting"] if args.job is None else [w for w in d["waiting"] if w[0] == args.job]
+        for job, why in shown[:5]:
+            print(f"    job {job} waits: {why}"[:width])
+        if len(shown) > 5:
+            print(f"    ... {len(shown) - 5} more waiting")
+    return 0
+
+
+# -- explain ------------------------------------------------------------------------------------
+
+def explain_lines(ex: dict, width: int = 100, now: float | None = None) -> list[str]:
+    """The text of `slurm-mig explain` from explain_view()'s data."""
+    import time
+
+    from slurm_mig.ops import render as R
+    from slurm_mig.ops import views as V
+
+    now = time.time() if now is None else now
+    j = ex["job"]
+    out: list[str] = []
+    add = out.append
+    wants = f"{j['count']} x {j['profile']}"
+    head = f"Job {j['job_id']}"
+    if j["name"]:
+        head += f" ({j['name']})"
+    head += f", user {j['user'] or '?'}, partition {j['partition'] or '?'}, asks for {wants}: {j['state']}"
+    if j["node"] and j["instances"]:
+        head += " on " + j["node"] + " " + ", ".join(f"GPU {i['gpu']} {i['profile']}@{i['start']}"
+                                                     for i in j["instances"])
+    add(head)
+    times = f"  submitted {V.fmt_when(j['submit_time'], now)}"
+    if j["start_time"] is not None:
+        times += f", started {V.fmt_when(j['start_time'], now)} after waiting {V.fmt_duration(j['wait_s'])}"
+    elif j["state"] in ("PENDING", "REQUEUED"):
+        times += f", waiting for {V.fmt_duration(j['wait_s'])}"
+    if j["end_time"] is not None:
+        times += f", ended {V.fmt_when(j['end_time'], now)} (ran {V.fmt_duration(j['run_s'])})"
+    elif j["run_s"] is not None:
+        times += f", running for {V.fmt_duration(j['run_s'])}"
+    add(times)
+    if ex["outcome"]:
+        o = ex["outcome"]
+        add(f"  outcome: {o['state']}, exit code {o['exit_code']}")
+    add("")
+    add("In short: " + ex["verdict"])
+    add("")
+    spans = ex["decisions"]["spans"]
+    add(f"Decisions that touched it ({ex['decisions']['count']}):")
+    if not spans:
+        add("  none recorded (a job placed by the Prolog alone, or one the controller never saw pending)")
+    for s in spans:
+        when = V.fmt_when(s["since"], now)
+        if s["decisions"] > 1:
+            when += f"..{V.fmt_clock(s['until'])}"
+        ids = f"#{s['first']}" + (f"..#{s['last']}" if s["last"] != s["first"] else "")
+        if s["what"] == "waiting":
+            n = f"{s['decisions']} decision{'s' if s['decisions'] != 1 else ''}"
+            add(f"  {when}  {ids} ({n}, {s['policy']}) waiting: {s['reason']}")
+        else:
+            a = s["assignment"] or {}
+            inst = ", ".join(f"GPU {i['gpu']} {i['profile']}@{i['start']}" for i in a.get("instances", []))
+            add(f"  {when}  {ids} ({s['policy']}) placed on {a.get('node')} {inst}: {s['reason']}")
+            for c in s["changes"]:
+                add(f"        with re-carve {c['node']}/{c['gpu']} -> {c['target']} ({c.get('reason', '')})")
+            if s.get("fell_through"):
+                add(f"        {s['fell_through']}")
+        for r in s.get("reservations") or []:
+            add(f"        reserved for it: {', '.join(r[2]) if len(r) > 2 else r}")
+    for saw in ex["policy_saw"]:
+        add("")
+        add(f"What the policy saw at decision #{saw['decision']} ({saw['label']}, {V.fmt_when(saw['time'], now)}):")
+        pos = saw["queue_position"]
+        ahead = ", ".join(f"{v} x {k}" for k, v in saw["ahead_by_profile"].items())
+        add(f"  {saw['gpus']} GPUs ({saw['available']} available), {saw['pending']} pending jobs; this job was "
+            + (f"number {pos} in the queue" if pos else "not in its queue")
+            + (f", behind {ahead}" if ahead else ""))
+        verdicts = ", ".join(f"{v} {k}" for k, v in sorted(saw["verdicts"].items()))
+        add(f"  GPUs for {wants}: {verdicts}")
+        gw = max([len(o["gpu"]) for o in saw["options"]] + [3])
+        lw = min(36, max([len(str(o["layout"])) for o in saw["options"]] + [6]))
+        for o in saw["options"]:
+            mark = "chosen " if o.get("chosen") else ("       " if saw["label"] == "assignment" else "")
+            add(f"    {mark}{o['gpu']:<{gw}}  {str(o['layout']):<{lw}}  {o['verdict']:<13} {o['why']}"[:width])
+        hidden = saw["gpus"] - len(saw["options"])
+        if hidden > 0:
+            add(f"    ... {hidden} more GPUs (counted above)")
+    add("")
+    if ex["reconfigurations"]:
+        add("Reconfigurations on its GPU(s) while it waited:")
+        for r in ex["reconfigurations"]:
+            dur = f" in {r['duration_s']:.2f}s" if r["duration_s"] is not None else ""
+            how = r["error"] or ("" if str(r["outcome"] or "").startswith("[") else r["outcome"]) or ""
+            src = f"decision #{r['decision_id']}" if r["decision_id"] else "the Prolog's binding"
+            add(f"  #{r['id']} {V.fmt_when(r['created_at'], now)} {r['node']}/{r['gpu']} {r['from']} -> {r['to']}: "
+                f"{r['state']}{dur} (from {src}{'; ' + how if how else ''})")
+            add(f"      steps: {', '.join(r['steps'])}"[:width])
+    else:
+        add("Reconfigurations on its GPU(s) while it waited: none")
+    if ex["events"]:
+        add("")
+        add("Events:")
+        for e in ex["events"]:
+            add(f"  {V.fmt_when(e['time'], now)} {e['kind']:<8} {e['message']}"[:width])
+    tl = ex.get("timeline")
+    if tl and tl["segments"]:
+        add("")
+        add(f"Timeline of {tl['node']} GPU {','.join(str(g) for g in tl['gpus'])}:")
+        for line in R.render_timeline(tl["segments"], tl["t0"], tl["t1"], width - 2, job_id=j["job_id"],
+                                      submit=j["submit_time"], start=j["start_time"]):
+            add("  " + line)
+    return out
+
+
+def _explain(args) -> int:
+    from slurm_mig.ops import views as V
+
+    cfg, store = _open(args)
+    with store:
+        ex = V.explain_view(store, args.job_id)
+        replay = None
+        if args.replay:
+            from slurm_mig.ops.replay import replay_job
+
+            replay = replay_job(store, args.job_id, policy=cfg.policy.name)
+    if args.json:
+        if replay is not None:
+            ex["replay"] = replay
+        _print_json(ex)
+        return 0
+    width = _width(args)
+    for line in explain_lines(ex, width):
+        print(line)
+    if replay is not None:
+        from slurm_mig.ops.replay import replay_lines
+
+        print()
+        for line in replay_lines(replay, width):
+            print(line)
+    return 0
+
+
+# -- top ----------------------------------------------------------------------------------------
+
+def _top(args) -> int:
+    import shutil
+
+    from slurm_mig.ops.top import TopOptions, run
+
+    cfg, store = _open(args)
+    size = shutil.get_terminal_size((80, 24))
+    opts = TopOptions(
+        width=args.width or (size.columns if sys.stdout.isatty() else 80),
+        height=args.height or (size.lines if sys.stdout.isatty() else 24),
+        page=max(1, args.page), view=args.view, nodes=args.node, partition=args.partition, ascii=args.ascii,
+        tick_interval_s=cfg.controller.tick_interval_s, stale_after_s=cfg.controller.node_stale_after_s)
+    with store:
+        return run(store, opts, cfg=None if args.db else cfg, interval=max(0.2, args.interval), once=args.once)

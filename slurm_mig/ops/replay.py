@@ -1,0 +1,140 @@
+"""`slurm-mig explain JOBID --replay`: the job's surroundings replayed in the simulator.
+
+The jobs that were in the system while JOBID waited (from the state database: submit time,
+profile, count, the run time they really had or their time limit) are played by the discrete-event
+simulator with the configured policy, on a cluster of the same size, model and (most common)
+starting layout. The answer is the simulated wait and placement next to the real ones, the policy's
+waiting reason, and the simulator's timeline of the GPU the job ran on: a picture of what the
+policy does with that queue, without Slurm, hooks or NVML in the way.
+
+It is an approximation (one starting layout for every GPU, node names n00, n01, ... mapped onto
+the real ones in name order), stated as such in the output.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+
+from slurm_mig.errors import SlurmMigError
+
+
+def _duration(job, now: float) -> float:
+    if job.start_time is not None and job.end_time is not None:
+        return max(0.1, job.end_time - job.start_time)
+    if job.start_time is not None:
+        return max(0.1, now - job.start_time)
+    if job.time_limit_s and job.time_limit_s < 7 * 86400:
+        return float(job.time_limit_s)
+    return 60.0
+
+
+def replay_job(store, job_id: str, *, policy: str = "first-fit", now: float | None = None) -> dict:
+    """Replay JOBID's window in the simulator; a dict for replay_lines() (``{"error": ...}`` if impossible)."""
+    now = time.time() if now is None else now
+    try:
+        from slurm_mig.policies import get_policy
+        from slurm_mig.sim.engine import ClusterSpec, SimConfig, Simulator
+        from slurm_mig.sim.workloads import SPEED_MODELS, Job, Workload
+    except Exception as exc:  # the simulator is optional at run time
+        return {"error": f"the simulator is not available here: {exc}"}
+    job = store.get_job(str(job_id))
+    if job is None:
+        return {"error": f"no record of job {job_id}"}
+    t_lo = job.submit_time
+    t_hi = job.start_time if job.start_time is not None else now
+    others = [j for j in store.jobs() if j.submit_time is not None and j.submit_time <= t_hi
+              and (j.end_time is None or j.end_time >= t_lo) and j.state not in ("CANCELLED",)]
+    gpus = store.observed_gpus()
+    models = Counter(g.model for g in gpus if g.model and g.mig_enabled)
+    if not models:
+        return {"error": "no MIG GPUs are recorded, so there is no cluster to replay on"}
+    model = models.most_common(1)[0][0]
+    by_node: dict[str, int] = {}
+    for g in gpus:
+        if g.model == model and g.mig_enabled:
+            by_node[g.node] = by_node.get(g.node, 0) + 1
+    real_nodes = sorted(by_node)
+    layouts = Counter(str(store.observed_layout(g.node, g.gpu)) for g in gpus if g.model == model and g.mig_enabled)
+    from slurm_mig.ops.views import _rows
+
+    first = _rows(store, "SELECT inputs FROM decisions WHERE time >= ? AND shadow = 0 ORDER BY id LIMIT 1",
+                  (t_lo - 1,))
+    if first:
+        import json
+
+        seen = json.loads(first[0]["inputs"] or "{}").get("gpus") or []
+        if seen:
+            layouts = Counter(g.get("layout") or "" for g in seen if g.get("model") == model)
+    initial = layouts.most_common(1)[0][0] if layouts else ""
+    if initial == "empty":
+        initial = ""
+    sim_jobs = []
+    for j in others:
+        running_before = j.start_time is not None and j.start_time < t_lo
+        dur = _duration(j, now)
+        if running_before:
+            dur = max(0.1, dur - (t_lo - j.start_time))
+        sub = 0.0 if running_before else max(0.0, j.submit_time - t_lo)
+        sim_jobs.append(Job(j.job_id, sub, j.profile, j.count, dur,
+                            time_limit_s=j.time_limit_s if j.time_limit_s and j.time_limit_s < 7 * 86400 else None,
+                            speed=SPEED_MODELS["flat"], priority=1 if running_before else 0))
+    wl = Workload(f"replay of job {job_id}", sim_jobs, model=model)
+    spec = ClusterSpec(nodes=len(real_nodes), gpus_per_node=max(by_node.values()), model=model,
+                       initial_layout=initial)
+    try:
+        pol = get_policy(policy)
+        result = Simulator(wl, pol, spec, SimConfig(record=True)).run()
+    except (SlurmMigError, Exception) as exc:  # noqa: BLE001 - report, do not crash explain
+        return {"error": f"the replay failed: {type(exc).__name__}: {exc}"}
+    names = {spec.node_name(i): real for i, real in enumerate(real_nodes)}
+    rec = next((r for r in result.jobs if r.job.job_id == str(job_id)), None)
+    out = {
+        "job_id": str(job_id), "policy": result.policy, "jobs": len(sim_jobs), "model": model, "nodes": len(real_nodes),
+        "gpus_per_node": spec.gpus_per_node, "initial_layout": initial or "empty", "t0": t_lo,
+        "node_names": names, "real_wait_s": None if job.start_time is None else job.start_time - job.submit_time,
+        "sim_wait_s": None, "sim_node": None, "sim_instances": [], "sim_reason": result.waiting_reasons.get(str(job_id)),
+        "reconfigurations": result.reconfigurations, "timeline": None,
+    }
+    if rec is not None and rec.start != float("inf"):
+        out["sim_wait_s"] = rec.start - rec.job.submit_time
+        out["sim_node"] = rec.node
+        out["sim_instances"] = [[gi, str(s)] for gi, s in rec.instances]
+        keys = {f"{rec.node}/{gi}" for gi, _ in rec.instances}
+        segs = [s for s in result.timeline if s.gpu in keys]
+        t1 = max([s.t1 for s in segs if s.t1 != float("inf")] + [rec.end if rec.end != float("inf") else rec.start])
+        out["timeline"] = {"t0": 0.0, "t1": max(t1, rec.start + 1.0), "submit": rec.job.submit_time,
+                           "start": rec.start,
+                           "segments": [{"gpu": s.gpu, "kind": s.kind, "slot": str(s.slot), "t0": s.t0,
+                                         "t1": min(s.t1, t1), "job_id": s.job_id} for s in segs]}
+    return out
+
+
+def replay_lines(rep: dict, width: int = 100) -> list[str]:
+    from slurm_mig.ops import render as R
+    from slurm_mig.ops.views import fmt_duration
+
+    if rep.get("error"):
+        return [f"Replay: {rep['error']}"]
+    out = [f"Replay in the simulator (approximate: {rep['jobs']} jobs of that window, {rep['nodes']} x "
+           f"{rep['gpus_per_node']} {rep['model']} all starting as {rep['initial_layout']}, policy {rep['policy']}):"]
+    real = fmt_duration(rep["real_wait_s"]) if rep["real_wait_s"] is not None else "not started yet"
+    if rep["sim_wait_s"] is None:
+        out.append(f"  in the replay the job never started (real wait: {real})")
+    else:
+        node = rep["sim_node"]
+        real_name = rep["node_names"].get(node, "?")
+        inst = ", ".join(f"GPU {gi} {s}" for gi, s in rep["sim_instances"])
+        out.append(f"  simulated wait {fmt_duration(rep['sim_wait_s'])} (real wait: {real}); placed on {node} "
+                   f"(= {real_name}) {inst}; {rep['reconfigurations']} reconfigurations in the replay")
+    if rep.get("sim_reason"):
+        out.append(f"  last waiting reason in the replay: {rep['sim_reason']}")
+    tl = rep.get("timeline")
+    if tl and tl["segments"]:
+        out.append("  Simulated timeline (seconds from the job's submission):")
+        t0 = rep["t0"]
+        segs = [{**s, "t0": s["t0"] + t0, "t1": s["t1"] + t0} for s in tl["segments"]]
+        for line in R.render_timeline(segs, tl["t0"] + t0, tl["t1"] + t0, width - 4, job_id=rep.get("job_id"),
+                                      submit=tl["submit"] + t0, start=tl["start"] + t0):
+            out.append("    " + line)
+    return out

@@ -1,0 +1,1004 @@
+"""What operators look at, built from the controller's state database: pure data, no printing.
+
+Every function here takes a :class:`~slurm_mig.store.Store` (or a :class:`Snapshot` read from one)
+and returns plain dicts and lists that ``json.dumps`` accepts: ``slurm-mig status|jobs|nodes|
+decisions|explain --json`` print exactly these, and the ``top`` dashboard and the text output are
+drawn from them. Times are Unix seconds; durations are seconds.
+
+The database is opened read-only (:func:`open_readonly`): the tools never write, never take the
+write lock, never create a missing database, and work for a user who may only read the file.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+import re
+import stat
+import time
+import urllib.parse
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Sequence
+
+from slurm_mig.errors import SlurmMigError, StoreError
+from slurm_mig.mig.layout import Layout, Slot
+from slurm_mig.mig.profiles import GpuModel, get_model
+
+LIVE_JOB_STATES = ("PENDING", "REQUEUED", "RUNNING", "SUSPENDED", "COMPLETING")
+RUNNING_STATES = ("RUNNING", "SUSPENDED", "COMPLETING")
+# Scan at most this many of the newest decisions when looking for ones that did something (the
+# controller records one per tick; each holds the whole ClusterState it saw).
+DECISION_SCAN = 5000
+_NOOP_ACTION = '{"assignments": [], "changes": [],%'
+
+
+# -- opening the database -----------------------------------------------------------------
+
+def open_readonly(path: str | os.PathLike, *, busy_timeout_s: float = 5.0):
+    """Open the state database read-only; StoreError (naming the path) when it cannot be read.
+
+    Unlike :func:`slurm_mig.store.open_store` this never creates the file, never repairs its mode
+    and never migrates it, so it works for a dashboard user in ``[controller].db_group`` and cannot
+    disturb the controller. A symlink or a world-writable file is refused, as the store does.
+    """
+    import sqlite3
+
+    import sqlite_utils
+
+    from slurm_mig.store import LATEST_VERSION, Store
+
+    path = os.fspath(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise StoreError(f"no state database at {path}: is the controller running, and is this the "
+                         "[controller].db_path of its config? (choose the config with --config or "
+                         "$SLURM_MIG_CONFIG)") from None
+    except PermissionError:
+        raise StoreError(f"state database {path}: permission denied; run as the controller's user, or set "
+                         "[controller].db_group to a group you are in") from None
+    except OSError as exc:
+        raise StoreError(f"cannot open state database {path}: {exc.strerror}") from None
+    try:
+        st = os.fstat(fd)
+    finally:
+        os.close(fd)
+    if not stat.S_ISREG(st.st_mode):
+        raise StoreError(f"state database {path} is not a regular file")
+    if st.st_mode & stat.S_IWOTH:
+        raise StoreError(f"state database {path} is world-writable; refusing to trust what it says")
+    uri = "file:" + urllib.parse.quote(os.path.abspath(path)) + "?mode=ro"
+    try:
+        conn = sqlite3.connect(uri, uri=True, timeout=busy_timeout_s, isolation_level=None,
+                               check_same_thread=False)
+        conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
+        store = Store(sqlite_utils.Database(conn, execute_plugins=False), path=path,
+                      busy_timeout_s=busy_timeout_s)
+        version = store.schema_version
+    except sqlite3.Error as exc:
+        raise StoreError(f"cannot read state database {path}: {exc}") from None
+    if version == 0:
+        store.close()
+        raise StoreError(f"state database {path} is empty: the controller has not initialised it yet")
+    if version > LATEST_VERSION:
+        store.close()
+        raise StoreError(f"state database {path} has schema version {version}, newer than this slurm-mig "
+                         f"understands ({LATEST_VERSION}); upgrade slurm-mig on this host")
+    return store
+
+
+def _rows(store, sql: str, params: Sequence = ()) -> list[dict]:
+    """Rows of a read-only query, inside one read transaction."""
+    with store.snapshot():
+        return store._q(sql, params)
+
+
+# -- small helpers ------------------------------------------------------------------------
+
+def kind_sort_key(kind: str) -> tuple:
+    """Order profile kinds by size: 1g, 1g+me, 1g.dm, 2g, ..., 7g, then anything else."""
+    head = kind.split("g", 1)[0]
+    return (int(head) if head.isdigit() else 99, len(kind), kind)
+
+
+def _model(name: str | None) -> GpuModel | None:
+    if not name:
+        return None
+    try:
+        return get_model(name)
+    except SlurmMigError:
+        return None
+
+
+def _kind(model: GpuModel | None, profile: str) -> str:
+    """The short kind ("3g", "1g.dm") of a full profile name, or the name when unknown."""
+    if model is not None:
+        try:
+            return model.profile(profile).kind
+        except SlurmMigError:
+            pass
+    m = re.fullmatch(r"(\d+g)\.\d+gb", profile)
+    return m.group(1) if m else profile
+
+
+def _size(model: GpuModel | None, profile: str) -> int:
+    if model is not None:
+        try:
+            return model.profile(profile).memory_slices
+        except SlurmMigError:
+            pass
+    return 1
+
+
+def match_nodes(names: Iterable[str], patterns: str | Sequence[str] | None) -> list[str]:
+    """The names matching any pattern: Slurm hostlists (``n[1-4]``), shell globs (``gpu*``) or plain names."""
+    names = list(names)
+    if not patterns:
+        return names
+    from slurm_mig.slurm.parsers import expand_hostlist
+
+    if isinstance(patterns, str):
+        patterns = [patterns]
+    wanted: list[str] = []
+    for p in patterns:
+        if any(c in p for c in "*?") and "[" not in p:
+            wanted.extend(x.strip() for x in p.split(",") if x.strip())
+        else:
+            wanted.extend(expand_hostlist(p))
+    return [n for n in names if any(n == w or fnmatch.fnmatchcase(n, w) for w in wanted)]
+
+
+# -- one consistent read of everything the dashboard shows -------------------------------------
+
+@dataclass
+class Snapshot:
+    """Everything `top` and `status` show, read in one read transaction."""
+
+    now: float
+    stale_after_s: float
+    nodes: list = field(default_factory=list)  # store.Node
+    gpus: list = field(default_factory=list)  # store.ObservedGpu
+    instances: list = field(default_factory=list)  # store.ObservedInstance
+    bindings: list = field(default_factory=list)  # (job_id, node, BoundInstance)
+    jobs: dict = field(default_factory=dict)  # job_id -> store.Job (live jobs only)
+    pending: list = field(default_factory=list)  # PENDING/REQUEUED jobs in queue order (bound ones too)
+    desired: dict = field(default_factory=dict)  # (node, gpu) -> {"layout", "policy", "decided_at", "reason"}
+    open_journal: list = field(default_factory=list)  # store.JournalEntry, oldest first
+    recent_journal: list = field(default_factory=list)  # newest first
+    decisions: list = field(default_factory=list)  # decision summaries (no inputs) that did something
+    last_decision: dict | None = None
+    last_tick: float | None = None
+    events: list = field(default_factory=list)  # store.Event, newest first
+    reservations: dict = field(default_factory=dict)  # job_id -> {"node", "instances"}
+    counts: dict = field(default_factory=dict)  # decisions/journal/events totals
+    _index: dict | None = field(default=None, repr=False)
+
+    def index(self) -> dict:
+        """Instances, bindings and open journal entries by (node, gpu), built once per snapshot."""
+        if self._index is None:
+            inst: dict[tuple, list] = {}
+            for i in self.instances:
+                inst.setdefault((i.node, i.gpu), []).append(i)
+            bound: dict[tuple, dict] = {}
+            for job, n, b in self.bindings:
+                bound.setdefault((n, b.gpu), {})[b.start] = job
+            journal: dict[tuple, list] = {}
+            for e in self.open_journal:
+                journal.setdefault((e.node, e.gpu), []).append(e)
+            self._index = {"instances": inst, "bound": bound, "journal": journal}
+        return self._index
+
+
+def load_snapshot(store, *, now: float | None = None, stale_after_s: float = 120.0, decisions: int = 10,
+                  journal: int = 10, events: int = 30) -> Snapshot:
+    """Read the state database once (one read transaction) for a dashboard frame."""
+    from slurm_mig.store.models import loads
+
+    snap = Snapshot(now=time.time() if now is None else now, stale_after_s=stale_after_s)
+    with store.snapshot():
+        snap.nodes = store.nodes()
+        snap.gpus = store.observed_gpus()
+        snap.instances = store.observed_instances()
+        snap.bindings = store.live_bindings()
+        live = store.jobs(LIVE_JOB_STATES)
+        snap.jobs = {j.job_id: j for j in live}
+        snap.pending = [j for j in live if j.state in ("PENDING", "REQUEUED")]
+        for r in store._q("SELECT * FROM desired_layouts ORDER BY node, gpu"):
+            snap.desired[(r["node"], r["gpu"])] = {"layout": r["layout"], "policy": r["policy"],
+                                                   "decided_at": r["decided_at"], "reason": r["reason"]}
+        snap.open_journal = store.open_journal_entries()
+        snap.recent_journal = store.journal_entries(limit=journal)
+        snap.decisions = _decision_rows(store, limit=decisions, include_noop=False, include_waiting=False)
+        last = _decision_rows(store, limit=1, include_noop=True)
+        snap.last_decision = last[0] if last else None
+        meta = store._q("SELECT key, value, updated_at FROM meta WHERE key = 'reservations'")
+        if meta:
+            snap.last_tick = meta[0]["updated_at"]
+            snap.reservations = loads(meta[0]["value"], {}) or {}
+        if snap.last_decision and (snap.last_tick is None or snap.last_decision["time"] > snap.last_tick):
+            snap.last_tick = snap.last_decision["time"]
+        snap.events = store.recent_events(events)
+    return snap
+
+
+# -- GPUs and nodes ---------------------------------------------------------------------------
+
+def _largest_creatable(model: GpuModel, locked: Iterable[Slot]) -> tuple[str | None, int]:
+    """The biggest basic instance (kind, memory slices) that could exist beside ``locked`` instances."""
+    lay = Layout(model, frozenset(locked))
+    best: tuple[str | None, int] = (None, 0)
+    for p in model.basic_profiles:
+        try:
+            ok = bool(lay.free_starts(p))
+        except SlurmMigError:
+            ok = False
+        if ok and (p.memory_slices, p.compute_slices) > (best[1], 0):
+            best = (p.kind, p.memory_slices)
+    return best
+
+
+def gpu_view(snap: Snapshot, node: str, g) -> dict:
+    """One GPU: its instances (with state, job and user), open reconfiguration, free capacity."""
+    model = _model(g.model)
+    key = (node, g.gpu)
+    idx = snap.index()
+    insts = idx["instances"].get(key, [])
+    bound = idx["bound"].get(key, {})
+    entries = idx["journal"].get(key, [])
+    touched: dict[Slot, str] = {}
+    for e in entries:
+        for i, step in enumerate(e.steps):
+            if i >= e.progress:
+                touched[step.slot] = step.action
+    existing = {Slot(i.start, i.profile) for i in insts}
+    out_insts = []
+    locked: set[Slot] = set()
+    busy_slices = idle_slices = reconf_slices = 0
+    for i in sorted(insts, key=lambda i: i.start):
+        slot = Slot(i.start, i.profile)
+        job_id = bound.get(i.start)
+        job = snap.jobs.get(job_id) if job_id else None
+        if slot in touched:
+            state = "reconfiguring"
+        elif job_id is not None or i.in_use:
+            state = "busy"
+        else:
+            state = "idle"
+        size = _size(model, i.profile)
+        if state == "busy":
+            busy_slices += size
+        elif state == "idle":
+            idle_slices += size
+        else:
+            reconf_slices += size
+        if state != "idle":
+            locked.add(slot)
+        out_insts.append({
+            "profile": i.profile, "kind": _kind(model, i.profile), "start": i.start, "size": size,
+            "state": state, "job_id": job_id, "user": job.user if job else None, "uuid": i.uuid,
+            "in_use": bool(i.in_use), "pending_action": touched.get(slot),
+        })
+    creating = []
+    for slot, action in sorted(touched.items()):
+        if action == "create" and slot not in existing:
+            size = _size(model, slot.profile)
+            creating.append({"profile": slot.profile, "kind": _kind(model, slot.profile), "start": slot.start,
+                             "size": size})
+            locked.add(slot)
+            reconf_slices += size
+    total = model.memory_slices if model else 0
+    largest_kind, largest = (None, 0)
+    if model is not None and g.mig_enabled:
+        try:
+            largest_kind, largest = _largest_creatable(model, locked)
+        except SlurmMigError:
+            pass
+    free = max(0, total - busy_slices - reconf_slices)
+    layout = ""
+    if model is not None:
+        try:
+            layout = str(Layout(model, frozenset(existing)))
+        except SlurmMigError:
+            layout = ",".join(f"{i.profile}@{i.start}" for i in insts)
+    d = snap.desired.get(key)
+    entry = entries[-1] if entries else None
+    if not g.mig_enabled:
+        status = "mig-off"
+    elif model is None:
+        status = "unknown-model"
+    elif entry is not None:
+        status = "reconfiguring" if entry.state == "in_progress" else "planned"
+    else:
+        status = "ok"
+    return {
+        "node": node, "gpu": g.gpu, "model": g.model, "name": g.name, "uuid": g.uuid,
+        "mig_enabled": bool(g.mig_enabled), "status": status, "slices": total,
+        "layout": layout or ("empty" if model else ""),
+        "desired": d["layout"] if d else None,
+        "reconfiguration": None if entry is None else {
+            "id": entry.id, "state": entry.state, "from": entry.from_layout, "to": entry.to_layout,
+            "progress": entry.progress, "steps": len(entry.steps), "since": entry.started_at or entry.created_at,
+            "decision_id": entry.decision_id,
+        },
+        "instances": out_insts, "creating": creating,
+        "busy_slices": busy_slices, "idle_slices": idle_slices, "reconfiguring_slices": reconf_slices,
+        "free_slices": free, "largest_free_kind": largest_kind, "largest_free_slices": largest,
+        "fragmented_slices": max(0, free - largest),
+        "last_observed": g.last_observed,
+    }
+
+
+def node_views(snap: Snapshot, *, nodes: str | Sequence[str] | None = None,
+               only: Iterable[str] | None = None, include_empty: bool = True) -> list[dict]:
+    """Every node (name order) with its GPUs; ``nodes`` filters by pattern, ``only`` by a name set
+    (e.g. a partition's nodes). Nodes without GPUs (Slurm placeholders) are kept unless
+    ``include_empty`` is false."""
+    by_node: dict[str, list] = {}
+    for g in snap.gpus:
+        by_node.setdefault(g.node, []).append(g)
+    names = sorted({n.name for n in snap.nodes} | set(by_node))
+    names = match_nodes(names, nodes)
+    if only is not None:
+        only = set(only)
+        names = [n for n in names if n in only]
+    info = {n.name: n for n in snap.nodes}
+    out = []
+    for name in names:
+        gpus = [gpu_view(snap, name, g) for g in sorted(by_node.get(name, []), key=lambda g: g.gpu)]
+        if not gpus and not include_empty:
+            continue
+        n = info.get(name)
+        last_seen = n.last_seen if n else None
+        age = None if last_seen is None else max(0.0, snap.now - last_seen)
+        total = sum(g["slices"] for g in gpus)
+        busy = sum(g["busy_slices"] for g in gpus)
+        out.append({
+            "name": name, "state": n.state if n else "unknown", "health": n.health if n else "unknown",
+            "health_detail": n.health_detail if n else {}, "agent_version": n.agent_version if n else None,
+            "last_seen": last_seen, "seen_ago_s": age,
+            "stale": bool(gpus) and (age is None or age > snap.stale_after_s),
+            "gpus": gpus,
+            "slices": total, "busy_slices": busy,
+            "idle_slices": sum(g["idle_slices"] for g in gpus),
+            "reconfiguring_slices": sum(g["reconfiguring_slices"] for g in gpus),
+            "free_slices": sum(g["free_slices"] for g in gpus),
+            "fragmented_slices": sum(g["fragmented_slices"] for g in gpus),
+            "busy_fraction": (busy / total) if total else 0.0,
+            "reconfiguring": any(g["reconfiguration"] for g in gpus),
+        })
+    return out
+
+
+def hot_nodes(nodes: list[dict]) -> list[dict]:
+    """Nodes worth a look first: reconfiguring, down or stale, then busiest, then most fragmented."""
+    def key(n: dict) -> tuple:
+        trouble = n["state"] != "up" or n["stale"]
+        return (not n["reconfiguring"], not trouble, -round(n["busy_fraction"], 3), -n["fragmented_slices"],
+                n["name"])
+    return sorted((n for n in nodes if n["gpus"]), key=key)
+
+
+# -- jobs -----------------------------------------------------------------------------------
+
+def job_dict(job, now: float, reservation: dict | None = None) -> dict:
+    """A store Job as JSON, with wait and run times."""
+    start = job.start_time
+    wait = None
+    if job.submit_time is not None:
+        wait = max(0.0, (start if start is not None else (job.end_time or now)) - job.submit_time)
+        if job.state in ("PENDING", "REQUEUED"):
+            wait = max(0.0, now - job.submit_time)
+    run = None
+    if start is not None:
+        run = max(0.0, (job.end_time or now) - start)
+    return {
+        "job_id": job.job_id, "user": job.user, "name": job.name, "partition": job.partition,
+        "profile": job.profile, "count": job.count, "state": job.state, "reason": job.reason,
+        "submit_time": job.submit_time, "start_time": start, "end_time": job.end_time,
+        "wait_s": wait, "run_s": run, "time_limit_s": job.time_limit_s, "node": job.node,
+        "instances": [i.to_json() for i in job.instances], "priority_order": job.priority_order,
+        "exit_code": job.exit_code, "reserved": reservation,
+    }
+
+
+def jobs_view(store, *, states: Sequence[str] | None = ("PENDING", "REQUEUED", "RUNNING", "SUSPENDED",
+                                                         "COMPLETING"),
+              user: str | None = None, partition: str | None = None, profile: str | None = None,
+              limit: int | None = None, now: float | None = None) -> list[dict]:
+    """Jobs in queue order (pending first by priority, then the others), filtered."""
+    from slurm_mig.store.models import loads
+
+    now = time.time() if now is None else now
+    states = None if states is None else [s.upper() for s in states]
+    with store.snapshot():
+        jobs = store.jobs(states)
+        meta = store._q("SELECT value FROM meta WHERE key = 'reservations'")
+    res = (loads(meta[0]["value"], {}) or {}) if meta else {}
+    out = []
+    for j in jobs:
+        if user and j.user != user:
+            continue
+        if partition and j.partition != partition:
+            continue
+        if profile and j.profile != profile and not j.profile.startswith(profile + "."):
+            continue
+        out.append(job_dict(j, now, res.get(j.job_id) if j.state == "PENDING" else None))
+    order = {"PENDING": 0, "REQUEUED": 0, "RUNNING": 1, "SUSPENDED": 1, "COMPLETING": 1}
+    out.sort(key=lambda d: (order.get(d["state"], 2), d["priority_order"] is None, d["priority_order"] or 0,
+                            -(d["end_time"] or 0) if order.get(d["state"], 2) == 2 else 0, d["submit_time"] or 0))
+    return out[:limit] if limit is not None else out
+
+
+def pending_by_profile(pending: list[dict]) -> list[dict]:
+    """Pending jobs grouped by requested profile: jobs, instances, oldest and mean wait."""
+    groups: dict[str, list[dict]] = {}
+    for j in pending:
+        groups.setdefault(j["profile"], []).append(j)
+    out = []
+    for kind in sorted(groups, key=kind_sort_key):
+        js = groups[kind]
+        waits = [j["wait_s"] or 0.0 for j in js]
+        out.append({"profile": kind, "jobs": len(js), "instances": sum(j["count"] for j in js),
+                    "oldest_wait_s": max(waits), "mean_wait_s": sum(waits) / len(waits)})
+    return out
+
+
+# -- decisions ------------------------------------------------------------------------------
+
+def _decision_rows(store, *, limit: int, include_noop: bool, job_id: str | None = None,
+                   include_waiting: bool = True,
+                   since: float | None = None, until: float | None = None, newest_first: bool = True,
+                   with_inputs: bool = False) -> list[dict]:
+    from slurm_mig.store.models import loads
+
+    cols = "id, time, policy, version, shadow, action, reasons, latency_ms" + (", inputs" if with_inputs else "")
+    where, params = ["shadow = 0"], []
+    if since is None and until is None:
+        where.append("id > (SELECT COALESCE(MAX(id), 0) FROM decisions) - ?")
+        params.append(DECISION_SCAN)
+    if since is not None:
+        where.append("time >= ?")
+        params.append(since)
+    if until is not None:
+        where.append("time <= ?")
+        params.append(until)
+    if not include_noop:
+        if include_waiting:
+            where.append("(action NOT LIKE ? OR reasons != '[]')")
+        else:
+            where.append("action NOT LIKE ?")
+        params.append(_NOOP_ACTION)
+    if job_id is not None:
+        where.append("(reasons LIKE ? OR action LIKE ?)")
+        params += [f'%["{job_id}", %', f'%"job_id": "{job_id}"%']
+    sql = (f"SELECT {cols} FROM decisions WHERE {' AND '.join(where)} ORDER BY id "
+           f"{'DESC' if newest_first else 'ASC'} LIMIT ?")
+    rows = _rows(store, sql, (*params, int(limit)))
+    out = []
+    for r in rows:
+        action = loads(r["action"], {}) or {}
+        waiting = [[str(j), why] for j, why in (loads(r["reasons"], []) or [])]
+        d = {
+            "id": r["id"], "time": r["time"], "policy": r["policy"], "version": r["version"],
+            "latency_ms": r["latency_ms"], "changes": action.get("changes", []),
+            "assignments": action.get("assignments", []), "waiting": waiting, "extra": action.get("extra", {}),
+        }
+        d["summary"] = decision_summary(d)
+        if with_inputs:
+            d["inputs"] = loads(r["inputs"], {})
+        if job_id is not None and not _touches(d, job_id):
+            continue
+        out.append(d)
+    return out
+
+
+def _touches(d: dict, job_id: str) -> bool:
+    return any(w[0] == job_id for w in d["waiting"]) or any(str(a.get("job_id")) == job_id
+                                                            for a in d["assignments"])
+
+
+def decision_summary(d: dict) -> str:
+    """One line: what a decision did."""
+    parts = []
+    for c in d["changes"]:
+        parts.append(f"re-carve {c['node']}/{c['gpu']} -> {c['target']}")
+    for a in d["assignments"]:
+        where = ", ".join(f"{i['profile']}@{i['start']} on GPU {i['gpu']}" for i in a.get("instances", []))
+        parts.append(f"job {a['job_id']} -> {a['node']} ({where})")
+    if d["waiting"]:
+        parts.append(f"{len(d['waiting'])} waiting")
+    return "; ".join(parts) if parts else "nothing to do"
+
+
+def decisions_view(store, *, limit: int = 20, include_noop: bool = False, include_waiting: bool = False,
+                   job_id: str | None = None) -> list[dict]:
+    """The newest decisions, newest first. By default only those that re-carved a GPU or placed a job;
+    ``include_waiting`` adds those that only held jobs waiting (one per tick while any job waits),
+    ``include_noop`` every decision. With ``job_id``: every decision that placed or held that job."""
+    if job_id is not None:
+        return _decision_rows(store, limit=limit, include_noop=False, include_waiting=True, job_id=str(job_id))
+    return _decision_rows(store, limit=limit, include_noop=include_noop, include_waiting=include_waiting)
+
+
+# -- status and profile summary ------------------------------------------------------------------
+
+def profile_summary(nodes: list[dict], pending: list[dict]) -> list[dict]:
+    """Per profile kind: instances total/busy/idle/reconfiguring across ``nodes``, and pending demand."""
+    rows: dict[str, dict] = {}
+
+    def row(kind: str) -> dict:
+        return rows.setdefault(kind, {"profile": kind, "total": 0, "busy": 0, "idle": 0, "reconfiguring": 0,
+                                      "pending_jobs": 0, "pending_instances": 0, "oldest_wait_s": None})
+    for n in nodes:
+        for g in n["gpus"]:
+            for i in g["instances"]:
+                r = row(i["kind"])
+                r["total"] += 1
+                r[i["state"]] += 1
+            for c in g["creating"]:
+                row(c["kind"])["reconfiguring"] += 1
+    for p in pending_by_profile(pending):
+        r = row(_kind(None, p["profile"]))
+        r["pending_jobs"] += p["jobs"]
+        r["pending_instances"] += p["instances"]
+        r["oldest_wait_s"] = max(r["oldest_wait_s"] or 0.0, p["oldest_wait_s"])
+    return [rows[k] for k in sorted(rows, key=kind_sort_key)]
+
+
+def controller_health(snap: Snapshot, tick_interval_s: float, healthz: bool | None = None) -> dict:
+    """Is the controller alive? From its last tick in the database and (optionally) a /healthz probe."""
+    age = None if snap.last_tick is None else max(0.0, snap.now - snap.last_tick)
+    limit = max(3 * tick_interval_s, tick_interval_s + 10.0)
+    if age is None:
+        state = "unknown"
+        why = "no tick recorded yet"
+    elif age > limit:
+        state = "stale"
+        why = f"last tick {fmt_duration(age)} ago, expected every {tick_interval_s:g}s"
+    else:
+        state = "ok"
+        why = f"last tick {fmt_duration(age)} ago"
+    if healthz is False:
+        state = "down" if state != "ok" else "api-down"
+        why += "; /healthz does not answer"
+    return {"state": state, "detail": why, "last_tick": snap.last_tick, "tick_age_s": age,
+            "healthz": healthz, "open_reconfigurations": len(snap.open_journal),
+            "last_decision": snap.last_decision}
+
+
+def status_view(snap: Snapshot, *, tick_interval_s: float = 5.0, healthz: bool | None = None,
+                nodes: list[dict] | None = None) -> dict:
+    """The one-screen answer: controller, nodes, GPUs, instances by profile, the queue."""
+    nodes = node_views(snap) if nodes is None else nodes
+    pending = [job_dict(j, snap.now, snap.reservations.get(j.job_id)) for j in snap.pending]
+    running = [j for j in snap.jobs.values() if j.state in RUNNING_STATES]
+    gpu_nodes = [n for n in nodes if n["gpus"]]
+    by_state: dict[str, int] = {}
+    for n in gpu_nodes:
+        st = "stale" if (n["state"] == "up" and n["stale"]) else n["state"]
+        by_state[st] = by_state.get(st, 0) + 1
+    gpus = [g for n in gpu_nodes for g in n["gpus"]]
+    inst = {"busy": 0, "idle": 0, "reconfiguring": 0}
+    for g in gpus:
+        for i in g["instances"]:
+            inst[i["state"]] += 1
+        inst["reconfiguring"] += len(g["creating"])
+    slices = sum(g["slices"] for g in gpus)
+    busy = sum(g["busy_slices"] for g in gpus)
+    return {
+        "time": snap.now,
+        "controller": controller_health(snap, tick_interval_s, healthz),
+        "nodes": {"total": len(gpu_nodes), "by_state": dict(sorted(by_state.items())),
+                  "other": [n["name"] for n in nodes if not n["gpus"]]},
+        "gpus": {"total": len(gpus), "mig_enabled": sum(1 for g in gpus if g["mig_enabled"]),
+                 "reconfiguring": sum(1 for g in gpus if g["reconfiguration"]),
+                 "slices": slices, "busy_slices": busy,
+                 "busy_fraction": busy / slices if slices else 0.0,
+                 "fragmented_slices": sum(g["fragmented_slices"] for g in gpus)},
+        "instances": inst,
+        "profiles": profile_summary(nodes, pending),
+        "jobs": {"pending": len(pending), "running": len(running),
+                 "pending_by_profile": pending_by_profile(pending),
+                 "oldest_pending": max(pending, key=lambda j: j["wait_s"] or 0.0) if pending else None},
+        "reconfigurations": [journal_dict(e, snap.now) for e in snap.open_journal],
+    }
+
+
+def journal_dict(e, now: float | None = None) -> dict:
+    start = e.started_at or e.created_at
+    end = e.finished_at or (now if now is not None and e.state in ("planned", "in_progress") else None)
+    return {
+        "id": e.id, "node": e.node, "gpu": e.gpu, "from": e.from_layout, "to": e.to_layout, "state": e.state,
+        "outcome": e.outcome, "error": e.error, "decision_id": e.decision_id,
+        "steps": [f"{s.action} {s.profile}@{s.start}" for s in e.steps], "progress": e.progress,
+        "created_at": e.created_at, "started_at": e.started_at, "finished_at": e.finished_at,
+        "duration_s": None if end is None else max(0.0, end - start),
+    }
+
+
+def recent_activity(snap: Snapshot, limit: int = 20) -> list[dict]:
+    """Recent decisions that did something, reconfigurations (with their reasons) and notable
+    events, newest first: ``{"time", "kind", "text", "reason"}``."""
+    items = []
+    change_reason: dict[tuple, str] = {}
+    for d in snap.decisions:
+        for c in d["changes"]:
+            change_reason[(d["id"], c["node"], c["gpu"])] = c.get("reason", "")
+        n_c, n_a = len(d["changes"]), len(d["assignments"])
+        what = []
+        if n_c:
+            what.append(f"re-carve {n_c} GPU{'s' if n_c != 1 else ''}")
+        if n_a:
+            what.append(f"place {n_a} job{'s' if n_a != 1 else ''}")
+        if d["waiting"]:
+            what.append(f"{len(d['waiting'])} waiting")
+        detail = [f"{c['node']}/{c['gpu']}->{c['target']}" for c in d["changes"]]
+        detail += [f"job {a['job_id']}->{a['node']}/" + ",".join(str(i["gpu"]) for i in a.get("instances", []))
+                   for a in d["assignments"]]
+        reasons = sorted({c.get("reason", "").split(":")[0] for c in d["changes"] if c.get("reason")})
+        if not detail and d["waiting"]:
+            reasons = sorted({why for _, why in d["waiting"]})[:2]
+        items.append({"time": d["time"], "kind": "decision",
+                      "text": f"#{d['id']} {d['policy']}: {', '.join(what) or 'nothing'}"
+                              + (f" ({' '.join(detail)})" if detail else ""),
+                      "reason": "; ".join(r for r in reasons if r)})
+    for e in snap.recent_journal:
+        t = e.finished_at or e.started_at or e.created_at
+        what = {"done": "done", "failed": "FAILED", "abandoned": "abandoned", "planned": "planned",
+                "in_progress": "in progress"}.get(e.state, e.state)
+        dur = ""
+        if e.finished_at and (e.started_at or e.created_at):
+            dur = f" in {e.finished_at - (e.started_at or e.created_at):.1f}s"
+        why = change_reason.get((e.decision_id, e.node, e.gpu), "")
+        if not why:
+            d = snap.desired.get((e.node, e.gpu))
+            if d and d["layout"] == e.to_layout:
+                why = d["reason"]
+        if e.state in ("failed", "abandoned") and (e.error or e.outcome):
+            why = (e.error or e.outcome or "") + (f"; {why}" if why else "")
+        items.append({"time": t, "kind": "reconfig",
+                      "text": f"{e.node}/{e.gpu} {e.from_layout} -> {e.to_layout} {what}{dur}", "reason": why})
+    for ev in snap.events:
+        if ev.kind in ("layout", "applied", "start", "end", "bind"):
+            continue  # shown through the decisions and the journal, or on the GPU bars
+        items.append({"time": ev.time, "kind": ev.kind, "text": ev.message, "reason": ""})
+    items.sort(key=lambda x: -x["time"])
+    return items[:limit]
+
+
+# -- explain -----------------------------------------------------------------------------------
+
+def _gpu_from_inputs(g: dict) -> tuple[GpuModel | None, Layout | None, set[Slot], set[Slot]]:
+    from slurm_mig.mig.layout import parse_layout
+
+    model = _model(g.get("model"))
+    if model is None:
+        return None, None, set(), set()
+    try:
+        layout = parse_layout(g.get("layout") or "", model) if g.get("layout") not in (None, "", "empty") \
+            else Layout.empty(model)
+    except SlurmMigError:
+        return model, None, set(), set()
+
+    def slots(items) -> set[Slot]:
+        out = set()
+        for s in items or ():
+            prof, _, start = str(s).rpartition("@")
+            try:
+                out.add(Slot(int(start), model.profile(prof).name))
+            except (SlurmMigError, ValueError):
+                pass
+        return out
+    return model, layout, slots(g.get("busy")), slots(g.get("reconfiguring"))
+
+
+def gpu_option(g: dict, profile: str, count: int = 1) -> dict:
+    """Could this GPU (as a policy saw it, decision inputs JSON) hold ``profile``? And if not, why not."""
+    key = f"{g.get('node')}/{g.get('gpu')}"
+    model, layout, busy, reconf = _gpu_from_inputs(g)
+    base = {"gpu": key, "layout": g.get("layout")}
+    if not g.get("available", True):
+        return {**base, "verdict": "unavailable", "why": "node down, drained, stale or MIG off"}
+    if model is None or layout is None:
+        return {**base, "verdict": "unavailable", "why": f"unknown GPU model {g.get('model')!r}"}
+    try:
+        p = model.profile(profile)
+    except SlurmMigError:
+        return {**base, "verdict": "no-profile", "why": f"{model.name} has no {profile} profile"}
+    locked = busy | reconf
+    idle = sorted(s for s in layout.slots if s.profile == p.name and s not in locked)
+    if idle:
+        return {**base, "verdict": "idle-instance", "why": f"had an idle {p.kind} ({', '.join(map(str, idle))})",
+                "slots": [str(s) for s in idle]}
+    lock_lay = Layout(model, frozenset(locked))
+    if layout.free_starts(p):
+        return {**base, "verdict": "free-slices", "why": f"{p.kind} could be created on uncarved slices"}
+    starts = lock_lay.free_starts(p)
+    if starts:
+        st = starts[0]
+        victims = sorted(s for s in layout.slots if model.profile(s.profile).mask(s.start) & p.mask(st))
+        return {**base, "verdict": "re-carve",
+                "why": f"{p.kind}@{st} possible by destroying idle {', '.join(map(str, victims)) or 'nothing'}"}
+    blockers = sorted(s for s in locked if any(model.profile(s.profile).mask(s.start) & p.mask(st)
+                                               for st in p.starts)) or sorted(locked)
+    what = []
+    busy_b = [str(b) for b in blockers if b in busy]
+    reconf_b = [str(b) for b in blockers if b in reconf and b not in busy]
+    if busy_b:
+        what.append("busy " + ", ".join(busy_b))
+    if reconf_b:
+        what.append("reconfiguring " + ", ".join(reconf_b))
+    if not what:
+        what.append(f"compute slices in use ({lock_lay.compute_used} of {model.compute_slices})")
+    return {**base, "verdict": "blocked", "why": f"no room for {p.kind}: " + "; ".join(what)}
+
+
+def _policy_saw(inputs: dict, job_id: str, profile: str, count: int) -> dict:
+    """A short account of a decision's inputs from one job's point of view."""
+    pending = inputs.get("pending") or []
+    pos = next((i for i, j in enumerate(pending) if str(j.get("job_id")) == job_id), None)
+    ahead = pending[:pos] if pos is not None else []
+    ahead_by: dict[str, int] = {}
+    for j in ahead:
+        ahead_by[j.get("profile", "?")] = ahead_by.get(j.get("profile", "?"), 0) + int(j.get("count") or 1)
+    gpus = inputs.get("gpus") or []
+    options = [gpu_option(g, profile, count) for g in gpus]
+    verdicts: dict[str, int] = {}
+    for o in options:
+        verdicts[o["verdict"]] = verdicts.get(o["verdict"], 0) + 1
+    return {
+        "time": inputs.get("now"), "gpus": len(gpus), "available": sum(1 for g in gpus if g.get("available", True)),
+        "pending": len(pending), "queue_position": None if pos is None else pos + 1,
+        "ahead": len(ahead), "ahead_by_profile": dict(sorted(ahead_by.items(), key=lambda kv: kind_sort_key(kv[0]))),
+        "verdicts": verdicts, "options": options,
+    }
+
+
+def _spans(decisions: list[dict], job_id: str) -> list[dict]:
+    """Group consecutive decisions by what they said about ``job_id`` (same waiting reason = one span)."""
+    spans: list[dict] = []
+    for d in decisions:
+        what, text, assignment = None, "", None
+        for a in d["assignments"]:
+            if str(a.get("job_id")) == job_id:
+                what, text, assignment = "assigned", a.get("reason", ""), a
+        if what is None:
+            for j, why in d["waiting"]:
+                if j == job_id:
+                    what, text = "waiting", why
+        if what is None:
+            continue
+        if spans and spans[-1]["what"] == what == "waiting" and spans[-1]["reason"] == text:
+            s = spans[-1]
+            s["last"], s["until"], s["decisions"] = d["id"], d["time"], s["decisions"] + 1
+            continue
+        spans.append({"what": what, "reason": text, "first": d["id"], "last": d["id"], "since": d["time"],
+                      "until": d["time"], "decisions": 1, "policy": f"{d['policy']} {d['version']}".strip(),
+                      "assignment": assignment,
+                      "changes": [c for c in d["changes"] if assignment is not None and c["node"] == assignment["node"]
+                                  and any(i["gpu"] == c["gpu"] for i in assignment.get("instances", []))],
+                      "reservations": [r for r in (d.get("extra") or {}).get("reservations", [])
+                                       if r and str(r[0]) == job_id]})
+    return spans
+
+
+@dataclass
+class Segment:
+    """One bar of a timeline: an instance's life, a job on it, or a reconfiguration.
+
+    Same fields as the simulator's ``slurm_mig.sim.engine.Segment``, so :func:`render_timeline`
+    draws a replay and the live history alike.
+    """
+
+    gpu: str
+    kind: str  # "instance" | "job" | "create" | "destroy" | "reconfig"
+    slot: Slot | None
+    t0: float
+    t1: float
+    job_id: str = ""
+
+
+def history_segments(store, node: str, gpus: Sequence[int], t0: float, t1: float) -> list[Segment]:
+    """Timeline segments for ``node``'s GPUs between t0 and t1, from bindings and the journal."""
+    out: list[Segment] = []
+    marks = ",".join("?" for _ in gpus) or "NULL"
+    rows = _rows(store, f"SELECT job_id, gpu, start, profile, bound_at, released_at FROM bindings WHERE node = ? "
+                        f"AND gpu IN ({marks}) AND bound_at <= ? AND (released_at IS NULL OR released_at >= ?)",
+                 (node, *gpus, t1, t0))
+    for r in rows:
+        out.append(Segment(f"{node}/{r['gpu']}", "job", Slot(r["start"], r["profile"]), r["bound_at"],
+                           r["released_at"] or t1, str(r["job_id"])))
+    jrows = _rows(store, f"SELECT * FROM reconfig_journal WHERE node = ? AND gpu IN ({marks}) "
+                         "AND created_at <= ? AND (finished_at IS NULL OR finished_at >= ?)", (node, *gpus, t1, t0))
+    from slurm_mig.store.models import loads
+    for r in jrows:
+        steps = loads(r["steps"], []) or []
+        begin = r["started_at"] or r["created_at"]
+        end = r["finished_at"] or t1
+        if r["state"] == "abandoned" and not r["started_at"]:
+            continue
+        for s in steps:
+            out.append(Segment(f"{node}/{r['gpu']}", s["action"], Slot(int(s["start"]), s["profile"]), begin, end))
+    return out
+
+
+def explain_view(store, job_id: str, *, now: float | None = None, max_options: int = 12) -> dict:
+    """Why ``job_id`` waited, or landed where it did: its decisions, what the policy saw, the
+    alternatives it did not take, the reconfigurations it waited for, its events and a timeline."""
+    now = time.time() if now is None else now
+    job_id = str(job_id)
+    job = store.get_job(job_id)
+    if job is None:
+        raise StoreError(f"slurm-mig has no record of job {job_id} (not a MIG job, or purged from the database)")
+    outcome = store.outcome(job_id)
+    info = job_dict(job, now)
+    t0 = (job.submit_time or now) - 2.0
+    t_end = (job.start_time or job.end_time or now) + 2.0
+    decisions = _decision_rows(store, limit=100_000, include_noop=False, job_id=job_id, since=t0, until=t_end,
+                               newest_first=False)
+    spans = _spans(decisions, job_id)
+    # A placement that did not happen: the policy assigned the job, and a later decision held it
+    # waiting again (Slurm started another job on those instances first, or the plan changed).
+    for k, sp in enumerate(spans[:-1]):
+        if sp["what"] == "assigned" and spans[k + 1]["what"] == "waiting" and sp["assignment"]:
+            node = sp["assignment"].get("node")
+            binds = [e for e in store.recent_events(200, kind="bind", node=node)
+                     if sp["since"] - 1 <= e.time <= spans[k + 1]["since"] + 1 and e.job_id != job_id]
+            sp["fell_through"] = ("not used: " + "; ".join(e.message for e in reversed(binds[:3]))
+                                  if binds else "not used: a later decision held it waiting again")
+    # What the policy saw: at the first and last decision that held it waiting, and at the assignment.
+    saw = []
+    picks = []
+    waits = [s for s in spans if s["what"] == "waiting"]
+    if waits:
+        picks.append(("first wait", waits[0]["first"]))
+        if waits[-1]["last"] != waits[0]["first"]:
+            picks.append(("last wait", waits[-1]["last"]))
+    assigned = [s for s in spans if s["what"] == "assigned"]
+    if assigned:
+        picks.append(("assignment", assigned[-1]["first"]))
+    for label, did in picks:
+        rows = _rows(store, "SELECT inputs FROM decisions WHERE id = ?", (did,))
+        if not rows:
+            continue
+        inputs = json.loads(rows[0]["inputs"] or "{}")
+        s = _policy_saw(inputs, job_id, job.profile, job.count)
+        chosen = None
+        if label == "assignment":
+            a = assigned[-1]["assignment"]
+            chosen = {f"{a['node']}/{i['gpu']}" for i in a.get("instances", [])}
+        s["options"] = _trim_options(s["options"], chosen, max_options)
+        saw.append({"label": label, "decision": did, **s})
+    saw.sort(key=lambda x: x["decision"])
+    # Reconfigurations on the GPUs it landed on (or, still pending, was last placed on), from its
+    # submission to its start.
+    node, gpus = job.node, sorted({i.gpu for i in job.instances})
+    if not gpus and assigned and assigned[-1]["assignment"]:
+        a = assigned[-1]["assignment"]
+        node, gpus = a.get("node"), sorted({int(i["gpu"]) for i in a.get("instances", [])})
+    reconfigs = []
+    if node and gpus:
+        rows = _rows(store, "SELECT * FROM reconfig_journal WHERE node = ? AND created_at >= ? AND created_at <= ? "
+                            f"AND gpu IN ({','.join('?' for _ in gpus)}) ORDER BY id",
+                     (node, t0, (job.start_time or now) + 1.0, *gpus))
+        from slurm_mig.store.db import _row_journal
+        reconfigs = [journal_dict(_row_journal(r)) for r in rows]
+    events = [{"time": e.time, "kind": e.kind, "node": e.node, "message": e.message}
+              for e in reversed(store.recent_events(200, job_id=job_id))]
+    # Layout events on the job's node while it waited (a policy re-carving for it).
+    if node:
+        for e in store.recent_events(200, kind="layout", node=node):
+            if t0 <= e.time <= t_end and (not gpus or any(f"{node}/{g}:" in e.message for g in gpus)):
+                events.append({"time": e.time, "kind": e.kind, "node": e.node, "message": e.message})
+        events.sort(key=lambda e: e["time"])
+    timeline = None
+    if node and gpus:
+        end = job.end_time or now
+        begin = job.submit_time or (job.start_time or now)
+        segs = history_segments(store, node, gpus, begin, end)
+        timeline = {"node": node, "gpus": gpus, "t0": begin, "t1": max(end, begin + 1.0),
+                    "segments": [{"gpu": s.gpu, "kind": s.kind, "slot": str(s.slot) if s.slot else None,
+                                  "t0": s.t0, "t1": s.t1, "job_id": s.job_id} for s in segs]}
+    return {
+        "job": info,
+        "outcome": None if outcome is None else {"state": outcome.state, "exit_code": outcome.exit_code,
+                                                 "wait_s": outcome.wait_s, "run_s": outcome.run_s,
+                                                 "end_time": outcome.end_time},
+        "decisions": {"count": len(decisions), "spans": spans},
+        "policy_saw": saw,
+        "reconfigurations": reconfigs,
+        "events": events,
+        "timeline": timeline,
+        "verdict": explain_verdict(info, spans, reconfigs, events),
+    }
+
+
+def _trim_options(options: list[dict], chosen: set[str] | None, limit: int) -> list[dict]:
+    """Keep the chosen GPU(s) and a few of each verdict, so a 1000-GPU decision stays readable."""
+    for o in options:
+        o["chosen"] = bool(chosen and o["gpu"] in chosen)
+    if len(options) <= limit:
+        return options
+    keep = [o for o in options if o["chosen"]]
+    per: dict[str, int] = {}
+    order = ["idle-instance", "free-slices", "re-carve", "blocked", "unavailable", "no-profile"]
+    for o in sorted(options, key=lambda o: order.index(o["verdict"]) if o["verdict"] in order else 99):
+        if o["chosen"]:
+            continue
+        if per.get(o["verdict"], 0) < 2 and len(keep) < limit:
+            keep.append(o)
+            per[o["verdict"]] = per.get(o["verdict"], 0) + 1
+    return keep
+
+
+def explain_verdict(job: dict, spans: list[dict], reconfigs: list[dict], events: list[dict]) -> str:
+    """One sentence answering "why did my job wait / land there"."""
+    wait = job.get("wait_s")
+    parts = []
+    waits = [s for s in spans if s["what"] == "waiting"]
+    if waits:
+        longest = max(waits, key=lambda s: (s["until"] - s["since"], s["decisions"]))
+        parts.append(f"{'waits' if spans[-1]['what'] == 'waiting' and job.get('start_time') is None else 'waited'}"
+                     f" mostly because: {longest['reason']}")
+    assigned = [s for s in spans if s["what"] == "assigned"]
+    if assigned and spans[-1]["what"] == "assigned":
+        parts.append(f"the policy placed it: {assigned[-1]['reason']}")
+        if job.get("state") in ("PENDING", "REQUEUED"):
+            open_rc = [r for r in reconfigs if r["state"] in ("planned", "in_progress")]
+            parts.append("now waiting for " + ("the re-carve to finish and " if open_rc or assigned[-1]["changes"]
+                                               else "") + "Slurm to start it there")
+    lost = [s for s in assigned if s.get("fell_through")]
+    if lost:
+        parts.append(f"{len(lost)} earlier placement(s) {lost[-1]['fell_through']}")
+    done = [r for r in reconfigs if r["state"] == "done"]
+    if done:
+        secs = sum(r["duration_s"] or 0.0 for r in done)
+        parts.append(f"{len(done)} reconfiguration(s) on its GPU(s) ({secs:.1f}s)")
+    requeues = [e for e in events if e["kind"] in ("requeue", "bind-failed")]
+    if requeues:
+        parts.append(f"requeued {len(requeues)} time(s): {requeues[-1]['message']}")
+    if job.get("state") in ("PENDING", "REQUEUED") and not waits:
+        parts.append("no decision has considered it yet (is the controller ticking?)")
+    if job.get("start_time") is not None and job.get("reason"):
+        parts.append(f"bound: {job['reason']}")
+    head = f"job {job['job_id']} ({job['count']} x {job['profile']}) is {job['state']}"
+    if wait is not None:
+        head += f" after waiting {fmt_duration(wait)}" if job.get("start_time") else f", waiting {fmt_duration(wait)}"
+    return head + (": " + "; ".join(parts) if parts else "")
+
+
+# -- formatting helpers shared by the text renderers ------------------------------------------------
+
+def fmt_duration(seconds: float | None) -> str:
+    """12s, 3m05s, 1h02m, 2d03h; "-" for None."""
+    if seconds is None:
+        return "-"
+    s = int(round(max(0.0, seconds)))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{(s % 3600) // 60:02d}m"
+    return f"{s // 86400}d{(s % 86400) // 3600:02d}h"
+
+
+def fmt_clock(t: float | None) -> str:
+    """HH:MM:SS in local time ("-" for None)."""
+    if t is None:
+        return "-"
+    return time.strftime("%H:%M:%S", time.localtime(t))
+
+
+def fmt_when(t: float | None, now: float) -> str:
+    """A clock time, with the date when it is not today."""
+    if t is None:
+        return "-"
+    if time.strftime("%Y-%m-%d", time.localtime(t)) != time.strftime("%Y-%m-%d", time.localtime(now)):
+        return time.strftime("%m-%d %H:%M:%S", time.localtime(t))
+    return fmt_clock(t)
+
+
+def to_json(value: Any) -> str:
+    return json.dumps(value, indent=2, sort_keys=False, default=str)

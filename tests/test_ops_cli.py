@@ -1,0 +1,134 @@
+"""`slurm-mig status | jobs | nodes | decisions | explain | top` through the real command line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from slurm_mig.cli import main
+from slurm_mig.store import open_store
+from tests.test_ops_views import NOW, build_state
+
+
+@pytest.fixture
+def cfg(tmp_path, monkeypatch):
+    import slurm_mig.ops.views as V
+
+    db = tmp_path / "state.db"
+    with open_store(db) as s:
+        build_state(s)
+    path = tmp_path / "slurm-mig.toml"
+    # listen_port 1: /healthz never answers, so `status` shows the API as down (no controller runs here).
+    path.write_text(f'[controller]\ndb_path = "{db}"\ntick_interval_s = 5.0\nlisten_port = 1\n')
+    monkeypatch.setattr(V.time, "time", lambda: NOW)  # the state was written "now"
+    return str(path)
+
+
+def run(capsys, *argv) -> tuple[int, str, str]:
+    rc = main(list(argv))
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def test_status_text_json_and_check(cfg, capsys):
+    rc, out, _ = run(capsys, "--config", cfg, "status")
+    assert rc == 0
+    assert "controller  api-down" in out and "/healthz NOT answering" in out
+    assert "nodes       3 with GPUs: 1 stale, 2 up   (no GPUs: capacity)" in out
+    assert "queue       3 pending, 3 running; oldest pending: job 201 (1 x 7g)" in out
+    assert "#1 gpu02/0 3g@0,3g@4 -> 7g@0 in_progress" in out.replace("  #", "#")
+    rc, out, _ = run(capsys, "--config", cfg, "status", "--json", "--no-probe")
+    data = json.loads(out)
+    assert data["controller"]["state"] == "ok" and data["jobs"]["pending"] == 3
+    rc, _, _ = run(capsys, "--config", cfg, "status", "--check", "--no-probe")
+    assert rc == 1  # gpu03 is stale
+
+
+def test_jobs(cfg, capsys):
+    rc, out, _ = run(capsys, "--config", cfg, "jobs")
+    lines = out.splitlines()
+    assert rc == 0 and lines[0].split()[:5] == ["JOB", "USER", "PARTITION", "WANTS", "STATE"]
+    assert [line.split()[0] for line in lines[1:]] == ["201", "202", "203", "101", "102", "103"]
+    assert "gpu01:3g@0/0" in out and "2x1g" in out
+    rc, out, _ = run(capsys, "--config", cfg, "jobs", "--state", "pending", "--json")
+    assert [j["job_id"] for j in json.loads(out)] == ["201", "202", "203"]
+    rc, out, _ = run(capsys, "--config", cfg, "jobs", "--state", "done")
+    assert out.strip() == "no jobs"
+    rc, _, err = run(capsys, "--config", cfg, "jobs", "--state", "bogus")
+    assert rc == 2 and "unknown state BOGUS" in err
+
+
+def test_nodes(cfg, capsys):
+    rc, out, _ = run(capsys, "--config", cfg, "nodes", "--width", "100")
+    assert rc == 0
+    assert "gpu01  up" in out and "gpu03  stale" in out and "capacity  drain" in out
+    assert "layout 3g@0,2g@4,1g@6" in out and "[3g·job101·alice" in out
+    assert "desired 7g@0" in out and "reconfiguration #1 in_progress 1/3 steps -> 7g@0" in out
+    rc, out, _ = run(capsys, "--config", cfg, "nodes", "--node", "gpu02", "--json")
+    nodes = json.loads(out)
+    assert [n["name"] for n in nodes] == ["gpu02"] and len(nodes[0]["gpus"]) == 2
+
+
+def test_decisions(cfg, capsys):
+    rc, out, _ = run(capsys, "--config", cfg, "decisions")
+    assert rc == 0 and out.startswith("#4 ")
+    assert "re-carve gpu02/0 -> 7g@0: carve instances for pending jobs" in out
+    assert "job 201 -> gpu02 (7g.80gb@0 GPU 0): carved gpu02/0:7g.80gb@0" in out
+    assert "job 203 waits: no node can hold 1 x 4g on idle slices now" in out
+    rc, out, _ = run(capsys, "--config", cfg, "decisions", "--waiting", "--json")
+    assert [d["id"] for d in json.loads(out)] == [4, 2, 1]
+    rc, out, _ = run(capsys, "--config", cfg, "decisions", "--all", "--limit", "2", "--json")
+    assert [d["id"] for d in json.loads(out)] == [5, 4]
+    rc, out, _ = run(capsys, "--config", cfg, "decisions", "--job", "202")
+    assert "job 202 waits: behind a higher-priority job" in out and "job 203 waits" not in out
+
+
+def test_explain(cfg, capsys):
+    rc, out, _ = run(capsys, "--config", cfg, "explain", "201", "--width", "120")
+    assert rc == 0
+    assert out.startswith("Job 201, user dave, partition gpu, asks for 1 x 7g: PENDING")
+    assert "In short: job 201 (1 x 7g) is PENDING, waiting 5m00s" in out
+    assert "#1..#2 (2 decisions, first-fit 2) waiting: no node can hold 1 x 7g on idle slices now" in out
+    assert "placed on gpu02 GPU 0 7g.80gb@0: carved gpu02/0:7g.80gb@0" in out
+    assert "What the policy saw at decision #1 (first wait" in out
+    assert "this job was number 1 in the queue" in out
+    assert "chosen gpu02/0" in out
+    assert "gpu01/1" in out and "no room for 7g: busy 7g.80gb@0" in out
+    assert "#1 " in out and "gpu02/0 3g@0,3g@4 -> 7g@0: in_progress" in out
+    assert "Timeline of gpu02 GPU 0" in out and "queue" in out
+    rc, out, _ = run(capsys, "--config", cfg, "explain", "103", "--json")
+    data = json.loads(out)
+    assert data["job"]["node"] == "gpu01" and data["timeline"]["segments"]
+    rc, _, err = run(capsys, "--config", cfg, "explain", "999")
+    assert rc != 0 and "no record of job 999" in err
+
+
+def test_explain_replay(cfg, capsys):
+    pytest.importorskip("slurm_mig.sim.engine")
+    rc, out, _ = run(capsys, "--config", cfg, "explain", "201", "--replay", "--width", "100")
+    assert rc == 0 and "Replay in the simulator (approximate:" in out
+    assert "simulated wait" in out or "never started" in out or "Replay: " in out
+
+
+def test_top_once(cfg, capsys):
+    rc, out, _ = run(capsys, "--config", cfg, "top", "--once", "--width", "80", "--height", "24")
+    lines = out.splitlines()
+    assert rc == 0 and len(lines) == 24 and all(len(x) <= 80 for x in lines)
+    for word in ("gpu01", "gpu02", "gpu03", "201", "202", "203", "[3g·job101·alice"):
+        assert word in out
+    rc, out, _ = run(capsys, "--config", cfg, "top", "--once", "--view", "summary", "--ascii")
+    assert "Instances by profile" in out and all(ord(c) < 128 for c in out)
+
+
+def test_missing_database_is_a_clear_error(tmp_path, capsys):
+    path = tmp_path / "c.toml"
+    path.write_text(f'[controller]\ndb_path = "{tmp_path}/none.db"\n')
+    rc, out, err = run(capsys, "--config", str(path), "status")
+    assert rc != 0 and "no state database at" in err and "controller running" in err
+    assert not (tmp_path / "none.db").exists()
+
+
+def test_db_flag_reads_a_copy(cfg, tmp_path, capsys):
+    rc, out, _ = run(capsys, "status", "--db", str(tmp_path / "state.db"), "--json")
+    assert rc == 0 and json.loads(out)["gpus"]["total"] == 5

@@ -1,0 +1,363 @@
+"""slurm_mig.ops.views: the data behind status/jobs/nodes/decisions/explain/top, from a real Store."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+
+from slurm_mig.errors import StoreError
+from slurm_mig.mig.layout import Slot, parse_layout
+from slurm_mig.mig.profiles import get_model
+from slurm_mig.ops import views as V
+from slurm_mig.policies.base import Assignment, Decision, LayoutChange
+from slurm_mig.store import open_store
+
+H100 = get_model("H100-80GB")
+NOW = 1_800_000_000.0
+
+
+def build_state(store, now: float = NOW) -> None:
+    """A small cluster in every state an operator must tell apart.
+
+    gpu01: GPU 0 = 3g (job 101 alice) + 2g idle + 1g (job 102 bob); GPU 1 = 7g (job 103 carol)
+    gpu02: GPU 0 being re-carved 3g@0,3g@4 -> 7g@0 for job 201 (3g@0 already destroyed); GPU 1 = 7 x 1g idle
+    gpu03: reported 20 minutes ago (stale), GPU 0 = 4g@0,3g@4 idle
+    capacity: Slurm's placeholder node, drained, no GPUs
+    queue: 201 dave 7g (waited 300 s, then placed on gpu02/0), 202 erin 2 x 1g, 203 frank 4g (partition big)
+    """
+    gpu = lambda i: {"gpu": i, "model": "H100-80GB", "mig_enabled": True, "uuid": f"GPU-{i}"}  # noqa: E731
+    store.replace_observed("gpu01", [gpu(0), gpu(1)], [
+        {"gpu": 0, "profile": "3g", "start": 0, "uuid": "MIG-a"},
+        {"gpu": 0, "profile": "2g", "start": 4, "uuid": "MIG-b"},
+        {"gpu": 0, "profile": "1g", "start": 6, "uuid": "MIG-c", "in_use": True},
+        {"gpu": 1, "profile": "7g", "start": 0, "uuid": "MIG-d", "in_use": True},
+    ], now=now - 2)
+    store.replace_observed("gpu02", [gpu(0), gpu(1)], [
+        {"gpu": 0, "profile": "3g", "start": 4, "uuid": "MIG-e"},
+        *({"gpu": 1, "profile": "1g", "start": s, "uuid": f"MIG-f{s}"} for s in range(7)),
+    ], now=now - 1)
+    store.replace_observed("gpu03", [gpu(0)], [
+        {"gpu": 0, "profile": "4g", "start": 0}, {"gpu": 0, "profile": "3g", "start": 4}], now=now - 1200)
+    store.upsert_node("capacity", state="drain")
+    for job_id, user, profile, count, submit, part in (
+            ("101", "alice", "3g", 1, now - 900, "gpu"), ("102", "bob", "1g", 1, now - 800, "gpu"),
+            ("103", "carol", "7g", 1, now - 700, "gpu"), ("201", "dave", "7g", 1, now - 300, "gpu"),
+            ("202", "erin", "1g", 2, now - 50, "gpu"), ("203", "frank", "4g", 1, now - 10, "big")):
+        store.upsert_job(job_id, profile=profile, count=count, user=user, partition=part, submit_time=submit,
+                         time_limit_s=3600, now=submit)
+    store.bind("101", "gpu01", [(0, Slot(0, "3g.40gb"))], now=now - 890)
+    store.set_job_state("101", "RUNNING", node="gpu01", reason="existing 3g.40gb@0 on GPU 0", now=now - 890)
+    store.bind("102", "gpu01", [(0, Slot(6, "1g.10gb"))], now=now - 790)
+    store.set_job_state("102", "RUNNING", node="gpu01", now=now - 790)
+    store.bind("103", "gpu01", [(1, Slot(0, "7g.80gb"))], now=now - 690)
+    store.set_job_state("103", "RUNNING", node="gpu01", now=now - 690)
+    store.set_job_order(["201", "202", "203"])
+    # The policy held 201 waiting twice, then placed it on gpu02/0 with a re-carve.
+    state = store.cluster_state(now - 290, stale_after_s=120)
+    wait = Decision(waiting=(("201", "no node can hold 1 x 7g on idle slices now"),), policy="first-fit",
+                    version="2")
+    store.record_decision(wait, state=state, latency_ms=0.5, now=now - 290)
+    store.record_decision(wait, state=state, latency_ms=0.4, now=now - 280)
+    store.record_decision(Decision(policy="first-fit", version="2"), state=state, latency_ms=0.1, now=now - 270)
+    state = store.cluster_state(now - 20, stale_after_s=120)
+    target = parse_layout("7g@0", H100)
+    placed = Decision(
+        changes=(LayoutChange("gpu02", 0, target, "carve instances for pending jobs: 3g@0,3g@4 -> 7g@0"),),
+        assignments=(Assignment("201", "gpu02", ((0, Slot(0, "7g.80gb")),), "carved gpu02/0:7g.80gb@0"),),
+        waiting=(("202", "behind a higher-priority job that cannot start yet"),
+                 ("203", "no node can hold 1 x 4g on idle slices now")),
+        policy="first-fit", version="2")
+    did = store.record_decision(placed, state=state, latency_ms=0.7, now=now - 20)
+    store.record_decision(Decision(policy="first-fit", version="2"), state=state, latency_ms=0.1, now=now - 1)
+    store.set_desired("gpu02", 0, target, "first-fit", "carve instances for pending jobs", now=now - 20)
+    e = store.journal_begin("gpu02", 0, "3g@0,3g@4", "7g@0",
+                            [{"action": "destroy", "profile": "3g.40gb", "start": 0},
+                             {"action": "destroy", "profile": "3g.40gb", "start": 4},
+                             {"action": "create", "profile": "7g.80gb", "start": 0}],
+                            decision_id=did, now=now - 19)
+    store.journal_step(e, now=now - 18)
+    done = store.journal_begin("gpu01", 1, "3g@0,3g@4", "7g@0",
+                               [{"action": "destroy", "profile": "3g.40gb", "start": 0},
+                                {"action": "destroy", "profile": "3g.40gb", "start": 4},
+                                {"action": "create", "profile": "7g.80gb", "start": 0}], now=now - 698)
+    store.journal_finish(done, "done", outcome="applied by the prolog of job 103", now=now - 697)
+    store.set_meta("reservations", {"201": {"node": "gpu02", "instances": [[0, "7g.80gb", 0]]}}, now=now - 1)
+    store.add_event("requeue", "job 150: no 1 x 3g MIG instance can be made on gpu03 now (slices in use)",
+                    node="gpu03", job_id="150", now=now - 100)
+    store.add_event("gres", "gpu01: Slurm had 3g:2, set 1g:1,2g:1,3g:1,7g:1", node="gpu01", now=now - 60)
+
+
+@pytest.fixture
+def state_db(tmp_path):
+    path = tmp_path / "state.db"
+    with open_store(path) as store:
+        build_state(store)
+    return path
+
+
+@pytest.fixture
+def ro(state_db):
+    store = V.open_readonly(state_db)
+    yield store
+    store.close()
+
+
+# -- opening --------------------------------------------------------------------------------
+
+def test_open_readonly_names_a_missing_database(tmp_path):
+    with pytest.raises(StoreError, match="no state database at .*controller running"):
+        V.open_readonly(tmp_path / "nope.db")
+    assert not (tmp_path / "nope.db").exists()
+
+
+def test_open_readonly_refuses_world_writable_and_symlinks(state_db, tmp_path):
+    link = tmp_path / "link.db"
+    link.symlink_to(state_db)
+    with pytest.raises(StoreError):
+        V.open_readonly(link)
+    os.chmod(state_db, 0o666)
+    with pytest.raises(StoreError, match="world-writable"):
+        V.open_readonly(state_db)
+
+
+def test_open_readonly_never_writes(state_db):
+    before = state_db.stat().st_mtime_ns, state_db.stat().st_mode
+    store = V.open_readonly(state_db)
+    with pytest.raises(StoreError, match="read-only"):
+        store.add_event("x", "y")
+    V.load_snapshot(store, now=NOW)
+    store.close()
+    assert (state_db.stat().st_mtime_ns, state_db.stat().st_mode) == before
+
+
+def test_open_readonly_refuses_an_empty_file(tmp_path):
+    p = tmp_path / "empty.db"
+    p.write_bytes(b"")
+    os.chmod(p, 0o600)
+    with pytest.raises(StoreError, match="empty"):
+        V.open_readonly(p)
+
+
+# -- nodes and GPUs ------------------------------------------------------------------------------
+
+def _gpu(nodes, name, index):
+    node = next(n for n in nodes if n["name"] == name)
+    return next(g for g in node["gpus"] if g["gpu"] == index)
+
+
+def test_node_views_instances_jobs_users_and_states(ro):
+    snap = V.load_snapshot(ro, now=NOW, stale_after_s=120)
+    nodes = V.node_views(snap)
+    assert [n["name"] for n in nodes] == ["capacity", "gpu01", "gpu02", "gpu03"]
+    g = _gpu(nodes, "gpu01", 0)
+    assert g["layout"] == "3g@0,2g@4,1g@6"
+    by_start = {i["start"]: i for i in g["instances"]}
+    assert (by_start[0]["kind"], by_start[0]["state"], by_start[0]["job_id"], by_start[0]["user"]) == \
+        ("3g", "busy", "101", "alice")
+    assert (by_start[4]["state"], by_start[4]["job_id"]) == ("idle", None)
+    assert (by_start[6]["state"], by_start[6]["job_id"], by_start[6]["user"]) == ("busy", "102", "bob")
+    assert g["busy_slices"] == 5 and g["idle_slices"] == 2 and g["largest_free_kind"] == "2g"
+    # gpu02/0: the open reconfiguration shows: 3g@4 about to go, 7g@0 being created.
+    r = _gpu(nodes, "gpu02", 0)
+    assert r["status"] == "reconfiguring" and r["reconfiguration"]["to"] == "7g@0"
+    assert r["reconfiguration"]["progress"] == 1 and r["reconfiguration"]["steps"] == 3
+    assert [(i["kind"], i["state"], i["pending_action"]) for i in r["instances"]] == [("3g", "reconfiguring",
+                                                                                       "destroy")]
+    assert [(c["kind"], c["start"]) for c in r["creating"]] == [("7g", 0)]
+    assert r["desired"] == "7g@0"
+    idle = _gpu(nodes, "gpu02", 1)
+    assert idle["idle_slices"] == 7 and idle["largest_free_kind"] == "7g" and idle["fragmented_slices"] == 0
+    stale = next(n for n in nodes if n["name"] == "gpu03")
+    assert stale["stale"] and stale["seen_ago_s"] == pytest.approx(1200)
+    cap = next(n for n in nodes if n["name"] == "capacity")
+    assert cap["gpus"] == [] and cap["state"] == "drain" and not cap["stale"]
+    json.dumps(nodes)  # JSON-ready
+
+
+def test_fragmentation_counts_idle_slices_outside_the_biggest_creatable_instance(tmp_path):
+    with open_store(tmp_path / "f.db") as store:
+        # A 1g busy in the middle of the GPU: 7 slices idle, but only a 3g (4 slices) can be made.
+        store.replace_observed("n1", [{"gpu": 0, "model": "H100-80GB", "mig_enabled": True}],
+                               [{"gpu": 0, "profile": "1g", "start": 2, "in_use": True}], now=NOW)
+        g = V.node_views(V.load_snapshot(store, now=NOW))[0]["gpus"][0]
+    assert g["free_slices"] == 7 and g["largest_free_kind"] == "3g" and g["largest_free_slices"] == 4
+    assert g["fragmented_slices"] == 3
+
+
+def test_match_nodes_hostlists_globs_and_names():
+    names = ["gpu01", "gpu02", "gpu03", "cpu1"]
+    assert V.match_nodes(names, "gpu[01-02]") == ["gpu01", "gpu02"]
+    assert V.match_nodes(names, "gpu*") == ["gpu01", "gpu02", "gpu03"]
+    assert V.match_nodes(names, "cpu1,gpu03") == ["gpu03", "cpu1"]
+    assert V.match_nodes(names, ["gpu0[2-3]"]) == ["gpu02", "gpu03"]
+    assert V.match_nodes(names, None) == names
+
+
+def test_node_filters(ro):
+    snap = V.load_snapshot(ro, now=NOW)
+    assert [n["name"] for n in V.node_views(snap, nodes="gpu0[1-2]")] == ["gpu01", "gpu02"]
+    assert [n["name"] for n in V.node_views(snap, only={"gpu03"})] == ["gpu03"]
+    assert [n["name"] for n in V.node_views(snap, include_empty=False)] == ["gpu01", "gpu02", "gpu03"]
+
+
+def test_hot_nodes_puts_reconfiguring_and_troubled_first(ro):
+    nodes = V.node_views(V.load_snapshot(ro, now=NOW))
+    assert [n["name"] for n in V.hot_nodes(nodes)] == ["gpu02", "gpu03", "gpu01"]
+
+
+# -- status, jobs, decisions -----------------------------------------------------------------------
+
+def test_status_view(ro):
+    snap = V.load_snapshot(ro, now=NOW, stale_after_s=120)
+    st = V.status_view(snap, tick_interval_s=5)
+    assert st["controller"]["state"] == "ok" and st["controller"]["tick_age_s"] == pytest.approx(1)
+    assert st["controller"]["open_reconfigurations"] == 1
+    assert st["nodes"] == {"total": 3, "by_state": {"stale": 1, "up": 2}, "other": ["capacity"]}
+    assert st["gpus"]["total"] == 5 and st["gpus"]["reconfiguring"] == 1
+    assert st["instances"] == {"busy": 3, "idle": 10, "reconfiguring": 2}
+    prof = {p["profile"]: p for p in st["profiles"]}
+    assert (prof["7g"]["total"], prof["7g"]["busy"], prof["7g"]["reconfiguring"], prof["7g"]["pending_jobs"]) == \
+        (1, 1, 1, 1)
+    assert prof["7g"]["oldest_wait_s"] == pytest.approx(300)
+    assert (prof["1g"]["total"], prof["1g"]["idle"], prof["1g"]["pending_instances"]) == (8, 7, 2)
+    assert st["jobs"]["pending"] == 3 and st["jobs"]["running"] == 3
+    assert st["jobs"]["oldest_pending"]["job_id"] == "201"
+    assert [r["to"] for r in st["reconfigurations"]] == ["7g@0"]
+    json.dumps(st)
+
+
+def test_controller_health_states(ro):
+    snap = V.load_snapshot(ro, now=NOW + 600)
+    h = V.controller_health(snap, tick_interval_s=5)
+    assert h["state"] == "stale" and "10m" in h["detail"]
+    assert V.controller_health(snap, 5, healthz=False)["state"] == "down"
+    snap = V.load_snapshot(ro, now=NOW)
+    assert V.controller_health(snap, 5, healthz=False)["state"] == "api-down"
+
+
+def test_jobs_view_order_filters_and_waits(ro):
+    jobs = V.jobs_view(ro, now=NOW)
+    assert [j["job_id"] for j in jobs] == ["201", "202", "203", "101", "102", "103"]
+    j201 = jobs[0]
+    assert j201["wait_s"] == pytest.approx(300) and j201["reserved"]["node"] == "gpu02"
+    assert j201["reason"] == "carved gpu02/0:7g.80gb@0"
+    run = next(j for j in jobs if j["job_id"] == "101")
+    assert run["wait_s"] == pytest.approx(10) and run["run_s"] == pytest.approx(890)
+    assert run["instances"][0]["profile"] == "3g.40gb"
+    assert [j["job_id"] for j in V.jobs_view(ro, now=NOW, partition="big")] == ["203"]
+    assert [j["job_id"] for j in V.jobs_view(ro, now=NOW, user="bob")] == ["102"]
+    assert [j["job_id"] for j in V.jobs_view(ro, now=NOW, states=["PENDING"], limit=2)] == ["201", "202"]
+    assert [j["job_id"] for j in V.jobs_view(ro, now=NOW, profile="7g")] == ["201", "103"]
+
+
+def test_pending_by_profile():
+    pend = [{"profile": "7g", "count": 1, "wait_s": 30.0}, {"profile": "1g", "count": 2, "wait_s": 5.0},
+            {"profile": "7g", "count": 1, "wait_s": 10.0}]
+    out = V.pending_by_profile(pend)
+    assert [(p["profile"], p["jobs"], p["instances"], p["oldest_wait_s"]) for p in out] == \
+        [("1g", 1, 2, 5.0), ("7g", 2, 2, 30.0)]
+
+
+def test_decisions_view_kinds(ro):
+    acted = V.decisions_view(ro)
+    assert len(acted) == 1 and acted[0]["changes"][0]["target"] == "7g@0"
+    assert "re-carve gpu02/0 -> 7g@0" in acted[0]["summary"] and "job 201 -> gpu02" in acted[0]["summary"]
+    assert len(V.decisions_view(ro, include_waiting=True)) == 3
+    assert len(V.decisions_view(ro, include_noop=True)) == 5
+    mine = V.decisions_view(ro, job_id="201")
+    assert [len(d["assignments"]) for d in mine] == [1, 0, 0]
+    assert V.decisions_view(ro, job_id="999") == []
+    assert V.decisions_view(ro, job_id="20") == []  # no prefix matches
+
+
+def test_recent_activity_has_reasons(ro):
+    snap = V.load_snapshot(ro, now=NOW)
+    items = V.recent_activity(snap)
+    kinds = [i["kind"] for i in items]
+    assert "decision" in kinds and "reconfig" in kinds and "requeue" in kinds and "gres" in kinds
+    rc = next(i for i in items if i["kind"] == "reconfig" and "gpu02/0" in i["text"])
+    assert "in progress" in rc["text"] and rc["reason"].startswith("carve instances for pending jobs")
+    assert items == sorted(items, key=lambda i: -i["time"])
+
+
+# -- explain -------------------------------------------------------------------------------------
+
+def test_explain_a_job_that_waited_then_was_placed_with_a_recarve(ro):
+    ex = V.explain_view(ro, "201", now=NOW)
+    assert ex["job"]["profile"] == "7g" and ex["job"]["state"] == "PENDING"
+    spans = ex["decisions"]["spans"]
+    assert [(s["what"], s["decisions"]) for s in spans] == [("waiting", 2), ("assigned", 1)]
+    assert spans[0]["reason"] == "no node can hold 1 x 7g on idle slices now"
+    assert spans[1]["changes"][0]["target"] == "7g@0"
+    labels = [s["label"] for s in ex["policy_saw"]]
+    assert labels == ["first wait", "last wait", "assignment"]
+    first = ex["policy_saw"][0]
+    assert first["queue_position"] == 1 and first["gpus"] == 5
+    opts = {o["gpu"]: o for o in first["options"]}
+    assert opts["gpu01/1"]["verdict"] == "blocked" and "busy 7g.80gb@0" in opts["gpu01/1"]["why"]
+    assert opts["gpu02/1"]["verdict"] == "re-carve"
+    assert opts["gpu03/0"]["verdict"] == "unavailable"  # stale node
+    last = ex["policy_saw"][-1]
+    assert [o["gpu"] for o in last["options"] if o["chosen"]] == ["gpu02/0"]
+    assert "waited mostly because: no node can hold 1 x 7g" in ex["verdict"]
+    assert "now waiting for the re-carve to finish and Slurm to start it there" in ex["verdict"]
+    assert "the policy placed it: carved gpu02/0:7g.80gb@0" in ex["verdict"]
+    json.dumps(ex)
+
+
+def test_explain_a_running_job_has_its_reconfiguration_and_timeline(ro):
+    ex = V.explain_view(ro, "103", now=NOW)
+    assert ex["job"]["node"] == "gpu01" and ex["job"]["state"] == "RUNNING"
+    assert [r["to"] for r in ex["reconfigurations"]] == ["7g@0"]
+    assert ex["reconfigurations"][0]["duration_s"] == pytest.approx(1.0)
+    tl = ex["timeline"]
+    assert tl["node"] == "gpu01" and tl["gpus"] == [1]
+    kinds = {s["kind"] for s in tl["segments"]}
+    assert {"job", "destroy", "create"} <= kinds
+    assert "no decision" not in ex["verdict"]
+
+
+def test_explain_unknown_job(ro):
+    with pytest.raises(StoreError, match="no record of job 4242"):
+        V.explain_view(ro, "4242")
+
+
+def test_gpu_option_verdicts():
+    base = {"node": "n1", "gpu": 0, "model": "H100-80GB", "available": True}
+    assert V.gpu_option({**base, "layout": "3g@0,3g@4", "busy": []}, "3g")["verdict"] == "idle-instance"
+    assert V.gpu_option({**base, "layout": "3g@0", "busy": ["3g.40gb@0"]}, "3g")["verdict"] == "free-slices"
+    o = V.gpu_option({**base, "layout": "1g@0,1g@1,1g@2,1g@3,3g@4", "busy": ["3g.40gb@4"]}, "4g")
+    assert o["verdict"] == "re-carve" and "1g.10gb@0" in o["why"]
+    o = V.gpu_option({**base, "layout": "3g@0,3g@4", "busy": ["3g.40gb@0"], "reconfiguring": ["3g.40gb@4"]}, "7g")
+    assert o["verdict"] == "blocked" and "busy 3g.40gb@0" in o["why"] and "reconfiguring 3g.40gb@4" in o["why"]
+    assert V.gpu_option({**base, "available": False, "layout": ""}, "1g")["verdict"] == "unavailable"
+    assert V.gpu_option({**base, "layout": "empty"}, "5g")["verdict"] == "no-profile"
+
+
+def test_history_segments_window(ro):
+    segs = V.history_segments(ro, "gpu01", [0, 1], NOW - 1000, NOW)
+    jobs = sorted(s.job_id for s in segs if s.kind == "job")
+    assert jobs == ["101", "102", "103"]
+    assert all(s.t1 == NOW for s in segs if s.kind == "job")  # still running
+
+
+def test_formatting():
+    assert V.fmt_duration(None) == "-"
+    assert V.fmt_duration(5.4) == "5s"
+    assert V.fmt_duration(185) == "3m05s"
+    assert V.fmt_duration(3720) == "1h02m"
+    assert V.fmt_duration(2 * 86400 + 3 * 3600) == "2d03h"
+    assert V.kind_sort_key("1g") < V.kind_sort_key("1g.dm") < V.kind_sort_key("2g") < V.kind_sort_key("7g")
+    t = time.time()
+    assert V.fmt_when(t, t) == V.fmt_clock(t)
+    assert "-" in V.fmt_when(t - 3 * 86400, t)
+
+
+def test_explain_a_pending_job_shows_the_reconfiguration_it_waits_for(ro):
+    ex = V.explain_view(ro, "201", now=NOW)
+    assert [(r["node"], r["gpu"], r["to"], r["state"]) for r in ex["reconfigurations"]] == \
+        [("gpu02", 0, "7g@0", "in_progress")]
+    assert ex["timeline"]["node"] == "gpu02"
