@@ -669,9 +669,11 @@ class DispatchPolicy:
     whole_gpu = False  # the simulator turns each request into whole GPUs (no-MIG)
     change_reason = "carve instances for pending jobs"
 
-    def __init__(self, *, backfill: bool = True, reservations: int = 1, explain_waiting: bool = True) -> None:
+    def __init__(self, *, backfill: bool = True, reservations: int = 1, explain_waiting: bool = True,
+                 backfill_depth: int | None = 500) -> None:
         self.backfill = backfill
         self.reservations = reservations
+        self.backfill_depth = backfill_depth
         self.explain_waiting = explain_waiting
         self._index = ClusterIndex(carve=self.carve)
 
@@ -698,7 +700,10 @@ class DispatchPolicy:
         explain = self.explain_waiting
         dead: set[tuple[str, int]] = set()
         conflict_end: dict[tuple[str, int], float] = {}
-        blocked = False
+        reasons: dict[tuple[str, int], str] = {}
+        reserved_reason = ""
+        blocked_at = -1
+        depth = self.backfill_depth
         pending = state.pending
         n = len(pending)
         i = 0
@@ -706,20 +711,26 @@ class DispatchPolicy:
         while i < n:
             job = pending[i]
             i += 1
-            if blocked and not self.backfill:
-                if explain:
-                    waiting.append((job.job_id, "behind a higher-priority job that cannot start yet"))
-                continue
+            if blocked_at >= 0:
+                if not self.backfill:
+                    i -= 1
+                    stopped = "behind a higher-priority job that cannot start yet"
+                    break
+                if depth is not None and i - blocked_at > depth:
+                    i -= 1
+                    stopped = f"beyond the backfill depth ({depth} jobs after the first blocked one)"
+                    break
             key = (job.profile, job.count)
-            tl = job.time_limit_s
-            end = now + tl if tl else INF
             if key in dead:
                 if explain:
-                    waiting.append((job.job_id, f"no node can hold {job.count} x {job.profile} on idle slices now"))
+                    waiting.append((job.job_id, reasons[key]))
                 continue
-            if key in conflict_end and end >= conflict_end[key]:
+            tl = job.time_limit_s
+            end = now + tl if tl else INF
+            ce = conflict_end.get(key)
+            if ce is not None and end >= ce:
                 if explain:
-                    waiting.append((job.job_id, self._reserved_reason(ctx)))
+                    waiting.append((job.job_id, reserved_reason))
                 continue
             status, assignment = self.place(ctx, job, end)
             if status == PLACED:
@@ -728,24 +739,29 @@ class DispatchPolicy:
                     stopped = "every slice is in use"
                     break
                 continue
-            blocked = True
+            if blocked_at < 0:
+                blocked_at = i
             if status == NO_ROOM:
                 dead.add(key)
-                reason = f"no node can hold {job.count} x {job.profile} on idle slices now"
+                reason = reasons[key] = f"no node can hold {job.count} x {job.profile} on idle slices now"
             else:
-                conflict_end[key] = min(end, conflict_end.get(key, INF))
-                reason = self._reserved_reason(ctx)
+                conflict_end[key] = end if ce is None else min(end, ce)
+                if not reserved_reason:
+                    reserved_reason = self._reserved_reason(ctx)
+                reason = reserved_reason
             if len(ctx.reservations) < self.reservations:
                 r = ctx.reserve(job)
                 if r is not None:
                     when = "when running jobs end" if r.t == INF else f"from t={r.t:.0f}s"
                     gp = ", ".join(f"{idx.gpus[g].key}" for g in sorted(r.regions))
                     reason += f"; reserved {gp} {when}"
+                    if not reserved_reason or len(ctx.reservations) == 1:
+                        reserved_reason = self._reserved_reason(ctx)
             if explain:
                 waiting.append((job.job_id, reason))
         if i < n and explain:
             why = f"not considered: {stopped}" if stopped else "not considered"
-            waiting.extend((j.job_id, why) for j in pending[i:])
+            waiting.extend([(j.job_id, why) for j in pending[i:]])
         changes = self.finish(ctx, state)
         extra = {"reservations": [(r.job_id, r.t, sorted(idx.gpus[g].key for g in r.regions))
                                   for r in ctx.reservations],

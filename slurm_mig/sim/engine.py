@@ -77,6 +77,7 @@ class SimConfig:
     record: bool = False  # keep a timeline for plots and explanations
     reconfig_overhead_s: float = 0.0  # fixed extra seconds per LayoutChange (tooling, Slurm update)
     max_decisions: int | None = None  # safety stop
+    explain: bool | None = None  # ask the policy for every waiting job's reason (default: when recording)
 
 
 @dataclass
@@ -91,6 +92,7 @@ class JobRecord:
     instances: tuple = ()  # ((gpu index, Slot), ...)
     duration: float = 0.0  # actual run time on what it got
     compute: int = 0  # compute slices held
+    key: tuple = ()  # its place in the pending order
 
 
 @dataclass
@@ -158,6 +160,9 @@ class Simulator:
         self.spec = spec or ClusterSpec.for_workload(workload)
         self.config = config or SimConfig()
         self.model = get_model(self.spec.model)
+        explain = self.config.explain if self.config.explain is not None else self.config.record
+        if hasattr(policy, "explain_waiting"):
+            policy.explain_waiting = explain  # reasons for thousands of jobs per decision cost time
         self.reset_state()
 
     # -- setup ---------------------------------------------------------------------
@@ -185,7 +190,8 @@ class Simulator:
             pj = PendingJob(j.job_id, prof, count, j.submit_time, tl)
             self.records[j.job_id] = JobRecord(j, pj, prof, count)
             self._push(j.submit_time, _ARRIVAL, j.job_id)
-        self.pending: list[tuple[tuple, PendingJob]] = []  # (sort key, job), priority order
+        self.pending: list[PendingJob] = []  # priority order: (-priority, submit, arrival)
+        self._pkeys: list[tuple] = []  # their sort keys
         self._pending_tuple: tuple[PendingJob, ...] | None = ()
         self._gpu_tuple: tuple[GpuState, ...] | None = None
         self._dirty: set[int] = set()
@@ -215,7 +221,7 @@ class Simulator:
             self._dirty.clear()
             self._gpu_tuple = tuple(states)
         if self._pending_tuple is None:
-            self._pending_tuple = tuple(p for _, p in self.pending)
+            self._pending_tuple = tuple(self.pending)
         return ClusterState(self.now, self._gpu_tuple, self._pending_tuple)
 
     def _touch(self, g: _Gpu) -> None:
@@ -235,8 +241,15 @@ class Simulator:
             if kind == _ARRIVAL:
                 rec = self.records[payload]
                 j = rec.job
-                bisect.insort(self.pending, ((-j.priority, j.submit_time, self.seq), rec.pending))
+                k = rec.key = (-j.priority, j.submit_time, self.seq)
                 self.seq += 1
+                if not self._pkeys or k > self._pkeys[-1]:
+                    self._pkeys.append(k)
+                    self.pending.append(rec.pending)
+                else:
+                    pos = bisect.bisect(self._pkeys, k)
+                    self._pkeys.insert(pos, k)
+                    self.pending.insert(pos, rec.pending)
                 self._pending_tuple = None
             elif kind == _END:
                 self._end_job(payload)
@@ -344,7 +357,10 @@ class Simulator:
                     if cfg.record:
                         self.timeline.append(Segment(g.key, "job", slot, start, start + dur, a.job_id))
                 self._push(start + dur, _END, a.job_id)
-            self.pending = [(k, p) for k, p in self.pending if p.job_id not in assigned]
+            for jid in assigned:
+                pos = bisect.bisect_left(self._pkeys, self.records[jid].key)
+                del self.pending[pos]
+                del self._pkeys[pos]
             self._pending_tuple = None
         if cfg.record:
             for jid, why in decision.waiting:
