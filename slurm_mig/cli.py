@@ -23,6 +23,7 @@ COMMAND_MODULES = [
     "slurm_mig.controller.cli",
     "slurm_mig.node.cli",
     "slurm_mig.ops.cli",
+    "slurm_mig.sim.cli",
 ]
 
 

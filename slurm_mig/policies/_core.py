@@ -19,6 +19,7 @@ starts. So a big job is never starved by a stream of small ones.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 from itertools import compress
@@ -135,7 +136,7 @@ class GpuInfo:
     """What the dispatch loop needs to know about one GPU; a clone is a working copy."""
 
     __slots__ = ("gs", "t", "gidx", "node", "avail", "layout", "locked", "locked_mask", "locked_compute",
-                 "same", "ends", "busy_end", "free", "_cap", "_earliest", "_steps")
+                 "same", "ends", "busy_end", "free", "_cap", "_earliest", "_steps", "_sig")
 
     def __init__(self, gs: GpuState | None, t: ModelTable | None = None, gidx: int = 0, node: int = 0,
                  now: float = 0.0) -> None:
@@ -173,6 +174,15 @@ class GpuInfo:
         self._cap: dict = {}
         self._earliest: dict = {}
         self._steps: dict = {}
+        self._sig = None
+
+    @property
+    def sig(self) -> tuple:
+        """What decides which instances could still be carved here: GPUs with equal sigs are alike."""
+        s = self._sig
+        if s is None:
+            s = self._sig = (id(self.t), self.locked_mask, self.locked_compute, tuple(sorted(self.same.items())))
+        return s
 
     def _refresh_free(self) -> None:
         free: dict[str, list[Slot]] = {}
@@ -194,6 +204,7 @@ class GpuInfo:
         c.busy_end = self.busy_end
         c.free = {k: list(v) for k, v in self.free.items()}
         c._cap, c._earliest, c._steps = {}, {}, {}
+        c._sig = self._sig
         return c
 
     # -- queries -------------------------------------------------------------
@@ -302,6 +313,7 @@ class GpuInfo:
         self._cap.clear()
         self._earliest.clear()
         self._steps.clear()
+        self._sig = None
 
     def take(self, slot: Slot, pi: PInfo, end: float) -> None:
         """Give an existing idle instance to a job."""
@@ -323,7 +335,7 @@ class GpuInfo:
 class KeyIndex:
     """For one requested profile: which GPUs and nodes could offer it, and when."""
 
-    __slots__ = ("key", "caps", "node_cap", "nodes", "gpus", "heap", "earliest")
+    __slots__ = ("key", "caps", "node_cap", "nodes", "gpus", "heap", "earliest", "groups")
 
     def __init__(self, idx: "ClusterIndex", key: str) -> None:
         self.key = key
@@ -336,10 +348,34 @@ class KeyIndex:
         self.gpus = {i for i, c in enumerate(self.caps) if c > 0}
         self.heap: list | None = None
         self.earliest: dict[int, float] = {}
+        self.groups: dict[tuple, list] | None = None
 
-    def update(self, idx: "ClusterIndex", gidx: int, info: GpuInfo) -> None:
+    def build_groups(self, idx: "ClusterIndex") -> dict[tuple, list]:
+        """GPUs that could offer this profile, grouped by sig, each group sorted latest busy_end first."""
+        groups: dict[tuple, list] = {}
+        for g in self.gpus:
+            info = idx.infos[g]
+            groups.setdefault(info.sig, []).append((-info.busy_end, idx.rank[g], g))
+        for v in groups.values():
+            v.sort()
+        self.groups = groups
+        return groups
+
+    def update(self, idx: "ClusterIndex", gidx: int, info: GpuInfo, old_info: GpuInfo | None = None) -> None:
         c = info.cap(info.t.resolve(self.key), idx.carve)
         old = self.caps[gidx]
+        if self.groups is not None and old_info is not None:
+            if old > 0:
+                members = self.groups.get(old_info.sig)
+                if members is not None:
+                    item = (-old_info.busy_end, idx.rank[gidx], gidx)
+                    pos = bisect.bisect_left(members, item)
+                    if pos < len(members) and members[pos] == item:
+                        del members[pos]
+                    if not members:
+                        del self.groups[old_info.sig]
+            if c > 0:
+                bisect.insort(self.groups.setdefault(info.sig, []), (-info.busy_end, idx.rank[gidx], gidx))
         if c != old:
             self.caps[gidx] = c
             n = info.node
@@ -416,14 +452,15 @@ class ClusterIndex:
         self.gpus = gpus
         now = state.now
         for i in changed:
-            info = GpuInfo(gpus[i], ModelTable.of(gpus[i].model), i, self.infos[i].node, now)
+            old_info = self.infos[i]
+            info = GpuInfo(gpus[i], ModelTable.of(gpus[i].model), i, old_info.node, now)
             self.infos[i] = info
             if info.any_cap(self.carve) > 0:
                 self.any_gpus.add(i)
             else:
                 self.any_gpus.discard(i)
             for ki in self.keys.values():
-                ki.update(self, i, info)
+                ki.update(self, i, info, old_info)
         self._stale_heaps()
         self.changed_since = changed
 

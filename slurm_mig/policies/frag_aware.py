@@ -50,6 +50,7 @@ class FragAwarePolicy(DispatchPolicy):
     def __init__(self, *, lookahead: int = 64, running_prior: float = 0.5, w_time: float = 0.3,
                  w_node_time: float = 1.0, w_node: float = 0.0, w_pack: float = 0.0, multi_prior: float = 0.05,
                  tau: float = 3600.0, w_reconf: float = 0.01, reservations: int = 2,
+                 exact_limit: int = 256, group_width: int = 4,
                  explain_waiting: bool = True) -> None:
         super().__init__(reservations=reservations, explain_waiting=explain_waiting)
         self.lookahead = lookahead
@@ -60,6 +61,8 @@ class FragAwarePolicy(DispatchPolicy):
         self.w_pack = w_pack
         self.multi_prior = multi_prior
         self.w_node_time = w_node_time
+        self.exact_limit = exact_limit
+        self.group_width = group_width
         self.tau = tau
         self._ext_max = math.log1p(30 * 86400 / tau)
         self._ext_day = math.log1p(86400 / tau)
@@ -94,6 +97,8 @@ class FragAwarePolicy(DispatchPolicy):
         self._weights = w
         self._multi = max(self.multi_prior, multi / total if total else 0.0)
         self._wq: dict[int, list[tuple[PInfo, float]]] = {}
+        self._loss_cache: dict = {}
+        self._group_order: dict = {}
 
     def _wlist(self, info: GpuInfo) -> list[tuple[PInfo, float]]:
         t = info.t
@@ -110,6 +115,13 @@ class FragAwarePolicy(DispatchPolicy):
 
     # -- scoring ------------------------------------------------------------------
     def _frag_loss(self, info: GpuInfo, new_mask: int, new_compute: int, pi: PInfo) -> float:
+        key = (info.sig, pi, new_mask)
+        got = self._loss_cache.get(key)
+        if got is None:
+            got = self._loss_cache[key] = self._frag_loss_raw(info, new_mask, new_compute, pi)
+        return got
+
+    def _frag_loss_raw(self, info: GpuInfo, new_mask: int, new_compute: int, pi: PInfo) -> float:
         loss = 0.0
         C = info.t.compute
         lm, lc, same = info.locked_mask, info.locked_compute, info.same
@@ -186,6 +198,28 @@ class FragAwarePolicy(DispatchPolicy):
             sc = self._score(ctx, info, pi, st, end, node, 1 + len(opt.destroyed))
             out.append((sc, ctx.idx.rank[g], 1, g, opt.slot, opt))
 
+    def _order_groups(self, idx, key: str, groups: dict) -> list[tuple[float, tuple]]:
+        """(lower bound of any score in the group, sig), ascending: the fragmentation part alone."""
+        out = []
+        for sig, members in groups.items():
+            info = idx.infos[members[0][2]]
+            pi = info.t.resolve(key)
+            if pi is None:
+                continue
+            lm, free_c = info.locked_mask, info.t.compute - info.locked_compute
+            room = pi.max_count - info.same.get(pi.name, 0)
+            lb = None
+            if room > 0 and free_c >= pi.compute:
+                for st, m in zip(pi.starts, pi.masks):
+                    if not lm & m:
+                        v = self._frag_loss(info, m, pi.compute, pi)
+                        if lb is None or v < lb:
+                            lb = v
+            if lb is not None:
+                out.append((lb, sig))
+        out.sort(key=lambda x: x[0])
+        return out
+
     def _node(self, ctx: Ctx, node: int, local: dict | None = None) -> tuple[int, int, float, float]:
         """(idle GPUs, GPUs, share of compute slices not locked, when its last job ends) of a node."""
         idle = 0
@@ -210,11 +244,12 @@ class FragAwarePolicy(DispatchPolicy):
         if job.count == 1:
             best = None
             node_cache: dict[int, tuple[int, int, float, float]] = {}
-            for g in ctx.candidate_gpus(key):
-                info = ctx.info(g)
+
+            def consider(g: int, info: GpuInfo) -> None:
+                nonlocal best
                 pi = info.t.resolve(key)
                 if pi is None or not info.avail:
-                    continue
+                    return
                 nd = info.node
                 ns = node_cache.get(nd)
                 if ns is None:
@@ -224,6 +259,33 @@ class FragAwarePolicy(DispatchPolicy):
                 for o in opts:
                     if best is None or o[:3] < best[:3]:
                         best = o
+
+            ki = idx.key(key)
+            if len(ki.gpus) <= self.exact_limit:
+                for g in ctx.candidate_gpus(key):
+                    consider(g, ctx.info(g))
+            else:
+                # Large cluster: GPUs with the same locked slices score the same but for
+                # their end times; visit signature groups best lower bound first, and in
+                # each only the few GPUs whose jobs end last (they align best).
+                for g, w in ctx.work.items():
+                    if w.cap(w.t.resolve(key), idx.carve) > 0:
+                        consider(g, w)
+                groups = ki.groups if ki.groups is not None else ki.build_groups(idx)
+                order = self._group_order.get(key)
+                if order is None:
+                    order = self._group_order[key] = self._order_groups(idx, key, groups)
+                for lb, sig in order:
+                    if best is not None and lb >= best[0]:
+                        break
+                    seen = 0
+                    for _, _, g in groups.get(sig, ()):
+                        if g in ctx.work:
+                            continue
+                        consider(g, idx.infos[g])
+                        seen += 1
+                        if seen >= self.group_width:
+                            break
             if best is None:
                 return (CONFLICT if conflicted[0] else NO_ROOM), None
             _, _, _, g, slot, opt = best

@@ -1,0 +1,264 @@
+"""`slurm-mig bench` and `slurm-mig simulate`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+from slurm_mig.errors import ConfigError
+
+SYNTHETIC = ("poisson-mix", "small-heavy", "rl-good_scaling", "rl-bad_scaling", "rl-mix_extreme", "rl-mix_soft",
+             "rl-wide_times", "miso-models")
+
+
+def register(subparsers) -> None:
+    b = subparsers.add_parser(
+        "bench", help="every policy on a fixed set of workloads (and traces) vs baselines and lower bounds",
+        description="Run every policy on the fixed synthetic workloads plus each --trace (by default also "
+                    "../shared/traces/alibaba-v2023-train.csv when it exists) and print a table with ratios "
+                    "to the best baseline and to the lower bounds. --speed runs the speed benchmarks instead.")
+    b.add_argument("--trace", action="append", default=[], metavar="PATH",
+                   help="an Alibaba cluster-trace-gpu-v2023 pod list (CSV); repeatable")
+    b.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    b.add_argument("--speed", action="store_true",
+                   help="run the speed benchmarks (100k jobs on 1,000 GPUs; a decision over 10k jobs x 8k GPUs)")
+    b.add_argument("--nodes", type=int, default=None, help="nodes of 8 GPUs for trace workloads (default 5)")
+    b.add_argument("--no-synthetic", action="store_true", help="only the traces")
+    b.add_argument("--policies", default=None, help="comma-separated subset of policies")
+    b.add_argument("--verbose", "-v", action="store_true", help="log each simulation to stderr")
+    b.set_defaults(func=cmd_bench)
+
+    s = subparsers.add_parser(
+        "simulate", help="replay a trace or workload under one policy; optional timeline picture",
+        description="Simulate one workload under one policy and print its metrics beside the lower bounds. "
+                    "--plot draws each GPU's instances, jobs and reconfigurations over time.")
+    src = s.add_mutually_exclusive_group(required=True)
+    src.add_argument("--trace", metavar="PATH", help="an Alibaba cluster-trace-gpu-v2023 pod list (CSV)")
+    src.add_argument("--db", metavar="PATH", help="replay the outcomes recorded in a slurm-mig state DB")
+    src.add_argument("--workload", choices=SYNTHETIC, help="a synthetic workload")
+    s.add_argument("--policy", default="frag-aware", help="policy name (see `slurm-mig bench`); best-static "
+                                                          "searches a static plan first")
+    s.add_argument("--nodes", type=int, default=None, help="nodes (default: 5 for traces, 2 for synthetic)")
+    s.add_argument("--gpus-per-node", type=int, default=8)
+    s.add_argument("--model", default="H100-80GB", help="GPU model (default H100-80GB)")
+    s.add_argument("--speed-model", default="miso-mean",
+                   help="per-size slowdown vs 7g: miso-mean (default), flat, linear, miso:<model>")
+    s.add_argument("--milli-map", default=None, help="gpu_milli -> profile, e.g. 1g:142,2g:285,3g:428,4g:571,7g:1000")
+    s.add_argument("--no-time-limits", action="store_true", help="jobs carry no --time estimate")
+    s.add_argument("--seed", type=int, default=0, help="seed for synthetic time limits / workloads")
+    s.add_argument("--jobs", type=int, default=2000, help="jobs in a synthetic workload")
+    s.add_argument("--check", action="store_true", help="check every decision with check_decision()")
+    s.add_argument("--json", action="store_true", help="print metrics as JSON")
+    s.add_argument("--plot", metavar="PNG", help="write a timeline picture (needs matplotlib: pip install slurm-mig[plot])")
+    s.add_argument("--from", dest="t_from", type=float, default=None, metavar="HOURS", help="plot from this time")
+    s.add_argument("--to", dest="t_to", type=float, default=None, metavar="HOURS", help="plot up to this time")
+    s.add_argument("--max-gpus", type=int, default=48, help="GPUs drawn at most (default 48)")
+    s.add_argument("--job", metavar="JOB_ID", help="explain this job: when it came, waited, ran, and why it waited")
+    s.set_defaults(func=cmd_simulate)
+
+
+# ---------------------------------------------------------------------------
+# bench
+# ---------------------------------------------------------------------------
+
+
+def _fmt_s(v: float) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    if v >= 86400 * 2:
+        return f"{v / 86400:.1f} d"
+    if v >= 3600 * 2:
+        return f"{v / 3600:.1f} h"
+    if v >= 120:
+        return f"{v / 60:.1f} m"
+    return f"{v:.0f} s"
+
+
+def _ratio(a: float, b: float) -> str:
+    if b and b > 0 and not math.isnan(b):
+        return f"{a / b:.2f}"
+    return "-" if a else "1.00"
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from slurm_mig.sim import bench
+
+    log = (lambda m: print(m, file=sys.stderr, flush=True)) if args.verbose else None
+    if args.speed:
+        return _speed(args)
+    policies = tuple(p.strip() for p in args.policies.split(",")) if args.policies else bench.POLICIES
+    for t in args.trace:
+        if not Path(t).is_file():
+            raise ConfigError(f"trace {t} does not exist")
+    reports = bench.run_bench(args.trace, synthetic=not args.no_synthetic, policies=policies,
+                              nodes=args.nodes or bench.ALIBABA_NODES, log=log)
+    if args.json:
+        print(json.dumps(bench.bench_json(reports), indent=None if not sys.stdout.isatty() else 2))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console()
+    for rep in reports:
+        t = Table(title=f"{rep.name}: {rep.jobs} jobs on {rep.spec.gpus} x {rep.spec.model} "
+                        f"({rep.spec.nodes} nodes)", title_justify="left")
+        for col in ("policy", "mean wait", "÷best base", "p95 wait", "mean JCT", "÷bound", "bsld",
+                    "makespan", "÷bound", "util", "reconf"):
+            t.add_column(col, justify="left" if col == "policy" else "right")
+        best_wait = rep.best_baseline("mean_wait_s")
+        best_wait_policy = min((m for m in rep.results if m.policy in bench.BASELINES),
+                               key=lambda m: m.mean_wait_s, default=None)
+        for m in rep.results:
+            style = "bold green" if m.policy == "frag-aware" else None
+            t.add_row(m.policy, _fmt_s(m.mean_wait_s), _ratio(m.mean_wait_s, best_wait), _fmt_s(m.p95_wait_s),
+                      _fmt_s(m.mean_jct_s), _ratio(m.mean_jct_s, rep.bounds.mean_jct_s), f"{m.bounded_slowdown:.2f}",
+                      _fmt_s(m.makespan_s), _ratio(m.makespan_s, rep.bounds.makespan_s), f"{m.utilization:.1%}",
+                      str(m.reconfigurations), style=style)
+        t.add_row("lower bound", "0 s", "", "0 s", _fmt_s(rep.bounds.mean_jct_s), "1.00", "1.00",
+                  _fmt_s(rep.bounds.makespan_s), "1.00", "", "", style="dim")
+        con.print(t)
+        if best_wait_policy is not None:
+            con.print(f"  best baseline by mean wait: {best_wait_policy.policy}; "
+                      f"static plan: {rep.notes.get('best_static_plan', '-')}", style="dim")
+        if rep.notes.get("skipped"):
+            con.print(f"  trace rows skipped: {rep.notes['skipped']}", style="dim")
+        con.print()
+    return 0
+
+
+def _speed(args: argparse.Namespace) -> int:
+    from slurm_mig.sim import speed
+
+    results = []
+    print("speed: 100,000 jobs on 1,000 GPUs, greedy (target < 60 s) ...", file=sys.stderr, flush=True)
+    results.append(speed.simulate_speed())
+    st = speed.big_state()
+    for pol in ("greedy", "frag-aware"):
+        print(f"speed: one decision, 10,000 pending x 8,000 GPUs, {pol} (target < 1 s) ...", file=sys.stderr,
+              flush=True)
+        results.append(speed.decision_speed(pol, state=st))
+    if args.json:
+        print(json.dumps({"speed": results}))
+    else:
+        for r in results:
+            if r["benchmark"] == "simulate":
+                print(f"simulate  {r['jobs']:,} jobs on {r['gpus']:,} GPUs ({r['policy']}): {r['wall_s']:.1f} s "
+                      f"(target < {r['target_s']:.0f} s) {'PASS' if r['passed'] else 'FAIL'}; "
+                      f"{r['decisions']:,} decisions, {r['jobs_per_s']:,.0f} jobs/s, mean wait {r['mean_wait_s']:.0f} s")
+            else:
+                print(f"decision  {r['pending']:,} pending x {r['gpus']:,} GPUs ({r['policy']}): {r['wall_s']:.3f} s "
+                      f"cold, {r['warm_s']:.3f} s warm (target < {r['target_s']:.0f} s) "
+                      f"{'PASS' if r['passed'] else 'FAIL'}; {r['assignments']} jobs placed")
+    return 0 if all(r["passed"] for r in results) else 1
+
+
+# ---------------------------------------------------------------------------
+# simulate
+# ---------------------------------------------------------------------------
+
+
+def _load(args: argparse.Namespace):
+    from slurm_mig.sim import bench, workloads as wl
+
+    speed = wl.get_speed_model(args.speed_model)
+    if args.trace:
+        mm = wl.MilliMap.parse(args.milli_map) if args.milli_map else wl.MilliMap()
+        w = wl.load_alibaba(args.trace, milli_map=mm, speed=speed, time_limits=not args.no_time_limits,
+                            seed=args.seed, model=args.model, nodes=args.nodes or bench.ALIBABA_NODES,
+                            gpus_per_node=args.gpus_per_node)
+    elif args.db:
+        w = wl.load_outcomes_db(args.db, model=args.model, speed=speed, nodes=args.nodes or 1,
+                                gpus_per_node=args.gpus_per_node)
+    else:
+        nodes = args.nodes or 2
+        gpus = nodes * args.gpus_per_node
+        name = args.workload
+        if name == "poisson-mix":
+            w = wl.poisson_workload(args.jobs, gpus=gpus, load=0.9, seed=args.seed, speed=speed, name=name,
+                                    model=args.model)
+        elif name == "small-heavy":
+            w = wl.poisson_workload(args.jobs, gpus=gpus, load=0.9, seed=args.seed, speed=speed, name=name,
+                                    mix={"1g": .35, "2g": .25, "3g": .2, "4g": .1, "7g": .1}, multi_gpu_share=0.1,
+                                    model=args.model)
+        elif name.startswith("rl-"):
+            w = wl.rl_mig_workload(name[3:], args.jobs, gpus=gpus, load=0.9, seed=args.seed, model=args.model)
+        else:
+            w = wl.miso_workload(args.jobs, gpus=gpus, load=0.9, seed=args.seed, model=args.model)
+        w.nodes, w.gpus_per_node = nodes, args.gpus_per_node
+        if args.no_time_limits:
+            from dataclasses import replace
+            w.jobs = [replace(j, time_limit_s=None) for j in w.jobs]
+    return w
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from slurm_mig.policies import get_policy
+    from slurm_mig.sim.bench import search_static
+    from slurm_mig.sim.engine import ClusterSpec, SimConfig, Simulator
+    from slurm_mig.sim.metrics import compute_metrics, lower_bounds
+
+    if args.plot:
+        from slurm_mig.sim.plot import require_matplotlib
+        require_matplotlib()
+    w = _load(args)
+    spec = ClusterSpec(w.nodes, w.gpus_per_node, args.model)
+    record = bool(args.plot or args.job)
+    if args.policy == "best-static":
+        pol, _, _ = search_static(w, spec)
+    else:
+        pol = get_policy(args.policy)
+    sim = Simulator(w, pol, spec, SimConfig(check=args.check, record=record))
+    result = sim.run()
+    m = compute_metrics(result)
+    lb = lower_bounds(w, spec.gpus, spec.model)
+    out = {"workload": w.name, "policy": m.policy, "gpus": spec.gpus, "nodes": spec.nodes, "model": spec.model,
+           "metrics": m.to_json(), "lower_bound_makespan_s": lb.makespan_s, "lower_bound_mean_jct_s": lb.mean_jct_s,
+           "unfinished": result.unfinished, "workload_meta": w.meta}
+    if args.policy == "best-static":
+        out["static_plan"] = pol.describe()
+    if args.job:
+        out["job"] = _explain(result, args.job)
+    if args.plot:
+        from slurm_mig.sim.plot import plot_timeline
+        lo = args.t_from * 3600 if args.t_from is not None else None
+        hi = args.t_to * 3600 if args.t_to is not None else None
+        plot_timeline(result, args.plot, t_from=lo, t_to=hi, max_gpus=args.max_gpus, highlight=args.job)
+        out["plot"] = args.plot
+    if args.json:
+        print(json.dumps(out, default=str))
+        return 0
+    print(f"{w.name}: {len(w.jobs)} jobs, {spec.nodes} nodes x {spec.gpus_per_node} {spec.model}, policy {m.policy}")
+    if w.meta.get("skipped"):
+        print(f"  loaded {w.meta.get('loaded')} of {w.meta.get('rows', '?')} rows; skipped {w.meta['skipped']}")
+    print(f"  mean wait {_fmt_s(m.mean_wait_s)} (bound 0 s), p95 wait {_fmt_s(m.p95_wait_s)}, "
+          f"max wait {_fmt_s(m.max_wait_s)}")
+    print(f"  mean JCT {_fmt_s(m.mean_jct_s)} (bound {_fmt_s(lb.mean_jct_s)}), bounded slowdown "
+          f"{m.bounded_slowdown:.2f}")
+    print(f"  makespan {_fmt_s(m.makespan_s)} (bound {_fmt_s(lb.makespan_s)}), slice utilisation "
+          f"{m.utilization:.1%}, {m.reconfigurations} reconfigurations, {m.decisions} decisions, "
+          f"{m.wall_s:.1f} s")
+    if result.unfinished:
+        print(f"  {result.unfinished} job(s) never ran")
+    if args.job:
+        j = out["job"]
+        print(f"  job {args.job}: " + ", ".join(f"{k}={v}" for k, v in j.items()))
+    if args.plot:
+        print(f"  timeline written to {args.plot}")
+    return 0
+
+
+def _explain(result, job_id: str) -> dict:
+    rec = next((r for r in result.jobs if r.job.job_id == job_id), None)
+    if rec is None:
+        raise ConfigError(f"no job {job_id!r} in this workload")
+    j = rec.job
+    out = {"profile": j.profile, "count": j.count, "submit_s": round(j.submit_time, 1),
+           "start_s": round(rec.start, 1) if rec.start != math.inf else None,
+           "wait_s": round(rec.start - j.submit_time, 1) if rec.start != math.inf else None,
+           "run_s": round(rec.duration, 1), "where": f"{rec.node}:" + ",".join(f"{g}/{s}" for g, s in rec.instances)}
+    if job_id in result.waiting_reasons:
+        out["last_reason_waiting"] = result.waiting_reasons[job_id]
+    return out

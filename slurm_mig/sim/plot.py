@@ -1,0 +1,111 @@
+"""Timeline pictures of a simulation: each GPU's MIG instances, jobs and reconfigurations.
+
+One horizontal band per GPU, 8 memory slices tall (slice 0 at the bottom). Grey:
+an instance exists and is idle; coloured by size: a job runs on it; red: the
+instance is being created or destroyed. A lower panel shows how many jobs wait.
+``highlight`` outlines one job and marks when it was submitted, which answers
+"why did my job wait?" at a glance. Needs matplotlib (``pip install slurm-mig[plot]``).
+"""
+
+from __future__ import annotations
+
+import math
+
+from slurm_mig.errors import ConfigError
+from slurm_mig.mig.profiles import get_model
+
+COLORS = {"1g": "#4e79a7", "2g": "#59a14f", "3g": "#edc948", "4g": "#f28e2b", "7g": "#b07aa1"}
+
+
+def require_matplotlib():
+    try:
+        import matplotlib
+    except ImportError:
+        raise ConfigError("plotting needs matplotlib: pip install 'slurm-mig[plot]' (or pip install matplotlib)") from None
+    matplotlib.use("Agg")
+    return matplotlib
+
+
+def plot_timeline(result, path: str, *, t_from: float | None = None, t_to: float | None = None,
+                  max_gpus: int = 48, highlight: str | None = None, title: str | None = None) -> str:
+    """Draw ``result`` (a SimResult recorded with SimConfig(record=True)) to ``path`` (PNG)."""
+    require_matplotlib()
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch, Rectangle
+
+    if not result.timeline:
+        raise ConfigError("the simulation kept no timeline: run it with SimConfig(record=True)")
+    model = get_model(result.spec.model)
+    mem = {p.name: p.memory_slices for p in model.profiles}
+    kind = {p.name: p.kind.split("+")[0].split(".")[0] for p in model.profiles}
+    ends = [s.t1 for s in result.timeline if math.isfinite(s.t1)]
+    lo = t_from if t_from is not None else 0.0
+    hi = t_to if t_to is not None else (max(ends) if ends else 1.0)
+    if hi <= lo:
+        raise ConfigError(f"empty time window: from {lo} s to {hi} s")
+    span = hi - lo
+    unit, unit_name = (86400.0, "days") if span > 4 * 86400 else (3600.0, "hours") if span > 4 * 3600 else (60.0, "minutes")
+    gpus = []
+    for s in result.timeline:
+        if s.gpu not in gpus:
+            gpus.append(s.gpu)
+    gpus.sort(key=lambda k: (k.split("/")[0], int(k.split("/")[1])))
+    shown = gpus[:max_gpus]
+    row = {g: i for i, g in enumerate(shown)}
+    band = model.memory_slices + 1.5
+    height = max(3.0, 0.32 * len(shown) + 2.2)
+    fig, (ax, axq) = plt.subplots(2, 1, figsize=(14, height), sharex=True,
+                                  gridspec_kw={"height_ratios": [max(4.0, len(shown) * 0.32), 1.2]})
+    bars: dict[tuple[str, str], list] = {}
+    hl = []
+    for s in result.timeline:
+        if s.gpu not in row:
+            continue
+        t0, t1 = max(s.t0, lo), min(s.t1, hi)
+        if t1 <= t0 and not (s.kind in ("create", "destroy") and lo <= s.t0 <= hi):
+            continue
+        y = row[s.gpu] * band + s.slot.start
+        h = mem.get(s.slot.profile, 1) - 0.15
+        color = {"instance": "#d9d9d9", "create": "#e15759", "destroy": "#e15759"}.get(
+            s.kind, COLORS.get(kind.get(s.slot.profile, "7g"), "#888888"))
+        w = max(t1 - t0, span / 1500) / unit if s.kind in ("create", "destroy") else (t1 - t0) / unit
+        bars.setdefault((s.kind, color), []).append(((t0 - lo) / unit, w, y, h))
+        if highlight and s.job_id == highlight:
+            hl.append(((t0 - lo) / unit, w, y, h))
+    order = {"instance": 0, "job": 1, "create": 2, "destroy": 2}
+    for (k, color), items in sorted(bars.items(), key=lambda kv: order.get(kv[0][0], 3)):
+        by_y: dict[tuple[float, float], list] = {}
+        for x, w, y, h in items:
+            by_y.setdefault((y, h), []).append((x, w))
+        for (y, h), xs in by_y.items():
+            ax.broken_barh(xs, (y, h), facecolors=color, edgecolor="white" if k == "job" else "none",
+                           linewidth=0.2, zorder=order.get(k, 3))
+    for x, w, y, h in hl:
+        ax.add_patch(Rectangle((x, y), w, h, fill=False, edgecolor="black", linewidth=1.8, zorder=5))
+    if highlight:
+        rec = next((r for r in result.jobs if r.job.job_id == highlight), None)
+        if rec is not None and lo <= rec.job.submit_time <= hi:
+            xs = (rec.job.submit_time - lo) / unit
+            ax.axvline(xs, color="black", linestyle="--", linewidth=1)
+            ax.text(xs, -0.4, f" {highlight} submitted", fontsize=8, va="top",
+                    bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.8, "pad": 1})
+    ax.set_yticks([i * band + model.memory_slices / 2 for i in range(len(shown))])
+    ax.set_yticklabels(shown, fontsize=7 if len(shown) > 24 else 9)
+    ax.set_ylim(len(shown) * band, -0.5)  # first GPU on top
+    ax.set_xlim(0, span / unit)
+    hidden = len(gpus) - len(shown)
+    ax.set_title(title or f"{result.workload} - {result.policy}: {result.spec.gpus} x {result.spec.model}"
+                 + (f" ({hidden} more GPUs not drawn)" if hidden else ""), loc="left", fontsize=11)
+    legend = [Patch(color=c, label=f"job on {k}") for k, c in COLORS.items()]
+    legend += [Patch(color="#d9d9d9", label="idle instance"), Patch(color="#e15759", label="create/destroy")]
+    ax.legend(handles=legend, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
+    qt = [(t, n) for t, n in result.queue if lo <= t <= hi]
+    if qt:
+        axq.step([(t - lo) / unit for t, _ in qt], [n for _, n in qt], where="post", color="#333333", linewidth=0.8)
+    axq.set_ylabel("jobs\nwaiting", fontsize=8)
+    axq.set_xlabel(f"time since {lo / unit:.1f} {unit_name} ({unit_name})")
+    axq.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
