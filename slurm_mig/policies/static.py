@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
-from slurm_mig.mig.layout import Layout, parse_layout
+from slurm_mig.errors import GeometryError
+from slurm_mig.mig.layout import Layout, Slot, parse_layout
 from slurm_mig.policies._core import Ctx, DispatchPolicy, place_first_fit
 from slurm_mig.policies.base import ClusterState, PendingJob
 
@@ -50,6 +51,7 @@ class StaticPolicy(DispatchPolicy):
         return " + ".join(f"{n} x [{x}]" for x, n in counts.items())
 
     def _target_for(self, i: int, gs) -> Layout:
+        """The planned layout; a GPU whose model cannot take it is left as it is."""
         p = self.plan
         if isinstance(p, str):
             text = p
@@ -57,7 +59,10 @@ class StaticPolicy(DispatchPolicy):
             text = p.get(gs.key, p.get("*", ""))
         else:
             text = p[i % len(p)] if p else ""
-        return parse_layout(text, gs.model)
+        try:
+            return parse_layout(text, gs.model)
+        except GeometryError:
+            return gs.layout
 
     def begin(self, ctx: Ctx, state: ClusterState) -> None:
         idx = ctx.idx
@@ -91,12 +96,21 @@ class StaticPolicy(DispatchPolicy):
 
 
 class NoMigPolicy(StaticPolicy):
-    """Whole GPUs only: every GPU is 7g@0 and every job gets whole GPUs."""
+    """Whole GPUs only: every GPU is one instance of its biggest profile (7g; 4g on an A30)
+    and every job gets whole GPUs."""
 
     name = "no-mig"
     version = "1"
     whole_gpu = True
-    change_reason = "one whole-GPU (7g) instance"
+    change_reason = "one whole-GPU instance"
 
     def __init__(self, *, reservations: int = 1, explain_waiting: bool = True):
         super().__init__("7g@0", reservations=reservations, explain_waiting=explain_waiting)
+
+    def _target_for(self, i: int, gs) -> Layout:
+        return Layout(gs.model, frozenset({Slot(0, whole_profile(gs.model).name)}))
+
+
+def whole_profile(model):
+    """The profile that is the whole GPU (7g; 4g on an A30)."""
+    return max(model.basic_profiles, key=lambda p: (p.compute_slices, p.memory_slices))

@@ -101,7 +101,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    con = Console()
+    con = Console(width=None if sys.stdout.isatty() else 150)
     for rep in reports:
         t = Table(title=f"{rep.name}: {rep.jobs} jobs on {rep.spec.gpus} x {rep.spec.model} "
                         f"({rep.spec.nodes} nodes)", title_justify="left")

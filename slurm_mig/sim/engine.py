@@ -178,13 +178,14 @@ class Simulator:
         self.events: list[tuple[float, int, int, object]] = []
         self.seq = 0
         whole = bool(getattr(self.policy, "whole_gpu", False))
+        whole_kind = max(self.model.basic_profiles, key=lambda p: (p.compute_slices, p.memory_slices)).kind
         self.records: dict[str, JobRecord] = {}
         for j in self.workload.jobs:
             if j.job_id in self.records:
                 raise ConfigError(f"workload {self.workload.name} has job id {j.job_id!r} twice")
             if whole:
-                prof, count = "7g", j.count
-                tl = j.time_limit_on("7g")
+                prof, count = whole_kind, j.count
+                tl = j.time_limit_on(whole_kind)
             else:
                 prof, count, tl = j.profile, j.count, j.time_limit_s
             pj = PendingJob(j.job_id, prof, count, j.submit_time, tl)

@@ -1,0 +1,157 @@
+"""The simulator: hand-computed metrics, reconfiguration timing, determinism, step API."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+from slurm_mig.mig.layout import Layout
+from slurm_mig.mig.profiles import get_model
+from slurm_mig.mig.timing import step_seconds
+from slurm_mig.policies import get_policy
+from slurm_mig.policies.base import check_decision
+from slurm_mig.sim.engine import ClusterSpec, SimConfig, Simulator, simulate
+from slurm_mig.sim.metrics import compute_metrics, lower_bounds
+from slurm_mig.sim.workloads import SPEED_MODELS, Job, Workload, poisson_workload
+
+H100 = get_model("H100-80GB")
+CREATE_7G = step_seconds(H100, "7g", "create")
+
+
+def one_gpu(jobs) -> Workload:
+    return Workload("tiny", list(jobs), nodes=1, gpus_per_node=1)
+
+
+def test_metrics_on_a_hand_computed_workload():
+    w = one_gpu([Job("a", 0.0, "7g", 1, 100.0, 200.0), Job("b", 10.0, "7g", 1, 50.0, 100.0)])
+    r = simulate(w, get_policy("greedy"), ClusterSpec(1, 1), SimConfig(check=True))
+    a, b = sorted(r.jobs, key=lambda x: x.job.job_id)
+    c = CREATE_7G  # the 7g instance is created for job a, then kept for b
+    assert a.start == pytest.approx(c) and a.end == pytest.approx(100 + c)
+    assert b.start == pytest.approx(100 + c) and b.end == pytest.approx(150 + c)
+    m = compute_metrics(r)
+    assert m.mean_wait_s == pytest.approx((c + 90 + c) / 2)
+    assert m.p95_wait_s == pytest.approx(c + 0.95 * 90)
+    assert m.mean_jct_s == pytest.approx((100 + c + 140 + c) / 2)
+    assert m.makespan_s == pytest.approx(150 + c)
+    assert m.utilization == pytest.approx(7 * 150 / (7 * (150 + c)))
+    assert m.bounded_slowdown == pytest.approx((max(1, (100 + c) / 100) + (140 + c) / 50) / 2)
+    assert m.reconfigurations == 1 and m.finished == 2
+    lb = lower_bounds(w, 1)
+    assert lb.makespan_s == pytest.approx(150.0)  # area: 7*100 + 7*50 slice-seconds on 7 slices
+    assert lb.mean_jct_s == pytest.approx(75.0)
+    assert lb.makespan_s <= m.makespan_s and lb.mean_jct_s <= m.mean_jct_s
+
+
+def test_lower_bound_uses_release_times_and_whole_gpu_speed():
+    w = one_gpu([Job("a", 0.0, "1g", 1, 10.0), Job("b", 1000.0, "7g", 1, 10.0)])
+    lb = lower_bounds(w, 1)
+    assert lb.makespan_s == pytest.approx(1010.0)
+    sp = SPEED_MODELS["miso-mean"]
+    shortest_a = min(10.0, 10.0 * sp.factor("7g") / sp.factor("1g"))
+    assert lb.mean_jct_s == pytest.approx((shortest_a + 10.0) / 2)
+
+
+def test_reconfiguration_time_delays_the_start():
+    """A 1g on a GPU holding an idle 7g: destroy 7g, create 1g, then run."""
+    w = one_gpu([Job("x", 0.0, "1g", 1, 60.0, 120.0)])
+    spec = ClusterSpec(1, 1, initial_layout="7g@0")
+    r = simulate(w, get_policy("greedy"), spec, SimConfig(check=True, record=True))
+    x = r.jobs[0]
+    expect = step_seconds(H100, "7g", "destroy") + step_seconds(H100, "1g", "create")
+    assert x.start == pytest.approx(expect)
+    kinds = [s.kind for s in r.timeline]
+    assert "destroy" in kinds and "create" in kinds and "job" in kinds
+    assert r.reconfig_steps == 2 and r.reconfig_seconds == pytest.approx(expect)
+
+
+def test_overhead_per_change_is_charged():
+    w = one_gpu([Job("x", 0.0, "7g", 1, 60.0)])
+    r = simulate(w, get_policy("greedy"), ClusterSpec(1, 1), SimConfig(reconfig_overhead_s=6.0))
+    assert r.jobs[0].start == pytest.approx(CREATE_7G + 6.0)
+
+
+def test_no_mig_runs_jobs_on_whole_gpus_at_7g_speed():
+    w = one_gpu([Job("x", 0.0, "1g", 1, 437.0, 600.0)])
+    r = simulate(w, get_policy("no-mig"), ClusterSpec(1, 1))
+    x = r.jobs[0]
+    assert x.instances[0][1].profile == "7g.80gb"
+    assert x.duration == pytest.approx(437.0 / SPEED_MODELS["miso-mean"].factor("1g"))
+    assert x.compute == 7
+
+
+def _digest(result) -> str:
+    rows = sorted((r.job.job_id, round(r.start, 6), round(r.end, 6), r.node, str(r.instances)) for r in result.jobs)
+    return hashlib.sha256(json.dumps(rows).encode()).hexdigest()
+
+
+@pytest.mark.parametrize("name", ["greedy", "frag-aware", "no-mig"])
+def test_deterministic_for_a_seed(name):
+    w1 = poisson_workload(300, gpus=8, load=1.0, seed=3, multi_gpu_share=0.1)
+    w2 = poisson_workload(300, gpus=8, load=1.0, seed=3, multi_gpu_share=0.1)
+    d1 = _digest(simulate(w1, get_policy(name), ClusterSpec(1, 8)))
+    d2 = _digest(simulate(w2, get_policy(name), ClusterSpec(1, 8)))
+    assert d1 == d2
+    w3 = poisson_workload(300, gpus=8, load=1.0, seed=4, multi_gpu_share=0.1)
+    assert _digest(simulate(w3, get_policy(name), ClusterSpec(1, 8))) != d1
+
+
+def test_deterministic_across_processes():
+    """Set iteration order of strings changes with PYTHONHASHSEED; results must not."""
+    code = (
+        "from slurm_mig.sim.workloads import poisson_workload\n"
+        "from slurm_mig.sim.engine import simulate, ClusterSpec\n"
+        "from slurm_mig.policies import get_policy\n"
+        "import hashlib, json\n"
+        "w = poisson_workload(200, gpus=16, load=1.0, seed=5, multi_gpu_share=0.1)\n"
+        "out = []\n"
+        "for p in ('greedy', 'frag-aware'):\n"
+        "    r = simulate(w, get_policy(p), ClusterSpec(2, 8))\n"
+        "    out.append(sorted((x.job.job_id, round(x.start, 6), x.node, str(x.instances)) for x in r.jobs))\n"
+        "print(hashlib.sha256(json.dumps(out).encode()).hexdigest())\n"
+    )
+    digests = set()
+    for seed in ("1", "2"):
+        env = dict(os.environ, PYTHONHASHSEED=seed)
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+        digests.add(out.stdout.strip())
+    assert len(digests) == 1
+
+
+def test_step_api_drives_any_decider_and_checks_decisions():
+    """reset()/step() is the loop run() uses; a training env would wrap exactly this."""
+    w = poisson_workload(150, gpus=8, load=1.0, seed=9)
+    pol = get_policy("frag-aware")
+    sim = Simulator(w, pol, ClusterSpec(1, 8), SimConfig(check=True))
+    state = sim.reset()
+    steps = 0
+    while state is not None:
+        d = pol.decide(state)
+        check_decision(state, d)
+        assert all(a.job_id in {j.job_id for j in state.pending} for a in d.assignments)
+        state = sim.step(d)
+        steps += 1
+    r = sim.result(0.0)
+    assert r.unfinished == 0 and steps == r.decisions
+    assert _digest(r) == _digest(simulate(w, get_policy("frag-aware"), ClusterSpec(1, 8)))
+
+
+def test_jobs_that_never_fit_are_reported_not_looped():
+    w = one_gpu([Job("x", 0.0, "7g", 2, 10.0)])  # needs 2 GPUs on one node, there is 1
+    r = simulate(w, get_policy("greedy"), ClusterSpec(1, 1))
+    assert r.unfinished == 1
+    assert math.isinf(r.jobs[0].start)
+
+
+def test_timeline_and_reasons_are_recorded():
+    w = one_gpu([Job("a", 0.0, "7g", 1, 100.0, 200.0), Job("b", 10.0, "7g", 1, 50.0, 100.0)])
+    r = simulate(w, get_policy("greedy"), ClusterSpec(1, 1), SimConfig(record=True))
+    assert "b" in r.waiting_reasons and "reserved" in r.waiting_reasons["b"]
+    assert any(s.kind == "job" and s.job_id == "b" for s in r.timeline)
+    assert r.queue and max(n for _, n in r.queue) >= 1

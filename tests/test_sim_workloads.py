@@ -1,0 +1,167 @@
+"""Workload loaders and generators: Alibaba v2023 CSV, synthetic families, state-DB replay."""
+
+from __future__ import annotations
+
+import math
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from slurm_mig.errors import ConfigError
+from slurm_mig.sim.workloads import (
+    MilliMap, load_alibaba, load_outcomes_db, miso_workload, poisson_workload, rl_mig_workload,
+    rl_scaling_times,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+TRACE = REPO / ".." / "shared" / "traces" / "alibaba-v2023-train.csv"
+
+SAMPLE = """name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time
+p-whole,12000,16384,1,1000,,LS,Running,100,1100,100
+p-460,6000,12288,1,460,,BE,Failed,150,450,160
+p-320,6000,12288,1,320,,BE,Succeeded,200,260,200
+p-230,6000,12288,1,230,,BE,Failed,210,300,220
+p-110,6000,12288,1,110,,BE,Failed,220,330,230
+p-810,6000,12288,1,810,,LS,Running,230,1230,230
+p-eight,96000,786432,8,1000,,LS,Running,300,900,310
+p-never,6000,12288,1,460,,BE,Pending,400,500,
+p-cpu,8000,8192,0,0,,BE,Running,410,900,410
+p-bad,6000,12288,1,460,,BE,Failed,420,420,420
+"""
+
+
+def write_sample(tmp_path: Path) -> Path:
+    p = tmp_path / "pods.csv"
+    p.write_text(SAMPLE)
+    return p
+
+
+def test_alibaba_loader_on_a_literal_sample(tmp_path):
+    w = load_alibaba(write_sample(tmp_path), time_limits=False)
+    assert w.meta["rows"] == 10
+    assert w.meta["skipped"] == {"never_ran": 1, "no_gpu": 1, "bad_row": 1}
+    got = {j.job_id: (j.profile, j.count, j.submit_time, j.duration_s) for j in w.jobs}
+    assert got == {
+        "p-whole": ("7g", 1, 0.0, 1000.0),
+        "p-460": ("4g", 1, 50.0, 290.0),  # duration = deletion - scheduled
+        "p-320": ("3g", 1, 100.0, 60.0),
+        "p-230": ("2g", 1, 110.0, 80.0),
+        "p-110": ("1g", 1, 120.0, 100.0),
+        "p-810": ("7g", 1, 130.0, 1000.0),  # more than 4/7 of a GPU: a whole one
+        "p-eight": ("7g", 8, 200.0, 590.0),
+    }
+    assert all(j.time_limit_s is None for j in w.jobs)
+
+
+def test_alibaba_time_limits_over_estimate(tmp_path):
+    w = load_alibaba(write_sample(tmp_path), seed=3)
+    for j in w.jobs:
+        assert j.time_limit_s >= j.duration_s and j.time_limit_s % 60 == 0
+    w2 = load_alibaba(write_sample(tmp_path), seed=3)
+    assert [j.time_limit_s for j in w.jobs] == [j.time_limit_s for j in w2.jobs]
+
+
+def test_milli_map_is_configurable(tmp_path):
+    mm = MilliMap.parse("1g:200,3g:500,7g:1000")
+    assert mm.kind(110) == "1g" and mm.kind(230) == "3g" and mm.kind(460) == "3g" and mm.kind(810) == "7g"
+    w = load_alibaba(write_sample(tmp_path), milli_map=mm, time_limits=False)
+    assert {j.job_id: j.profile for j in w.jobs}["p-460"] == "3g"
+    with pytest.raises(ConfigError):
+        MilliMap.parse("1g:100,2g:200")  # does not reach a whole GPU
+    with pytest.raises(ConfigError):
+        MilliMap.parse("1g=100")
+
+
+def test_alibaba_loader_rejects_other_csvs(tmp_path):
+    p = tmp_path / "x.csv"
+    p.write_text("a,b\n1,2\n")
+    with pytest.raises(ConfigError, match="missing column"):
+        load_alibaba(p)
+    with pytest.raises(ConfigError):
+        load_alibaba(tmp_path / "absent.csv")
+
+
+@pytest.mark.skipif(not TRACE.is_file(), reason="shared Alibaba trace not present")
+def test_alibaba_real_trace_counts():
+    w = load_alibaba(TRACE)
+    # README: 3,837 pods, 3,258 with a GPU; 319 never ran (23 of those had no GPU either).
+    assert w.meta["rows"] == 3837
+    assert w.meta["skipped"] == {"never_ran": 319, "no_gpu": 556, "bad_row": 0}
+    assert len(w.jobs) == 2962
+    mix = w.profile_mix()
+    assert set(mix) == {"1g", "2g", "3g", "4g", "7g"}
+    assert max(j.count for j in w.jobs) == 8
+
+
+def test_synthetic_generators_are_seeded():
+    a = poisson_workload(200, gpus=8, seed=1)
+    b = poisson_workload(200, gpus=8, seed=1)
+    c = poisson_workload(200, gpus=8, seed=2)
+    key = lambda w: [(j.profile, j.count, round(j.submit_time, 6), round(j.duration_s, 6)) for j in w.jobs]  # noqa: E731
+    assert key(a) == key(b) != key(c)
+    assert all(j.time_limit_s >= j.duration_s for j in a.jobs)
+    for w in (rl_mig_workload("mix_extreme", 100, seed=1), miso_workload(100, seed=1)):
+        assert len(w) == 100 and all(j.duration_s > 0 for j in w.jobs)
+
+
+def test_rl_mig_recurrence():
+    perfect = rl_scaling_times(700.0, 0.0)
+    assert perfect["1g"] == 700.0 and perfect["7g"] == pytest.approx(100.0) and perfect["2g"] == pytest.approx(350.0)
+    none = rl_scaling_times(700.0, 1.0)
+    assert all(v == pytest.approx(700.0) for v in none.values())
+
+
+def test_miso_jobs_never_ask_for_a_size_they_do_not_fit():
+    w = miso_workload(400, seed=2)
+    for j in w.jobs:
+        assert math.isfinite(j.speed.factor(j.profile))
+        if j.speed.name == "miso:bert_train8":
+            assert j.profile in ("3g", "4g", "7g")
+
+
+def test_replay_of_recorded_outcomes(tmp_path):
+    db = tmp_path / "state.db"
+    con = sqlite3.connect(db)
+    con.execute("CREATE TABLE outcomes (job_id TEXT PRIMARY KEY, profile TEXT NOT NULL, count INTEGER NOT NULL,"
+                " submit_time REAL, start_time REAL, end_time REAL, time_limit_s REAL, state TEXT)")
+    con.executemany("INSERT INTO outcomes VALUES (?,?,?,?,?,?,?,?)", [
+        ("10", "3g.40gb", 1, 1000.0, 1010.0, 1110.0, 600.0, "COMPLETED"),
+        ("11", "1g", 2, 1005.0, 1005.0, 1065.0, None, "COMPLETED"),
+        ("12", "1g", 1, 1006.0, None, None, None, "CANCELLED"),  # never ran
+        ("13", "9g", 1, 1007.0, 1010.0, 1020.0, None, "COMPLETED"),  # unknown profile
+        ("14", "7g", 1, None, 1100.0, 1200.0, None, "COMPLETED"),  # no submit time: start it is
+    ])
+    con.commit()
+    con.close()
+    w = load_outcomes_db(db)
+    assert w.meta["skipped"] == {"no_run_time": 1, "unknown_profile": 1}
+    got = {j.job_id: (j.profile, j.count, j.submit_time, j.duration_s, j.time_limit_s) for j in w.jobs}
+    assert got == {"10": ("3g", 1, 0.0, 100.0, 600.0), "11": ("1g", 2, 5.0, 60.0, None),
+                   "14": ("7g", 1, 100.0, 100.0, None)}
+
+
+def test_replay_errors_are_clear(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_outcomes_db(tmp_path / "nope.db")
+    db = tmp_path / "empty.db"
+    sqlite3.connect(db).close()
+    with pytest.raises(ConfigError, match="no 'outcomes' table"):
+        load_outcomes_db(db)
+
+
+def test_replay_of_a_real_state_store(tmp_path):
+    """Against the store's own schema, written through its own API."""
+    store_mod = pytest.importorskip("slurm_mig.store")
+    path = tmp_path / "slurm-mig.db"
+    store = store_mod.open_store(path)
+    try:
+        store.record_outcome("101", state="COMPLETED", profile="2g", count=1, submit_time=50.0, start_time=60.0,
+                             end_time=360.0, time_limit_s=900.0, now=400.0)
+        store.record_outcome("102", state="FAILED", profile="7g.80gb", count=2, submit_time=70.0, start_time=80.0,
+                             end_time=95.0, now=400.0)
+    finally:
+        store.close()
+    w = load_outcomes_db(path)
+    got = {j.job_id: (j.profile, j.count, j.submit_time, j.duration_s, j.time_limit_s) for j in w.jobs}
+    assert got == {"101": ("2g", 1, 0.0, 300.0, 900.0), "102": ("7g", 2, 20.0, 15.0, None)}
