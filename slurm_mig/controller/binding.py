@@ -24,9 +24,9 @@ class NodeGpu:
     """One GPU of the node the job landed on."""
 
     index: int
-    observed: Layout
+    observed: Layout  # what exists, plus instances held by jobs whose Prolog is still creating them
     desired: Layout | None = None
-    bound: set[Slot] = field(default_factory=set)  # held by live jobs
+    bound: set[Slot] = field(default_factory=set)  # held by live jobs (all within ``observed``)
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ def _intended(g: NodeGpu) -> Layout:
     if g.desired is None or g.desired.slots == g.observed.slots:
         return g.observed
     try:
-        plan_transition(g.observed, g.desired, g.bound & g.observed.slots)
+        plan_transition(g.observed, g.desired, g.bound)
     except SlurmMigError:
         return g.observed  # the desired change is blocked by a job for now
     return g.desired
@@ -96,7 +96,7 @@ def choose_binding(gpus: list[NodeGpu], profile: str, count: int,
             # Carving must also be reachable from what physically exists now.
             for opt in opts:
                 try:
-                    plan_transition(g.observed, opt.target, g.bound & g.observed.slots)
+                    plan_transition(g.observed, opt.target, g.bound)
                 except SlurmMigError:
                     continue
                 key = (opt.destroyed_compute, len(opt.destroyed), g.index, opt.slot.start)

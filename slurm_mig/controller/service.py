@@ -123,6 +123,7 @@ class Controller:
         self._gres_set: dict[str, tuple[str, float]] = {}  # node -> (value, when) last written
         self._last_slurm_ok = 0.0
         self._tick_lock = threading.Lock()
+        self._requeue_now: list[str] = []
 
     # ------------------------------------------------------------------ tick
     def tick(self) -> dict:
@@ -130,6 +131,7 @@ class Controller:
         with self._tick_lock:
             t0 = time.perf_counter()
             now = self.clock()
+            queried_at = now
             jobs = self.slurm.jobs()
             nodes = self.slurm.nodes()
             if jobs is None or nodes is None:
@@ -141,19 +143,22 @@ class Controller:
             summary: dict = {"time": now, "slurm_ok": jobs is not None and nodes is not None}
             with self.store.transaction():
                 if jobs is not None:
-                    self._sync_jobs(jobs, now)
+                    self._sync_jobs(jobs, now, queried_at)
                 if nodes is not None:
                     self._sync_nodes(nodes)
                 self._expire_journal(now)
                 summary.update(self._decide(now))
             if nodes is not None:
                 summary["gres_updates"] = self._assert_gres(nodes, jobs or [], now)
+            for job_id in self._requeue_now:
+                self.slurm.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"])
+            self._requeue_now.clear()
             self._update_gauges()
             self.metrics.observe("slurm_mig_tick_seconds", time.perf_counter() - t0,
                                  (0.01, 0.05, 0.1, 0.5, 1, 5))
             return summary
 
-    def _sync_jobs(self, jobs, now: float) -> None:
+    def _sync_jobs(self, jobs, now: float, queried_at: float) -> None:
         seen = set()
         order = []
         for j in sorted(jobs, key=lambda j: (-(j.priority or 0), j.submit_time or 0, j.job_id)):
@@ -170,8 +175,16 @@ class Controller:
             current = self.store.get_job(job_id)
             if j.state == "PENDING":
                 order.append(job_id)
-                if current and current.state in ("REQUEUED",):
+                requeued = current and (current.state == "REQUEUED" or (
+                    current.state == "RUNNING" and (current.start_time or now) < queried_at - 1))
+                if requeued:
+                    # Bound before we asked Slurm, pending now: it was requeued (by a hook or an admin).
+                    self.store.release(job_id, now=now)
                     self.store.set_job_state(job_id, "PENDING", now=now, reason="requeued; waiting again")
+                    if j.state_reason == "BeginTime":
+                        # Slurm 22.05 makes a requeued job wait ~120 s; we requeued it only because its
+                        # instance could not be made, so it may run again at once.
+                        self._requeue_now.append(job_id)
             elif state == "RUNNING" and current and current.state == "PENDING":
                 self.store.set_job_state(job_id, "RUNNING", now=now, node=(j.nodes or [None])[0])
             elif j.state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
@@ -408,13 +421,17 @@ class Controller:
             else:
                 for gi, target in plan.targets.items():
                     g = next(x for x in gpus if x.index == gi)
-                    steps = plan_transition(g.observed, target, g.bound & g.observed.slots)
+                    steps = plan_transition(g.observed, target, g.bound)
                     self.store.set_desired(node, gi, target, "bind", f"job {job_id}: {plan.reason}", now=now)
                     for e in self.store.open_journal_entries(node):
                         if e.gpu == gi:
                             self.store.journal_finish(e.id, "abandoned", error=f"superseded by job {job_id}", now=now)
                     self.store.journal_begin(node, gi, g.observed, target, steps, started=True, now=now)
-                self.store.bind(job_id, node, plan.instances, now=now)
+                try:
+                    self.store.bind(job_id, node, plan.instances, now=now)
+                except SlurmMigError as exc:  # BindingConflict: a safety net that must never fire
+                    log.error("binding job %s on %s refused by the store: %s", job_id, node, exc)
+                    raise
                 self.store.set_job_state(job_id, "RUNNING", now=now, node=node, reason=plan.reason)
                 self.store.add_event("bind", f"job {job_id} -> {node}: {plan.reason}", node=node, job_id=job_id,
                                      now=now)
@@ -452,8 +469,12 @@ class Controller:
             for i in self.store.observed_instances(node, g.gpu):
                 if i.in_use:
                     bound.setdefault(g.gpu, set()).add(Slot(i.start, i.profile))
+            held = bound.get(g.gpu, set())
+            # A job may hold an instance another Prolog is still creating: count it as present, and
+            # the idle instances it will replace as gone, so nobody else is given those slices.
+            base = _with_inflight(obs, held)
             d = desired.get(g.gpu)
-            out.append(NodeGpu(g.gpu, obs, d.layout() if d else None, bound.get(g.gpu, set()) & obs.slots))
+            out.append(NodeGpu(g.gpu, base, d.layout() if d else None, set(held)))
         return out
 
     def _reservation(self, job_id: str, node: str) -> tuple:
@@ -593,6 +614,19 @@ class Controller:
                 self.store.add_event("applied", f"{node}/{gi}: {r.get('before')} -> {r.get('after')}"
                                      + ("" if ok else f" FAILED: {r.get('error')}"), node=node, now=now)
         return {"ok": True}
+
+
+def _with_inflight(observed: Layout, held: set[Slot]) -> Layout:
+    """``observed`` plus held instances not created yet, minus the idle instances they overlap."""
+    model = observed.model
+    pending = {s for s in held if s not in observed.slots}
+    if not pending:
+        return observed
+    mask = 0
+    for s in pending:
+        mask |= model.profile(s.profile).mask(s.start)
+    keep = {s for s in observed.slots if not (model.profile(s.profile).mask(s.start) & mask)}
+    return Layout(model, frozenset(keep | pending))
 
 
 def _fmt(counts: dict) -> str:

@@ -145,14 +145,17 @@ class Node:
             self.state.enqueue(route, payload)
             return None
 
-    def apply_targets(self, targets: dict) -> list[dict]:
-        """Move GPUs to the controller's target layouts, never touching locally bound instances."""
-        results = []
-        with self.apply_lock():
-            models = {g.index: g.model for g in self.backend.gpus()}
-            for gpu_s, spec in sorted(targets.items()):
-                results.append(self._apply_one(int(gpu_s), spec, models.get(int(gpu_s))))
-        return results
+    def apply_targets(self, targets: dict, *, locked: bool = False) -> list[dict]:
+        """Move GPUs to the controller's target layouts, never touching locally bound instances.
+
+        ``locked``: the caller already holds apply_lock() (the Prolog holds it until its binding is
+        written, so no other layout change can take the instances it just created).
+        """
+        if not locked:
+            with self.apply_lock():
+                return self.apply_targets(targets, locked=True)
+        models = {g.index: g.model for g in self.backend.gpus()}
+        return [self._apply_one(int(gpu_s), spec, models.get(int(gpu_s))) for gpu_s, spec in sorted(targets.items())]
 
     def apply_lock(self):
         """One layout change at a time on this node (Prolog and health check may overlap)."""
@@ -170,6 +173,46 @@ class Node:
                 os.close(fd)
 
         return held()
+
+    def make_instances(self, wanted: list[dict]) -> list[dict]:
+        """Create just the instances a starting job needs, destroying only idle instances in their way.
+
+        The controller's full target for the GPU is left to the health check: doing less here starts
+        the job sooner and cannot collide with another Prolog that changed the GPU meanwhile.
+        Call with apply_lock() held.
+        """
+        from slurm_mig.mig.layout import Layout, Slot
+        from slurm_mig.mig.transitions import carve_options
+
+        results = []
+        models = {g.index: g.model for g in self.backend.gpus()}
+        by_gpu: dict[int, list[Slot]] = {}
+        for w in wanted:
+            by_gpu.setdefault(int(w["gpu"]), []).append(Slot(int(w["start"]), str(w["profile"])))
+        for gpu, slots in sorted(by_gpu.items()):
+            model = models.get(gpu)
+            if model is None:
+                results.append({"gpu": gpu, "ok": False, "error": "unknown GPU or not a MIG model"})
+                continue
+            insts = self.backend.instances(gpu)
+            layout = Layout(model, frozenset(i.slot for i in insts))
+            locked = (self.bound_on(gpu) | {i.slot for i in insts if i.in_use}) & layout.slots
+            target = layout
+            error = None
+            for slot in slots:
+                if slot in target.slots:
+                    continue
+                options = [o for o in carve_options(target, slot.profile, locked | set(slots) & target.slots)
+                           if o.slot == slot]
+                if not options:
+                    error = f"{slot} cannot be made on GPU {gpu} without touching a busy instance (now {target})"
+                    break
+                target = options[0].target
+            if error:
+                results.append({"gpu": gpu, "ok": False, "error": error})
+                continue
+            results.append(self._apply_one(gpu, str(target), model))
+        return results
 
     def _apply_one(self, gpu: int, spec: str, model) -> dict:
         from slurm_mig.mig.layout import parse_layout
@@ -257,21 +300,6 @@ def prolog(env: dict, node: Node) -> int:
         if resp.get("requeued"):
             return 0
         return node.requeue(job_id, resp.get("reason", "no MIG instance could be made for this job"))
-    if resp.get("targets"):
-        results = node.apply_targets(resp["targets"])
-        failed = [r for r in results if not r.get("ok", False) or r.get("reached") is False]
-        if failed:
-            reason = "; ".join(str(r.get("error") or f"GPU {r['gpu']} shows {r.get('after')}") for r in failed)
-            node.send_or_queue("/v1/bind-failed", {"job_id": job_id, "node": node.name, "results": results})
-            return node.requeue(job_id, f"reconfiguration failed on {node.name}: {reason}")
-    bound = []
-    for inst in resp["instances"]:
-        uuid = node.uuid_of(int(inst["gpu"]), inst["profile"], int(inst["start"]))
-        if uuid is None:
-            node.send_or_queue("/v1/bind-failed", {"job_id": job_id, "node": node.name,
-                                                   "results": [{"error": f"instance {inst} missing"}]})
-            return node.requeue(job_id, f"MIG instance {inst['profile']}@{inst['start']} missing on {node.name}")
-        bound.append(BoundInstance(int(inst["gpu"]), inst["profile"], int(inst["start"]), uuid))
     gid = None
     if uid >= 0:
         try:
@@ -280,9 +308,25 @@ def prolog(env: dict, node: Node) -> int:
             gid = pwd.getpwuid(uid).pw_gid
         except KeyError:
             gid = None
-    node.state.write_binding(job_id, bound, uid if uid >= 0 else None, gid)
-    for b in bound:
-        node.mark_in_use(b.gpu, b.profile, b.start, f"job {job_id}")
+    with node.apply_lock():
+        results = node.make_instances(resp["instances"]) if resp.get("targets") else []
+        failed = [r for r in results if not r.get("ok", False) or r.get("reached") is False]
+        if failed:
+            reason = "; ".join(str(r.get("error") or f"GPU {r['gpu']} shows {r.get('after')}") for r in failed)
+            node.send_or_queue("/v1/bind-failed", {"job_id": job_id, "node": node.name, "results": results})
+            return node.requeue(job_id, f"reconfiguration failed on {node.name}: {reason}")
+        bound = []
+        for inst in resp["instances"]:
+            uuid = node.uuid_of(int(inst["gpu"]), inst["profile"], int(inst["start"]))
+            if uuid is None:
+                node.send_or_queue("/v1/bind-failed", {"job_id": job_id, "node": node.name,
+                                                       "results": [{"error": f"instance {inst} missing"}]})
+                return node.requeue(job_id, f"MIG instance {inst['profile']}@{inst['start']} missing on {node.name}")
+            bound.append(BoundInstance(int(inst["gpu"]), inst["profile"], int(inst["start"]), uuid))
+        # Written before the lock is released: from here on every layout change on this node sees them busy.
+        node.state.write_binding(job_id, bound, uid if uid >= 0 else None, gid)
+        for b in bound:
+            node.mark_in_use(b.gpu, b.profile, b.start, f"job {job_id}")
     node.send_or_queue("/v1/bound", {"job_id": job_id, "node": node.name, "instances": [b.to_json() for b in bound],
                                      "bound_at": time.time(), "local": bool(resp.get("local"))})
     return 0

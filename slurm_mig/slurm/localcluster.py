@@ -766,3 +766,13 @@ class LocalCluster:
 
 __all__ = ["LocalCluster", "ensure_installed", "installed", "default_node_gres", "DEFAULT_STATE_DIR",
            "SlurmCommandError"]
+
+
+if __name__ == "__main__":  # `python -m slurm_mig.slurm.localcluster --install-only` (scripts/bootstrap.sh)
+    import sys as _sys
+
+    if "--install-only" in _sys.argv[1:]:
+        ensure_installed(quiet=True)
+        _sys.exit(0)
+    print("usage: python -m slurm_mig.slurm.localcluster --install-only  (or: slurm-mig cluster up|down|status)")
+    _sys.exit(2)

@@ -1050,8 +1050,18 @@ class Store:
                         layout = layout.with_slot(slot)
             bound_slots = set()
             until = []
+            held = {Slot(b["start"], b["profile"]) for b in bound.get(key, ())}
             for b in bound.get(key, ()):
                 slot = Slot(b["start"], b["profile"])
+                if slot not in layout.slots and not fits(layout, slot):
+                    # A Prolog is creating this bound instance right now: the binding is the truth, the
+                    # idle instances in its way are on their way out.
+                    try:
+                        mask = model.profile(slot.profile).mask(slot.start)
+                        layout = layout.without(s for s in layout.slots if s not in held
+                                                and model.profile(s.profile).mask(s.start) & mask)
+                    except SlurmMigError:
+                        pass
                 if slot not in layout.slots and fits(layout, slot):
                     layout = layout.with_slot(slot)
                 if slot not in layout.slots:
