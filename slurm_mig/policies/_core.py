@@ -707,8 +707,9 @@ class DispatchPolicy:
     change_reason = "carve instances for pending jobs"
 
     def __init__(self, *, backfill: bool = True, reservations: int = 1, explain_waiting: bool = True,
-                 backfill_depth: int | None = 500) -> None:
+                 backfill_depth: int | None = 500, reserve_share: float = 1.0) -> None:
         self.backfill = backfill
+        self.reserve_share = reserve_share
         self.reservations = reservations
         self.backfill_depth = backfill_depth
         self.explain_waiting = explain_waiting
@@ -788,6 +789,12 @@ class DispatchPolicy:
                 reason = reserved_reason
             if len(ctx.reservations) < self.reservations:
                 r = ctx.reserve(job)
+                if r is not None and len(ctx.reservations) > 1 and self.reserve_share < 1.0:
+                    # Later reservations only while the reserved GPUs stay a small share of the cluster.
+                    held = sum(len(x.regions) for x in ctx.reservations)
+                    if held > self.reserve_share * len(idx.infos):
+                        ctx.reservations.pop()
+                        r = None
                 if r is not None:
                     when = "when running jobs end" if r.t == INF else f"from t={r.t:.0f}s"
                     gp = ", ".join(f"{idx.gpus[g].key}" for g in sorted(r.regions))
