@@ -423,6 +423,9 @@ def _explain(args) -> int:
     cfg, store = _open(args)
     with store:
         ex = V.explain_view(store, args.job_id)
+        per_node: dict[str, int] = {}
+        for g in store.observed_gpus():
+            per_node[g.node] = per_node.get(g.node, 0) + 1
         replay = None
         if args.replay:
             from slurm_mig.ops.replay import replay_job
@@ -442,6 +445,12 @@ def _explain(args) -> int:
         print()
         for line in replay_lines(replay, width):
             print(line)
+    if ex["outcome"] is not None and per_node:
+        db = args.db or cfg.controller.db_path
+        print()
+        print(f"Timeline picture of a replay of the finished jobs: slurm-mig simulate --db {db} "
+              f"--policy {cfg.policy.name} --nodes {len(per_node)} --gpus-per-node {max(per_node.values())} "
+              f"--job {args.job_id} --plot job{args.job_id}.png")
     return 0
 
 

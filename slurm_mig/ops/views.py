@@ -68,14 +68,26 @@ def open_readonly(path: str | os.PathLike, *, busy_timeout_s: float = 5.0):
         raise StoreError(f"state database {path} is not a regular file")
     if st.st_mode & stat.S_IWOTH:
         raise StoreError(f"state database {path} is world-writable; refusing to trust what it says")
-    uri = "file:" + urllib.parse.quote(os.path.abspath(path)) + "?mode=ro"
-    try:
+    base = "file:" + urllib.parse.quote(os.path.abspath(path)) + "?mode=ro"
+
+    def connect(uri: str):
         conn = sqlite3.connect(uri, uri=True, timeout=busy_timeout_s, isolation_level=None,
                                check_same_thread=False)
         conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
         store = Store(sqlite_utils.Database(conn, execute_plugins=False), path=path,
                       busy_timeout_s=busy_timeout_s)
-        version = store.schema_version
+        return store, store.schema_version
+
+    try:
+        try:
+            store, version = connect(base)
+        except (sqlite3.OperationalError, StoreError) as exc:
+            # A reader who may not write the folder cannot create the WAL index (-shm) that SQLite
+            # needs while no controller has the database open (it removes both on a clean exit).
+            # With no writer the file is stable: read it as an immutable snapshot instead.
+            if "readonly" not in str(exc).lower() and "read-only" not in str(exc).lower():
+                raise
+            store, version = connect(base + "&immutable=1")
     except sqlite3.Error as exc:
         raise StoreError(f"cannot read state database {path}: {exc}") from None
     if version == 0:
