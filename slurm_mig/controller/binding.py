@@ -86,22 +86,14 @@ def choose_binding(gpus: list[NodeGpu], profile: str, count: int,
                 exists = slot in g.observed.slots
                 if (stage == "exists") == exists:
                     take(g.index, slot, "existing" if exists else "planned")
+    # Carve first around instances other pending jobs were promised (planned, not built yet); only if
+    # that fails, take their slices too.
+    promised = {g.index: plans[g.index].slots - g.observed.slots for g in gpus}
     while len(picked) < count:
         best = None
-        for g in gpus:
-            name = resolve(g)
-            if name is None:
-                continue
-            opts = carve_options(plans[g.index], name, taken[g.index])
-            # Carving must also be reachable from what physically exists now.
-            for opt in opts:
-                try:
-                    plan_transition(g.observed, opt.target, g.bound)
-                except SlurmMigError:
-                    continue
-                key = (opt.destroyed_compute, len(opt.destroyed), g.index, opt.slot.start)
-                if best is None or key < best[0]:
-                    best = (key, g.index, opt)
+        for spare_promised in (True, False):
+            best = _best_carve(gpus, plans, taken, promised if spare_promised else {}, resolve)
+            if best is not None:
                 break
         if best is None:
             return None
@@ -111,3 +103,24 @@ def choose_binding(gpus: list[NodeGpu], profile: str, count: int,
     targets = {gi: plans[gi] for gi in plans
                if plans[gi].slots != by_index[gi].observed.slots and any(p[0] == gi for p in picked)}
     return BindPlan(tuple(picked), targets, "; ".join(how))
+
+
+def _best_carve(gpus, plans, taken, promised, resolve):
+    """The cheapest carve over the node's GPUs that keeps ``taken`` and ``promised`` instances."""
+    best = None
+    for g in gpus:
+        name = resolve(g)
+        if name is None:
+            continue
+        opts = carve_options(plans[g.index], name, taken[g.index] | promised.get(g.index, set()))
+        # Carving must also be reachable from what physically exists now.
+        for opt in opts:
+            try:
+                plan_transition(g.observed, opt.target, g.bound)
+            except SlurmMigError:
+                continue
+            key = (opt.destroyed_compute, len(opt.destroyed), g.index, opt.slot.start)
+            if best is None or key < best[0]:
+                best = (key, g.index, opt)
+            break
+    return best

@@ -123,7 +123,6 @@ class Controller:
         self._gres_set: dict[str, tuple[str, float]] = {}  # node -> (value, when) last written
         self._last_slurm_ok = 0.0
         self._tick_lock = threading.Lock()
-        self._requeue_now: list[str] = []
 
     # ------------------------------------------------------------------ tick
     def tick(self) -> dict:
@@ -150,9 +149,6 @@ class Controller:
                 summary.update(self._decide(now))
             if nodes is not None:
                 summary["gres_updates"] = self._assert_gres(nodes, jobs or [], now)
-            for job_id in self._requeue_now:
-                self.slurm.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"])
-            self._requeue_now.clear()
             self._update_gauges()
             self.metrics.observe("slurm_mig_tick_seconds", time.perf_counter() - t0,
                                  (0.01, 0.05, 0.1, 0.5, 1, 5))
@@ -180,11 +176,10 @@ class Controller:
                 if requeued:
                     # Bound before we asked Slurm, pending now: it was requeued (by a hook or an admin).
                     self.store.release(job_id, now=now)
+                    # Slurm holds a requeued job back for AuthInfo's cred_expire (default 120 s): slurmd
+                    # skips the Prolog of a job id whose credential it still caches, so starting it
+                    # sooner would run it without its MIG instance. Sites lower cred_expire instead.
                     self.store.set_job_state(job_id, "PENDING", now=now, reason="requeued; waiting again")
-                    if j.state_reason == "BeginTime":
-                        # Slurm 22.05 makes a requeued job wait ~120 s; we requeued it only because its
-                        # instance could not be made, so it may run again at once.
-                        self._requeue_now.append(job_id)
             elif state == "RUNNING" and current and current.state == "PENDING":
                 self.store.set_job_state(job_id, "RUNNING", now=now, node=(j.nodes or [None])[0])
             elif j.state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
