@@ -437,8 +437,14 @@ def jobs_view(store, *, states: Sequence[str] | None = ("PENDING", "REQUEUED", "
             continue
         out.append(job_dict(j, now, res.get(j.job_id) if j.state == "PENDING" else None))
     order = {"PENDING": 0, "REQUEUED": 0, "RUNNING": 1, "SUSPENDED": 1, "COMPLETING": 1}
-    out.sort(key=lambda d: (order.get(d["state"], 2), d["priority_order"] is None, d["priority_order"] or 0,
-                            -(d["end_time"] or 0) if order.get(d["state"], 2) == 2 else 0, d["submit_time"] or 0))
+    def key(d: dict) -> tuple:
+        group = order.get(d["state"], 2)
+        if group == 0:  # pending: Slurm's priority order
+            return (0, d["priority_order"] is None, d["priority_order"] or 0, d["submit_time"] or 0)
+        if group == 1:  # running: oldest start first
+            return (1, False, 0, d["start_time"] or 0)
+        return (2, False, 0, -(d["end_time"] or 0))  # finished: newest first
+    out.sort(key=key)
     return out[:limit] if limit is not None else out
 
 
