@@ -182,7 +182,7 @@ local function rewrite_tres(tres)
             if n > most then
                 return nil, string.format(
                     "%d mig:%s instances per node requested, but a node holds at most %d " ..
-                    "(%d per GPU x %d GPUs); use fewer or larger instances, or more nodes",
+                    "(%d per GPU x %d GPUs); use fewer or larger instances",
                     n, gtype, most, MAX_PER_GPU[gtype], MAX_GPUS_PER_NODE)
             end
             slices = slices + n * COMPUTE_SLICES[gtype]
@@ -219,6 +219,12 @@ local function check_desc(job_desc)
     local new, err = rewrite_tres(job_desc.tres_per_node)
     if err ~= nil then
         return err
+    end
+    -- A MIG job's instances are bound on one node (the controller keeps one binding per job).
+    local nodes = tonumber(job_desc.min_nodes)
+    if new ~= nil and string.find(new, "mig:", 1, true) and nodes ~= nil and nodes > 1 and nodes < 4294967294 then
+        return string.format("MIG jobs run on one node, but %d nodes were requested; use --nodes=1 " ..
+            "(and several instances with mig:<size>:<count>)", nodes)
     end
     if new ~= job_desc.tres_per_node then
         job_desc.tres_per_node = new

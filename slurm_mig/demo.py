@@ -54,7 +54,13 @@ def summarize(dc, ids: list[str], t0: float, t_end: float) -> dict:
         jobs_out.append({"job_id": j, "profile": o.profile if o else None, "node": o.node if o else None,
                          "state": o.state if o else "MISSING", "wait_s": None if not o else o.wait_s,
                          "cuda_visible_devices": cvd})
+    lat = prolog_latencies(dc.state / "log" / "slurm-mig.log")
+    plain = sorted(ms for ms, reconf in lat if not reconf)
+    carved = sorted(ms for ms, reconf in lat if reconf)
     return {
+        "prolog_median_ms": round(plain[len(plain) // 2], 1) if plain else None,
+        "prolog_median_ms_with_reconfiguration": round(carved[len(carved) // 2], 1) if carved else None,
+        "prolog_samples": len(lat),
         "jobs": len(ids),
         "completed": sum(1 for j in jobs_out if j["state"] == "COMPLETED"),
         "all_saw_mig_uuid": all(j["cuda_visible_devices"].startswith("MIG-") for j in jobs_out),
@@ -66,6 +72,23 @@ def summarize(dc, ids: list[str], t0: float, t_end: float) -> dict:
         "wall_s": round(t_end - t0, 1),
         "job_list": jobs_out,
     }
+
+
+def prolog_latencies(log_path) -> list[tuple[float, bool]]:
+    """(milliseconds, reconfigured) for every Prolog that bound a job, from the hooks' log lines."""
+    import re
+
+    pat = re.compile(r"prolog job \S+ bound \S+ in ([0-9.]+) ms \(reconfigured=(True|False)\)")
+    out = []
+    try:
+        with open(log_path, errors="replace") as fh:
+            for line in fh:
+                m = pat.search(line)
+                if m:
+                    out.append((float(m.group(1)), m.group(2) == "True"))
+    except OSError:
+        pass
+    return out
 
 
 def _live_view(dc, ids, t0):
@@ -140,4 +163,6 @@ def _run(args: argparse.Namespace) -> int:
               f"{summary['all_saw_mig_uuid']}; mean wait {summary['mean_wait_s']}s, max {summary['max_wait_s']}s; "
               f"{summary['reconfigurations']} reconfigurations ({summary['reconfiguration_steps']} NVML steps), "
               f"{summary['requeues']} requeues; {summary['wall_s']}s in all. Nothing left running.")
+        print(f"Prolog wall time, median over {summary['prolog_samples']} jobs: {summary['prolog_median_ms']} ms "
+              f"without a reconfiguration, {summary['prolog_median_ms_with_reconfiguration']} ms with one.")
     return 0 if summary["completed"] == summary["jobs"] and ok else 1

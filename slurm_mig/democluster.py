@@ -108,6 +108,8 @@ class DemoCluster:
         for d in ("log", "gpus", "node"):
             (self.state / d).mkdir(parents=True, exist_ok=True)
         os.chmod(self.state, 0o711)
+        for old in (self.state / "log").glob("*.log"):
+            old.unlink()  # each run's logs (and the Prolog timings read from them) start empty
         self.port = _free_port()
         self.config_path.write_text(CONFIG_TEMPLATE.format(
             port=self.port, state=self.state, tick=self.tick_s, slurm_conf=self.cluster.slurm_conf,

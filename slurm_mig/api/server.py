@@ -15,7 +15,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable
 
 from slurm_mig.api.auth import HEADER, AuthError, Principal
-from slurm_mig.errors import SlurmMigError
+from slurm_mig.errors import SlurmMigError, StoreBusy
 
 log = logging.getLogger("slurm_mig.api")
 
@@ -95,6 +95,11 @@ class ApiServer:
                     return self._json(400, {"error": f"malformed JSON: {exc}"})
                 try:
                     result = route(payload, principal)
+                except StoreBusy as exc:
+                    # The database is busy: the node should treat the controller as unavailable and use
+                    # its fallback, not requeue the job as if it had been refused.
+                    server._error("busy", f"{self.path}: {exc}")
+                    return self._json(503, {"error": str(exc), "kind": "StoreBusy"})
                 except (RequestRejected, SlurmMigError) as exc:
                     server._error("rejected", f"{self.path}: {exc}")
                     return self._json(422, {"error": str(exc), "kind": type(exc).__name__})

@@ -31,6 +31,8 @@ from slurm_mig.slurm.gres import GRES_TO_KIND, GRES_TYPES, gres_type_for_kind
 
 log = logging.getLogger("slurm_mig.controller")
 
+TERMINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
+            "BOOT_FAIL", "DEADLINE")
 NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 JOB_ID = re.compile(r"^[0-9]{1,12}(_[0-9]{1,9})?$")
 # A planned reconfiguration that no node carried out within this time is abandoned, so the GPU is not
@@ -76,12 +78,22 @@ class Metrics:
             return "{" + ",".join(f'{k}="{_esc(v)}"' for k, v in labels) + "}"
 
         lines = []
+        typed: set[str] = set()
+
+        def declare(name: str, kind: str) -> None:
+            if name not in typed:
+                typed.add(name)
+                lines.append(f"# TYPE {name} {kind}")
+
         with self.lock:
             for (name, labels), v in sorted(self.counters.items()):
+                declare(name, "counter")
                 lines.append(f"{name}{lab(labels)} {v:g}")
             for (name, labels), v in sorted(self.gauges.items()):
+                declare(name, "gauge")
                 lines.append(f"{name}{lab(labels)} {v:g}")
             for name, h in sorted(self.histograms.items()):
+                declare(name, "histogram")
                 for b, c in zip(h["buckets"], h["counts"]):
                     lines.append(f'{name}_bucket{{le="{b:g}"}} {c}')
                 lines.append(f'{name}_bucket{{le="+Inf"}} {h["n"]}')
@@ -123,6 +135,14 @@ class Controller:
         self._gres_set: dict[str, tuple[str, float]] = {}  # node -> (value, when) last written
         self._last_slurm_ok = 0.0
         self._tick_lock = threading.Lock()
+        self._ticks = 0
+        self._last_signature: tuple | None = None
+        # Error series exist from the start, at 0, so dashboards and alerts see them before the first error.
+        for kind in ("auth", "bad_request", "rejected", "internal", "busy"):
+            self.metrics.inc("slurm_mig_api_errors_total", (("kind", kind),), 0)
+        self.metrics.inc("slurm_mig_hook_errors_total", (("kind", "bind_failed"),), 0)
+        for result in ("ok", "failed"):
+            self.metrics.inc("slurm_mig_reconfigurations_total", (("result", result),), 0)
 
     # ------------------------------------------------------------------ tick
     def tick(self) -> dict:
@@ -150,6 +170,11 @@ class Controller:
             if nodes is not None:
                 summary["gres_updates"] = self._assert_gres(nodes, jobs or [], now)
             self._update_gauges()
+            self._ticks += 1
+            if self._ticks % 500 == 1:
+                pruned = self.store.prune(now=now)
+                if any(pruned.values()):
+                    log.info("pruned old history: %s", pruned)
             self.metrics.observe("slurm_mig_tick_seconds", time.perf_counter() - t0,
                                  (0.01, 0.05, 0.1, 0.5, 1, 5))
             return summary
@@ -207,7 +232,7 @@ class Controller:
     def _decide(self, now: float) -> dict:
         state = self.store.cluster_state(now, stale_after_s=self.cfg.controller.node_stale_after_s)
         self.metrics.clear_gauge("slurm_mig_queue_depth")
-        depth: dict[str, int] = {}
+        depth: dict[str, int] = {kind_of_gres(t): 0 for t in GRES_TYPES}
         for j in state.pending:
             depth[j.profile] = depth.get(j.profile, 0) + 1
         for p, n in depth.items():
@@ -234,7 +259,15 @@ class Controller:
         if decision is None:
             return {"pending": len(state.pending), "changes": 0}
         busy_gpus = {(e.node, e.gpu) for e in self.store.open_journal_entries()}
-        decision_id = self.store.record_decision(decision, state=state, latency_ms=latency, now=now)
+        if not state.pending and not decision.changes:
+            return {"pending": 0, "changes": 0, "policy": used.name}  # nothing to explain: keep the DB small
+        signature = (tuple((c.key, str(c.target)) for c in decision.changes),
+                     tuple((a.job_id, a.node, a.instances) for a in decision.assignments), decision.waiting)
+        decision_id = None
+        if signature != self._last_signature:
+            # The same decision tick after tick (jobs waiting for the same reason) is recorded once.
+            self._last_signature = signature
+            decision_id = self.store.record_decision(decision, state=state, latency_ms=latency, now=now)
         applied = 0
         for ch in decision.changes:
             if (ch.node, ch.gpu) in busy_gpus:
@@ -531,7 +564,7 @@ class Controller:
             if job is None or not payload.get("instances"):
                 # Not a MIG job, or a run that never got its instances (requeued in its Prolog).
                 return {"ok": True, "recorded": False}
-            state = "COMPLETED" if (exit_code in (0, None)) else "FAILED"
+            state = "COMPLETED" if exit_code == 0 else "FAILED"
             recorded = self.store.record_outcome(job_id, state=state, exit_code=exit_code,
                                                  derived_exit_code=payload.get("derived_ec"), end_time=end, now=now)
             if job.state not in ("COMPLETED", "FAILED"):
@@ -554,7 +587,15 @@ class Controller:
         now = self.clock()
         with self.store.transaction():
             self._store_observed(node, payload.get("observed"))
-            self._reconcile_bindings(node, payload.get("bindings") or {}, now)
+            node_bindings = payload.get("bindings") or {}
+            self._reconcile_bindings(node, node_bindings, now)
+            # Binding files of jobs that ended long ago (their Epilog was lost: node crash, reboot):
+            # the node drops them once it has checked their instances are idle.
+            release = []
+            for job_id in node_bindings:
+                job = self.store.get_job(str(job_id)) if JOB_ID.match(str(job_id)) else None
+                if job is not None and job.state in TERMINAL and now - (job.end_time or job.updated_at) > 30:
+                    release.append(str(job_id))
             desired = {}
             for gi, d in self.store.desired(node).items():
                 obs = self.store.observed_layout(node, gi)
@@ -569,7 +610,7 @@ class Controller:
                 if e.state == "planned" and str(e.gpu) in desired:
                     self.store._x("UPDATE reconfig_journal SET state = 'in_progress', started_at = ? WHERE id = ?",
                                   (now, e.id))
-        return {"desired": desired}
+        return {"desired": desired, "release": release}
 
     def _reconcile_bindings(self, node: str, node_bindings: dict, now: float) -> None:
         live = {}

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 log = logging.getLogger("slurm_mig.hooks")
+_T0 = time.time()  # fallback start time for the latency the Prolog logs
 
 
 @dataclass(frozen=True)
@@ -281,6 +282,10 @@ def prolog(env: dict, node: Node) -> int:
     from slurm_mig.api.client import ControllerRefused, ControllerUnavailable
     from slurm_mig.node.localstate import BoundInstance
 
+    try:
+        started = int(env["SLURM_MIG_T0_NS"]) / 1e9
+    except (KeyError, ValueError):
+        started = _T0
     job_id = env["SLURM_JOB_ID"]
     uid = int(env.get("SLURM_JOB_UID", "-1"))
     node.state.ensure()
@@ -329,6 +334,10 @@ def prolog(env: dict, node: Node) -> int:
             node.mark_in_use(b.gpu, b.profile, b.start, f"job {job_id}")
     node.send_or_queue("/v1/bound", {"job_id": job_id, "node": node.name, "instances": [b.to_json() for b in bound],
                                      "bound_at": time.time(), "local": bool(resp.get("local"))})
+    # One line per bound job: `slurm-mig demo` and benchmarks/prolog_latency.py read these.
+    log.info("prolog job %s bound %s in %.1f ms (reconfigured=%s)", job_id,
+             ",".join(f"{b.profile}@{b.gpu}:{b.start}" for b in bound), (time.time() - started) * 1000,
+             bool(results))
     return 0
 
 
@@ -372,7 +381,11 @@ def taskprolog(env: dict, node_name: str, state_root: str) -> int:
         print(f"print slurm-mig: cannot read this job's MIG binding: {exc}")
         return 0
     if insts is None:
-        return 0  # not a MIG job
+        # Not bound to an instance (not a MIG job, or its Prolog requeued it): such a job must see no
+        # GPU rather than every GPU. A value Slurm's own gres/gpu plugin set is left alone.
+        if "CUDA_VISIBLE_DEVICES" not in env:
+            print("export CUDA_VISIBLE_DEVICES=")
+        return 0
     uuids = ",".join(i.uuid for i in insts)
     print(f"export CUDA_VISIBLE_DEVICES={uuids}")
     print(f"export SLURM_MIG_INSTANCES={','.join(f'{i.profile}@{i.gpu}:{i.start}' for i in insts)}")
@@ -415,7 +428,6 @@ def healthcheck(env: dict, node: Node) -> int:
 
     node.state.ensure()
     node.flush_outbox()
-    _release_finished_lingering(node)
     report = {"node": node.name, "observed": node.observe(), "bindings": node.bindings_json(), "time": time.time()}
     try:
         resp = node.client.call("/v1/report", report)
@@ -424,6 +436,8 @@ def healthcheck(env: dict, node: Node) -> int:
         resp = _cached_desired(node)
     else:
         _cache_desired(node, resp)
+    for job_id in resp.get("release") or []:
+        _release_stale_binding(node, str(job_id))
     targets = resp.get("desired") or {}
     if targets:
         results = node.apply_targets(targets)
@@ -433,9 +447,17 @@ def healthcheck(env: dict, node: Node) -> int:
     return 0
 
 
-def _release_finished_lingering(node: Node) -> None:
-    # Bindings whose job Slurm no longer runs and whose instance is idle are released.
-    pass
+def _release_stale_binding(node: Node, job_id: str) -> None:
+    """Drop the binding of a job that ended without its Epilog, once its instances are idle."""
+    insts = node.state.read_binding(job_id) or []
+    for i in insts:
+        node.mark_in_use(i.gpu, i.profile, i.start, None)  # the simulated GPU's stand-in for processes
+    busy = [i for i in insts for x in node.backend.instances(i.gpu) if x.uuid == i.uuid and x.in_use]
+    if busy:
+        log.warning("job %s ended but processes still run on %s; binding kept", job_id, busy)
+        return
+    node.state.remove_binding(job_id)
+    log.info("released the stale binding of job %s (it ended without its Epilog)", job_id)
 
 
 def _cache_desired(node: Node, resp: dict) -> None:

@@ -261,6 +261,13 @@ class LocalCluster:
         if capacity_node is not None and capacity_node in self.node_names:
             raise SlurmMigError(f"capacity node name {capacity_node!r} clashes with a real node")
         self.capacity_node = capacity_node
+        # slurmd makes a unix socket per job step in its spool dir; a path over 107 bytes fails every
+        # job as "launch failed requeued held", so refuse such a state dir up front.
+        longest = max(len(n) for n in self.node_names)
+        probe = self.state_dir / "spool" / f"slurmd-{'x' * longest}" / f"{'x' * longest}_4294967294.4294967291"
+        if len(str(probe)) > 107:
+            raise SlurmMigError(f"state dir {self.state_dir} is too long for slurmd's job sockets "
+                                f"({len(str(probe))} > 107 bytes); use a shorter path")
 
     # -- paths ------------------------------------------------------------
     @property

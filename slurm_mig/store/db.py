@@ -137,6 +137,8 @@ def prepare_db_file(path: str | os.PathLike, group: str | int | None = None) -> 
     if not path.parent.exists():
         try:
             path.parent.mkdir(parents=True, mode=0o750 if gid is not None else 0o700)
+            if gid is not None and os.geteuid() == 0:
+                os.chown(path.parent, -1, gid)  # group readers must be able to enter it
         except OSError as exc:
             raise StoreError(f"cannot create the state database directory {path.parent}: {exc.strerror}") from None
     _open_checked(path, os.O_RDWR | os.O_CREAT, mode, gid)
@@ -804,7 +806,7 @@ class Store:
             gpus = v.get("gpus") or sorted({i.gpu for i in instances})
             end = end_time if end_time is not None else (job.end_time if job and job.end_time else t)
             submit, start = v.get("submit_time"), v.get("start_time")
-            wait_s = (start - submit) if start is not None and submit is not None else None
+            wait_s = max(0.0, start - submit) if start is not None and submit is not None else None
             run_s = (end - start) if start is not None and end is not None else None
             cur = self._x(
                 "INSERT INTO outcomes (job_id, profile, count, node, gpus, instances, user, partition, time_limit_s, "
@@ -961,6 +963,21 @@ class Store:
                                                      (int(limit),))]
 
     # -- events ----------------------------------------------------------------
+    def prune(self, *, keep_decisions: int = 50_000, keep_events: int = 200_000,
+              keep_journal_days: float = 30.0, now: float | None = None) -> dict[str, int]:
+        """Bound the history tables: the newest decisions/events by count, finished journal entries by age.
+
+        Jobs, bindings and outcomes are never pruned here (outcomes are training data).
+        """
+        cutoff = _now(now) - keep_journal_days * 86400
+        with self.transaction():
+            d = self._x("DELETE FROM decisions WHERE id <= (SELECT MAX(id) FROM decisions) - ?",
+                        (int(keep_decisions),)).rowcount
+            e = self._x("DELETE FROM events WHERE id <= (SELECT MAX(id) FROM events) - ?", (int(keep_events),)).rowcount
+            j = self._x("DELETE FROM reconfig_journal WHERE finished_at IS NOT NULL AND finished_at < ?",
+                        (cutoff,)).rowcount
+        return {"decisions": d, "events": e, "journal": j}
+
     def add_event(self, kind: str, message: str, details: dict | None = None, *, node: str | None = None,
                   job_id: str | None = None, now: float | None = None) -> int:
         with self.transaction():

@@ -224,8 +224,9 @@ def test_controller_killed_and_restarted(demo):
 
 
 def test_bad_request_rejected_at_submit(demo):
-    for gres, msg in [("mig:5g", "5g"), ("mig:3g:99", "99"), ("mig:abc", "abc")]:
-        res = subprocess.run(["sbatch", f"--gres={gres}", "--wrap", "true"], env=demo.env(), capture_output=True,
-                             text=True, timeout=30)
+    for gres, msg, extra in [("mig:5g", "5g", []), ("mig:3g:99", "99", []), ("mig:abc", "abc", []),
+                             ("mig:1g", "one node", ["--nodes=2"])]:
+        res = subprocess.run(["sbatch", f"--gres={gres}", *extra, "--wrap", "true"], env=demo.env(),
+                             capture_output=True, text=True, timeout=30)
         assert res.returncode != 0
         assert "slurm-mig" in res.stderr and msg in res.stderr, res.stderr
