@@ -68,6 +68,8 @@ class FragAwarePolicy(DispatchPolicy):
         self._ext_day = math.log1p(86400 / tau)
         self._weights: dict[str, float] = {}
         self._multi = 0.0
+        self._contrib: list[tuple[int, ...]] | None = None
+        self._running: list[int] = []
 
     # -- demand -------------------------------------------------------------------
     def begin(self, ctx: Ctx, state: ClusterState) -> None:
@@ -81,14 +83,8 @@ class FragAwarePolicy(DispatchPolicy):
             total += c
             if job.count > 1:
                 multi += c
-        running = {k: 0.0 for k in SIZES}
-        rtotal = 0.0
-        idx = ctx.idx
-        for info in _sample(idx.infos):
-            for s in info.locked:
-                k = _kind(s.profile)
-                running[k] = running.get(k, 0.0) + _SIZE.get(k, 7)
-                rtotal += _SIZE.get(k, 7)
+        running = dict(zip(SIZES, self._running_mix(ctx.idx)))
+        rtotal = sum(running.values())
         w = {}
         for k in SIZES:
             a = demand[k] / total if total else 0.0
@@ -99,6 +95,20 @@ class FragAwarePolicy(DispatchPolicy):
         self._wq: dict[int, list[tuple[PInfo, float]]] = {}
         self._loss_cache: dict = {}
         self._group_order: dict = {}
+
+    def _running_mix(self, idx) -> list[int]:
+        """Compute slices held per size over the whole cluster, kept up to date by identity diff."""
+        if idx.rebuilt or self._contrib is None or len(self._contrib) != len(idx.infos):
+            self._contrib = [_mix_of(info) for info in idx.infos]
+            self._running = [sum(v[i] for v in self._contrib) for i in range(len(SIZES))]
+        else:
+            run = self._running
+            for g in idx.changed_since:
+                old = self._contrib[g]
+                new = self._contrib[g] = _mix_of(idx.infos[g])
+                for i in range(len(SIZES)):
+                    run[i] += new[i] - old[i]
+        return self._running
 
     def _wlist(self, info: GpuInfo) -> list[tuple[PInfo, float]]:
         t = info.t
@@ -341,15 +351,26 @@ class FragAwarePolicy(DispatchPolicy):
 _SIZE = {"1g": 1, "2g": 2, "3g": 3, "4g": 4, "7g": 7}
 
 
+_KIND: dict[str, str] = {}
+
+
 def _kind(profile: str) -> str:
-    k = profile.strip().lower().split("+")[0].split(".")[0]
-    return k if k in _SIZE else "7g"
+    k = _KIND.get(profile)
+    if k is None:
+        k = profile.strip().lower().split("+")[0].split(".")[0]
+        k = _KIND[profile] = k if k in _SIZE else "7g"
+    return k
 
 
-def _sample(infos: list, limit: int = 512):
-    """At most ``limit`` GPUs spread over the list (the running mix is a prior, not a count)."""
-    n = len(infos)
-    if n <= limit:
-        return infos
-    step = n / limit
-    return [infos[int(i * step)] for i in range(limit)]
+def _mix_of(info: GpuInfo) -> tuple[int, ...]:
+    """Compute slices this GPU has locked, per size (1g, 2g, 3g, 4g, 7g)."""
+    if not info.locked:
+        return (0, 0, 0, 0, 0)
+    out = [0, 0, 0, 0, 0]
+    for s in info.locked:
+        k = _kind(s.profile)
+        out[_POS[k]] += _SIZE[k]
+    return tuple(out)
+
+
+_POS = {k: i for i, k in enumerate(SIZES)}

@@ -1,0 +1,54 @@
+#!/usr/bin/env python3
+"""Turn `slurm-mig bench --json` into the Markdown tables of docs/benchmarks.md.
+
+    .venv/bin/slurm-mig bench --json > /tmp/bench.json
+    .venv/bin/python benchmarks/report.py /tmp/bench.json
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+BASELINES = ("no-mig", "best-static", "greedy")
+
+
+def fmt(v: float) -> str:
+    if v >= 2 * 86400:
+        return f"{v / 86400:.1f} d"
+    if v >= 2 * 3600:
+        return f"{v / 3600:.1f} h"
+    if v >= 120:
+        return f"{v / 60:.1f} min"
+    return f"{v:.0f} s"
+
+
+def main() -> int:
+    doc = json.load(open(sys.argv[1]) if len(sys.argv) > 1 else sys.stdin)
+    for wl in doc["workloads"]:
+        res = wl["results"]
+        best = min(r["mean_wait_s"] for r in res if r["policy"] in BASELINES)
+        lb_m, lb_j = wl["lower_bound_makespan_s"], wl.get("lower_bound_mean_jct_s", 0.0)
+        print(f"#### {wl['name']} ({wl.get('jobs', '?')} jobs, {wl.get('gpus', '?')} x {wl.get('gpu_model', '')})\n")
+        print("| policy | mean wait | ÷ best baseline | p95 wait | mean JCT | ÷ bound | bounded slowdown "
+              "| makespan | ÷ bound | slice util. | reconfigs |")
+        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for r in res:
+            name = f"**{r['policy']}**" if r["policy"] == "frag-aware" else r["policy"]
+            ratio = r["mean_wait_s"] / best if best > 0 else float("nan")
+            print(f"| {name} | {fmt(r['mean_wait_s'])} | {ratio:.2f} | {fmt(r['p95_wait_s'])} | {fmt(r['mean_jct_s'])} "
+                  f"| {r['mean_jct_s'] / lb_j if lb_j else float('nan'):.2f} | {r.get('bounded_slowdown', 0):.2f} "
+                  f"| {fmt(r['makespan_s'])} | {r['makespan_s'] / lb_m:.3f} | {r['utilization']:.1%} "
+                  f"| {r['reconfigurations']} |")
+        print(f"| *lower bound* | 0 s | | 0 s | {fmt(lb_j)} | 1.00 | 1.00 | {fmt(lb_m)} | 1.000 | | |")
+        notes = wl.get("notes", {})
+        if notes.get("best_static_plan"):
+            print(f"\nBest static plan: `{notes['best_static_plan']}`.")
+        if notes.get("skipped"):
+            print(f"Trace rows skipped: {notes['skipped']}.")
+        print()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
