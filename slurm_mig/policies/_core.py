@@ -707,8 +707,10 @@ class DispatchPolicy:
     change_reason = "carve instances for pending jobs"
 
     def __init__(self, *, backfill: bool = True, reservations: int = 1, explain_waiting: bool = True,
-                 backfill_depth: int | None = 500, reserve_share: float = 1.0) -> None:
+                 backfill_depth: int | None = 500, reserve_share: float = 1.0,
+                 reserve_min_age_s: float = 0.0) -> None:
         self.backfill = backfill
+        self.reserve_min_age_s = reserve_min_age_s
         self.reserve_share = reserve_share
         self.reservations = reservations
         self.backfill_depth = backfill_depth
@@ -787,7 +789,8 @@ class DispatchPolicy:
                 if not reserved_reason:
                     reserved_reason = self._reserved_reason(ctx)
                 reason = reserved_reason
-            if len(ctx.reservations) < self.reservations:
+            if len(ctx.reservations) < self.reservations and (
+                    not ctx.reservations or now - job.submit_time >= self.reserve_min_age_s):
                 r = ctx.reserve(job)
                 if r is not None and len(ctx.reservations) > 1 and self.reserve_share < 1.0:
                     # Later reservations only while the reserved GPUs stay a small share of the cluster.

@@ -50,9 +50,11 @@ class FragAwarePolicy(DispatchPolicy):
     def __init__(self, *, lookahead: int = 64, running_prior: float = 0.5, w_time: float = 0.3,
                  w_node_time: float = 1.0, w_node: float = 0.0, w_pack: float = 0.0, multi_prior: float = 0.05,
                  tau: float = 3600.0, w_reconf: float = 0.01, reservations: int = 2,
-                 exact_limit: int = 256, group_width: int = 4, reserve_share: float = 1.0,
+                 exact_limit: int = 256, group_width: int = 4, reserve_share: float = 0.5,
+                 reserve_min_age_s: float = 4 * 3600.0,
                  explain_waiting: bool = True) -> None:
-        super().__init__(reservations=reservations, explain_waiting=explain_waiting, reserve_share=reserve_share)
+        super().__init__(reservations=reservations, explain_waiting=explain_waiting, reserve_share=reserve_share,
+                         reserve_min_age_s=reserve_min_age_s)
         self.lookahead = lookahead
         self.running_prior = running_prior
         self.w_time = w_time
