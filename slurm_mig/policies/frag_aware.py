@@ -1,31 +1,42 @@
-"""Fragmentation-aware placement with look-ahead over the pending queue.
+"""Fragmentation-aware, time-aligned placement with look-ahead over the pending queue.
 
 In the spirit of FGD (Alibaba, ATC'23), nos and MISO (FACTS §5). Jobs are taken
-in Slurm priority order with EASY backfill (the blocked head job holds a
-reservation), exactly like the baselines; what differs is *where* each job
-goes. Every place a job could start now -- an existing free instance, or a
-carve of idle slices at each legal start on each GPU -- is scored, and the
-lowest score wins:
+in Slurm priority order with EASY backfill, like the baselines; what differs is
+*where* each job goes and who holds a reservation. Every place a job could start
+now -- an existing free instance, or a carve of idle slices at each legal start
+on each GPU -- is scored, and the lowest score wins:
 
-* fragmentation: the demand-weighted capacity the placement destroys,
-  sum over profiles Q of w_Q x size_Q x (instances of Q the GPU could still
-  hold before - after). The weights w_Q are the compute demand of the next
-  ``lookahead`` pending jobs (including the blocked ones), plus a share of the
-  running mix as a prior for what arrives next. Putting a 1g on an empty GPU
-  costs a whole 7g when big jobs wait; putting it beside other small jobs costs
-  nothing.
-* time alignment: a GPU frees up for big jobs only when its *last* job ends.
-  A job placed on a GPU whose jobs all end before it postpones that moment; the
-  term is the postponement as a fraction of the job's time limit, weighted by
-  the demand for capacity the GPU can no longer offer. Small jobs therefore go
-  beside jobs that outlast them, and whole GPUs come free together.
-* node packing: taking an idle GPU on a node that has many idle GPUs is
-  charged in proportion to the demand for multi-GPU jobs (they need a node).
+* fragmentation (FGD-like): the demand-weighted capacity the placement destroys,
+  sum over sizes Q of w_Q x size_Q x (instances of Q the GPU could still hold
+  before - after). The weights w_Q are the compute demand of the next
+  ``lookahead`` pending jobs (blocked ones included) blended with the running
+  mix (``running_prior``) as a prior for what arrives next. A 1g on an empty GPU
+  costs a whole 7g when big jobs wait; beside other small jobs it costs nothing;
+  a 3g goes to slice 4 so a 4g still fits at 0.
+* time alignment, per GPU (``w_time``): a GPU is free for big jobs only when
+  its *last* job ends. A job that outlives every job already on the GPU
+  postpones that moment; the postponement (log1p(seconds / ``tau``), from the
+  time limits) is charged, weighted by the demand for the sizes the GPU can no
+  longer offer. Small jobs go beside jobs that outlast them.
+* time alignment, per node (``w_node_time``): the same for a node's last job,
+  weighted by the demand for multi-GPU jobs (at least ``multi_prior``), which
+  need whole nodes. Long jobs join nodes that are busy for long anyway, so other
+  nodes drain.
 * reconfiguration: a small charge per instance created or destroyed, so an
-  existing instance wins a tie (reconfigurations are batched per GPU per decision).
+  existing instance wins a tie (one LayoutChange per GPU per decision).
+
+Reservations: the first blocked job always gets one (EASY backfill); a second
+blocked job gets one too once it has waited ``reserve_min_age_s`` (like
+Slurm's bf_min_age_reserve), while reserved GPUs stay at most
+``reserve_share`` of the cluster. Without the second one, a second multi-GPU
+job could see its only drainable node taken by a long job for weeks.
 
 Multi-instance jobs try every node that could hold them and keep the node with
-the lowest total score.
+the lowest total score. On a large cluster (more than ``exact_limit``
+candidate GPUs) GPUs are grouped by their locked slices; groups are visited by
+a lower bound of their score and only the ``group_width`` GPUs whose jobs end
+last are scored in each, which keeps a decision over 10,000 jobs and 8,000
+GPUs well under a second.
 """
 
 from __future__ import annotations
