@@ -1,6 +1,6 @@
 """Timeline pictures of a simulation: each GPU's MIG instances, jobs and reconfigurations.
 
-One horizontal band per GPU, 8 memory slices tall (slice 0 at the bottom). Grey:
+One horizontal band per GPU, 8 memory slices tall (slice 0 on top, first GPU on top). Grey:
 an instance exists and is idle; coloured by size: a job runs on it; red: the
 instance is being created or destroyed. A lower panel shows how many jobs wait.
 ``highlight`` outlines one job and marks when it was submitted, which answers
