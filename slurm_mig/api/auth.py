@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import math
 import os
+import re
 import secrets
 import stat
 import subprocess
@@ -30,6 +32,7 @@ from dataclasses import dataclass
 from slurm_mig.errors import SlurmMigError
 
 HEADER = "X-Slurm-Mig-Auth"
+_HEX64 = re.compile(r"[0-9a-f]{64}")
 
 
 class AuthError(SlurmMigError):
@@ -146,7 +149,8 @@ class MungeAuth:
         except (KeyError, ValueError, IndexError) as exc:
             raise AuthError("unmunge output lacks UID/GID") from exc
         fields = payload.decode(errors="replace").rstrip("\n").split(" ")
-        if len(fields) < 2 or fields[0] != "slurm-mig/1" or not hmac.compare_digest(fields[1], _digest(body)):
+        if len(fields) < 2 or fields[0] != "slurm-mig/1" or not _HEX64.fullmatch(fields[1]) \
+                or not hmac.compare_digest(fields[1], _digest(body)):
             raise AuthError("MUNGE credential does not cover this request body")
         if uid not in self.allowed_uids:
             raise AuthError(f"requests from uid {uid} are not allowed (allowed: {list(self.allowed_uids)})")
@@ -206,14 +210,15 @@ class HmacAuth:
         if len(parts) != 5 or parts[0] != "hmac":
             raise AuthError("request has no HMAC credential")
         _, ts, nonce, node, mac = parts
-        if not hmac.compare_digest(mac, self._mac(ts, nonce, node, body)):
+        # compare_digest takes ASCII only (TypeError otherwise): a MAC is 64 hex digits, anything else is forged.
+        if not _HEX64.fullmatch(mac) or not hmac.compare_digest(mac, self._mac(ts, nonce, node, body)):
             raise AuthError("request signature does not match (wrong key or altered request)")
         now = time.time() if now is None else now
         try:
             skew = abs(now - float(ts))
         except ValueError as exc:
             raise AuthError("request timestamp is not a number") from exc
-        if skew > self.max_skew_s:
+        if not math.isfinite(skew) or skew > self.max_skew_s:  # "nan" would pass a plain comparison forever
             raise AuthError(f"request timestamp is {skew:.0f} s off (limit {self.max_skew_s:.0f} s): expired or clock skew")
         self.replay.check_and_add(nonce, now)
         return Principal(self.uid, self.uid, node, "hmac")
