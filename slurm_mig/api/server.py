@@ -20,6 +20,7 @@ from slurm_mig.errors import SlurmMigError, StoreBusy
 log = logging.getLogger("slurm_mig.api")
 
 MAX_BODY = 1 << 20  # a hook's request is a few hundred bytes; anything huge is hostile
+IO_TIMEOUT_S = 30.0  # per socket read/write; hooks send their whole request at once
 
 Route = Callable[[dict, Principal], dict]
 GetRoute = Callable[[], tuple[str, bytes]]  # -> (content type, body)
@@ -33,7 +34,8 @@ class ApiServer:
     """A threaded HTTP server dispatching authenticated JSON POSTs to routes."""
 
     def __init__(self, host: str, port: int, auth, routes: dict[str, Route],
-                 get_routes: dict[str, GetRoute] | None = None, on_error: Callable[[str, str], None] | None = None):
+                 get_routes: dict[str, GetRoute] | None = None, on_error: Callable[[str, str], None] | None = None,
+                 *, io_timeout_s: float = IO_TIMEOUT_S):
         self.auth = auth
         self.routes = routes
         self.get_routes = get_routes or {}
@@ -43,6 +45,9 @@ class ApiServer:
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
             server_version = "slurm-mig"
+            # A socket timeout: a client that connects and sends nothing (or half a body) is dropped after
+            # this long instead of holding a server thread forever (slowloris).
+            timeout = io_timeout_s
 
             def log_message(self, fmt, *args):  # route http.server's stderr chatter to logging
                 log.debug("%s " + fmt, self.address_string(), *args)
@@ -78,7 +83,16 @@ class ApiServer:
                     server._error("bad_request", f"body length {length} refused")
                     self.close_connection = True
                     return self._json(413 if length > MAX_BODY else 411, {"error": "missing or oversized body"})
-                body = self.rfile.read(length)
+                try:
+                    body = self.rfile.read(length)
+                except OSError as exc:  # the client stalled past the timeout, or went away
+                    server._error("bad_request", f"{self.client_address[0]} {self.path}: body not received: {exc}")
+                    self.close_connection = True
+                    return
+                if len(body) != length:
+                    server._error("bad_request", f"{self.client_address[0]} {self.path}: body cut short")
+                    self.close_connection = True
+                    return
                 try:
                     principal = server.auth.verify(self.headers.get(HEADER, ""), body)
                 except AuthError as exc:
@@ -90,9 +104,9 @@ class ApiServer:
                     payload = json.loads(body or b"{}")
                     if not isinstance(payload, dict):
                         raise ValueError("the body must be a JSON object")
-                except ValueError as exc:
-                    server._error("bad_request", f"{self.path}: {exc}")
-                    return self._json(400, {"error": f"malformed JSON: {exc}"})
+                except (ValueError, RecursionError) as exc:  # RecursionError: absurdly deep nesting
+                    server._error("bad_request", f"{self.path}: {type(exc).__name__}: {str(exc)[:200]}")
+                    return self._json(400, {"error": f"malformed JSON: {str(exc)[:200]}"})
                 try:
                     result = route(payload, principal)
                 except StoreBusy as exc:
