@@ -423,10 +423,11 @@ class Controller:
     def on_prolog(self, payload: dict, principal) -> dict:
         node = self._check_node(payload, principal)
         job_id = self._check_job(payload)
+        observed, node_bindings = _v_observed(payload.get("observed")), _v_bindings(payload.get("bindings"))
         now = self.clock()
         requeue_reason = None
         with self.store.transaction():
-            self._store_observed(node, payload.get("observed"))
+            self._store_observed(node, observed)
             req = self._job_request(job_id)
             if req is None:
                 return {"action": "skip"}
@@ -439,7 +440,7 @@ class Controller:
                                                         for b in existing], "targets": {}}
             if existing:
                 self.store.release(job_id, now=now)
-            gpus = self._node_gpus(node, payload.get("bindings") or {}, exclude_job=job_id)
+            gpus = self._node_gpus(node, node_bindings, exclude_job=job_id)
             reserved = self._reservation(job_id, node)
             plan = choose_binding(gpus, kind, count, reserved) if gpus else None
             if plan is None:
@@ -514,10 +515,13 @@ class Controller:
     def on_bound(self, payload: dict, principal) -> dict:
         node = self._check_node(payload, principal)
         job_id = self._check_job(payload)
+        insts = _v_instances(payload.get("instances"), "instances")
+        local = _v_bool(payload.get("local"), "local")
+        if local and not insts:
+            raise _rejected("instances: a binding made by the node alone must list its instances")
         now = self.clock()
         with self.store.transaction():
-            insts = payload.get("instances") or []
-            if payload.get("local"):
+            if local:
                 # Bound by the node alone while we were down: adopt it.
                 if not self.store.get_job(job_id):
                     self._job_request(job_id)
@@ -541,14 +545,15 @@ class Controller:
     def on_bind_failed(self, payload: dict, principal) -> dict:
         node = self._check_node(payload, principal)
         job_id = self._check_job(payload)
+        results = _v_results(payload.get("results"), need_gpu=False)
         now = self.clock()
         with self.store.transaction():
             self.store.release(job_id, now=now)
             self.store.set_job_state(job_id, "REQUEUED", now=now, reason="reconfiguration failed on the node")
             for e in self.store.open_journal_entries(node):
                 if e.state == "in_progress":
-                    self._finish_reconfig(e.id, "failed", error=str(payload.get("results"))[:2000], now=now)
-            self.store.add_event("bind-failed", f"job {job_id} on {node}: {payload.get('results')}"[:2000],
+                    self._finish_reconfig(e.id, "failed", error=str(results)[:2000], now=now)
+            self.store.add_event("bind-failed", f"job {job_id} on {node}: {results}"[:2000],
                                  node=node, job_id=job_id, now=now)
         self.metrics.inc("slurm_mig_hook_errors_total", (("kind", "bind_failed"),))
         return {"ok": True}
@@ -557,21 +562,24 @@ class Controller:
         node = self._check_node(payload, principal)
         job_id = self._check_job(payload)
         now = self.clock()
-        end = float(payload.get("end_time") or now)
-        exit_code = payload.get("exit_code")
+        end = _v_time(payload.get("end_time"), "end_time") or now
+        exit_code = _v_opt_int(payload.get("exit_code"), "exit_code")
+        derived_ec = _v_opt_int(payload.get("derived_ec"), "derived_ec")
+        insts = _v_instances(payload.get("instances"), "instances")
+        lingering = _v_instances(payload.get("lingering"), "lingering")
         with self.store.transaction():
             job = self.store.get_job(job_id)
-            if job is None or not payload.get("instances"):
+            if job is None or not insts:
                 # Not a MIG job, or a run that never got its instances (requeued in its Prolog).
                 return {"ok": True, "recorded": False}
             state = "COMPLETED" if exit_code == 0 else "FAILED"
             recorded = self.store.record_outcome(job_id, state=state, exit_code=exit_code,
-                                                 derived_exit_code=payload.get("derived_ec"), end_time=end, now=now)
+                                                 derived_exit_code=derived_ec, end_time=end, now=now)
             if job.state not in ("COMPLETED", "FAILED"):
                 self.store.set_job_state(job_id, state, now=now, exit_code=exit_code)
             self.store.release(job_id, now=now)
-            if payload.get("lingering"):
-                self.store.add_event("lingering", f"job {job_id} ended with processes left on {payload['lingering']}",
+            if lingering:
+                self.store.add_event("lingering", f"job {job_id} ended with processes left on {lingering}",
                                      node=node, job_id=job_id, now=now)
             self.store.add_event("end", f"job {job_id} ended on {node} (exit {exit_code})", node=node,
                                  job_id=job_id, now=now)
@@ -584,10 +592,10 @@ class Controller:
 
     def on_report(self, payload: dict, principal) -> dict:
         node = self._check_node(payload, principal)
+        observed, node_bindings = _v_observed(payload.get("observed")), _v_bindings(payload.get("bindings"))
         now = self.clock()
         with self.store.transaction():
-            self._store_observed(node, payload.get("observed"))
-            node_bindings = payload.get("bindings") or {}
+            self._store_observed(node, observed)
             self._reconcile_bindings(node, node_bindings, now)
             # Binding files of jobs that ended long ago (their Epilog was lost: node crash, reboot):
             # the node drops them once it has checked their instances are idle.
@@ -637,18 +645,19 @@ class Controller:
 
     def on_applied(self, payload: dict, principal) -> dict:
         node = self._check_node(payload, principal)
+        results = _v_results(payload.get("results"), need_gpu=True)
         now = self.clock()
         with self.store.transaction():
-            for r in payload.get("results") or []:
-                gi = r.get("gpu")
-                ok = bool(r.get("ok")) and r.get("reached", True)
+            for r in results:
+                gi = r["gpu"]
+                ok = r["ok"] and r["reached"]
                 for e in self.store.open_journal_entries(node):
                     if e.gpu == gi:
                         self._finish_reconfig(e.id, "done" if ok else "failed",
-                                              outcome=str(r.get("done")), error=r.get("error"), now=now)
+                                              outcome=r["done"], error=r["error"], now=now)
                 self.metrics.inc("slurm_mig_reconfigurations_total", (("result", "ok" if ok else "failed"),))
-                self.store.add_event("applied", f"{node}/{gi}: {r.get('before')} -> {r.get('after')}"
-                                     + ("" if ok else f" FAILED: {r.get('error')}"), node=node, now=now)
+                self.store.add_event("applied", f"{node}/{gi}: {r['before']} -> {r['after']}"
+                                     + ("" if ok else f" FAILED: {r['error']}"), node=node, now=now)
         return {"ok": True}
 
 
@@ -667,3 +676,150 @@ def _with_inflight(observed: Layout, held: set[Slot]) -> Layout:
 
 def _fmt(counts: dict) -> str:
     return ",".join(f"{t}:{n}" for t, n in sorted(counts.items()) if n) or "none"
+
+
+# -- request validation ------------------------------------------------------------------------
+# Every field a node sends is checked here before it reaches the store, so a malformed or hostile
+# request (a bug, a compromised node) is refused with 422 naming the field, never a 500 half-way
+# through a handler. Requests come from root on a node; these checks keep bad data out, they are
+# not the authentication (see api/auth.py).
+
+MAX_GPUS = 64  # GPU indexes 0..63 (more than any node has)
+MAX_ITEMS = 1024  # list lengths; a node reports a few dozen items at most
+MAX_TEXT = 256
+
+
+def _rejected(message: str) -> Exception:
+    from slurm_mig.api.server import RequestRejected
+
+    return RequestRejected(message)
+
+
+def _show(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _v_int(value, what: str, lo: int, hi: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise _rejected(f"{what}: expected an integer from {lo} to {hi}, got {_show(value)}")
+    return value
+
+
+def _v_opt_int(value, what: str) -> int | None:
+    return None if value is None else _v_int(value, what, -(2 ** 31), 2 ** 32)
+
+
+def _v_time(value, what: str) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1e11:
+        raise _rejected(f"{what}: expected a time in seconds since the epoch, got {_show(value)}")
+    return float(value)
+
+
+def _v_text(value, what: str, *, optional: bool = True, max_len: int = MAX_TEXT) -> str | None:
+    if value is None and optional:
+        return None
+    if not isinstance(value, str) or len(value) > max_len or "\x00" in value:
+        raise _rejected(f"{what}: expected a string of at most {max_len} characters, got {_show(value)}")
+    return value
+
+
+def _v_bool(value, what: str, default: bool = False) -> bool:
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise _rejected(f"{what}: expected true or false, got {_show(value)}")
+    return value
+
+
+def _v_list(value, what: str) -> list:
+    if value is None:
+        return []
+    if not isinstance(value, list) or len(value) > MAX_ITEMS:
+        raise _rejected(f"{what}: expected a list of at most {MAX_ITEMS} items, got {_show(value)}")
+    return value
+
+
+def _v_instance(value, what: str, *, gpu: int | None = None) -> dict:
+    """One MIG instance: {gpu, profile, start, uuid?, in_use?} (gpu implied inside a GPU report)."""
+    if not isinstance(value, dict):
+        raise _rejected(f"{what}: expected an object with gpu, profile and start, got {_show(value)}")
+    return {
+        "gpu": gpu if gpu is not None else _v_int(value.get("gpu"), f"{what}.gpu", 0, MAX_GPUS - 1),
+        "profile": _v_text(value.get("profile"), f"{what}.profile", optional=False, max_len=32),
+        "start": _v_int(value.get("start"), f"{what}.start", 0, 7),
+        "uuid": _v_text(value.get("uuid"), f"{what}.uuid", max_len=128),
+        "in_use": _v_bool(value.get("in_use"), f"{what}.in_use"),
+    }
+
+
+def _v_instances(value, what: str) -> list[dict]:
+    return [_v_instance(v, f"{what}[{i}]") for i, v in enumerate(_v_list(value, what))]
+
+
+def _v_observed(value) -> list[dict] | None:
+    """A node's GPU report (hooks.Node.observe()); None when the request carries none."""
+    if value is None:
+        return None
+    out, seen = [], set()
+    for n, g in enumerate(_v_list(value, "observed")):
+        what = f"observed[{n}]"
+        if not isinstance(g, dict):
+            raise _rejected(f"{what}: expected an object describing a GPU, got {_show(g)}")
+        index = _v_int(g.get("index"), f"{what}.index", 0, MAX_GPUS - 1)
+        if index in seen:
+            raise _rejected(f"{what}.index: GPU {index} is reported twice")
+        seen.add(index)
+        model = _v_text(g.get("model"), f"{what}.model", max_len=64)
+        entry = {"index": index, "uuid": _v_text(g.get("uuid"), f"{what}.uuid", max_len=128),
+                 "name": _v_text(g.get("name"), f"{what}.name"), "model": model,
+                 "mig_enabled": _v_bool(g.get("mig_enabled"), f"{what}.mig_enabled"),
+                 "lost": _v_bool(g.get("lost"), f"{what}.lost"),
+                 "instances": [_v_instance(i, f"{what}.instances[{k}]", gpu=index)
+                               for k, i in enumerate(_v_list(g.get("instances"), f"{what}.instances"))]}
+        if model:
+            try:
+                m = get_model(model)
+                problems = Layout(m, frozenset(Slot(i["start"], m.profile(i["profile"]).name)
+                                               for i in entry["instances"])).problems()
+            except SlurmMigError as exc:
+                raise _rejected(f"{what}: {exc}") from None
+            if problems or len({(i["start"]) for i in entry["instances"]}) != len(entry["instances"]):
+                raise _rejected(f"{what}: the instances do not form a valid {m.name} layout: "
+                                + "; ".join(problems or ["two instances at one start"]))
+        elif entry["instances"]:
+            raise _rejected(f"{what}: MIG instances reported on a GPU of unknown model")
+        out.append(entry)
+    return out
+
+
+def _v_bindings(value) -> dict[str, list[dict]]:
+    """The node's binding files: job id -> instances (keys that are not job ids are kept: they still hold slices)."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or len(value) > MAX_ITEMS:
+        raise _rejected(f"bindings: expected an object of job id -> instances, got {_show(value)}")
+    out = {}
+    for job_id, insts in value.items():
+        _v_text(job_id, "bindings key", optional=False, max_len=64)
+        out[job_id] = _v_instances(insts, f"bindings[{job_id!r}]")
+    return out
+
+
+def _v_results(value, *, need_gpu: bool) -> list[dict]:
+    """Layout-change results from a node (nvml.apply.ApplyResult.to_json(), or a failure), as plain text fields."""
+    def text(v) -> str | None:
+        return None if v is None else str(v)[:2000]
+
+    out = []
+    for n, r in enumerate(_v_list(value, "results")):
+        if not isinstance(r, dict):
+            raise _rejected(f"results[{n}]: expected an object, got {_show(r)}")
+        gpu = r.get("gpu")
+        out.append({"gpu": _v_int(gpu, f"results[{n}].gpu", 0, MAX_GPUS - 1) if need_gpu or gpu is not None else None,
+                    "ok": bool(r.get("ok")), "reached": bool(r.get("reached", True)),
+                    "before": text(r.get("before")), "after": text(r.get("after")), "done": text(r.get("done")),
+                    "error": text(r.get("error"))})
+    return out
