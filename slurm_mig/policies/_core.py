@@ -523,6 +523,7 @@ class Ctx:
         self.touched_nodes: set[int] = set()
         self.reservations: list[Reservation] = []
         self.assigned: list[Assignment] = []
+        self._touched_ok: dict[tuple[str, int], list[int]] = {}  # touched nodes that could hold (key, count)
 
     def info(self, gidx: int) -> GpuInfo:
         w = self.work.get(gidx)
@@ -543,25 +544,35 @@ class Ctx:
         return not any(w.any_cap(carve) > 0 for w in self.work.values())
 
     def commit(self, local: dict[int, GpuInfo]) -> None:
+        nodes = set()
         for g, w in local.items():
             self.work[g] = w
-            self.touched_nodes.add(w.node)
+            nodes.add(w.node)
+        self.touched_nodes |= nodes
+        for (key, count), lst in self._touched_ok.items():
+            for n in nodes:
+                pos = bisect.bisect_left(lst, n)
+                if pos < len(lst) and lst[pos] == n:
+                    del lst[pos]
+                if self._node_cap(n, key) >= count:
+                    bisect.insort(lst, n)
+
+    def _node_cap(self, n: int, key: str) -> int:
+        carve = self.idx.carve
+        total = 0
+        for g in self.idx.node_gpus[n]:
+            w = self.info(g)
+            total += w.cap(w.t.resolve(key), carve)
+        return total
 
     def candidate_nodes(self, key: str, count: int) -> Iterator[int]:
         """Nodes in name order whose GPUs could hold ``count`` x ``key`` (necessary, not sufficient)."""
         idx = self.idx
         ki = idx.key(key)
         touched = self.touched_nodes
-        carve = idx.carve
-        extra = []
-        for n in touched:
-            total = 0
-            for g in idx.node_gpus[n]:
-                w = self.info(g)
-                total += w.cap(w.t.resolve(key), carve)
-            if total >= count:
-                extra.append(n)
-        extra.sort()
+        extra = self._touched_ok.get((key, count))
+        if extra is None:
+            extra = self._touched_ok[(key, count)] = sorted(n for n in touched if self._node_cap(n, key) >= count)
         ncap = ki.node_cap
 
         def untouched() -> Iterator[int]:
@@ -572,7 +583,7 @@ class Ctx:
         if not extra:
             yield from untouched()
         else:
-            yield from heapq.merge(untouched(), extra)
+            yield from heapq.merge(untouched(), list(extra))
 
     def candidate_gpus(self, key: str) -> Iterable[int]:
         """GPUs that could hold one instance of ``key`` now (ignoring reservations), unordered."""
