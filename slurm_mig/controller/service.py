@@ -303,7 +303,8 @@ class Controller:
                 continue
             obs = self.store.observed_layout(node, g.gpu)
             d = desired.get(g.gpu)
-            out[g.gpu] = d.layout() if d is not None else obs
+            lay = _desired_layout(d)
+            out[g.gpu] = lay if lay is not None else obs
         return out
 
     def expected_gres(self, node: str) -> dict[str, int] | None:
@@ -503,7 +504,7 @@ class Controller:
             # the idle instances it will replace as gone, so nobody else is given those slices.
             base = _with_inflight(obs, held)
             d = desired.get(g.gpu)
-            out.append(NodeGpu(g.gpu, base, d.layout() if d else None, set(held)))
+            out.append(NodeGpu(g.gpu, base, _desired_layout(d), set(held)))
         return out
 
     def _reservation(self, job_id: str, node: str) -> tuple:
@@ -607,7 +608,9 @@ class Controller:
             desired = {}
             for gi, d in self.store.desired(node).items():
                 obs = self.store.observed_layout(node, gi)
-                lay = d.layout()
+                lay = _desired_layout(d)
+                if lay is None:
+                    continue  # the GPU is gone or changed model: its old desired layout no longer applies
                 if obs is None or obs.slots != lay.slots:
                     desired[str(gi)] = str(lay)
                 else:
@@ -633,14 +636,15 @@ class Controller:
                 self.store.add_event("reconcile", f"job {job_id}: binding on {node} released (node holds none)",
                                      node=node, job_id=job_id, now=now)
         for job_id, insts in node_bindings.items():
-            if str(job_id) not in live and JOB_ID.match(str(job_id)):
+            # An empty list is a binding file the node could not read: nothing to adopt.
+            if insts and str(job_id) not in live and JOB_ID.match(str(job_id)):
                 job = self.store.get_job(str(job_id))
                 if job is not None and job.state not in ("COMPLETED", "FAILED", "CANCELLED"):
                     try:
                         self.store.bind(str(job_id), node, insts, now=now)
                         self.store.add_event("reconcile", f"job {job_id}: adopted the node's binding", node=node,
                                              job_id=str(job_id), now=now)
-                    except SlurmMigError as exc:
+                    except (SlurmMigError, ValueError) as exc:  # conflict, or an instance listed twice
                         log.warning("cannot adopt binding of job %s on %s: %s", job_id, node, exc)
 
     def on_applied(self, payload: dict, principal) -> dict:
@@ -659,6 +663,18 @@ class Controller:
                 self.store.add_event("applied", f"{node}/{gi}: {r['before']} -> {r['after']}"
                                      + ("" if ok else f" FAILED: {r['error']}"), node=node, now=now)
         return {"ok": True}
+
+
+def _desired_layout(d) -> Layout | None:
+    """A desired_layouts row as a Layout for the GPU's current model; None if there is no row, or the GPU
+    is no longer reported (or changed model), so one odd GPU never fails a tick or every report of its node."""
+    if d is None:
+        return None
+    try:
+        return d.layout()
+    except (ValueError, SlurmMigError) as exc:
+        log.warning("desired layout %r of %s/%s does not apply to the GPU now: %s", d.spec, d.node, d.gpu, exc)
+        return None
 
 
 def _with_inflight(observed: Layout, held: set[Slot]) -> Layout:
