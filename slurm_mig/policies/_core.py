@@ -524,6 +524,15 @@ class Ctx:
         self.reservations: list[Reservation] = []
         self.assigned: list[Assignment] = []
         self._touched_ok: dict[tuple[str, int], list[int]] = {}  # touched nodes that could hold (key, count)
+        self._touched_cap: dict[str, set[int]] = {}  # touched GPUs that could hold one x key
+
+    def touched_with(self, key: str) -> set[int]:
+        """GPUs this decision changed that could still hold one instance of ``key``."""
+        got = self._touched_cap.get(key)
+        if got is None:
+            carve = self.idx.carve
+            got = self._touched_cap[key] = {g for g, w in self.work.items() if w.cap(w.t.resolve(key), carve) > 0}
+        return got
 
     def info(self, gidx: int) -> GpuInfo:
         w = self.work.get(gidx)
@@ -549,6 +558,13 @@ class Ctx:
             self.work[g] = w
             nodes.add(w.node)
         self.touched_nodes |= nodes
+        carve = self.idx.carve
+        for key, have in self._touched_cap.items():
+            for g, w in local.items():
+                if w.cap(w.t.resolve(key), carve) > 0:
+                    have.add(g)
+                else:
+                    have.discard(g)
         for (key, count), lst in self._touched_ok.items():
             for n in nodes:
                 pos = bisect.bisect_left(lst, n)

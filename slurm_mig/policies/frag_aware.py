@@ -291,9 +291,8 @@ class FragAwarePolicy(DispatchPolicy):
                 # Large cluster: GPUs with the same locked slices score the same but for
                 # their end times; visit signature groups best lower bound first, and in
                 # each only the few GPUs whose jobs end last (they align best).
-                for g, w in ctx.work.items():
-                    if w.cap(w.t.resolve(key), idx.carve) > 0:
-                        consider(g, w)
+                for g in sorted(ctx.touched_with(key)):
+                    consider(g, ctx.work[g])
                 groups = ki.groups if ki.groups is not None else ki.build_groups(idx)
                 order = self._group_order.get(key)
                 if order is None:

@@ -233,6 +233,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     print(f"{w.name}: {len(w.jobs)} jobs, {spec.nodes} nodes x {spec.gpus_per_node} {spec.model}, policy {m.policy}")
     if w.meta.get("skipped"):
         print(f"  loaded {w.meta.get('loaded')} of {w.meta.get('rows', '?')} rows; skipped {w.meta['skipped']}")
+    if "static_plan" in out:
+        print(f"  static plan: {out['static_plan']}")
     print(f"  mean wait {_fmt_s(m.mean_wait_s)} (bound 0 s), p95 wait {_fmt_s(m.p95_wait_s)}, "
           f"max wait {_fmt_s(m.max_wait_s)}")
     print(f"  mean JCT {_fmt_s(m.mean_jct_s)} (bound {_fmt_s(lb.mean_jct_s)}), bounded slowdown "
