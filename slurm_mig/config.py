@@ -86,7 +86,7 @@ class SlurmConfig:
 class PolicyConfig:
     """[policy]: which policy decides layouts and placements."""
 
-    name: str = "first-fit"
+    name: str = "frag-aware"
     shadow: str = ""  # a second policy run on the same state, logged, never acted on
     model_path: str = ""  # trained model (ONNX) for a learned policy
     fallback: str = "first-fit"  # used when the policy fails or returns an unsafe decision

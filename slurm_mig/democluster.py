@@ -71,7 +71,7 @@ class DemoCluster:
 
     def __init__(self, state_dir: str | os.PathLike | None = None, *, nodes: int = 3, gpus_per_node: int = 2,
                  model: str = "H100-80GB", initial_layout: str = "3g@0,2g@4,1g@6", tick_s: float = 1.0,
-                 agent_s: float = 1.0, delay_scale: float = 0.25, policy: str = "first-fit"):
+                 agent_s: float = 1.0, delay_scale: float = 0.25, policy: str = "frag-aware"):
         self.state = Path(state_dir or REPO_ROOT / ".run" / "demo").resolve()
         self.nodes = [f"n{i}" for i in range(1, nodes + 1)]
         self.gpus_per_node = gpus_per_node

@@ -47,7 +47,7 @@ def test_defaults_work_for_the_demo():
     assert c.controller.db_busy_timeout_s == 5.0 and c.controller.tick_interval_s > 0
     assert c.node.controller_url == "http://127.0.0.1:7677"
     assert c.node.nvml_backend == "simulated"
-    assert c.policy.name == "first-fit" and c.slurm.gres_name == "mig"
+    assert c.policy.name == "frag-aware" and c.policy.fallback == "first-fit" and c.slurm.gres_name == "mig"
     with pytest.raises(dataclasses.FrozenInstanceError):
         c.controller.listen_port = 1  # type: ignore[misc]
 
