@@ -568,8 +568,11 @@ class Controller:
         derived_ec = _v_opt_int(payload.get("derived_ec"), "derived_ec")
         insts = _v_instances(payload.get("instances"), "instances")
         lingering = _v_instances(payload.get("lingering"), "lingering")
+        unreadable = _v_bool(payload.get("binding_unreadable"), "binding_unreadable")
         with self.store.transaction():
             job = self.store.get_job(job_id)
+            if unreadable and not insts:
+                insts = [b.to_json() for b in self.store.bound_instances(job_id)]  # the node's file was damaged
             if job is None or not insts:
                 # Not a MIG job, or a run that never got its instances (requeued in its Prolog).
                 return {"ok": True, "recorded": False}

@@ -378,7 +378,9 @@ def taskprolog(env: dict, node_name: str, state_root: str) -> int:
     try:
         insts = NodeState(Path(state_root) / node_name).read_binding(job_id)
     except (OSError, ValueError) as exc:
+        # The job is bound but we cannot tell to what: it must see no GPU rather than every GPU.
         print(f"print slurm-mig: cannot read this job's MIG binding: {exc}")
+        print("export CUDA_VISIBLE_DEVICES=")
         return 0
     if insts is None:
         # Not bound to an instance (not a MIG job, or its Prolog requeued it): such a job must see no
@@ -395,7 +397,13 @@ def taskprolog(env: dict, node_name: str, state_root: str) -> int:
 def epilog(env: dict, node: Node) -> int:
     job_id = env["SLURM_JOB_ID"]
     node.state.ensure()
-    insts = node.state.read_binding(job_id) or []
+    unreadable = False
+    try:
+        insts = node.state.read_binding(job_id) or []
+    except ValueError as exc:
+        # Bound, but the file is damaged: the outcome still goes out; the controller knows the instances.
+        log.error("job %s: binding file unreadable (%s); reporting the outcome without it", job_id, exc)
+        insts, unreadable = [], True
     for i in insts:
         node.mark_in_use(i.gpu, i.profile, i.start, None)
     lingering = []
@@ -410,7 +418,7 @@ def epilog(env: dict, node: Node) -> int:
             lingering.append(i.to_json())
     payload = {"job_id": job_id, "node": node.name, "instances": [i.to_json() for i in insts],
                "exit_code": _int(env.get("SLURM_JOB_EXIT_CODE")), "derived_ec": _int(env.get("SLURM_JOB_DERIVED_EC")),
-               "end_time": time.time(), "lingering": lingering}
+               "end_time": time.time(), "lingering": lingering, "binding_unreadable": unreadable}
     node.send_or_queue("/v1/epilog", payload)
     if lingering:
         # Keep the binding so no layout change destroys an instance that still has processes;
@@ -449,7 +457,10 @@ def healthcheck(env: dict, node: Node) -> int:
 
 def _release_stale_binding(node: Node, job_id: str) -> None:
     """Drop the binding of a job that ended without its Epilog, once its instances are idle."""
-    insts = node.state.read_binding(job_id) or []
+    try:
+        insts = node.state.read_binding(job_id) or []
+    except ValueError:
+        insts = []  # damaged: it names nothing we could check or protect
     for i in insts:
         node.mark_in_use(i.gpu, i.profile, i.start, None)  # the simulated GPU's stand-in for processes
     busy = [i for i in insts for x in node.backend.instances(i.gpu) if x.uuid == i.uuid and x.in_use]

@@ -34,7 +34,26 @@ class BoundInstance:
 
     @classmethod
     def from_json(cls, d: dict) -> "BoundInstance":
-        return cls(int(d["gpu"]), str(d["profile"]), int(d["start"]), str(d["uuid"]))
+        """Raises ValueError for anything that is not an instance record."""
+        try:
+            return cls(int(d["gpu"]), str(d["profile"]), int(d["start"]), str(d["uuid"]))
+        except (KeyError, TypeError, ValueError, OverflowError) as exc:
+            raise ValueError(f"not a bound instance: {d!r:.200}") from exc
+
+
+def _read_json_object(path: Path) -> dict:
+    """A JSON object from ``path``; ValueError for any other content (a torn or foreign file), OSError as is."""
+    doc = json.loads(path.read_bytes())
+    if not isinstance(doc, dict):
+        raise ValueError(f"{path} does not hold a JSON object")
+    return doc
+
+
+def _instances(doc: dict) -> list[BoundInstance]:
+    items = doc.get("instances", [])
+    if not isinstance(items, list):
+        raise ValueError("'instances' is not a list")
+    return [BoundInstance.from_json(d) for d in items]
 
 
 def _safe_job_id(job_id: str) -> str:
@@ -89,11 +108,12 @@ class NodeState:
         _atomic_write(self._binding_path(job_id), json.dumps(doc).encode(), 0o400, uid, gid)
 
     def read_binding(self, job_id: str) -> list[BoundInstance] | None:
+        """The job's instances; None without a binding file; ValueError for a file that is not one."""
         try:
-            doc = json.loads(self._binding_path(job_id).read_text())
+            doc = _read_json_object(self._binding_path(job_id))
         except FileNotFoundError:
             return None
-        return [BoundInstance.from_json(d) for d in doc.get("instances", [])]
+        return _instances(doc)
 
     def remove_binding(self, job_id: str) -> None:
         try:
@@ -108,9 +128,8 @@ class NodeState:
             return out
         for path in sorted(self.bindings_dir.glob("*.json")):
             try:
-                doc = json.loads(path.read_text())
-                out[path.stem] = [BoundInstance.from_json(d) for d in doc.get("instances", [])]
-            except (OSError, ValueError, KeyError, TypeError):
+                out[path.stem] = _instances(_read_json_object(path))
+            except (OSError, ValueError):
                 out[path.stem] = []
         return out
 
@@ -136,9 +155,11 @@ class NodeState:
             return out
         for p in sorted(self.outbox_dir.glob("*.json")):
             try:
-                doc = json.loads(p.read_text())
+                doc = _read_json_object(p)
+                if not isinstance(doc.get("path"), str) or not isinstance(doc.get("payload"), dict):
+                    raise ValueError("not an outbox message")
                 out.append((p, doc["path"], doc["payload"]))
-            except (OSError, ValueError, KeyError):
+            except (OSError, ValueError):
                 # A torn write from a crash: keep it aside for an admin instead of dropping it.
                 try:
                     p.rename(p.with_suffix(".corrupt"))
