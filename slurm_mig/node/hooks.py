@@ -137,14 +137,20 @@ class Node:
             log.info("controller still unreachable; outbox kept: %s", exc)
 
     def send_or_queue(self, route: str, payload: dict) -> dict | None:
-        from slurm_mig.api.client import ControllerUnavailable
+        """Deliver a message, or keep it: in the outbox when the controller is unreachable (sent later),
+        as ``<outbox>/*.refused`` for an admin when the controller refused it (an outcome is never dropped)."""
+        from slurm_mig.api.client import ControllerRefused, ControllerUnavailable
 
         try:
             return self.client.call(route, payload)
         except ControllerUnavailable as exc:
             log.warning("controller unreachable (%s); %s queued in the outbox", exc, route)
             self.state.enqueue(route, payload)
-            return None
+        except ControllerRefused as exc:
+            kept = self.state.enqueue(route, payload)
+            kept = kept.rename(kept.with_suffix(".refused"))
+            log.error("%s; the message is kept in %s", exc, kept)
+        return None
 
     def apply_targets(self, targets: dict, *, locked: bool = False) -> list[dict]:
         """Move GPUs to the controller's target layouts, never touching locally bound instances.
@@ -409,12 +415,17 @@ def epilog(env: dict, node: Node) -> int:
     lingering = []
     for i in insts:
         # Real GPUs: processes may take a moment to exit after the job's cgroup is killed.
-        for _ in range(10):
-            busy = [x for x in node.backend.instances(i.gpu) if x.uuid == i.uuid and x.in_use]
-            if not busy:
-                break
-            time.sleep(0.5)
-        else:
+        try:
+            for _ in range(10):
+                busy = [x for x in node.backend.instances(i.gpu) if x.uuid == i.uuid and x.in_use]
+                if not busy:
+                    break
+                time.sleep(0.5)
+            else:
+                lingering.append(i.to_json())
+        except Exception as exc:  # NVML cannot read the GPU (lost, driver gone): the outcome still goes out
+            log.error("job %s: cannot check %s@%d on GPU %d (%s); its binding is kept until the GPU can be read",
+                      job_id, i.profile, i.start, i.gpu, exc)
             lingering.append(i.to_json())
     payload = {"job_id": job_id, "node": node.name, "instances": [i.to_json() for i in insts],
                "exit_code": _int(env.get("SLURM_JOB_EXIT_CODE")), "derived_ec": _int(env.get("SLURM_JOB_DERIVED_EC")),
@@ -463,7 +474,11 @@ def _release_stale_binding(node: Node, job_id: str) -> None:
         insts = []  # damaged: it names nothing we could check or protect
     for i in insts:
         node.mark_in_use(i.gpu, i.profile, i.start, None)  # the simulated GPU's stand-in for processes
-    busy = [i for i in insts for x in node.backend.instances(i.gpu) if x.uuid == i.uuid and x.in_use]
+    try:
+        busy = [i for i in insts for x in node.backend.instances(i.gpu) if x.uuid == i.uuid and x.in_use]
+    except Exception as exc:  # the GPU cannot be read (lost): keep the binding until it can
+        log.warning("job %s ended but its GPU cannot be read (%s); binding kept", job_id, exc)
+        return
     if busy:
         log.warning("job %s ended but processes still run on %s; binding kept", job_id, busy)
         return

@@ -1,0 +1,319 @@
+"""Fault injection on a node: the real hooks (through hooks.main, as Slurm runs them) against a real
+Controller + ApiServer (HMAC) + state database in this process, with simulated MIG GPUs.
+
+Each fault must end in (a) exit status 0, so Slurm never drains the (healthy) node, (b) a clear log
+line naming the fault, (c) a safe state: the job either bound to instances that exist, or requeued
+with an AdminComment reason, no busy instance destroyed, no binding left that nothing holds, the
+journal entry closed as failed, and (d) for an Epilog, the job's outcome recorded or queued.
+
+NVML faults come from the simulated GPU's fault hooks (fail_next, lose_gpu, delays); node-file
+faults are damaged binding and outbox files; Slurm's own part (requeue) is recorded, not run.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+import pytest
+
+from slurm_mig.api.auth import HmacAuth, create_key, load_key
+from slurm_mig.api.server import ApiServer
+from slurm_mig.config import Config
+from slurm_mig.controller.service import Controller
+from slurm_mig.node import hooks
+from slurm_mig.nvml.simulated import SimulatedBackend, init_state
+from slurm_mig.store import open_store
+
+LAYOUT = "3g@0,2g@4,1g@6"
+
+
+class StubSlurm:
+    """slurmctld as the controller sees it: the jobs we say exist; commands recorded, none run."""
+
+    def __init__(self):
+        self.calls: list[tuple] = []
+
+    def jobs(self):
+        return []
+
+    def nodes(self):
+        return []
+
+    def scontrol_show_job(self, job_id):
+        return None
+
+    def scontrol_requeue(self, job_id, **kw):
+        self.calls.append(("requeue", str(job_id)))
+
+    def update_node_gres(self, node, counts, **kw):
+        self.calls.append(("gres", node))
+        return ""
+
+    def update_node_state(self, node, state, reason=None):  # pragma: no cover - must never be called
+        self.calls.append(("state", node, state))
+        raise AssertionError(f"slurm-mig tried to set {node} {state}")
+
+
+class Rig:
+    def __init__(self, tmp_path, monkeypatch, *, delay_scale: float = 0.0, timeout_s: float = 5.0):
+        self.tmp = tmp_path
+        self.store = open_store(tmp_path / "state.db")
+        self.slurm = StubSlurm()
+        self.ctl = Controller(Config(), self.store, self.slurm)
+        key = tmp_path / "hmac.key"
+        create_key(str(key))
+        self.errors: list[str] = []
+        self.srv = ApiServer("127.0.0.1", 0, HmacAuth(load_key(str(key))), self.ctl.routes(), self.ctl.get_routes(),
+                             on_error=lambda kind, msg: self.errors.append(kind)).start()
+        host, port = self.srv.address
+        self.sim_path = tmp_path / "gpus" / "n1.json"
+        init_state(self.sim_path, [("H100-80GB", 2)], layouts={0: LAYOUT, 1: LAYOUT}, seed="n1")
+        self.gpu = SimulatedBackend(self.sim_path)
+        self.config = tmp_path / "slurm-mig.toml"
+        self.config.write_text(f"""
+[controller]
+db_path = "{tmp_path}/unused.db"
+[node]
+controller_url = "http://{host}:{port}"
+request_timeout_s = {timeout_s}
+cache_dir = "{tmp_path}/node"
+nvml_backend = "simulated"
+sim_state_path = "{tmp_path}/gpus/{{node}}.json"
+sim_delay_scale = {delay_scale}
+[auth]
+method = "hmac"
+hmac_key_file = "{key}"
+[log]
+level = "INFO"
+""")
+        self.scontrol: list[tuple[str, ...]] = []
+        monkeypatch.setenv("SLURM_MIG_CONFIG", str(self.config))
+        monkeypatch.setenv("SLURMD_NODENAME", "n1")
+        # The hooks' own Slurm commands (the requeue and its AdminComment) are recorded, not run.
+        from slurm_mig.slurm.runner import SlurmClient, SlurmResult
+
+        def run(client, argv, **kw):
+            self.scontrol.append(tuple(argv))
+            return SlurmResult(tuple(argv), 0, "", "", 0.0)
+
+        monkeypatch.setattr(SlurmClient, "run", run)
+        # Without the controller, the Prolog reads the job's request from Slurm: answer for it.
+        monkeypatch.setattr(hooks, "_job_request", lambda node, job_id: self.requests.get(job_id))
+        self.requests: dict[str, tuple[str, int]] = {}
+        self.monkeypatch = monkeypatch
+        self.report()
+
+    def close(self):
+        self.srv.stop()
+        self.store.close()
+
+    @property
+    def requeues(self) -> list[tuple[str, str]]:
+        """(job id, AdminComment reason) of each requeue the hooks made."""
+        out, comment = [], {}
+        for argv in self.scontrol:
+            if argv[:2] == ("scontrol", "update") and argv[3].startswith("AdminComment=slurm-mig: "):
+                comment[argv[2].split("=", 1)[1]] = argv[3][len("AdminComment=slurm-mig: "):]
+            elif argv[:2] == ("scontrol", "requeue"):
+                out.append((argv[2], comment.get(argv[2], "")))
+        return out
+
+    def job(self, job_id: str, kind: str, count: int = 1) -> None:
+        self.store.upsert_job(job_id, profile=kind, count=count, user="alice", name="fuzz")
+        self.requests[job_id] = (kind, count)
+
+    def hook(self, kind: str, job_id: str | None = None, **env) -> int:
+        for k in ("SLURM_JOB_ID", "SLURM_JOB_UID", "SLURM_JOB_EXIT_CODE", "SLURM_JOB_DERIVED_EC"):
+            self.monkeypatch.delenv(k, raising=False)
+        if job_id is not None:
+            self.monkeypatch.setenv("SLURM_JOB_ID", job_id)
+            self.monkeypatch.setenv("SLURM_JOB_UID", "0")
+        for k, v in env.items():
+            self.monkeypatch.setenv(k, v)
+        return hooks.main([kind])
+
+    def report(self) -> int:
+        return self.hook("healthcheck")
+
+    def binding_file(self, job_id: str):
+        return self.tmp / "node" / "n1" / "bindings" / f"{job_id}.json"
+
+    def layout(self, gpu: int) -> set[str]:
+        return {f"{i.slot.profile}@{i.slot.start}" for i in self.gpu.instances(gpu)}
+
+    def live(self, job_id: str):
+        return self.store.bound_instances(job_id)
+
+
+@pytest.fixture
+def rig(tmp_path, monkeypatch):
+    r = Rig(tmp_path, monkeypatch)
+    yield r
+    r.close()
+
+
+def _run_job(rig: Rig, job_id: str, kind: str, *, exit_code: str = "0") -> None:
+    rig.job(job_id, kind)
+    assert rig.hook("prolog", job_id) == 0
+    assert rig.hook("epilog", job_id, SLURM_JOB_EXIT_CODE=exit_code) == 0
+
+
+# -- the baseline: no fault ---------------------------------------------------------------
+
+def test_a_job_without_faults_binds_runs_and_records_once(rig):
+    rig.job("1", "7g")
+    assert rig.hook("prolog", "1") == 0
+    assert rig.requeues == []
+    assert rig.layout(0) == {"7g.80gb@0"} or rig.layout(1) == {"7g.80gb@0"}
+    assert rig.binding_file("1").exists() and len(rig.live("1")) == 1
+    assert rig.hook("epilog", "1", SLURM_JOB_EXIT_CODE="0") == 0
+    assert rig.store.outcome("1").state == "COMPLETED"
+    assert not rig.binding_file("1").exists() and rig.live("1") == ()
+    assert rig.hook("epilog", "1", SLURM_JOB_EXIT_CODE="0") == 0  # Slurm retried the Epilog
+    assert len(rig.store.outcomes()) == 1
+
+
+# -- NVML faults during a Prolog's re-carve ---------------------------------------------------
+
+@pytest.mark.parametrize("op,error,expect", [
+    ("create", "InsufficientResources", "INSUFFICIENT_RESOURCES"),
+    ("create", "NoPermission", "NO_PERMISSION"),
+    ("destroy", "InUse", "IN_USE"),
+    ("destroy", "NoPermission", "NO_PERMISSION"),
+    ("create", "GpuLost", "GPU_IS_LOST"),
+])
+def test_nvml_error_while_recarving_requeues_the_job_safely(rig, caplog, op, error, expect):
+    from slurm_mig.nvml import base
+
+    rig.job("2", "1g")  # busy neighbour on GPU 0: must survive whatever happens next
+    assert rig.hook("prolog", "2") == 0 and rig.live("2")
+    busy = rig.live("2")[0]
+    rig.job("3", "7g")
+    cls = getattr(base, error)
+    rig.gpu.fail_next(op, cls(f"injected {error} (NVML_ERROR_{expect})"), times=4)
+    with caplog.at_level(logging.INFO):
+        assert rig.hook("prolog", "3") == 0  # never non-zero: the node stays in service
+    assert [j for j, _ in rig.requeues] == ["3"]
+    reason = rig.requeues[0][1]
+    assert "reconfiguration failed on n1" in reason and expect in reason, reason
+    assert any(expect in r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING)
+    # Safe state: nothing bound for job 3 anywhere, job 2's instance still there and busy.
+    assert rig.live("3") == () and not rig.binding_file("3").exists()
+    assert rig.store.get_job("3").state == "REQUEUED"
+    held = {i.uuid for i in rig.gpu.instances(busy.gpu) if i.in_use}
+    assert busy.uuid in held
+    failed = [e for e in rig.store.journal_entries() if e.state == "failed"]
+    assert failed and expect in (failed[0].error or ""), failed
+    assert not rig.store.open_journal_entries("n1") or all(e.state == "planned"
+                                                           for e in rig.store.open_journal_entries("n1"))
+    rig.gpu.clear_faults()
+    # Later the node settles: the next health check moves the GPU on, job 2 is untouched.
+    assert rig.report() == 0
+    assert busy.uuid in {i.uuid for i in rig.gpu.instances(busy.gpu) if i.in_use}
+
+
+def test_gpu_falls_off_the_bus_with_a_job_on_it(rig, caplog):
+    rig.job("4", "3g")
+    assert rig.hook("prolog", "4") == 0
+    gpu = rig.live("4")[0].gpu
+    rig.gpu.lose_gpu(gpu)
+    with caplog.at_level(logging.WARNING):
+        assert rig.report() == 0  # the health check carries on
+        assert rig.hook("epilog", "4", SLURM_JOB_EXIT_CODE="0") == 0
+    assert rig.store.outcome("4") is not None, "the outcome of a job on a lost GPU was lost"
+    g = {x.gpu: x for x in rig.store.observed_gpus("n1")}[gpu]
+    assert not g.mig_enabled  # left out of scheduling
+    state = rig.store.cluster_state()
+    assert all(s.index != gpu or not s.available for s in state.gpus)
+    # A new job is placed on the healthy GPU (or requeued), never on the lost one.
+    rig.job("5", "1g")
+    assert rig.hook("prolog", "5") == 0
+    assert all(b.gpu != gpu for b in rig.live("5"))
+    assert any("lost" in r.getMessage().lower() or "GPU_IS_LOST" in r.getMessage() for r in caplog.records)
+
+
+def test_nvml_gone_on_the_node_requeues_with_the_reason(rig, caplog):
+    rig.job("6", "2g")
+    rig.gpu.fail_next("gpus", "NvmlUnavailable", times=1)
+    with caplog.at_level(logging.ERROR):
+        assert rig.hook("prolog", "6") == 0
+    assert rig.requeues and rig.requeues[0][0] == "6" and "node hook error: NvmlUnavailable" in rig.requeues[0][1]
+    assert any("prolog hook failed for job 6" in r.getMessage() for r in caplog.records)
+    assert rig.live("6") == () and not rig.binding_file("6").exists()
+
+
+def test_slow_nvml_still_binds(tmp_path, monkeypatch):
+    rig = Rig(tmp_path, monkeypatch, delay_scale=1.0)  # H100 timings: ~0.2-0.4 s per step
+    try:
+        rig.job("7", "7g")
+        t0 = time.monotonic()
+        assert rig.hook("prolog", "7") == 0
+        assert time.monotonic() - t0 > 0.5  # it did wait for the slow steps
+        assert rig.requeues == [] and rig.live("7") and rig.binding_file("7").exists()
+    finally:
+        rig.close()
+
+
+def test_one_gpu_failing_to_list_its_instances_does_not_hide_the_other(rig):
+    rig.gpu.fail_next("instances", "NvmlError", gpu=1, times=3)
+    assert rig.report() == 0
+    assert {g.gpu for g in rig.store.observed_gpus("n1")} == {0, 1}
+    assert rig.store.observed_instances("n1", 0)
+
+
+# -- damaged node files -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("content", [b"", b"null", b"[]", b'{"instances": 5}', b'{"instances": [{"gpu": "x"}]}',
+                                     b"\xff\xfe garbage"])
+def test_damaged_binding_file_hides_gpus_and_keeps_the_outcome(rig, capsys, content):
+    rig.job("8", "3g")
+    assert rig.hook("prolog", "8") == 0
+    path = rig.binding_file("8")
+    path.chmod(0o600)
+    path.write_bytes(content)
+    capsys.readouterr()
+    assert rig.hook("taskprolog", "8") == 0
+    out = capsys.readouterr().out
+    assert "export CUDA_VISIBLE_DEVICES=\n" in out  # sees no GPU rather than every GPU
+    assert rig.report() == 0
+    assert rig.hook("epilog", "8", SLURM_JOB_EXIT_CODE="0") == 0
+    assert rig.store.outcome("8") is not None and rig.store.outcome("8").state == "COMPLETED"
+    assert rig.live("8") == ()
+
+
+@pytest.mark.parametrize("content", [b"null", b"[]", b'{"path": 1}', b"{", b'{"path": "/v1/epilog"}'])
+def test_damaged_outbox_message_is_kept_aside_and_the_rest_delivered(rig, content):
+    outbox = rig.tmp / "node" / "n1" / "outbox"
+    outbox.mkdir(parents=True, exist_ok=True)
+    (outbox / "00000000000000000001-1.json").write_bytes(content)
+    _run_job(rig, "9", "1g")
+    assert rig.store.outcome("9") is not None
+    assert [p.suffix for p in outbox.iterdir()] == [".corrupt"]
+
+
+def test_controller_down_during_epilog_queues_the_outcome(rig):
+    rig.job("10", "1g")
+    assert rig.hook("prolog", "10") == 0
+    rig.srv.stop()
+    assert rig.hook("epilog", "10", SLURM_JOB_EXIT_CODE="256") == 0
+    queued = list((rig.tmp / "node" / "n1" / "outbox").glob("*.json"))
+    assert len(queued) == 1 and json.loads(queued[0].read_text())["path"] == "/v1/epilog"
+    assert rig.store.outcome("10") is None
+
+
+def test_refused_epilog_is_kept_for_an_admin_not_dropped(rig, monkeypatch):
+    rig.job("11", "1g")
+    assert rig.hook("prolog", "11") == 0
+
+    def refuse(payload, principal):
+        from slurm_mig.api.server import RequestRejected
+
+        raise RequestRejected("refused for the test")
+
+    rig.srv.routes["/v1/epilog"] = refuse
+    assert rig.hook("epilog", "11", SLURM_JOB_EXIT_CODE="0") == 0
+    kept = list((rig.tmp / "node" / "n1" / "outbox").glob("*.refused"))
+    assert len(kept) == 1 and json.loads(kept[0].read_text())["payload"]["job_id"] == "11"
+    assert not rig.binding_file("11").exists()
