@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import logging
+import math
 import os
 import sqlite3
 import stat
@@ -236,6 +237,18 @@ def _passthrough(exc: BaseException) -> bool:
 
 def _now(now: float | None) -> float:
     return time.time() if now is None else float(now)
+
+
+def _finite(value: Any) -> Any:
+    """``value`` (JSON-ready) with every infinite or NaN float as None: JSON cannot hold them, and a policy may
+    well say "never" (frag-aware reserves a GPU until ``inf`` behind jobs without a time limit)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
 
 
 def _row_job(r: dict) -> Job:
@@ -860,8 +873,8 @@ class Store:
             cur = self._x(
                 "INSERT INTO decisions (time, policy, version, shadow, inputs, action, reasons, latency_ms) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (t, decision.policy or "", decision.version or "", int(bool(shadow)), dumps(inputs),
-                 dumps(decision_to_json(decision)), dumps(waiting), latency_ms),
+                (t, decision.policy or "", decision.version or "", int(bool(shadow)), dumps(_finite(inputs)),
+                 dumps(_finite(decision_to_json(decision))), dumps(waiting), latency_ms),
             )
             if not shadow:
                 for job_id, reason in waiting:
