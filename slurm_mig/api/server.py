@@ -15,12 +15,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable
 
 from slurm_mig.api.auth import HEADER, AuthError, Principal
-from slurm_mig.errors import SlurmMigError, StoreBusy
+from slurm_mig.errors import SlurmMigError
 
 log = logging.getLogger("slurm_mig.api")
 
 MAX_BODY = 1 << 20  # a hook's request is a few hundred bytes; anything huge is hostile
-IO_TIMEOUT_S = 30.0  # per socket read/write; hooks send their whole request at once
+IO_TIMEOUT_S = 30.0
+EX_TEMPFAIL = 75  # the exit_code of errors that mean "try again later" (StoreBusy, StoreUnavailable)  # per socket read/write; hooks send their whole request at once
 
 Route = Callable[[dict, Principal], dict]
 GetRoute = Callable[[], tuple[str, bytes]]  # -> (content type, body)
@@ -109,12 +110,13 @@ class ApiServer:
                     return self._json(400, {"error": f"malformed JSON: {str(exc)[:200]}"})
                 try:
                     result = route(payload, principal)
-                except StoreBusy as exc:
-                    # The database is busy: the node should treat the controller as unavailable and use
-                    # its fallback, not requeue the job as if it had been refused.
-                    server._error("busy", f"{self.path}: {exc}")
-                    return self._json(503, {"error": str(exc), "kind": "StoreBusy"})
-                except (RequestRejected, SlurmMigError) as exc:
+                except SlurmMigError as exc:  # RequestRejected too
+                    if getattr(exc, "exit_code", None) == EX_TEMPFAIL:
+                        # The database is busy, full or broken (StoreBusy, StoreUnavailable): nothing is wrong with
+                        # the request, so the node treats the controller as unavailable (keeps its message in the
+                        # outbox, uses its fallback) rather than as a refusal (requeue, message set aside).
+                        server._error("busy", f"{self.path}: {exc}")
+                        return self._json(503, {"error": str(exc), "kind": type(exc).__name__})
                     server._error("rejected", f"{self.path}: {exc}")
                     return self._json(422, {"error": str(exc), "kind": type(exc).__name__})
                 except Exception as exc:

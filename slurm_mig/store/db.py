@@ -72,6 +72,14 @@ from slurm_mig.store.schema import (
 log = logging.getLogger(__name__)
 
 DEFAULT_BUSY_TIMEOUT_S = 5.0
+
+
+class StoreUnavailable(StoreError):
+    """The database cannot be written for a reason of its own (disk full, I/O error, read-only, damaged file),
+    not because of what was asked: try again once an admin has fixed it (exit code 75 like StoreBusy,
+    so the node API answers 503 and the nodes keep their messages)."""
+
+    exit_code = 75
 MEMORY = ":memory:"
 
 
@@ -222,11 +230,15 @@ def _translate(exc: sqlite3.Error, path: str, busy_timeout_s: float) -> SlurmMig
             f"({busy_timeout_s:g} s); nothing was written (sqlite: {msg})"
         )
     if "full" in low:
-        return StoreError(f"state database {path}: disk or database full; nothing of this operation was written ({msg})")
+        return StoreUnavailable(f"state database {path}: disk or database full; nothing of this operation was "
+                                f"written ({msg})")
     if "not a database" in low or "malformed" in low:
-        return StoreError(f"state database {path} is not a usable SQLite database ({msg})")
+        return StoreUnavailable(f"state database {path} is not a usable SQLite database ({msg})")
     if "readonly" in low or "read-only" in low:
-        return StoreError(f"state database {path} is read-only for this process ({msg})")
+        return StoreUnavailable(f"state database {path} is read-only for this process ({msg})")
+    if "disk i/o error" in low or code == getattr(sqlite3, "SQLITE_IOERR", 10):
+        return StoreUnavailable(f"state database {path}: disk I/O error; nothing of this operation was written "
+                                f"({msg})")
     return StoreError(f"state database {path}: {msg}")
 
 

@@ -1,0 +1,310 @@
+"""Fault injection at the controller: Slurm down, slow or failing, and the state database locked, full,
+damaged or half-written. A real Controller + ApiServer + Store in this process; Slurm is a stand-in
+that answers like a failed slurmctld would (None for queries, SlurmCommandError for commands,
+or just slowly).
+
+Each fault must end in a clear log line and a safe state: no job dropped or cancelled because
+Slurm could not be asked, nothing half-written, node requests answered 503 (the node then keeps
+its messages in its outbox and uses its fallback) rather than refused, and no node ever drained.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import logging
+import os
+import sqlite3
+import threading
+import time
+
+import pytest
+
+from slurm_mig.api.auth import HEADER, HmacAuth
+from slurm_mig.api.server import ApiServer
+from slurm_mig.config import Config
+from slurm_mig.controller.service import Controller
+from slurm_mig.errors import SlurmCommandError, StoreBusy, StoreError
+from slurm_mig.slurm.parsers import SlurmJob, SlurmNode
+from slurm_mig.store import open_store
+
+KEY = b"c" * 64
+H100 = [{"gpu": 0, "uuid": "GPU-0", "model": "H100-80GB", "mig_enabled": True}]
+OBSERVED = [{"index": 0, "uuid": "GPU-0", "name": "H100", "model": "H100-80GB", "mig_enabled": True,
+             "instances": [{"profile": "3g.40gb", "start": 0, "uuid": "MIG-a", "in_use": False},
+                           {"profile": "3g.40gb", "start": 4, "uuid": "MIG-b", "in_use": False}]}]
+
+
+class FlakySlurm:
+    """Slurm as the controller sees it, with a switch for each way it can fail."""
+
+    def __init__(self):
+        self.down = False  # slurmctld unreachable: queries answer None
+        self.delay = 0.0  # slurmctld slow: every call takes this long
+        self.scontrol_fails = False  # scontrol commands fail (SlurmCommandError)
+        self.queue = [SlurmJob(job_id=1, name="a", user="alice", state="PENDING", mig={"3g": 1},
+                               tres_per_node="gres:mig:3g:1", submit_time=1, priority=10),
+                      SlurmJob(job_id=2, name="b", user="bob", state="PENDING", mig={"7g": 1},
+                               tres_per_node="gres:mig:7g:1", submit_time=2, priority=5)]
+        self.calls: list[tuple] = []
+
+    def _wait(self):
+        if self.delay:
+            time.sleep(self.delay)
+
+    def jobs(self):
+        self._wait()
+        return None if self.down else list(self.queue)
+
+    def nodes(self):
+        self._wait()
+        return None if self.down else [SlurmNode(name="n1", state="idle", gres={"3g": 2}, gres_used={})]
+
+    def scontrol_show_job(self, job_id):
+        self._wait()
+        return None
+
+    def update_node_gres(self, node, counts, **kw):
+        self._wait()
+        self.calls.append(("gres", node, dict(counts)))
+        if self.down or self.scontrol_fails:
+            raise SlurmCommandError("`scontrol update NodeName=n1 Gres=...` failed (exit 1): Unable to contact "
+                                    "slurm controller (connect failure)")
+        return ",".join(f"mig:{t}:{n}" for t, n in sorted(counts.items()))
+
+    def scontrol_requeue(self, job_id, **kw):
+        self._wait()
+        self.calls.append(("requeue", str(job_id)))
+        if self.down or self.scontrol_fails:
+            raise SlurmCommandError(f"`scontrol requeue {job_id}` failed (exit 1): slurm_requeue error")
+
+    def update_node_state(self, *a, **kw):
+        raise AssertionError("slurm-mig must never change a node's state (drain, down)")
+
+    def run(self, argv, **kw):
+        raise AssertionError(f"unexpected Slurm command {argv}")
+
+
+@pytest.fixture
+def rig(tmp_path):
+    store = open_store(tmp_path / "state.db", busy_timeout_s=0.5)
+    slurm = FlakySlurm()
+    ctl = Controller(Config(), store, slurm)
+    errors: list[str] = []
+    srv = ApiServer("127.0.0.1", 0, HmacAuth(KEY), ctl.routes(), ctl.get_routes(),
+                    on_error=lambda kind, msg: errors.append(kind)).start()
+    store.replace_observed("n1", H100, [], now=time.time())
+    ctl.store_path, ctl.srv, ctl.errors, ctl.fake = tmp_path / "state.db", srv, errors, slurm
+    yield ctl
+    srv.stop()
+    store.close()
+
+
+def post(ctl, path: str, payload: dict) -> tuple[int, dict]:
+    body = json.dumps(payload).encode()
+    host, port = ctl.srv.address
+    conn = http.client.HTTPConnection(host, port, timeout=10)
+    try:
+        conn.request("POST", path, body=body, headers={HEADER: HmacAuth(KEY).sign(body, "n1")})
+        resp = conn.getresponse()
+        return resp.status, json.loads(resp.read() or b"{}")
+    finally:
+        conn.close()
+
+
+def report(ctl) -> tuple[int, dict]:
+    return post(ctl, "/v1/report", {"node": "n1", "observed": OBSERVED, "bindings": {}})
+
+
+def _counts(store) -> dict[str, int]:
+    return {t: store._q(f"SELECT COUNT(*) AS n FROM {t}")[0]["n"]
+            for t in ("jobs", "bindings", "outcomes", "reconfig_journal", "decisions", "events", "desired_layouts")}
+
+
+# -- Slurm ------------------------------------------------------------------------------------
+
+def test_slurmctld_down_keeps_every_job_and_touches_nothing(rig, caplog):
+    rig.tick()
+    assert {j.job_id for j in rig.store.pending_jobs(include_bound=True)} == {"1", "2"}
+    rig.fake.down = True
+    before = len(rig.fake.calls)
+    with caplog.at_level(logging.WARNING):
+        summary = rig.tick()
+    assert summary["slurm_ok"] is False
+    assert any("Slurm query failed" in r.getMessage() for r in caplog.records)
+    # Nothing cancelled because Slurm could not be asked, and no GRES update attempted.
+    assert {j.job_id for j in rig.store.pending_jobs(include_bound=True)} == {"1", "2"}
+    assert all(c[0] != "gres" for c in rig.fake.calls[before:])
+    assert b"slurm_mig_slurm_query_failures_total 1" in rig.metrics.render()
+    assert report(rig)[0] == 200  # nodes are still served
+    rig.fake.down = False
+    assert rig.tick()["slurm_ok"] is True
+
+
+def test_slurmctld_slow_does_not_block_node_requests(rig):
+    rig.fake.delay = 2.0
+    t = threading.Thread(target=rig.tick)
+    t.start()
+    time.sleep(0.2)
+    t0 = time.monotonic()
+    status, _ = report(rig)
+    took = time.monotonic() - t0
+    t.join()
+    assert status == 200 and took < 1.5, f"a node request waited {took:.1f} s behind a slow Slurm query"
+
+
+def test_scontrol_failing_is_logged_and_counted_never_fatal(rig, caplog):
+    rig.fake.scontrol_fails = True
+    rig.tick()  # plans a layout change, then fails to set GRES
+    with caplog.at_level(logging.WARNING):
+        rig.tick()
+    assert any("GRES update of n1 failed" in r.getMessage() for r in caplog.records)
+    assert b"slurm_mig_gres_update_failures_total" in rig.metrics.render()
+    # A Prolog the controller must requeue (no 7g can be made: both 3g busy) still gets its answer.
+    obs = json.loads(json.dumps(OBSERVED))
+    for i in obs[0]["instances"]:
+        i["in_use"] = True
+    status, resp = post(rig, "/v1/prolog", {"job_id": "2", "node": "n1", "observed": obs, "bindings": {}})
+    assert status == 200 and resp["action"] == "requeue" and resp["requeued"] is False, resp
+    # The node then requeues the job itself (hooks.prolog), so the job is not lost.
+
+
+# -- the state database ------------------------------------------------------------------------
+
+def test_database_locked_gives_503_and_a_clear_log(rig, caplog):
+    other = sqlite3.connect(rig.store_path, timeout=0)
+    other.execute("BEGIN IMMEDIATE")
+    try:
+        with caplog.at_level(logging.WARNING):
+            status, resp = report(rig)
+            with pytest.raises(StoreBusy, match="stayed locked by another writer"):
+                rig.tick()
+        assert status == 503 and resp["kind"] == "StoreBusy" and "stayed locked" in resp["error"]
+        assert any("stayed locked" in r.getMessage() for r in caplog.records)
+    finally:
+        other.rollback()
+        other.close()
+    assert report(rig)[0] == 200
+    rig.tick()
+
+
+def test_disk_full_writes_nothing_and_recovers(rig, caplog):
+    rig.tick()
+    status, _ = report(rig)
+    assert status == 200
+    before = _counts(rig.store)
+    pages = rig.store._q("PRAGMA page_count")[0]["page_count"]
+    rig.store._x(f"PRAGMA max_page_count = {pages}")  # SQLITE_FULL on the next page it needs
+    big = "x" * 200_000
+    rig.fake.queue.append(SlurmJob(job_id=3, name=big, user="carol", state="PENDING", mig={"1g": 1},
+                                   tres_per_node="gres:mig:1g:1", submit_time=3, priority=1))
+    with caplog.at_level(logging.WARNING):
+        with pytest.raises(StoreError, match="disk or database full; nothing of this operation was written"):
+            rig.tick()
+        status, resp = post(rig, "/v1/epilog", {"job_id": "1", "node": "n1", "exit_code": 0,
+                                                "instances": [{"gpu": 0, "profile": "3g", "start": 0, "uuid": "MIG-a"}],
+                                                "lingering": [{"gpu": 0, "profile": "3g", "start": 0,
+                                                               "uuid": f"MIG-{i:0120d}"} for i in range(1000)]})
+    # The node is told "try later" (503), so it keeps the outcome in its outbox instead of dropping it.
+    assert status == 503 and "full" in resp["error"], (status, resp)
+    assert _counts(rig.store) == before  # nothing half-written
+    rig.store._x("PRAGMA max_page_count = 1073741823")
+    rig.tick()
+    assert rig.store.get_job("3") is not None
+
+
+def test_disk_full_on_a_real_small_filesystem(tmp_path):
+    """ENOSPC from the kernel, not a page limit: a 1 MiB tmpfs (root only; skipped otherwise)."""
+    import subprocess
+
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a small tmpfs here")
+    try:
+        store = open_store(mnt / "state.db")
+        try:
+            fd = os.open(mnt / "filler", os.O_WRONLY | os.O_CREAT, 0o600)
+            try:
+                while True:
+                    os.write(fd, b"\0" * 4096)
+            except OSError:
+                pass  # ENOSPC: the filesystem is full
+            finally:
+                os.close(fd)
+            with pytest.raises(StoreError, match="full|disk I/O|nothing of this operation"):
+                for i in range(2000):
+                    store.add_event("fill", "y" * 4000)
+            n = store._q("SELECT COUNT(*) AS n FROM events")[0]["n"]
+            os.unlink(mnt / "filler")
+            store.add_event("after", "space again")
+            assert store._q("SELECT COUNT(*) AS n FROM events")[0]["n"] == n + 1
+        finally:
+            store.close()
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated", "zeroed-header", "empty-wal-garbage"])
+def test_damaged_or_half_written_database(tmp_path, damage):
+    path = tmp_path / "state.db"
+    store = open_store(path)
+    for i in range(200):
+        store.upsert_job(str(i), profile="3g", user="u", name="n" * 200)
+    store._x("PRAGMA wal_checkpoint(TRUNCATE)")
+    store.close()
+    data = path.read_bytes()
+    if damage == "garbage":
+        path.write_bytes(os.urandom(len(data)))
+    elif damage == "truncated":
+        path.write_bytes(data[: len(data) // 3])  # a copy cut short
+    elif damage == "zeroed-header":
+        path.write_bytes(b"\0" * 100 + data[100:])
+    else:
+        # A torn WAL (a crash mid-append): SQLite must ignore the bad frames and keep the committed state.
+        (tmp_path / "state.db-wal").write_bytes(os.urandom(8192))
+        (tmp_path / "state.db-wal").chmod(0o600)
+    if damage == "empty-wal-garbage":
+        store = open_store(path)
+        assert len(store.jobs()) == 200
+        store.close()
+        return
+    with pytest.raises(StoreError, match="not a usable SQLite database|malformed|not a database|state database"):
+        s = open_store(path)
+        try:
+            s.jobs()  # a truncated file may open and fail on first read
+        finally:
+            s.close()
+
+
+def test_unsafe_database_files_are_refused(tmp_path):
+    path = tmp_path / "state.db"
+    open_store(path).close()
+    os.chmod(path, 0o666)
+    with pytest.raises(StoreError, match="world-writable"):
+        open_store(path)
+    os.chmod(path, 0o644)
+    open_store(path).close()
+    assert os.stat(path).st_mode & 0o777 == 0o600  # repaired
+    link = tmp_path / "link.db"
+    link.symlink_to(path)
+    with pytest.raises(StoreError, match="symbolic link"):
+        open_store(link)
+
+
+def test_a_policy_saying_never_does_not_fail_the_tick(rig):
+    """frag-aware reserves a GPU until inf behind jobs without a time limit; JSON has no inf."""
+    from slurm_mig.policies.base import Decision
+
+    class Never:
+        name = "never"
+
+        def decide(self, state):
+            return Decision(policy="never", version="1", waiting=tuple((j.job_id, "later") for j in state.pending),
+                            extra={"reservations": [["2", float("inf")]], "nan": float("nan")})
+
+    rig.policy = Never()
+    rig.tick()
+    d = rig.store.recent_decisions(1)[0]
+    assert d.policy == "never" and d.action["extra"]["reservations"] == [["2", None]]
