@@ -6,10 +6,13 @@ PY := .venv/bin/python
 .venv/.installed: pyproject.toml scripts/bootstrap.sh
 	bash scripts/bootstrap.sh
 
+.venv/.installed-training: pyproject.toml scripts/bootstrap.sh
+	bash scripts/bootstrap.sh --training
+
 demo: .venv/.installed
 	.venv/bin/slurm-mig demo
 
-test: .venv/.installed
+test: .venv/.installed-training
 	$(PY) -m pytest -q
 
 bench: .venv/.installed

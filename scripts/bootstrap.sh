@@ -2,13 +2,24 @@
 # Installs everything slurm-mig needs on a fresh Debian 12 machine, idempotently:
 # the Python virtual environment with the package and its test extras, and (as root)
 # Debian's Slurm and MUNGE packages for the local demo/test cluster.
+#   scripts/bootstrap.sh              runtime + tests (what `make demo` needs)
+#   scripts/bootstrap.sh --training   also torch (CPU) and the RL training stack (`make test` runs a
+#                                     smoke training run)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 if [ ! -x .venv/bin/python ]; then
     python3 -m venv .venv
 fi
-.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test,plot]'
+pip=(.venv/bin/python -m pip install -q --disable-pip-version-check)
+if [ "${1:-}" = "--training" ]; then
+    # torch first and pinned: the CPU wheel; an unpinned torch would pull several GB of CUDA packages.
+    "${pip[@]}" torch==2.13.0
+    "${pip[@]}" -e '.[test,plot,train]'
+    touch .venv/.installed-training
+else
+    "${pip[@]}" -e '.[test,plot]'
+fi
 
 # The local cluster's own code installs Slurm if missing; doing it here too means the
 # first test or demo run does not pay for it in the middle of its output.
