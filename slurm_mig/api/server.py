@@ -31,6 +31,13 @@ class RequestRejected(SlurmMigError):
     """The request was understood and refused (bad field, impossible action); HTTP 422."""
 
 
+class _Server(ThreadingHTTPServer):
+    # socketserver's default listen backlog is 5: when many nodes connect at once (every health check
+    # of a large cluster, a burst of job starts) the rest of their SYNs are dropped and each waits out
+    # TCP's 1 s, 3 s, ... retransmits. The kernel caps this at net.core.somaxconn.
+    request_queue_size = 1024
+
+
 class ApiServer:
     """A threaded HTTP server dispatching authenticated JSON POSTs to routes."""
 
@@ -125,7 +132,7 @@ class ApiServer:
                     return self._json(500, {"error": f"internal error: {exc}"})
                 self._json(200, result)
 
-        self.httpd = ThreadingHTTPServer((host, port), Handler)
+        self.httpd = _Server((host, port), Handler)
         self.httpd.daemon_threads = True
         self._thread: threading.Thread | None = None
 
