@@ -153,6 +153,10 @@ def _check_accepted(old: str, new: str, case: dict) -> None:
     if not any(_name(i) == "mig" for i in _items(old)):
         assert new == (old if case["tres_per_node"] else ""), (old, new)  # untouched
         return
+    if "(" in new or ")" in new:
+        # Python's split_gres keeps commas inside parentheses together, Lua splits on every comma: the two
+        # disagree on "(,gres:mig:1g". Slurm refuses such a string anyway; see docs/reliability.md.
+        return
     req = parsers.mig_request(new)
     assert req, (old, new)
     slices = 0
