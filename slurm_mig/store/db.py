@@ -19,6 +19,7 @@ threads (calls are serialised), but not between processes: open one per process.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import errno
 import logging
@@ -289,6 +290,62 @@ def _check_state(state: str, allowed: Sequence[str], what: str) -> str:
     return state
 
 
+class _FairRLock:
+    """A reentrant lock granted in arrival order, with a timeout.
+
+    threading.RLock is not fair: under many concurrent callers (every node's hooks at once, the tick
+    among them) a few threads re-take it again and again while others wait past the busy timeout and
+    fail. Here each waiter queues and is handed the lock by the releasing thread, so a caller waits
+    for those ahead of it only.
+    """
+
+    def __init__(self):
+        self._mutex = threading.Lock()
+        self._owner: int | None = None
+        self._count = 0
+        self._waiters: collections.deque[tuple[int, threading.Lock]] = collections.deque()
+
+    def acquire(self, timeout: float = -1) -> bool:
+        me = threading.get_ident()
+        with self._mutex:
+            if self._owner == me:
+                self._count += 1
+                return True
+            if self._owner is None and not self._waiters:
+                self._owner, self._count = me, 1
+                return True
+            gate = threading.Lock()
+            gate.acquire()
+            self._waiters.append((me, gate))
+        gate.acquire(timeout=timeout) if timeout is not None and timeout >= 0 else gate.acquire()
+        with self._mutex:
+            if self._owner == me:  # handed over (perhaps just as the wait timed out)
+                return True
+            self._waiters.remove((me, gate))
+            return False
+
+    def release(self) -> None:
+        with self._mutex:
+            if self._owner != threading.get_ident():
+                raise RuntimeError("release of a store lock this thread does not hold")
+            self._count -= 1
+            if self._count:
+                return
+            if self._waiters:
+                self._owner, gate = self._waiters.popleft()
+                self._count = 1
+                gate.release()
+            else:
+                self._owner = None
+
+    def __enter__(self) -> "_FairRLock":
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
 class Store:
     """Typed access to the state database. Build one with open_store()."""
 
@@ -297,7 +354,7 @@ class Store:
         self.db = db
         self.path = path
         self.busy_timeout_s = busy_timeout_s
-        self._lock = threading.RLock()
+        self._lock = _FairRLock()
         self._depth = 0
         self._read_only = False
 
@@ -371,8 +428,17 @@ class Store:
                 except BaseException:
                     self._rollback()
                     raise
+            elif begin == "BEGIN DEFERRED":
+                # A read inside an open transaction: it has nothing to undo, so no savepoint (SAVEPOINT and
+                # RELEASE around reads were half the statements a node request ran).
+                self._depth += 1
+                try:
+                    with self._translated():
+                        yield self
+                finally:
+                    self._depth -= 1
             else:
-                if self._read_only and begin != "BEGIN DEFERRED":
+                if self._read_only:
                     raise StoreError("cannot write inside store.snapshot(), which is read-only; "
                                      "use store.transaction() for the outer block")
                 name = f"slurm_mig_sp{self._depth}"
