@@ -38,6 +38,9 @@ JOB_ID = re.compile(r"^[0-9]{1,12}(_[0-9]{1,9})?$")
 # A planned reconfiguration that no node carried out within this time is abandoned, so the GPU is not
 # locked forever by a node that went away.
 JOURNAL_TIMEOUT_S = 600.0
+# A job that ended in Slurm without an Epilog report for this long (at least two health-check intervals)
+# gets its outcome from Slurm's own record.
+EPILOG_GRACE_S = 60.0
 
 
 @dataclass
@@ -137,6 +140,7 @@ class Controller:
         self._tick_lock = threading.Lock()
         self._ticks = 0
         self._last_signature: tuple | None = None
+        self._ended_since: dict[str, float] = {}  # job -> when Slurm was first seen to have ended it
         # Error series exist from the start, at 0, so dashboards and alerts see them before the first error.
         for kind in ("auth", "bad_request", "rejected", "internal", "busy"):
             self.metrics.inc("slurm_mig_api_errors_total", (("kind", kind),), 0)
@@ -160,9 +164,12 @@ class Controller:
             else:
                 self._last_slurm_ok = now
             summary: dict = {"time": now, "slurm_ok": jobs is not None and nodes is not None}
+            # Asked before the transaction: a slow scontrol must not hold the store lock.
+            lost = self._lost_epilogs(jobs, now) if jobs is not None else {}
             with self.store.transaction():
                 if jobs is not None:
                     self._sync_jobs(jobs, now, queried_at)
+                    self._settle_lost_epilogs(lost, now)
                 if nodes is not None:
                     self._sync_nodes(nodes)
                 self._expire_journal(now)
@@ -216,6 +223,60 @@ class Controller:
         for job in self.store.pending_jobs(include_bound=True):
             if job.job_id not in seen:
                 self.store.set_job_state(job.job_id, "CANCELLED", now=now, reason="no longer in Slurm's queue")
+
+    def _lost_epilogs(self, jobs, now: float) -> dict[str, tuple[str, int | None, float]]:
+        """Jobs that ran on a MIG instance and ended in Slurm, but whose Epilog never reported (killed,
+        node lost) for longer than EPILOG_GRACE_S: ``{job_id: (state, exit_code, end_time)}`` from Slurm.
+
+        Without this a lost Epilog left the job RUNNING here forever, its binding held and its outcome
+        never recorded. The grace period leaves a queued Epilog message time to arrive first (the node's
+        next hook or health check delivers it): it has the node's own account and takes precedence.
+        """
+        grace = max(EPILOG_GRACE_S, 2 * self.cfg.node.health_check_interval_s)
+        listed = {str(j.job_id): j for j in jobs}
+        out = {}
+        for job in self.store.running_jobs():
+            sj = listed.get(job.job_id)
+            if sj is not None and sj.state not in TERMINAL:
+                self._ended_since.pop(job.job_id, None)
+                continue
+            first = self._ended_since.setdefault(job.job_id, now)
+            if now - first < grace:
+                continue
+            detail = self.slurm.scontrol_show_job(job.job_id)
+            if detail is not None and detail.state not in TERMINAL:
+                continue  # requeued or still completing: the next ticks see it
+            state, exit_code, end = "FAILED", None, now
+            if detail is not None:
+                state = detail.state
+                code, _, sig = (detail.fields.get("ExitCode") or "").partition(":")
+                if code.isdigit() and sig.isdigit():
+                    exit_code = (int(code) << 8) | int(sig)  # the wait status, as the Epilog reports it
+                try:
+                    end = time.mktime(time.strptime(detail.fields.get("EndTime", ""), "%Y-%m-%dT%H:%M:%S"))
+                except ValueError:
+                    pass
+            elif sj is not None:
+                state = sj.state
+            out[job.job_id] = (state, exit_code, end)
+        for job_id in [j for j in self._ended_since if j not in listed and now - self._ended_since[j] > 3600]:
+            del self._ended_since[job_id]
+        return out
+
+    def _settle_lost_epilogs(self, lost: dict, now: float) -> None:
+        for job_id, (state, exit_code, end) in lost.items():
+            job = self.store.get_job(job_id)
+            if job is None or job.state not in ("RUNNING", "COMPLETING", "SUSPENDED"):
+                continue  # the Epilog's report arrived meanwhile
+            recorded = self.store.record_outcome(job_id, state=state, exit_code=exit_code, end_time=end, now=now)
+            self.store.set_job_state(job_id, state, now=now, exit_code=exit_code)  # releases its binding
+            self._ended_since.pop(job_id, None)
+            how = "from Slurm's record" if exit_code is not None else "exit status unknown (Slurm forgot the job)"
+            self.store.add_event("end", f"job {job_id} ended ({state}) without an Epilog report; outcome {how}",
+                                 node=job.node, job_id=job_id, now=now)
+            log.warning("job %s ended (%s) but its Epilog never reported; outcome recorded %s", job_id, state, how)
+            if recorded:
+                self.metrics.inc("slurm_mig_jobs_finished_total", (("state", state),))
 
     def _sync_nodes(self, nodes) -> None:
         for n in nodes:
