@@ -34,15 +34,17 @@ class StubSlurm:
 
     def __init__(self):
         self.calls: list[tuple] = []
+        self.queue: list = []  # SlurmJob records squeue lists
+        self.details: dict = {}  # job id -> JobDetail for scontrol show job
 
     def jobs(self):
-        return []
+        return list(self.queue)
 
     def nodes(self):
         return []
 
     def scontrol_show_job(self, job_id):
-        return None
+        return self.details.get(str(job_id))
 
     def scontrol_requeue(self, job_id, **kw):
         self.calls.append(("requeue", str(job_id)))
@@ -317,3 +319,65 @@ def test_refused_epilog_is_kept_for_an_admin_not_dropped(rig, monkeypatch):
     kept = list((rig.tmp / "node" / "n1" / "outbox").glob("*.refused"))
     assert len(kept) == 1 and json.loads(kept[0].read_text())["payload"]["job_id"] == "11"
     assert not rig.binding_file("11").exists()
+
+
+# -- an Epilog killed (SIGKILL: nothing of it runs) ---------------------------------------------------
+
+def test_epilog_killed_before_it_reported_outcome_comes_from_slurm(rig, caplog):
+    from slurm_mig.slurm.parsers import JobDetail, SlurmJob
+
+    rig.job("12", "2g")
+    assert rig.hook("prolog", "12") == 0
+    assert rig.store.get_job("12").state == "RUNNING"
+    # The job ended; its Epilog was killed before writing anything. Slurm still lists the job as ended.
+    rig.slurm.queue = [SlurmJob(job_id=12, state="COMPLETED", mig={"2g": 1}, tres_per_node="gres:mig:2g:1",
+                                nodes=["n1"])]
+    rig.slurm.details["12"] = JobDetail(job_id=12, state="COMPLETED",
+                                        fields={"ExitCode": "0:0", "EndTime": time.strftime("%Y-%m-%dT%H:%M:%S")})
+    t = [time.time()]
+    rig.ctl.clock = lambda: t[0]
+    rig.ctl.tick()
+    assert rig.store.outcome("12") is None  # the grace period: a queued Epilog message may still come
+    t[0] += 61
+    with caplog.at_level(logging.WARNING):
+        rig.ctl.tick()
+    o = rig.store.outcome("12")
+    assert o is not None and o.state == "COMPLETED" and o.exit_code == 0
+    assert rig.store.get_job("12").state == "COMPLETED" and rig.live("12") == ()
+    assert any("never reported" in r.getMessage() for r in caplog.records)
+    # The node's own binding file goes at its next health check (job ended > 30 s ago).
+    t[0] += 31
+    assert rig.report() == 0
+    assert not rig.binding_file("12").exists()
+    busy = [i for g in (0, 1) for i in rig.gpu.instances(g) if i.in_use]
+    assert busy == []
+
+
+def test_epilog_killed_after_queueing_its_outcome_is_delivered_later(rig):
+    rig.job("13", "1g")
+    assert rig.hook("prolog", "13") == 0
+    node = hooks.Node("n1", hooks.NodeSettings.load())
+    node.state.enqueue("/v1/epilog", {"job_id": "13", "node": "n1", "exit_code": 256, "end_time": time.time(),
+                                      "instances": [i.to_json() for i in node.state.read_binding("13")]})
+    # ...and was killed there. The next health check delivers it, exactly once, with the node's exit code.
+    assert rig.report() == 0
+    o = rig.store.outcome("13")
+    assert o is not None and o.state == "FAILED" and o.exit_code == 256
+    assert rig.report() == 0 and len([x for x in rig.store.outcomes() if x.job_id == "13"]) == 1
+
+
+def test_a_late_node_made_binding_does_not_bring_an_ended_job_back(rig):
+    rig.job("14", "3g")
+    rig.srv.stop()  # controller down: the Prolog binds an existing instance by itself and queues /v1/bound
+    assert rig.hook("prolog", "14") == 0
+    assert rig.binding_file("14").exists()
+    # The job ended; its Epilog reached a controller that came back, before the queued binding did.
+    host, port = rig.srv.address
+    from slurm_mig.api.auth import HmacAuth, load_key
+
+    rig.srv = ApiServer(host, port, HmacAuth(load_key(str(rig.tmp / "hmac.key"))), rig.ctl.routes()).start()
+    rig.ctl.on_epilog({"job_id": "14", "node": "n1", "exit_code": 0,
+                       "instances": [{"gpu": 0, "profile": "3g", "start": 0, "uuid": "x"}]}, None)
+    assert rig.store.get_job("14").state == "COMPLETED"
+    assert rig.report() == 0  # delivers the queued /v1/bound
+    assert rig.store.get_job("14").state == "COMPLETED" and rig.live("14") == ()

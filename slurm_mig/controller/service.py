@@ -587,6 +587,12 @@ class Controller:
                 # Bound by the node alone while we were down: adopt it.
                 if not self.store.get_job(job_id):
                     self._job_request(job_id)
+                job = self.store.get_job(job_id)
+                if job is not None and job.state in TERMINAL:
+                    # Delivered late from the node's outbox, after the job's end was recorded: history only.
+                    self.store.add_event("late", f"job {job_id}: node-made binding on {node} reported after the "
+                                         f"job ended", node=node, job_id=job_id, now=now)
+                    return {"ok": True}
                 try:
                     self.store.bind(job_id, node, insts, now=now)
                 except SlurmMigError as exc:

@@ -430,14 +430,17 @@ def epilog(env: dict, node: Node) -> int:
     payload = {"job_id": job_id, "node": node.name, "instances": [i.to_json() for i in insts],
                "exit_code": _int(env.get("SLURM_JOB_EXIT_CODE")), "derived_ec": _int(env.get("SLURM_JOB_DERIVED_EC")),
                "end_time": time.time(), "lingering": lingering, "binding_unreadable": unreadable}
-    node.send_or_queue("/v1/epilog", payload)
+    # The outcome goes to the outbox first (written and fsynced), then the outbox is delivered in order:
+    # killed from here on, the next hook or health check still delivers it, and it never overtakes an
+    # older message about the same job (a binding made while the controller was down).
+    node.state.enqueue("/v1/epilog", payload)
+    node.flush_outbox()
     if lingering:
         # Keep the binding so no layout change destroys an instance that still has processes;
         # the health check releases it once the processes are gone.
         log.error("job %s ended but its instance(s) still run processes: %s", job_id, lingering)
     else:
         node.state.remove_binding(job_id)
-    node.flush_outbox()
     return 0
 
 

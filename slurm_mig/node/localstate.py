@@ -168,17 +168,34 @@ class NodeState:
         return out
 
     def flush(self, client) -> int:
-        """Send queued messages in order; stop at the first failure. Returns how many were delivered."""
+        """Send queued messages in order; stop at the first failure. Returns how many were delivered.
+
+        One process flushes at a time (a hook and the health check may overlap): another one finding
+        the outbox busy leaves it to that flush, or the next, rather than sending the same messages
+        twice in parallel and tripping over each other's deletions.
+        """
+        import fcntl
+
         from slurm_mig.api.client import ControllerRefused
 
-        sent = 0
-        for path, route, payload in self.pending_messages():
+        if not self.outbox_dir.exists():
+            return 0
+        fd = os.open(self.root / "outbox.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
             try:
-                client.call(route, payload)
-            except ControllerRefused:
-                # The controller understood and refused: retrying will not help; keep it for an admin.
-                path.rename(path.with_suffix(".refused"))
-                continue
-            path.unlink()
-            sent += 1
-        return sent
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return 0
+            sent = 0
+            for path, route, payload in self.pending_messages():
+                try:
+                    client.call(route, payload)
+                except ControllerRefused:
+                    # The controller understood and refused: retrying will not help; keep it for an admin.
+                    path.rename(path.with_suffix(".refused"))
+                    continue
+                path.unlink(missing_ok=True)
+                sent += 1
+            return sent
+        finally:
+            os.close(fd)
