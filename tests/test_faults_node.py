@@ -96,8 +96,15 @@ level = "INFO"
         # The hooks' own Slurm commands (the requeue and its AdminComment) are recorded, not run.
         from slurm_mig.slurm.runner import SlurmClient, SlurmResult
 
+        self.squeue: str | None = ""  # what `squeue -w n1 ...` prints; None: it fails (slurmctld down)
+
         def run(client, argv, **kw):
             self.scontrol.append(tuple(argv))
+            if argv[0] == "squeue":
+                if self.squeue is None:
+                    return SlurmResult(tuple(argv), 1, "", "slurm_load_jobs error: Unable to contact slurm "
+                                       "controller (connect failure)", 0.0)
+                return SlurmResult(tuple(argv), 0, self.squeue, "", 0.0)
             return SlurmResult(tuple(argv), 0, "", "", 0.0)
 
         monkeypatch.setattr(SlurmClient, "run", run)
@@ -381,3 +388,25 @@ def test_a_late_node_made_binding_does_not_bring_an_ended_job_back(rig):
     assert rig.store.get_job("14").state == "COMPLETED"
     assert rig.report() == 0  # delivers the queued /v1/bound
     assert rig.store.get_job("14").state == "COMPLETED" and rig.live("14") == ()
+
+
+def test_orphaned_binding_files_are_released_only_when_slurm_says_so(rig):
+    """A binding file of a job Slurm does not run here (node crash, a database rebuilt without it): the
+    health check drops it once it is a minute old, squeue answered, and its instance is idle."""
+    import os
+
+    rig.job("15", "2g")
+    assert rig.hook("prolog", "15") == 0
+    rig.store.set_job_state("15", "PENDING")  # e.g. a rebuilt database that no longer holds it running
+    rig.store.release("15")
+    path = rig.binding_file("15")
+    uuid = json.loads(path.read_text())["instances"][0]["uuid"]
+    assert rig.report() == 0 and path.exists()  # too young
+    os.utime(path, (time.time() - 120, time.time() - 120))
+    rig.squeue = None  # slurmctld down: cannot tell, keep it
+    assert rig.report() == 0 and path.exists()
+    rig.squeue = "15\n"  # Slurm runs it here: keep it
+    assert rig.report() == 0 and path.exists()
+    rig.squeue = "99\n"
+    assert rig.report() == 0 and not path.exists()
+    assert uuid not in {i.uuid for g in (0, 1) for i in rig.gpu.instances(g) if i.in_use}

@@ -460,6 +460,7 @@ def healthcheck(env: dict, node: Node) -> int:
         _cache_desired(node, resp)
     for job_id in resp.get("release") or []:
         _release_stale_binding(node, str(job_id))
+    _release_orphaned_bindings(node)
     targets = resp.get("desired") or {}
     if targets:
         results = node.apply_targets(targets)
@@ -467,6 +468,30 @@ def healthcheck(env: dict, node: Node) -> int:
         if changed:
             node.send_or_queue("/v1/applied", {"node": node.name, "results": changed, "time": time.time()})
     return 0
+
+
+ORPHAN_AGE_S = 60.0
+
+
+def _release_orphaned_bindings(node: Node) -> None:
+    """Drop binding files of jobs Slurm does not run on this node (their Epilog never ran: a node crash or
+    reboot, a Prolog killed after writing it, a controller that lost its database and cannot name them).
+    Only files older than ORPHAN_AGE_S, only when squeue answered, and only once their instances are idle."""
+    old = [job for job, mtime in node.state.binding_times().items()
+           if time.time() - mtime > ORPHAN_AGE_S and job.replace("_", "").isdigit()]
+    if not old:
+        return
+    from slurm_mig.slurm.runner import SlurmClient
+
+    res = SlurmClient(slurm_conf=node.settings.slurm_conf, timeout=10).run(
+        ["squeue", "-h", "-w", node.name, "-t", "CF,R,CG,S,ST", "-o", "%A"])
+    if not res.ok:
+        return  # cannot tell which jobs run here: keep every binding
+    running = set(res.stdout.split())
+    for job_id in old:
+        if job_id not in running:
+            log.warning("job %s holds a binding on %s but Slurm does not run it here", job_id, node.name)
+            _release_stale_binding(node, job_id)
 
 
 def _release_stale_binding(node: Node, job_id: str) -> None:

@@ -133,6 +133,17 @@ class NodeState:
                 out[path.stem] = []
         return out
 
+    def binding_times(self) -> dict[str, float]:
+        """Job id -> when its binding file was last written (mtime), for every binding file."""
+        out = {}
+        if self.bindings_dir.exists():
+            for path in self.bindings_dir.glob("*.json"):
+                try:
+                    out[path.stem] = path.stat().st_mtime
+                except OSError:
+                    pass
+        return out
+
     def bound_slots(self) -> dict[int, set[tuple[str, int]]]:
         """GPU index -> {(profile, start)} held by some job on this node."""
         held: dict[int, set[tuple[str, int]]] = {}
