@@ -24,6 +24,7 @@ COMMAND_MODULES = [
     "slurm_mig.node.cli",
     "slurm_mig.ops.cli",
     "slurm_mig.sim.cli",
+    "slurm_mig.policy_cli",
     "slurm_mig.demo",
 ]
 

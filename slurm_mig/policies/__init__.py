@@ -29,6 +29,7 @@ def register_policy(name: str, factory: Callable[..., Policy]) -> None:
 def _builtin() -> None:
     from slurm_mig.policies.first_fit import FirstFitPolicy, GreedyPolicy
     from slurm_mig.policies.frag_aware import FragAwarePolicy
+    from slurm_mig.policies.rl import make_rl, make_rl_candidate
     from slurm_mig.policies.static import NoMigPolicy, StaticPolicy
 
     for name, factory in (
@@ -37,6 +38,8 @@ def _builtin() -> None:
         ("no-mig", NoMigPolicy),
         ("static", StaticPolicy),
         ("frag-aware", FragAwarePolicy),
+        ("rl", make_rl),
+        ("rl-candidate", make_rl_candidate),
     ):
         _REGISTRY.setdefault(name, factory)
 

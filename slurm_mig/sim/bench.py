@@ -12,7 +12,8 @@ Workloads (seeded, so every run gives the same numbers):
   any ``--trace``): the trace on 5 nodes x 8 H100-80GB (40 GPUs).
 
 Policies: no-mig, best-static (the static plan found best for the workload by
-simulation, see :func:`search_static`), first-fit, greedy, frag-aware.
+simulation, see :func:`search_static`), first-fit, greedy, frag-aware, rl (the
+learned policy: policy/default.onnx or the active policy-store version).
 Baselines for the ratios: no-mig, best-static, greedy.
 """
 
@@ -33,7 +34,7 @@ from slurm_mig.sim.workloads import (
     COMPUTE, Workload, base_kind, load_alibaba, miso_workload, poisson_workload, rl_mig_workload,
 )
 
-POLICIES = ("no-mig", "best-static", "first-fit", "greedy", "frag-aware")
+POLICIES = ("no-mig", "best-static", "first-fit", "greedy", "frag-aware", "rl")
 BASELINES = ("no-mig", "best-static", "greedy")
 ALIBABA_NODES = 5
 DEFAULT_TRACE = Path("..") / "shared" / "traces" / "alibaba-v2023-train.csv"

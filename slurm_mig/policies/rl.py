@@ -1,0 +1,618 @@
+"""The learned placement policy ``rl``: a trained network picks where each job goes.
+
+What it decides, and what it does not. Jobs are taken in Slurm priority order
+with EASY backfill and the same reservations as frag-aware -- it runs the very
+dispatch loop of the heuristics (``DispatchPolicy.decide``) with frag-aware's
+settings -- so priority order and the no-starvation guarantee are the
+heuristic's. For each single-instance job that can start now, the heuristic
+machinery lists the *candidates* -- every free instance and every carve of idle
+slices at each legal start on each GPU that breaks no reservation -- and the
+network scores each candidate from its feature row (:data:`FEATURE_NAMES`). The
+highest score wins. Every candidate is a legal placement, so every decision
+passes ``check_decision``. Multi-instance jobs (whole-node 7g jobs in practice)
+are placed by frag-aware's node search.
+
+One network scores one candidate at a time, so the same model works for any
+cluster size and queue length: the queue and the cluster enter only through
+per-candidate and context features. Candidates are pre-sorted by frag-aware's
+score and cut to the best ``max_candidates`` (the cut keeps the cost bounded on
+big clusters; frag-aware's choice is always candidate 0).
+
+Serving needs onnxruntime and numpy only (never torch). The model file is an
+ONNX graph with one input ``features`` [N, F] (float32) and one output
+``logits`` [N]; beside it sits ``model_card.json``. The policy refuses a model
+whose feature schema (:data:`FEATURE_SCHEMA`) or width differs from this code:
+it raises :class:`PolicyModelError` with the reason, and the controller falls
+back to its ``[policy].fallback`` heuristic and logs why.
+
+Which model: the ``model_path`` option, else ``$SLURM_MIG_RL_MODEL``, else
+``[policy].model_path`` of the config file (found as ``load_config`` finds it),
+else the active version of the policy store (``slurm-mig policy install``; store
+at ``$SLURM_MIG_POLICY_STORE`` or /var/lib/slurm-mig/policies), else the
+shipped ``policy/default.onnx``. The model is loaded lazily on the first
+decision (so a broken model never stops the controller from starting) and
+reloaded when the resolved file changes.
+
+``rl-candidate`` is the same policy with the newest *non-active* version of the
+store: set ``[policy].shadow = "rl-candidate"`` to log what a candidate model
+would decide without acting on it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from slurm_mig.errors import SlurmMigError
+from slurm_mig.policies._core import CONFLICT, INF, NO_ROOM, PLACED, Ctx, GpuInfo, carve_memo
+from slurm_mig.policies.base import ClusterState, Decision, PendingJob
+from slurm_mig.policies.frag_aware import SIZES, FragAwarePolicy
+
+# Bump when a feature is added, removed, reordered or computed differently: a model
+# trained on another schema is refused (the controller then falls back).
+FEATURE_SCHEMA = "rl-candidates/1"
+
+FEATURE_NAMES: tuple[str, ...] = (
+    # the job and the queue (same for every candidate of one choice)
+    "job_size",            # compute slices of the job's profile / 7
+    "job_limit_h",         # log1p(time limit in hours); 0 without one
+    "job_no_limit",        # 1 when the job has no time limit
+    "job_waited_h",        # log1p(hours the job has waited so far)
+    "queue_len",           # log1p(pending jobs) / 5
+    "demand_1g", "demand_2g", "demand_3g", "demand_4g", "demand_7g",  # compute share of the look-ahead queue (+ running prior)
+    "demand_multi",        # share of multi-GPU jobs in the look-ahead
+    "cluster_busy",        # share of compute slices locked (sampled)
+    "n_candidates",        # log1p(candidates) / 5
+    # the candidate (one GPU, one start)
+    "free_instance",       # 1: an existing idle instance; 0: a carve
+    "reconf_steps",        # creates + destroys / 8
+    "frag_loss",           # frag-aware's demand-weighted capacity destroyed / 7
+    "time_cost",           # frag-aware's end-time alignment term / 7
+    "node_cost",           # frag-aware's node term / 7
+    "score",               # frag-aware's total score / 7 (lower is better)
+    "score_gap",           # score - best candidate's score
+    "score_rank",          # position in frag-aware's order / max_candidates
+    "gpu_busy_before",     # compute slices locked on this GPU / 7
+    "gpu_busy_after",      # ... after placing the job
+    "gpu_empty",           # 1: nothing runs on this GPU
+    "postpone",            # log1p(how much later than now this GPU frees wholly / tau)
+    "gpu_left_h",          # log1p(hours until this GPU's last job ends), capped at 6
+    "gpu_no_end",          # 1: some job on this GPU has no time limit
+    "fits_inside",         # 1: the job ends before the GPU's last job does
+    "node_idle",           # idle GPUs on the node / GPUs on the node
+    "node_free",           # share of the node's compute slices not locked
+    "node_postpone",       # like postpone, for the node's last job
+    "start",               # memory-slice start / 8
+    "gpu_rank",            # GPU's position in node-name order / GPUs (first fit: 0)
+    "cap_after_1g", "cap_after_2g", "cap_after_3g", "cap_after_4g", "cap_after_7g",  # instances still carvable after / max
+    "reserved_gpu",        # 1: the GPU holds a (non-conflicting) reservation
+    "same_profile",        # instances of this profile already locked on the GPU / 7
+    # a reservation choice: two rows, "reserve" and "skip" (placement rows have zeros here)
+    "is_reservation",      # 1: this row belongs to a reservation choice
+    "skip_reservation",    # 1: the "do not reserve now" row
+    "reserve_delay_h",     # log1p(hours until the reservation would start), capped at 6
+    "reserve_gpus",        # GPUs the reservation would hold / GPUs in the cluster
+    "job_count",           # instances the job asks for / 8
+    "guard_left",          # share of reserve_guard_s the job has still to wait before it must be reserved
+)
+N_FEATURES = len(FEATURE_NAMES)
+N_CONTEXT = 13  # the first 13 features describe the job and the queue, not the candidate
+
+DEFAULT_STORE = Path("/var/lib/slurm-mig/policies")
+SHIPPED_MODEL = Path(__file__).resolve().parents[2] / "policy" / "default.onnx"
+CARD_NAME = "model_card.json"
+
+
+class PolicyModelError(SlurmMigError):
+    """The learned policy's model is missing, unreadable, or built for other features."""
+
+
+@dataclass
+class Choice:
+    """One placement the network must make: pick a row of ``features`` (candidate index)."""
+
+    job: PendingJob
+    features: list[list[float]]  # [n, N_FEATURES]
+    options: list  # (score, rank, kind, seq, gidx, slot, CarveOption | None, parts, node), same order
+    state_now: float
+
+
+# ---------------------------------------------------------------------------
+# model files
+# ---------------------------------------------------------------------------
+
+
+def card_path(model_path: str | Path) -> Path:
+    """The model card beside a model: ``model_card.json`` (or ``<stem>.card.json``)."""
+    p = Path(model_path)
+    own = p.with_suffix(".card.json")
+    return own if own.exists() else p.parent / CARD_NAME
+
+
+def read_card(model_path: str | Path) -> dict:
+    cp = card_path(model_path)
+    try:
+        return json.loads(cp.read_text())
+    except FileNotFoundError:
+        raise PolicyModelError(f"no model card {cp} beside {model_path}") from None
+    except (OSError, ValueError) as exc:
+        raise PolicyModelError(f"cannot read model card {cp}: {exc}") from None
+
+
+def store_dir() -> Path:
+    return Path(os.environ.get("SLURM_MIG_POLICY_STORE") or DEFAULT_STORE)
+
+
+def _store_active(store: Path) -> Path | None:
+    try:
+        version = (store / "active").read_text().strip()
+    except OSError:
+        return None
+    if not version or version == "default":
+        return None
+    return store / version / "model.onnx"
+
+
+def _store_candidate(store: Path) -> Path | None:
+    """The newest stored version that is not the active one."""
+    active = _store_active(store)
+    best = None
+    try:
+        entries = list(store.iterdir())
+    except OSError:
+        return None
+    for d in entries:
+        m = d / "model.onnx"
+        if not m.is_file() or (active is not None and m == active):
+            continue
+        try:
+            created = json.loads((d / CARD_NAME).read_text()).get("created", 0)
+        except (OSError, ValueError):
+            created = 0
+        key = (created, d.name)
+        if best is None or key > best[0]:
+            best = (key, m)
+    return best[1] if best else None
+
+
+def _config_model_path() -> str:
+    try:
+        from slurm_mig.config import find_config, load_config
+
+        if find_config() is None:
+            return ""
+        return load_config().policy.model_path
+    except SlurmMigError:
+        return ""
+
+
+def resolve_model_path(explicit: str | Path | None = None, *, candidate: bool = False) -> Path:
+    """Which model file the ``rl`` (or ``rl-candidate``) policy uses now (see module doc)."""
+    if candidate:
+        c = _store_candidate(store_dir())
+        if c is None:
+            raise PolicyModelError(f"no candidate model in the policy store {store_dir()} "
+                                   "(`slurm-mig policy retrain` writes one)")
+        return c
+    for p in (explicit, os.environ.get("SLURM_MIG_RL_MODEL"), _config_model_path()):
+        if p:
+            return Path(p)
+    active = _store_active(store_dir())
+    return active if active is not None else SHIPPED_MODEL
+
+
+class OnnxScorer:
+    """An ONNX model that maps candidate features [N, F] to logits [N] (onnxruntime, one thread)."""
+
+    def __init__(self, path: str | Path) -> None:
+        path = Path(path)
+        if not path.is_file():
+            raise PolicyModelError(f"RL model {path} does not exist")
+        card = read_card(path)
+        schema = card.get("feature_schema")
+        if schema != FEATURE_SCHEMA:
+            raise PolicyModelError(f"model {path} was trained on feature schema {schema!r}; this slurm-mig "
+                                   f"computes {FEATURE_SCHEMA!r}")
+        names = card.get("features")
+        if names is not None and tuple(names) != FEATURE_NAMES:
+            raise PolicyModelError(f"model {path}: the card's feature list differs from this slurm-mig's")
+        try:
+            import numpy as np
+            import onnxruntime as ort
+        except ImportError as exc:
+            raise PolicyModelError(f"the rl policy needs onnxruntime and numpy: {exc}") from None
+        try:
+            so = ort.SessionOptions()
+            so.intra_op_num_threads = 1
+            so.inter_op_num_threads = 1
+            so.log_severity_level = 3
+            self.session = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+        except Exception as exc:  # onnxruntime raises its own exception types
+            raise PolicyModelError(f"cannot load RL model {path}: {exc}") from None
+        inputs = self.session.get_inputs()
+        if len(inputs) != 1 or inputs[0].name != "features":
+            raise PolicyModelError(f"model {path} must have one input named 'features'")
+        width = inputs[0].shape[-1]
+        if isinstance(width, int) and width != N_FEATURES:
+            raise PolicyModelError(f"model {path} takes {width} features per candidate; schema {FEATURE_SCHEMA} "
+                                   f"has {N_FEATURES}")
+        meta = self.session.get_modelmeta().custom_metadata_map
+        if meta.get("feature_schema", FEATURE_SCHEMA) != FEATURE_SCHEMA:
+            raise PolicyModelError(f"model {path} embeds feature schema {meta['feature_schema']!r}, "
+                                   f"expected {FEATURE_SCHEMA!r}")
+        self.np = np
+        self.path = path
+        self.card = card
+        self.version = str(card.get("version", path.parent.name))
+        self.output = self.session.get_outputs()[0].name
+
+    def logits(self, features: list[list[float]]):
+        x = self.np.asarray(features, dtype=self.np.float32)
+        return self.session.run([self.output], {"features": x})[0].reshape(-1)
+
+    def pick(self, features: list[list[float]]) -> int:
+        return int(self.logits(features).argmax())
+
+
+# ---------------------------------------------------------------------------
+# the policy
+# ---------------------------------------------------------------------------
+
+
+class RLPolicy(FragAwarePolicy):
+    """Learned candidate scoring inside frag-aware's priority/backfill/reservation loop."""
+
+    name = "rl"
+    version = "1"
+
+    def __init__(self, *, model_path: str | None = None, max_candidates: int = 32,
+                 chooser: Callable[[Choice], int] | None = None, candidate: bool = False,
+                 learn_reservations: bool = True, reserve_guard_s: float = 2 * 3600.0,
+                 explain_waiting: bool = True, **frag) -> None:
+        super().__init__(explain_waiting=explain_waiting, **frag)
+        self.learn_reservations = learn_reservations
+        self.reserve_guard_s = reserve_guard_s
+        self.model_path = model_path
+        self.max_candidates = max_candidates
+        self.chooser = chooser  # training: sample; serving: None -> the ONNX model's argmax
+        self.candidate = candidate
+        if candidate:
+            self.name = "rl-candidate"
+        self._scorer: OnnxScorer | None = None
+        self._loaded_key: tuple | None = None
+        self._error: PolicyModelError | None = None
+        self._checked_at = -math.inf
+        self._locked: list[int] | None = None
+        self._locked_sum = 0
+        self._cap_sum = 0
+
+    # -- model -------------------------------------------------------------------
+    def _file_key(self, path: Path) -> tuple:
+        try:
+            st = path.stat()
+            cst = card_path(path).stat()
+            return (str(path), st.st_mtime_ns, st.st_size, cst.st_mtime_ns)
+        except OSError:
+            return (str(path), None)
+
+    def scorer(self) -> OnnxScorer:
+        """The loaded model; re-resolved at most every 5 s of wall time, reloaded when its files change."""
+        t = time.monotonic()
+        if self._scorer is not None and t - self._checked_at < 5.0:
+            return self._scorer
+        if self._error is not None and t - self._checked_at < 5.0:
+            raise self._error
+        self._checked_at = t
+        try:
+            path = resolve_model_path(self.model_path, candidate=self.candidate)
+            key = self._file_key(path)
+            if self._scorer is None or key != self._loaded_key:
+                self._scorer = OnnxScorer(path)
+                self._loaded_key = key
+                self.version = self._scorer.version
+            self._error = None
+            return self._scorer
+        except PolicyModelError as exc:
+            self._scorer, self._error = None, exc
+            raise
+
+    def load(self) -> "RLPolicy":
+        """Load the model now (raises PolicyModelError with the reason)."""
+        if self.chooser is None:
+            self.scorer()
+        return self
+
+    # -- deciding ------------------------------------------------------------------
+    def decide(self, state: ClusterState) -> Decision:
+        """The dispatch loop of the heuristics (priority order, EASY backfill, reservations) with
+        :meth:`place` choosing by the model."""
+        if self.chooser is None:
+            self.scorer()  # raises PolicyModelError (the controller falls back) before anything is decided
+        return super().decide(state)
+
+    def choose(self, choice: Choice) -> int:
+        k = self.chooser(choice) if self.chooser is not None else self.scorer().pick(choice.features)
+        if not 0 <= k < len(choice.options):
+            raise PolicyModelError(f"chooser picked candidate {k} of {len(choice.options)}")
+        return k
+
+    def begin(self, ctx: Ctx, state: ClusterState) -> None:
+        super().begin(ctx, state)
+        self._busy = self._cluster_busy(ctx.idx)
+        self._queue = math.log1p(len(state.pending)) / 5.0
+        if self.learn_reservations:
+            reserve = ctx.reserve
+            ctx.reserve = lambda job: self._reserve(ctx, job, reserve)
+
+    def _reserve(self, ctx: Ctx, job: PendingJob, reserve: Callable) -> object:
+        """The first reservation of a decision, for a job younger than ``reserve_guard_s``, is the model's
+        choice: reserve now (as frag-aware does) or not yet. Older jobs, and every later reservation, are
+        the heuristic's: so no job waits more than the guard plus its reservation's delay."""
+        if ctx.reservations or ctx.now - job.submit_time >= self.reserve_guard_s:
+            return reserve(job)
+        r = reserve(job)
+        if r is None:
+            return None
+        rows = self._reservation_rows(ctx, job, r)
+        if self.choose(Choice(job, rows, [("reserve", r), ("skip", None)], ctx.now)) == 1:
+            ctx.reservations.remove(r)
+            return None
+        return r
+
+    def _reservation_rows(self, ctx: Ctx, job: PendingJob, r) -> list[list[float]]:
+        info = ctx.idx.infos[next(iter(r.regions))] if r.regions else ctx.idx.infos[0]
+        pi = info.t.resolve(job.profile) or info.t.smallest
+        context = self._context(job, ctx.now, pi.compute / float(info.t.compute), 2)
+        if r.t == INF:
+            delay = 6.0
+        else:
+            delay = min(6.0, math.log1p(max(0.0, r.t - ctx.now) / 3600.0))
+        waited = ctx.now - job.submit_time
+        extra = [delay, len(r.regions) / max(len(ctx.idx.infos), 1), job.count / 8.0,
+                 max(0.0, 1.0 - waited / self.reserve_guard_s)]
+        zeros = [0.0] * (N_FEATURES - N_CONTEXT - 6)
+        gap = FEATURE_NAMES.index("score_gap") - N_CONTEXT
+        reserve_row = zeros.copy()
+        skip_row = zeros.copy()
+        skip_row[gap] = 1.0  # frag-aware reserves: "skip" is 1 behind (the behaviour-cloning teacher)
+        return [context + reserve_row + [1.0, 0.0] + extra, context + skip_row + [1.0, 1.0] + extra]
+
+    def _context(self, job: PendingJob, now: float, size: float, n: int) -> list[float]:
+        w = self._weights
+        tl = job.time_limit_s
+        return [
+            size,
+            math.log1p(tl / 3600.0) if tl else 0.0,
+            0.0 if tl else 1.0,
+            math.log1p(max(0.0, now - job.submit_time) / 3600.0),
+            self._queue,
+            w.get("1g", 0.0), w.get("2g", 0.0), w.get("3g", 0.0), w.get("4g", 0.0), w.get("7g", 0.0),
+            self._multi,
+            self._busy,
+            math.log1p(n) / 5.0,
+        ]
+
+    def _cluster_busy(self, idx) -> float:
+        """Share of the cluster's compute slices locked, kept up to date by the index's identity diff."""
+        lc = self._locked
+        if idx.rebuilt or lc is None or len(lc) != len(idx.infos):
+            lc = self._locked = [i.locked_compute for i in idx.infos]
+            self._locked_sum = sum(lc)
+            self._cap_sum = sum(i.t.compute for i in idx.infos)
+        else:
+            for g in idx.changed_since:
+                new = idx.infos[g].locked_compute
+                self._locked_sum += new - lc[g]
+                lc[g] = new
+        return self._locked_sum / self._cap_sum if self._cap_sum else 0.0
+
+    # -- candidates ---------------------------------------------------------------------
+    def candidates(self, ctx: Ctx, job: PendingJob, end: float) -> tuple[list, bool]:
+        """frag-aware's options for a single-instance job, best first, cut to max_candidates.
+
+        Each option: (score, GPU rank, 0 free / 1 carve, seq, gidx, slot, CarveOption | None, score parts,
+        node stats); sorted by the first four, which is frag-aware's order whatever the set iteration order.
+        Returns (options, conflicted): conflicted when a reservation ruled some place out.
+        """
+        idx = ctx.idx
+        key = job.profile
+        conflicted = [False]
+        out: list = []
+        node_cache: dict[int, tuple] = {}
+        K = self.max_candidates
+
+        def consider(g: int, info: GpuInfo) -> None:
+            pi = info.t.resolve(key)
+            if pi is None or not info.avail:
+                return
+            nd = info.node
+            ns = node_cache.get(nd)
+            if ns is None:
+                ns = node_cache[nd] = self._node(ctx, nd)
+            self._scored_options(ctx, g, info, pi, end, ns, out, conflicted)
+
+        ki = idx.key(key)
+        if len(ki.gpus) <= self.exact_limit:
+            for g in ctx.candidate_gpus(key):
+                consider(g, ctx.info(g))
+        else:  # large cluster: signature groups by frag-loss lower bound, as frag-aware does
+            for g, w in ctx.work.items():
+                if w.cap(w.t.resolve(key), idx.carve) > 0:
+                    consider(g, w)
+            groups = ki.groups if ki.groups is not None else ki.build_groups(idx)
+            order = self._group_order.get(key)
+            if order is None:
+                order = self._group_order[key] = self._order_groups(idx, key, groups)
+            for lb, sig in order:
+                if len(out) >= K:
+                    out.sort(key=_order_key)
+                    del out[K:]
+                    if lb >= out[-1][0]:
+                        break
+                seen = 0
+                for _, _, g in groups.get(sig, ()):
+                    if g in ctx.work:
+                        continue
+                    consider(g, idx.infos[g])
+                    seen += 1
+                    if seen >= self.group_width:
+                        break
+        out.sort(key=_order_key)
+        del out[K:]
+        return out, conflicted[0]
+
+    def _scored_options(self, ctx: Ctx, g: int, info: GpuInfo, pi, end: float, node: tuple,
+                        out: list, conflicted: list) -> None:
+        seen = set()
+        rank = ctx.idx.rank[g]
+        seq = 0  # enumeration order on this GPU: breaks exact ties as frag-aware does, whatever the set order
+        for slot in info.free.get(pi.name, ()):
+            if ctx.reservations and ctx.conflicts(g, pi.mask(slot.start), end):
+                conflicted[0] = True
+                continue
+            seen.add(slot.start)
+            parts = self._parts(ctx, info, pi, slot.start, end, node, 0)
+            out.append((parts[0], rank, 0, seq, g, slot, None, parts, node))
+            seq += 1
+        if not ctx.idx.carve:
+            return
+        for opt in carve_memo(info.layout, pi.name, frozenset(info.locked)):
+            st = opt.slot.start
+            if st in seen:
+                continue
+            if ctx.reservations and ctx.conflicts(g, pi.mask(st), end):
+                conflicted[0] = True
+                continue
+            parts = self._parts(ctx, info, pi, st, end, node, 1 + len(opt.destroyed))
+            out.append((parts[0], rank, 1, seq, g, opt.slot, opt, parts, node))
+            seq += 1
+
+    def _parts(self, ctx: Ctx, info: GpuInfo, pi, start: int, end: float, node: tuple, steps: int) -> tuple:
+        """frag-aware's score split into its terms: (total, loss, time, node, postpone, node postpone).
+        The same arithmetic as FragAwarePolicy._score, so the totals order candidates identically."""
+        node_idle, node_size, node_free, node_end = node
+        C = info.t.compute
+        loss = self._frag_loss(info, pi.mask(start), pi.compute, pi)
+        now = ctx.now
+        free_after = C - info.locked_compute - pi.compute
+        big = 0.0
+        for q, wq in self._wlist(info):
+            if q.compute > free_after:
+                big += wq
+        ext = self._ext(end, info.busy_end, now)
+        t_cost = self.w_time * big * C * ext
+        multi = self._multi
+        n_cost = 0.0
+        node_ext = self._ext(end, node_end, now)
+        if multi > 0:
+            n_cost = self.w_node_time * multi * C * node_size * node_ext / self._ext_day
+            if info.locked_mask == 0:
+                n_cost += self.w_node * multi * C * node_idle / max(node_size, 1)
+        n_cost += self.w_pack * C * node_free
+        total = loss + t_cost + n_cost + self.w_reconf * steps
+        return (total, loss, t_cost, n_cost, ext, node_ext, steps)
+
+    def features(self, ctx: Ctx, job: PendingJob, end: float, options: list) -> list[list[float]]:
+        """One row of FEATURE_NAMES per option (see the tuple's comments for each)."""
+        now = ctx.now
+        idx = ctx.idx
+        ngpus = max(len(idx.infos), 1)
+        K = float(self.max_candidates)
+        first = options[0]
+        info0 = ctx.info(first[4])
+        pi0 = info0.t.resolve(job.profile)
+        context = self._context(job, now, pi0.compute / float(info0.t.compute), len(options))
+        tail = [0.0, 0.0, 0.0, 0.0, job.count / 8.0, 0.0]
+        best = first[0]
+        reserved = {g for r in ctx.reservations for g in r.regions}
+        rows = []
+        for pos, (total, _rank, _kind, _seq, g, slot, opt, parts, node) in enumerate(options):
+            info = ctx.info(g)
+            pi = info.t.resolve(job.profile)
+            Cg = float(info.t.compute)
+            _, loss, t_cost, n_cost, ext, node_ext, steps = parts
+            node_idle, node_size, node_free, _node_end = node
+            mask = info.locked_mask | pi.mask(slot.start)
+            comp = info.locked_compute + pi.compute
+            be = info.busy_end
+            if be == INF:
+                left = 6.0
+            elif be <= now:
+                left = 0.0
+            else:
+                left = min(6.0, math.log1p((be - now) / 3600.0))
+            caps = []
+            for k in SIZES:
+                q = info.t.resolve(k)
+                if q is None:
+                    caps.append(0.0)
+                    continue
+                room = q.max_count - info.same.get(q.name, 0) - (1 if q is pi else 0)
+                caps.append(len(q.pack(mask, info.t.compute - comp, room)) / max(q.max_count, 1))
+            rows.append(context + [
+                1.0 if opt is None else 0.0,
+                steps / 8.0,
+                loss / Cg,
+                t_cost / Cg,
+                n_cost / Cg,
+                total / Cg,
+                (total - best) / Cg,
+                pos / K,
+                info.locked_compute / Cg,
+                comp / Cg,
+                1.0 if info.locked_mask == 0 else 0.0,
+                ext,
+                left,
+                1.0 if be == INF else 0.0,
+                1.0 if end <= be else 0.0,
+                node_idle / max(node_size, 1),
+                node_free,
+                node_ext,
+                slot.start / 8.0,
+                g / ngpus,
+                *caps,
+                1.0 if g in reserved else 0.0,
+                info.same.get(pi.name, 0) / 7.0,
+                *tail,
+            ])
+        return rows
+
+    def place(self, ctx: Ctx, job: PendingJob, end: float):
+        if job.count != 1:  # several instances on one node: frag-aware's node search
+            return super().place(ctx, job, end)
+        options, conflicted = self.candidates(ctx, job, end)
+        if not options:
+            return (CONFLICT if conflicted else NO_ROOM), None
+        k = 0 if len(options) == 1 else self.choose(Choice(job, self.features(ctx, job, end, options), options,
+                                                           ctx.now))
+        _, _, _, _, g, slot, opt, _, _ = options[k]
+        w = ctx.info(g).clone()
+        pi = w.t.resolve(job.profile)
+        if opt is None:
+            w.take(slot, pi, end)
+        else:
+            w.carve(opt, pi, end)
+        ctx.commit({g: w})
+        return PLACED, self.assignment(job, ctx, [(g, slot)], "carved" if opt else "free instance")
+
+
+def _order_key(o: tuple) -> tuple:
+    return o[:4]
+
+
+def frag_aware_chooser(choice: Choice) -> int:
+    """Pick what frag-aware would (its best score): the teacher for behaviour cloning."""
+    return 0
+
+
+def make_rl(**options) -> RLPolicy:
+    return RLPolicy(**options)
+
+
+def make_rl_candidate(**options) -> RLPolicy:
+    return RLPolicy(candidate=True, **options)

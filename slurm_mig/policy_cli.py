@@ -1,0 +1,174 @@
+"""`slurm-mig policy list | install | rollback | retrain`: versions of the learned policy.
+
+``list``, ``install`` and ``rollback`` need only onnxruntime (the head node has it).
+``retrain`` runs training/retrain.py, which needs the training extra
+(``pip install torch==2.13.0`` then ``pip install -e '.[train]'``) and the
+repository's training/ folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+import time
+from pathlib import Path
+
+from slurm_mig.errors import ConfigError, SlurmMigError
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("policy", help="learned policy versions: list, install, rollback, retrain",
+                       description="Versions of the learned rl policy in the policy store "
+                                   "($SLURM_MIG_POLICY_STORE or /var/lib/slurm-mig/policies).")
+    ps = p.add_subparsers(dest="policy_command", metavar="ACTION")
+
+    def common(q: argparse.ArgumentParser) -> None:
+        q.add_argument("--store", metavar="DIR", help="policy store (default $SLURM_MIG_POLICY_STORE or "
+                                                      "/var/lib/slurm-mig/policies)")
+        q.add_argument("--json", action="store_true", help="print JSON")
+
+    q = ps.add_parser("list", help="stored versions, their metrics, and which is active")
+    common(q)
+    q.set_defaults(func=_list)
+
+    q = ps.add_parser("install", help="make a version active (or add a model folder/.onnx, then activate it)")
+    common(q)
+    q.add_argument("version", metavar="VERSION|PATH")
+    q.set_defaults(func=_install)
+
+    q = ps.add_parser("rollback", help="re-activate the previously active version")
+    common(q)
+    q.set_defaults(func=_rollback)
+
+    q = ps.add_parser("retrain", help="fine-tune on the state DB's outcomes; keep the result only if it is better",
+                      description="Build a trace from the outcomes table, fine-tune the active model on the older "
+                                  "part, compare candidate and current policy on the most recent part (held out), "
+                                  "and write the candidate to the store only if it waits less. Needs the training "
+                                  "extra.")
+    common(q)
+    q.add_argument("--db", metavar="PATH", help="state DB (default: [controller].db_path of the config)")
+    q.add_argument("--holdout", type=float, default=0.3, help="most recent share of jobs held out (default 0.3)")
+    q.add_argument("--minutes", type=float, default=5.0, help="fine-tuning time budget (default 5)")
+    q.add_argument("--iterations", type=int, default=60, help="fine-tuning iterations at most (default 60)")
+    q.add_argument("--seed", type=int, default=0)
+    q.add_argument("--install", action="store_true", help="also make the candidate active when it is better")
+    q.add_argument("--out", metavar="DIR", help="working folder (default: a temporary one)")
+    q.set_defaults(func=_retrain)
+    p.set_defaults(func=lambda a: (p.print_help(), 2)[1])
+
+
+def _store(args):
+    from slurm_mig.policy_registry import PolicyStore
+
+    return PolicyStore(args.store)
+
+
+def _metric_line(card: dict) -> str:
+    m = card.get("metrics") or {}
+    held = m.get("heldout") or {}
+    if held:
+        parts = []
+        for fam, v in sorted(held.items()):
+            r = v.get("rl_over_best_wait")
+            if r is not None:
+                parts.append(f"{fam} {r:.2f}x")
+        return "wait vs best heuristic: " + ", ".join(parts) if parts else ""
+    if m.get("candidate_mean_wait_s") is not None:
+        return (f"held-out wait {m['candidate_mean_wait_s']:.0f} s (was {m.get('current_mean_wait_s', 0):.0f} s, "
+                f"frag-aware {m.get('frag_aware_mean_wait_s', 0):.0f} s)")
+    r = card.get("validation_wait_ratio_vs_frag_aware")
+    return f"validation wait / frag-aware {r:.3f}" if r is not None else ""
+
+
+def _list(args) -> int:
+    st = _store(args)
+    vs = st.versions()
+    if args.json:
+        print(json.dumps({"store": str(st.root), "active": st.active(), "versions": [v.to_json() for v in vs]}))
+        return 0
+    print(f"policy store {st.root} (active: {st.active()})")
+    if not vs:
+        print("  no versions (and no shipped policy/default.onnx)")
+    for v in vs:
+        created = v.card.get("created")
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(created)) if created else "-"
+        mark = "*" if v.active else " "
+        print(f" {mark} {v.version:28s} {when:16s} {v.card.get('feature_schema', '?'):18s} {_metric_line(v.card)}")
+    return 0
+
+
+def _install(args) -> int:
+    st = _store(args)
+    target = args.version
+    p = Path(target)
+    if target != "default" and (p.suffix == ".onnx" or p.is_dir()) and p.exists():
+        v = st.add(p)
+        target = v.version
+    if target == "default":
+        st._set_active("default")
+        h = st.history()
+        h.append({"version": "default", "time": time.time()})
+        st._write_json("history.json", h)
+        v_json = {"version": "default", "active": True}
+    else:
+        v_json = st.install(target).to_json()
+    if args.json:
+        print(json.dumps(v_json))
+    else:
+        print(f"active policy version: {target} (the controller's rl policy reloads it within seconds)")
+    return 0
+
+
+def _rollback(args) -> int:
+    st = _store(args)
+    prev = st.rollback()
+    if args.json:
+        print(json.dumps({"active": prev}))
+    else:
+        print(f"rolled back; active policy version: {prev}")
+    return 0
+
+
+def _training_module(name: str):
+    """Import training.<name>, from the checkout beside this package when it is not installed."""
+    try:
+        return importlib.import_module(f"training.{name}")
+    except ModuleNotFoundError as exc:
+        missing = exc.name or ""
+        if missing not in ("training", f"training.{name}"):
+            raise ConfigError(f"`slurm-mig policy retrain` needs the training extra ({missing} is missing): "
+                              "pip install torch==2.13.0 && pip install -e '.[train]'") from None
+    root = Path(__file__).resolve().parents[1]
+    if not (root / "training" / f"{name}.py").is_file():
+        raise ConfigError(f"training/{name}.py not found beside {root / 'slurm_mig'}: retraining runs from a "
+                          "slurm-mig checkout")
+    sys.path.insert(0, str(root))
+    try:
+        return importlib.import_module(f"training.{name}")
+    except ModuleNotFoundError as exc:
+        raise ConfigError(f"`slurm-mig policy retrain` needs the training extra ({exc.name} is missing): "
+                          "pip install torch==2.13.0 && pip install -e '.[train]'") from None
+
+
+def _retrain(args) -> int:
+    db = args.db
+    if not db:
+        from slurm_mig.config import load_config
+
+        db = load_config(getattr(args, "config", None)).controller.db_path
+    if not Path(db).is_file():
+        raise ConfigError(f"state DB {db} does not exist")
+    mod = _training_module("retrain")
+    try:
+        report = mod.retrain(db, store=args.store, holdout=args.holdout, minutes=args.minutes,
+                             iterations=args.iterations, seed=args.seed, install=args.install, out=args.out,
+                             log=None if args.json else (lambda m: print(m, file=sys.stderr, flush=True)))
+    except SlurmMigError:
+        raise
+    if args.json:
+        print(json.dumps(report, default=str))
+    else:
+        print(mod.format_report(report))
+    return 0

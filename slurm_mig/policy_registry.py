@@ -1,0 +1,172 @@
+"""The policy store: versions of the learned ``rl`` policy, which one is active, and its history.
+
+Layout (default /var/lib/slurm-mig/policies, or $SLURM_MIG_POLICY_STORE, or ``--store``)::
+
+    <store>/<version>/model.onnx        the scorer the controller runs (onnxruntime)
+    <store>/<version>/model_card.json   feature schema, training data, metrics
+    <store>/<version>/model.pt          torch weights, for fine-tuning (optional)
+    <store>/active                      the active version ("default" or absent: the shipped model)
+    <store>/history.json                every activation, newest last (what rollback walks back)
+
+``install`` checks that the model loads with onnxruntime and matches this
+slurm-mig's feature schema before making it active; the controller's ``rl``
+policy picks the change up within seconds (it re-resolves its model file). The
+shipped model (policy/default.onnx) is the version called ``default``.
+No torch here: this module runs on the head node.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from slurm_mig.errors import ConfigError, SlurmMigError
+from slurm_mig.policies.rl import CARD_NAME, SHIPPED_MODEL, OnnxScorer, PolicyModelError, read_card, store_dir
+
+DEFAULT = "default"
+VERSION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+
+
+@dataclass
+class PolicyVersion:
+    version: str
+    path: Path  # the .onnx file
+    card: dict
+    active: bool = False
+
+    def to_json(self) -> dict:
+        c = self.card
+        return {"version": self.version, "active": self.active, "path": str(self.path),
+                "created": c.get("created"), "feature_schema": c.get("feature_schema"),
+                "source": c.get("source", "training/train.py"), "metrics": c.get("metrics", {}),
+                "wall_time_s": c.get("wall_time_s"), "validation_wait_ratio_vs_frag_aware":
+                    c.get("validation_wait_ratio_vs_frag_aware")}
+
+
+class PolicyStore:
+    def __init__(self, root: str | Path | None = None) -> None:
+        self.root = Path(root) if root else store_dir()
+
+    # -- reading -----------------------------------------------------------------------
+    def active(self) -> str:
+        try:
+            v = (self.root / "active").read_text().strip()
+        except OSError:
+            return DEFAULT
+        return v or DEFAULT
+
+    def history(self) -> list[dict]:
+        try:
+            h = json.loads((self.root / "history.json").read_text())
+            return h if isinstance(h, list) else []
+        except (OSError, ValueError):
+            return []
+
+    def versions(self) -> list[PolicyVersion]:
+        """The shipped default first, then stored versions oldest first."""
+        act = self.active()
+        out = []
+        if SHIPPED_MODEL.is_file():
+            try:
+                card = read_card(SHIPPED_MODEL)
+            except PolicyModelError:
+                card = {}
+            out.append(PolicyVersion(DEFAULT, SHIPPED_MODEL, card, act == DEFAULT))
+        stored = []
+        if self.root.is_dir():
+            for d in self.root.iterdir():
+                m = d / "model.onnx"
+                if d.is_dir() and m.is_file():
+                    try:
+                        card = read_card(m)
+                    except PolicyModelError:
+                        card = {}
+                    stored.append(PolicyVersion(d.name, m, card, act == d.name))
+        stored.sort(key=lambda v: (v.card.get("created") or 0, v.version))
+        return out + stored
+
+    def get(self, version: str) -> PolicyVersion:
+        for v in self.versions():
+            if v.version == version:
+                return v
+        known = ", ".join(v.version for v in self.versions()) or "none"
+        raise ConfigError(f"no policy version {version!r} in {self.root} (known: {known})")
+
+    # -- writing -----------------------------------------------------------------------
+    def add(self, source: str | Path, version: str | None = None, *, extra_card: dict | None = None) -> PolicyVersion:
+        """Copy a model (an .onnx with its card beside it, or a folder holding model.onnx) into the store."""
+        src = Path(source)
+        onnx = src / "model.onnx" if src.is_dir() else src
+        if not onnx.is_file():
+            raise ConfigError(f"{source}: no model.onnx to add")
+        card = read_card(onnx)
+        OnnxScorer(onnx)  # refuses a model this slurm-mig cannot run
+        version = version or str(card.get("version") or time.strftime("%Y%m%d-%H%M%S"))
+        if not VERSION_RE.match(version) or version == DEFAULT:
+            raise ConfigError(f"bad policy version name {version!r}")
+        dest = self.root / version
+        if dest.exists():
+            raise ConfigError(f"policy version {version} already exists in {self.root}")
+        self.root.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{version}.", dir=self.root))
+        try:
+            shutil.copy2(onnx, tmp / "model.onnx")
+            card = {**card, **(extra_card or {}), "version": version}
+            (tmp / CARD_NAME).write_text(json.dumps(card, indent=2) + "\n")
+            pt = onnx.with_name("model.pt")
+            if pt.is_file():
+                shutil.copy2(pt, tmp / "model.pt")
+            os.replace(tmp, dest)
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+        return PolicyVersion(version, dest / "model.onnx", card, False)
+
+    def install(self, version: str) -> PolicyVersion:
+        """Make ``version`` active (after checking it loads and matches the feature schema)."""
+        v = self.get(version)
+        try:
+            OnnxScorer(v.path)
+        except PolicyModelError as exc:
+            raise ConfigError(f"policy version {version} cannot be used: {exc}") from None
+        self._set_active(version)
+        h = self.history()
+        h.append({"version": version, "time": time.time()})
+        self._write_json("history.json", h)
+        v.active = True
+        return v
+
+    def rollback(self) -> str:
+        """Re-activate the version that was active before the current one (``default`` at the start)."""
+        h = self.history()
+        cur = self.active()
+        while h and h[-1]["version"] == cur:
+            h.pop()
+        prev = h[-1]["version"] if h else DEFAULT
+        if prev != DEFAULT:
+            self.get(prev)
+        self._set_active(prev)
+        self._write_json("history.json", h)
+        return prev
+
+    def _set_active(self, version: str) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        tmp = self.root / ".active.tmp"
+        tmp.write_text(version + "\n")
+        os.replace(tmp, self.root / "active")
+
+    def _write_json(self, name: str, data) -> None:
+        tmp = self.root / f".{name}.tmp"
+        tmp.write_text(json.dumps(data, indent=1) + "\n")
+        os.replace(tmp, self.root / name)
+
+
+def ensure_usable(store: PolicyStore) -> None:
+    if store.root.exists() and not store.root.is_dir():
+        raise SlurmMigError(f"policy store {store.root} is not a directory")

@@ -1,0 +1,214 @@
+"""The learned rl policy as the runtime sees it (onnxruntime only, no torch): candidates, safety,
+the shipped model, schema checks, lazy loading, fallback in the controller, and shadow mode."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from slurm_mig.config import Config, PolicyConfig
+from slurm_mig.policies import check_decision, get_policy
+from slurm_mig.policies.frag_aware import FragAwarePolicy
+from slurm_mig.policies.rl import (
+    FEATURE_NAMES, FEATURE_SCHEMA, N_FEATURES, SHIPPED_MODEL, Choice, OnnxScorer, PolicyModelError, RLPolicy,
+    frag_aware_chooser,
+)
+from slurm_mig.sim.engine import ClusterSpec, SimConfig, Simulator, simulate
+from slurm_mig.sim.metrics import compute_metrics
+from slurm_mig.sim.workloads import poisson_workload, rl_mig_workload
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def _isolated(monkeypatch, tmp_path):
+    """No host config, env model or policy store leaks into these tests."""
+    monkeypatch.delenv("SLURM_MIG_RL_MODEL", raising=False)
+    monkeypatch.setenv("SLURM_MIG_POLICY_STORE", str(tmp_path / "store"))
+    monkeypatch.setenv("SLURM_MIG_CONFIG", str(tmp_path / "none.toml"))
+    monkeypatch.setattr("slurm_mig.policies.rl._config_model_path", lambda: "")
+
+
+def small_workload(seed=3, n=300, multi=0.1):
+    return poisson_workload(n, gpus=16, load=0.95, seed=seed, multi_gpu_share=multi,
+                            mix={"1g": .3, "2g": .2, "3g": .2, "4g": .1, "7g": .2})
+
+
+def test_with_frag_awares_choice_it_is_frag_aware():
+    """Candidate 0 is frag-aware's pick: same decisions, same metrics (a tripwire for feature drift)."""
+    for w in (small_workload(), rl_mig_workload("mix_extreme", 300, gpus=16, load=0.95, seed=4)):
+        spec = ClusterSpec(2, 8)
+        a = compute_metrics(simulate(w, FragAwarePolicy(), spec))
+        b = compute_metrics(simulate(w, RLPolicy(chooser=frag_aware_chooser), spec, SimConfig(check=True)))
+        assert (a.mean_wait_s, a.reconfigurations, a.makespan_s) == (b.mean_wait_s, b.reconfigurations, b.makespan_s)
+
+
+def test_any_choice_is_a_safe_decision():
+    """Whatever the network picks, every decision passes check_decision (random choices, multi-GPU jobs)."""
+    rng = random.Random(0)
+    seen = []
+
+    def chooser(c: Choice) -> int:
+        assert len(c.features) == len(c.options) >= 2
+        assert all(len(row) == N_FEATURES for row in c.features)
+        seen.append(len(c.options))
+        return rng.randrange(len(c.options))
+
+    r = simulate(small_workload(seed=5), RLPolicy(chooser=chooser), ClusterSpec(2, 8), SimConfig(check=True))
+    assert r.unfinished == 0 and seen and max(seen) <= 32
+
+
+def test_candidates_are_capped_and_best_first():
+    got = []
+
+    def chooser(c: Choice) -> int:
+        gaps = [row[FEATURE_NAMES.index("score_gap")] for row in c.features]
+        assert gaps[0] == 0.0 and all(g >= -1e-9 for g in gaps)
+        got.append(len(c.options))
+        return 0
+
+    simulate(small_workload(seed=6, n=200), RLPolicy(chooser=chooser, max_candidates=5), ClusterSpec(4, 8))
+    assert got and max(got) <= 5
+
+
+def test_shipped_model_loads_matches_schema_and_decides():
+    assert SHIPPED_MODEL.is_file(), "policy/default.onnx is the shipped default"
+    card = json.loads((SHIPPED_MODEL.parent / "model_card.json").read_text())
+    assert card["feature_schema"] == FEATURE_SCHEMA and card["features"] == list(FEATURE_NAMES)
+    for key in ("training_data", "seed", "wall_time_s", "metrics", "version"):
+        assert key in card
+    pol = get_policy("rl")
+    assert pol.name == "rl"
+    for nodes in (1, 3, 6):  # one model, any cluster size
+        w = small_workload(seed=nodes, n=150)
+        r = simulate(w, get_policy("rl"), ClusterSpec(nodes, 8), SimConfig(check=True))
+        assert r.unfinished == 0
+    assert pol.load().version == str(card["version"])
+
+
+def test_decide_is_pure():
+    w = small_workload(seed=9, n=200)
+    sim = Simulator(w, get_policy("frag-aware"), ClusterSpec(2, 8))
+    state = sim.reset()
+    for _ in range(40):
+        state = sim.step(sim.policy.decide(state))
+    a, b = get_policy("rl"), get_policy("rl")
+    d1, d2 = a.decide(state), b.decide(state)
+    assert d1.assignments == d2.assignments and d1.changes == d2.changes
+    check_decision(state, d1)
+
+
+def _copy_model(tmp_path: Path) -> Path:
+    d = tmp_path / "m"
+    d.mkdir()
+    shutil.copy(SHIPPED_MODEL, d / "model.onnx")
+    shutil.copy(SHIPPED_MODEL.parent / "model_card.json", d / "model_card.json")
+    return d / "model.onnx"
+
+
+def test_schema_mismatch_is_refused_with_the_reason(tmp_path):
+    m = _copy_model(tmp_path)
+    card = json.loads((m.parent / "model_card.json").read_text())
+    card["feature_schema"] = "rl-candidates/0"
+    (m.parent / "model_card.json").write_text(json.dumps(card))
+    with pytest.raises(PolicyModelError, match="feature schema"):
+        OnnxScorer(m)
+    card["feature_schema"] = FEATURE_SCHEMA
+    card["features"] = list(FEATURE_NAMES[:-1]) + ["something_else"]
+    (m.parent / "model_card.json").write_text(json.dumps(card))
+    with pytest.raises(PolicyModelError, match="feature list"):
+        OnnxScorer(m)
+
+
+def test_missing_or_broken_model_fails_at_decide_not_at_construction(tmp_path):
+    pol = get_policy("rl", model_path=str(tmp_path / "nope.onnx"))  # constructing never fails
+    state = Simulator(small_workload(n=20), pol, ClusterSpec(1, 8)).reset()
+    with pytest.raises(PolicyModelError, match="does not exist"):
+        pol.decide(state)
+    bad = _copy_model(tmp_path)
+    bad.write_bytes(b"not an onnx file")
+    with pytest.raises(PolicyModelError, match="cannot load"):
+        get_policy("rl", model_path=str(bad)).decide(state)
+
+
+def test_model_file_change_is_picked_up(tmp_path, monkeypatch):
+    m = _copy_model(tmp_path)
+    pol = get_policy("rl", model_path=str(m))
+    pol.load()
+    card = json.loads((m.parent / "model_card.json").read_text())
+    card["feature_schema"] = "other"
+    (m.parent / "model_card.json").write_text(json.dumps(card))
+    pol._checked_at -= 10  # as if 10 s had passed
+    with pytest.raises(PolicyModelError):
+        pol.load()
+
+
+def test_no_candidate_in_an_empty_store(tmp_path):
+    pol = get_policy("rl-candidate")
+    assert pol.name == "rl-candidate"
+    with pytest.raises(PolicyModelError, match="no candidate"):
+        pol.load()
+
+
+# -- the controller ------------------------------------------------------------------------
+
+
+class _Slurm:
+    def __init__(self, jobs):
+        self._jobs = jobs
+
+    def jobs(self):
+        return self._jobs
+
+    def nodes(self):
+        return []
+
+    def update_node_gres(self, *a, **k):
+        return ""
+
+
+def _controller(policy: PolicyConfig, tmp_path):
+    from slurm_mig.controller.service import Controller
+    from slurm_mig.slurm.parsers import SlurmJob
+    from slurm_mig.store import open_store
+
+    store = open_store(":memory:")
+    now = time.time()
+    gpus = [{"gpu": g, "uuid": f"GPU-{g}", "model": "H100-80GB", "mig_enabled": True} for g in (0, 1)]
+    store.replace_observed("n1", gpus, [], now=now)
+    jobs = [SlurmJob(job_id=100 + i, name=f"j{i}", user="u", state="PENDING", partition="p", mig={p: 1},
+                     tres_per_node=f"gres:mig:{p}:1", submit_time=now - 10 + i, priority=1)
+            for i, p in enumerate(["1g", "3g", "2g", "1g"])]
+    return Controller(Config(policy=policy), store, _Slurm(jobs)), store
+
+
+def test_controller_falls_back_with_the_reason_when_the_model_is_wrong(tmp_path, monkeypatch):
+    m = _copy_model(tmp_path)
+    card = json.loads((m.parent / "model_card.json").read_text())
+    card["feature_schema"] = "rl-candidates/0"
+    (m.parent / "model_card.json").write_text(json.dumps(card))
+    monkeypatch.setenv("SLURM_MIG_RL_MODEL", str(m))
+    ctl, store = _controller(PolicyConfig(name="rl", fallback="frag-aware"), tmp_path)
+    summary = ctl.tick()
+    assert summary.get("policy") == "frag-aware" and summary.get("assignments", 0) > 0
+    events = [e.message for e in store.recent_events(50)]
+    assert any("policy rl failed" in e and "feature schema" in e for e in events), events
+
+
+def test_controller_runs_rl_and_shadows_a_candidate(tmp_path, monkeypatch):
+    from slurm_mig.policy_registry import PolicyStore
+
+    st = PolicyStore(tmp_path / "store")
+    st.add(_copy_model(tmp_path), version="cand-1")  # stored, not active: the candidate
+    ctl, store = _controller(PolicyConfig(name="rl", shadow="rl-candidate", fallback="frag-aware"), tmp_path)
+    summary = ctl.tick()
+    assert summary.get("policy") == "rl" and summary.get("assignments", 0) > 0
+    shadow = store.recent_decisions(5, shadow=True)
+    live = store.recent_decisions(5, shadow=False)
+    assert shadow and shadow[0].policy == "rl-candidate" and shadow[0].version == "cand-1"
+    assert live and live[0].policy == "rl"

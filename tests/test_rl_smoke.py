@@ -1,0 +1,138 @@
+"""Training side of the rl policy (needs the training extra: torch==2.13.0, gymnasium, onnx, onnxscript):
+the gymnasium environment, exact snapshot branching, a tiny training run exported to ONNX, and
+retraining from a state DB filled with outcomes. Kept under a minute in all."""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="the training extra is not installed: "
+                                            "pip install torch==2.13.0 && pip install -e '.[train]'")
+
+from slurm_mig.policies.rl import FEATURE_SCHEMA, N_FEATURES, OnnxScorer, RLPolicy, frag_aware_chooser  # noqa: E402
+from slurm_mig.sim.engine import ClusterSpec, SimConfig, simulate  # noqa: E402
+from slurm_mig.sim.workloads import poisson_workload  # noqa: E402
+from training.env import MigPlacementEnv  # noqa: E402
+from training.splits import Case, TEST_FAMILIES, test_cases, train_case  # noqa: E402
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(autouse=True)
+def _isolated(monkeypatch, tmp_path):
+    monkeypatch.delenv("SLURM_MIG_RL_MODEL", raising=False)
+    monkeypatch.setenv("SLURM_MIG_POLICY_STORE", str(tmp_path / "store"))
+    monkeypatch.setattr("slurm_mig.policies.rl._config_model_path", lambda: "")
+
+
+def test_env_follows_the_gymnasium_api_and_rewards_sum_to_the_total_wait():
+    from gymnasium.utils.env_checker import check_env
+
+    w = poisson_workload(200, gpus=16, load=0.95, seed=3)
+    case = Case("t", w, ClusterSpec(2, 8))
+    env = MigPlacementEnv([case])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # unbounded Box warnings
+        check_env(env, skip_render_check=True)
+    obs, info = env.reset(options={"case": case})
+    assert obs["features"].shape == (32, N_FEATURES) and env.action_masks().sum() == info["n"] >= 2
+    with pytest.raises(ValueError, match="masked"):
+        env.step(info["n"])
+    total, done = info["cost_before_s"], False
+    while not done:
+        obs, r, done, _, info = env.step(0)
+        total += -r * 3600 * 16
+    sim = simulate(w, RLPolicy(chooser=frag_aware_chooser), ClusterSpec(2, 8))
+    assert total == pytest.approx(sum(x.start - x.job.submit_time for x in sim.jobs), rel=1e-9)
+    env.close()
+
+
+def test_training_and_test_workloads_never_overlap():
+    rng = random.Random(0)
+    test_names = {c.name for c in test_cases(seeds=(101,))}
+    assert set(TEST_FAMILIES) >= test_names - {"alibaba-late"}
+    for _ in range(30):
+        c = train_case(rng, jobs=(20, 30), families=("poisson", "rl-good_scaling", "rl-bad_scaling", "rl-mix_soft"))
+        assert c.seed >= 1000 and c.name not in TEST_FAMILIES
+
+
+def test_snapshot_branches_replay_exactly():
+    from training.model import Scorer
+    from training.train import run_greedy, window_cost
+
+    m = Scorer()
+    for p in m.parameters():
+        torch.nn.init.normal_(p, std=0.3)
+    f = m.numpy_forward()
+    c = train_case(random.Random(7), jobs=(200, 250), families=("poisson",))
+    main = run_greedy(c, f, 32, record=True)
+    ds = sorted({p[0] for p in main["points"]})
+    d = ds[len(ds) // 2]
+    snap = run_greedy(c, f, 32, snap_at={d})["snaps"][d]
+    t = next(t0 for dd, t0, *_ in main["timeline"] if dd == d)
+    branch = run_greedy(c, f, 32, start=snap, t_end=t + 3 * 3600)
+    assert branch["cost"] == pytest.approx(window_cost(main["timeline"], d, t + 3 * 3600), rel=1e-12)
+
+
+def test_smoke_training_exports_a_model_the_runtime_accepts(tmp_path):
+    from training.train import parse_args, train
+
+    t0 = time.time()
+    model, card = train(parse_args(["--smoke", "--out", str(tmp_path / "run")]), echo=False)
+    assert time.time() - t0 < 45
+    onnx = tmp_path / "run" / "model.onnx"
+    written = json.loads((tmp_path / "run" / "model_card.json").read_text())
+    assert written["feature_schema"] == FEATURE_SCHEMA and written["version"] == card["version"]
+    assert not (tmp_path / "run" / "model.onnx.data").exists()  # one self-contained file
+    scorer = OnnxScorer(onnx)
+    x = np.random.default_rng(0).standard_normal((7, N_FEATURES)).astype(np.float32)
+    with torch.no_grad():
+        ref = model(torch.from_numpy(x)).numpy()
+    assert np.allclose(scorer.logits(x), ref, atol=1e-4)
+    w = poisson_workload(150, gpus=16, load=0.95, seed=11)
+    r = simulate(w, RLPolicy(model_path=str(onnx)), ClusterSpec(2, 8), SimConfig(check=True))
+    assert r.unfinished == 0
+
+
+def _fill_db(path: Path, n: int = 40) -> None:
+    """A state DB as the demo cluster leaves it: one node, two GPUs, ``n`` finished jobs."""
+    from slurm_mig.store import open_store
+
+    store = open_store(str(path))
+    gpus = [{"gpu": g, "uuid": f"GPU-{g}", "model": "H100-80GB", "mig_enabled": True} for g in (0, 1)]
+    store.replace_observed("n1", gpus, [], now=1000.0)
+    rng = random.Random(1)
+    t = 1000.0
+    for i in range(n):
+        t += rng.uniform(0, 30)
+        prof = rng.choice(["1g", "2g", "3g", "1g", "7g"])
+        run = rng.uniform(20, 200)
+        start = t + rng.uniform(0, 20)
+        store.record_outcome(str(i + 1), state="COMPLETED", profile=prof, count=1, node="n1", submit_time=t,
+                             start_time=start, end_time=start + run, time_limit_s=600.0, now=start + run)
+    store.close()
+
+
+def test_retrain_on_a_db_gives_a_candidate_an_evaluation_and_a_decision(tmp_path):
+    from training.retrain import format_report, retrain
+
+    db = tmp_path / "state.db"
+    _fill_db(db)
+    t0 = time.time()
+    r = retrain(db, store=tmp_path / "store", minutes=0.1, iterations=1, out=tmp_path / "work")
+    assert time.time() - t0 < 40
+    assert r["outcomes"] == 40 and r["heldout_jobs"] == 12 and r["history_jobs"] == 28
+    assert r["cluster"] == {"nodes": 1, "gpus_per_node": 2, "model": "H100-80GB"}
+    assert Path(r["candidate"]["path"]).is_file()
+    assert set(r["evaluation"]) == {"candidate", "current", "frag-aware", "first-fit"}
+    assert r["decision"] in ("stored", "kept current")
+    stored = (tmp_path / "store").is_dir() and any((tmp_path / "store").iterdir())
+    assert stored == (r["decision"] == "stored")
+    assert "decision:" in format_report(r)

@@ -1,0 +1,86 @@
+"""`slurm-mig policy list | install | rollback` and the policy store behind them (no torch needed)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from slurm_mig.cli import main
+from slurm_mig.errors import ConfigError
+from slurm_mig.policies import get_policy
+from slurm_mig.policies.rl import SHIPPED_MODEL, resolve_model_path
+from slurm_mig.policy_registry import PolicyStore
+
+
+@pytest.fixture(autouse=True)
+def _store(monkeypatch, tmp_path):
+    monkeypatch.delenv("SLURM_MIG_RL_MODEL", raising=False)
+    monkeypatch.setenv("SLURM_MIG_POLICY_STORE", str(tmp_path / "store"))
+    monkeypatch.setattr("slurm_mig.policies.rl._config_model_path", lambda: "")
+
+
+def model_dir(tmp_path: Path, name: str, **card_changes) -> Path:
+    d = tmp_path / name
+    d.mkdir()
+    shutil.copy(SHIPPED_MODEL, d / "model.onnx")
+    card = json.loads((SHIPPED_MODEL.parent / "model_card.json").read_text())
+    card.update(card_changes)
+    (d / "model_card.json").write_text(json.dumps(card))
+    return d
+
+
+def run_json(capsys, *argv) -> dict:
+    assert main(list(argv)) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_list_install_rollback(tmp_path, capsys):
+    out = run_json(capsys, "policy", "list", "--json")
+    assert out["active"] == "default" and [v["version"] for v in out["versions"]] == ["default"]
+    assert resolve_model_path() == SHIPPED_MODEL
+
+    run_json(capsys, "policy", "install", str(model_dir(tmp_path, "a", version="v1", created=1.0)), "--json")
+    run_json(capsys, "policy", "install", str(model_dir(tmp_path, "b", version="v2", created=2.0)), "--json")
+    out = run_json(capsys, "policy", "list", "--json")
+    assert out["active"] == "v2"
+    assert [(v["version"], v["active"]) for v in out["versions"]] == [("default", False), ("v1", False), ("v2", True)]
+    assert resolve_model_path() == tmp_path / "store" / "v2" / "model.onnx"
+    assert get_policy("rl").load().version == "v2"
+    # rl-candidate: the newest stored version that is not active
+    assert resolve_model_path(candidate=True) == tmp_path / "store" / "v1" / "model.onnx"
+
+    assert run_json(capsys, "policy", "rollback", "--json") == {"active": "v1"}
+    assert run_json(capsys, "policy", "rollback", "--json") == {"active": "default"}
+    assert resolve_model_path() == SHIPPED_MODEL
+    run_json(capsys, "policy", "install", "v2", "--json")
+    assert PolicyStore().active() == "v2"
+
+    assert main(["policy", "list"]) == 0
+    text = capsys.readouterr().out
+    assert "* v2" in text and "default" in text
+
+
+def test_install_refuses_a_model_for_other_features(tmp_path, capsys):
+    bad = model_dir(tmp_path, "bad", version="old", feature_schema="rl-candidates/0")
+    assert main(["policy", "install", str(bad)]) != 0
+    assert "feature schema" in capsys.readouterr().err
+    assert PolicyStore().active() == "default"
+
+
+def test_unknown_version_and_duplicates(tmp_path):
+    st = PolicyStore()
+    with pytest.raises(ConfigError, match="no policy version"):
+        st.install("nope")
+    st.add(model_dir(tmp_path, "a", version="v1"))
+    with pytest.raises(ConfigError, match="already exists"):
+        st.add(model_dir(tmp_path, "b", version="v1"))
+    with pytest.raises(ConfigError, match="bad policy version"):
+        st.add(model_dir(tmp_path, "c"), version="../evil")
+
+
+def test_retrain_without_a_db_is_a_clear_error(tmp_path, capsys):
+    assert main(["policy", "retrain", "--db", str(tmp_path / "missing.db")]) == 2
+    assert "does not exist" in capsys.readouterr().err

@@ -1,0 +1,211 @@
+"""Retraining from the cluster's own history: outcomes -> trace -> fine-tune -> compare -> decide.
+
+    slurm-mig policy retrain --db /var/lib/slurm-mig/state.db [--install]
+    .venv/bin/python -m training.retrain --db .run/demo/state.db
+
+1. Trace: the state DB's ``outcomes`` table replayed as a workload
+   (slurm_mig.sim.workloads.load_outcomes_db), on a cluster shaped like the one
+   in the DB's ``gpus`` table (nodes x GPUs per node, the most common model).
+2. Split by submit time: the most recent ``holdout`` share of jobs is held out.
+   Fine-tuning sees only the older jobs (windows of them, mixed with synthetic
+   training episodes so the policy does not forget other workloads).
+3. Fine-tune the *current* model (the store's active version, else the shipped
+   policy/default.onnx; their torch weights ``model.pt`` sit beside them) with
+   training/train.py's PPO; without weights, train from behaviour cloning.
+4. Compare candidate, current and the heuristics on the held-out recent jobs
+   (the whole history is replayed, only the recent jobs are scored).
+5. Decide: the candidate is written to the policy store only if its mean wait is
+   lower than the current policy's (by more than ``margin``) and its mean JCT is
+   not higher; with ``install`` it also becomes active. The report says which,
+   and why.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import sqlite3
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+import torch
+
+from slurm_mig.errors import ConfigError
+from slurm_mig.policies.rl import SHIPPED_MODEL, RLPolicy, resolve_model_path
+from slurm_mig.policy_registry import DEFAULT, PolicyStore
+from slurm_mig.sim.engine import ClusterSpec
+from slurm_mig.sim.workloads import Workload, load_outcomes_db
+
+from training.evaluate import run_case
+from training.splits import Case, train_case, validation_cases
+from training.train import Args, train
+
+MIN_JOBS = 10
+
+
+def cluster_of(db: str | Path) -> tuple[int, int, str]:
+    """(nodes, GPUs per node, GPU model) from the DB's gpus table; (1, 8, H100-80GB) when it is empty."""
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        rows = con.execute("SELECT node, gpu, model FROM gpus").fetchall()
+    except sqlite3.Error:
+        rows = []
+    finally:
+        con.close()
+    per: Counter = Counter(r[0] for r in rows)
+    models = Counter(r[2] for r in rows if r[2])
+    if not per:
+        return 1, 8, "H100-80GB"
+    return len(per), max(per.values()), (models.most_common(1)[0][0] if models else "H100-80GB")
+
+
+def _window(w: Workload, lo: int, hi: int, name: str) -> Workload:
+    from dataclasses import replace
+
+    jobs = w.jobs[lo:hi]
+    t0 = jobs[0].submit_time if jobs else 0.0
+    return Workload(name, [replace(j, submit_time=j.submit_time - t0) for j in jobs], w.model, w.nodes,
+                    w.gpus_per_node, dict(w.meta))
+
+
+def current_model() -> tuple[str, Path, Path | None]:
+    """(version, .onnx, model.pt or None) of the model the rl policy uses now."""
+    path = resolve_model_path()
+    store = PolicyStore()
+    version = store.active() if path != SHIPPED_MODEL else DEFAULT
+    pt = path.with_name("model.pt") if path != SHIPPED_MODEL else SHIPPED_MODEL.with_name("default.pt")
+    return version, path, (pt if pt.is_file() else None)
+
+
+def retrain(db: str | Path, *, store: str | Path | None = None, holdout: float = 0.3, minutes: float = 5.0,
+            iterations: int = 60, seed: int = 0, install: bool = False, out: str | Path | None = None,
+            margin: float = 0.005, log=None) -> dict:
+    torch.set_num_threads(1)
+    say = log or (lambda m: None)
+    if store is not None:
+        import os
+
+        os.environ["SLURM_MIG_POLICY_STORE"] = str(store)
+    st = PolicyStore(store)
+    nodes, per_node, model_name = cluster_of(db)
+    w = load_outcomes_db(db, model=model_name, nodes=nodes, gpus_per_node=per_node)
+    n = len(w.jobs)
+    if n < MIN_JOBS:
+        raise ConfigError(f"{db} holds {n} usable outcome(s); retraining needs at least {MIN_JOBS}")
+    if not 0.05 <= holdout <= 0.8:
+        raise ConfigError(f"--holdout must be between 0.05 and 0.8, got {holdout}")
+    spec = ClusterSpec(nodes, per_node, model_name)
+    n_hold = max(1, int(round(holdout * n)))
+    cut = n - n_hold
+    history = _window(w, 0, cut, "replay:history")
+    recent = Case("recent", w, spec, seed, cut / n, 1.0)
+    say(f"{n} outcomes from {db}: training on the oldest {cut}, judging on the most recent {n_hold}; "
+        f"cluster {nodes} x {per_node} {model_name}")
+
+    version, cur_path, cur_pt = current_model()
+    init = None
+    if cur_pt is not None:
+        ck = torch.load(str(cur_pt), map_location="cpu", weights_only=False)
+        init = ck["state_dict"]
+    say(f"current policy: {version} ({cur_path}); fine-tuning from "
+        f"{'its weights' if init is not None else 'scratch (no model.pt beside it)'}")
+
+    def sample_case(rng: random.Random) -> Case:
+        if rng.random() < 0.5 or len(history.jobs) < 2:
+            return train_case(rng, jobs=(150, 300))
+        size = min(len(history.jobs), rng.randint(100, 400))
+        lo = rng.randrange(0, len(history.jobs) - size + 1)
+        return Case("replay", _window(history, lo, lo + size, "replay"), spec, rng.randrange(10**6))
+
+    vcases = [Case("valid:history", history, spec, seed)] + validation_cases(small=True)
+    work = Path(out) if out else Path(tempfile.mkdtemp(prefix="slurm-mig-retrain-"))
+    args = Args(out=str(work), seed=seed, iterations=iterations, time_budget_min=minutes, eval_every=max(1, iterations // 6),
+                bc_episodes=8, bc_epochs=10, episodes_per_iteration=2, episode_jobs=(150, 300))
+    t0 = time.time()
+    _model, card = train(args, sample_case=sample_case, init=init, vcases=vcases,
+                         card_extra={"source": "retrain", "source_db": str(db), "parent_version": version},
+                         echo=False)
+    wall = time.time() - t0
+    cand_path = work / "model.onnx"
+    say(f"candidate trained in {wall:.0f} s ({card.get('ppo_iterations')} iterations); evaluating on the recent jobs")
+
+    evaluation = {}
+    for label, pol in (("candidate", lambda: RLPolicy(model_path=str(cand_path)).load()),
+                       ("current", lambda: RLPolicy(model_path=str(cur_path)).load()),
+                       ("frag-aware", "frag-aware"), ("first-fit", "first-fit")):
+        evaluation[label] = run_case(recent, pol() if callable(pol) else pol)
+    cw, cj = evaluation["candidate"]["mean_wait_s"], evaluation["candidate"]["mean_jct_s"]
+    uw, uj = evaluation["current"]["mean_wait_s"], evaluation["current"]["mean_jct_s"]
+    better = cw < uw - max(margin * uw, 1e-6) and cj <= uj + 1e-6
+    if better:
+        metrics = {"candidate_mean_wait_s": cw, "current_mean_wait_s": uw, "candidate_mean_jct_s": cj,
+                   "current_mean_jct_s": uj, "frag_aware_mean_wait_s": evaluation["frag-aware"]["mean_wait_s"],
+                   "heldout_jobs": n_hold, "source_db": str(db)}
+        v = st.add(cand_path, extra_card={"metrics": metrics, "source": "retrain", "parent_version": version})
+        decision = "installed" if install else "stored"
+        if install:
+            st.install(v.version)
+        reason = (f"candidate waits {cw:.1f} s on the {n_hold} most recent jobs vs {uw:.1f} s for {version} "
+                  f"(JCT {cj:.1f} vs {uj:.1f} s)")
+        new_version = v.version
+    else:
+        decision = "kept current"
+        why = "waits no less" if cw >= uw - max(margin * uw, 1e-6) else "has a higher mean JCT"
+        reason = (f"candidate {why}: {cw:.1f} s vs {uw:.1f} s mean wait, {cj:.1f} vs {uj:.1f} s mean JCT on the "
+                  f"{n_hold} most recent jobs; nothing written")
+        new_version = None
+    caution = (f"only {n_hold} held-out jobs: weak evidence either way; let more history accumulate"
+               if n_hold < 50 else "")
+    return {
+        "caution": caution,
+        "db": str(db), "outcomes": n, "history_jobs": cut, "heldout_jobs": n_hold,
+        "cluster": {"nodes": nodes, "gpus_per_node": per_node, "model": model_name},
+        "current_version": version, "candidate": {"path": str(cand_path), "wall_s": round(wall, 1),
+                                                  "iterations": card.get("ppo_iterations"),
+                                                  "validation_wait_ratio_vs_frag_aware":
+                                                      card.get("validation_wait_ratio_vs_frag_aware")},
+        "evaluation": evaluation, "decision": decision, "new_version": new_version, "reason": reason,
+        "store": str(st.root),
+    }
+
+
+def format_report(r: dict) -> str:
+    lines = [f"retrain on {r['db']}: {r['outcomes']} outcomes ({r['history_jobs']} for training, "
+             f"{r['heldout_jobs']} most recent held out), cluster {r['cluster']['nodes']} x "
+             f"{r['cluster']['gpus_per_node']} {r['cluster']['model']}",
+             f"candidate: {r['candidate']['path']} ({r['candidate']['iterations']} iterations, "
+             f"{r['candidate']['wall_s']} s)", "evaluation on the held-out recent jobs:"]
+    for label, m in r["evaluation"].items():
+        lines.append(f"  {label:11s} mean wait {m['mean_wait_s']:10.1f} s   mean JCT {m['mean_jct_s']:10.1f} s")
+    lines.append(f"decision: {r['decision']}" + (f" as version {r['new_version']}" if r["new_version"] else ""))
+    lines.append(f"  {r['reason']}")
+    if r.get("caution"):
+        lines.append(f"  note: {r['caution']}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--db", required=True)
+    ap.add_argument("--store", default=None)
+    ap.add_argument("--holdout", type=float, default=0.3)
+    ap.add_argument("--minutes", type=float, default=5.0)
+    ap.add_argument("--iterations", type=int, default=60)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--install", action="store_true")
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args(argv)
+    r = retrain(a.db, store=a.store, holdout=a.holdout, minutes=a.minutes, iterations=a.iterations, seed=a.seed,
+                install=a.install, out=a.out, log=None if a.json else (lambda m: print(m, file=sys.stderr)))
+    print(json.dumps(r, default=str) if a.json else format_report(r))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
