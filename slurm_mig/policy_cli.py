@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from slurm_mig.errors import ConfigError, SlurmMigError
+from slurm_mig.errors import ConfigError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -161,12 +161,9 @@ def _retrain(args) -> int:
     if not Path(db).is_file():
         raise ConfigError(f"state DB {db} does not exist")
     mod = _training_module("retrain")
-    try:
-        report = mod.retrain(db, store=args.store, holdout=args.holdout, minutes=args.minutes,
-                             iterations=args.iterations, seed=args.seed, install=args.install, out=args.out,
-                             log=None if args.json else (lambda m: print(m, file=sys.stderr, flush=True)))
-    except SlurmMigError:
-        raise
+    report = mod.retrain(db, store=args.store, holdout=args.holdout, minutes=args.minutes,
+                         iterations=args.iterations, seed=args.seed, install=args.install, out=args.out,
+                         log=None if args.json else (lambda m: print(m, file=sys.stderr, flush=True)))
     if args.json:
         print(json.dumps(report, default=str))
     else:

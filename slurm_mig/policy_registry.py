@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from slurm_mig.errors import ConfigError, SlurmMigError
+from slurm_mig.errors import ConfigError
 from slurm_mig.policies.rl import CARD_NAME, SHIPPED_MODEL, OnnxScorer, PolicyModelError, read_card, store_dir
 
 DEFAULT = "default"
@@ -166,7 +166,3 @@ class PolicyStore:
         tmp.write_text(json.dumps(data, indent=1) + "\n")
         os.replace(tmp, self.root / name)
 
-
-def ensure_usable(store: PolicyStore) -> None:
-    if store.root.exists() and not store.root.is_dir():
-        raise SlurmMigError(f"policy store {store.root} is not a directory")

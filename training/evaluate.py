@@ -23,7 +23,7 @@ from pathlib import Path
 from slurm_mig.policies import get_policy
 from slurm_mig.sim.engine import SimConfig, simulate
 
-from training.splits import TEST_FAMILIES, TEST_SEEDS, Case, test_cases
+from training.splits import TEST_FAMILIES, TEST_SEEDS, Case, heldout_cases
 
 HEURISTICS = ("no-mig", "best-static", "first-fit", "greedy", "frag-aware")
 # Two-sided 95 % Student t quantiles by degrees of freedom.
@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     from slurm_mig.policies.rl import RLPolicy
 
-    cases = test_cases(tuple(int(s) for s in args.seeds.split(",")), tuple(args.families.split(",")),
+    cases = heldout_cases(tuple(int(s) for s in args.seeds.split(",")), tuple(args.families.split(",")),
                        Path(args.trace) if args.trace else None)
     heur = [h for h in args.heuristics.split(",") if h]
     policies: dict[str, object] = {"rl": lambda: RLPolicy(model_path=args.model).load()}

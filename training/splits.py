@@ -143,7 +143,7 @@ def _bench_like(family: str, seed: int) -> tuple[Workload, ClusterSpec]:
     raise ValueError(family)
 
 
-def test_cases(seeds: tuple[int, ...] = TEST_SEEDS, families: tuple[str, ...] = TEST_FAMILIES,
+def heldout_cases(seeds: tuple[int, ...] = TEST_SEEDS, families: tuple[str, ...] = TEST_FAMILIES,
                trace: Path | None = None) -> list[Case]:
     """The held-out cases: each test family x each seed."""
     out = []
