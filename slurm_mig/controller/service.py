@@ -123,6 +123,13 @@ def layout_counts(layout: Layout) -> dict[str, int]:
     return out
 
 
+def _make_policy(cfg, name: str):
+    """A policy by name; learned ones get the configured model file (they load it lazily, on first use)."""
+    if name.startswith("rl") and cfg.policy.model_path:
+        return get_policy(name, model_path=cfg.policy.model_path)
+    return get_policy(name)
+
+
 class Controller:
     """The head-node controller. Thread-safe: API threads and the tick share one Store."""
 
@@ -131,9 +138,9 @@ class Controller:
         self.store = store
         self.slurm = slurm
         self.clock = clock
-        self.policy = policy or get_policy(cfg.policy.name)
-        self.fallback = get_policy(cfg.policy.fallback) if cfg.policy.fallback else None
-        self.shadow = get_policy(cfg.policy.shadow) if cfg.policy.shadow else None
+        self.policy = policy or _make_policy(cfg, cfg.policy.name)
+        self.fallback = _make_policy(cfg, cfg.policy.fallback) if cfg.policy.fallback else None
+        self.shadow = _make_policy(cfg, cfg.policy.shadow) if cfg.policy.shadow else None
         self.metrics = Metrics()
         self._gres_set: dict[str, tuple[str, float]] = {}  # node -> (value, when) last written
         self._last_slurm_ok = 0.0
