@@ -410,3 +410,35 @@ def test_orphaned_binding_files_are_released_only_when_slurm_says_so(rig):
     rig.squeue = "99\n"
     assert rig.report() == 0 and not path.exists()
     assert uuid not in {i.uuid for g in (0, 1) for i in rig.gpu.instances(g) if i.in_use}
+
+
+def test_epilog_of_a_requeued_attempt_records_no_outcome(rig):
+    """Prolog killed after binding, the wrapper requeued the job: Slurm still runs the Epilog of that
+    attempt (exit code 0, SLURM_JOB_RESTART_COUNT already raised). Its end is not the job's outcome."""
+    rig.job("16", "1g")
+    assert rig.hook("prolog", "16", SLURM_JOB_RESTART_COUNT="0") == 0
+    first = rig.live("16")
+    assert first and json.loads(rig.binding_file("16").read_text())["attempt"] == 0
+    assert rig.hook("epilog", "16", SLURM_JOB_EXIT_CODE="0", SLURM_JOB_RESTART_COUNT="1") == 0
+    assert rig.store.outcome("16") is None and rig.live("16") == () and not rig.binding_file("16").exists()
+    assert any("ended by a requeue" in e.message for e in rig.store.recent_events(20, job_id="16"))
+    # The attempt that runs: its outcome is the one recorded, once.
+    rig.store.set_job_state("16", "PENDING")
+    assert rig.hook("prolog", "16", SLURM_JOB_RESTART_COUNT="1") == 0
+    assert rig.hook("epilog", "16", SLURM_JOB_EXIT_CODE="256", SLURM_JOB_RESTART_COUNT="1") == 0
+    o = rig.store.outcome("16")
+    assert o is not None and o.state == "FAILED" and o.exit_code == 256
+
+
+def test_a_late_epilog_from_another_node_frees_only_its_own_instances(rig):
+    rig.job("17", "3g")
+    assert rig.hook("prolog", "17") == 0
+    live = rig.live("17")
+    assert live
+    # An earlier attempt's messages from another node, arriving now: nothing of this run is released.
+    rig.store.replace_observed("n2", [{"gpu": 0, "uuid": "G", "model": "H100-80GB", "mig_enabled": True}], [])
+    rig.ctl.on_bind_failed({"job_id": "17", "node": "n2", "results": []}, None)
+    rig.ctl.on_epilog({"job_id": "17", "node": "n2", "exit_code": 0, "requeued": True,
+                       "instances": [{"gpu": 0, "profile": "3g", "start": 4, "uuid": "old"}]}, None)
+    assert rig.live("17") == live
+    assert rig.store.get_job("17").state == "RUNNING"

@@ -623,8 +623,11 @@ class Controller:
         results = _v_results(payload.get("results"), need_gpu=False)
         now = self.clock()
         with self.store.transaction():
-            self.store.release(job_id, now=now)
-            self.store.set_job_state(job_id, "REQUEUED", now=now, reason="reconfiguration failed on the node")
+            # Only this node's binding: a late message about an earlier attempt must not free a later one.
+            self.store.release(job_id, node=node, now=now)
+            job = self.store.get_job(job_id)
+            if job is not None and job.node in (None, node) and job.state not in TERMINAL:
+                self.store.set_job_state(job_id, "REQUEUED", now=now, reason="reconfiguration failed on the node")
             for e in self.store.open_journal_entries(node):
                 if e.state == "in_progress":
                     self._finish_reconfig(e.id, "failed", error=str(results)[:2000], now=now)
@@ -643,6 +646,7 @@ class Controller:
         insts = _v_instances(payload.get("instances"), "instances")
         lingering = _v_instances(payload.get("lingering"), "lingering")
         unreadable = _v_bool(payload.get("binding_unreadable"), "binding_unreadable")
+        requeued = _v_bool(payload.get("requeued"), "requeued")
         with self.store.transaction():
             job = self.store.get_job(job_id)
             if unreadable and not insts:
@@ -650,12 +654,20 @@ class Controller:
             if job is None or not insts:
                 # Not a MIG job, or a run that never got its instances (requeued in its Prolog).
                 return {"ok": True, "recorded": False}
+            if requeued:
+                # This attempt was requeued (by its Prolog's wrapper after a crash, an admin, a node failure):
+                # it is not how the job ended. Its instances are free; the outcome waits for the final run.
+                self.store.release(job_id, node=node, starts=[(i["gpu"], i["start"]) for i in insts], now=now)
+                self.store.add_event("requeue", f"job {job_id}: an attempt on {node} ended by a requeue; its "
+                                     f"instances are released, the outcome waits for the run that completes",
+                                     node=node, job_id=job_id, now=now)
+                return {"ok": True, "recorded": False}
             state = "COMPLETED" if exit_code == 0 else "FAILED"
             recorded = self.store.record_outcome(job_id, state=state, exit_code=exit_code,
                                                  derived_exit_code=derived_ec, end_time=end, now=now)
             if job.state not in ("COMPLETED", "FAILED"):
                 self.store.set_job_state(job_id, state, now=now, exit_code=exit_code)
-            self.store.release(job_id, now=now)
+            self.store.release(job_id, node=node, starts=[(i["gpu"], i["start"]) for i in insts], now=now)
             if lingering:
                 self.store.add_event("lingering", f"job {job_id} ended with processes left on {lingering}",
                                      node=node, job_id=job_id, now=now)

@@ -335,7 +335,8 @@ def prolog(env: dict, node: Node) -> int:
                 return node.requeue(job_id, f"MIG instance {inst['profile']}@{inst['start']} missing on {node.name}")
             bound.append(BoundInstance(int(inst["gpu"]), inst["profile"], int(inst["start"]), uuid))
         # Written before the lock is released: from here on every layout change on this node sees them busy.
-        node.state.write_binding(job_id, bound, uid if uid >= 0 else None, gid)
+        node.state.write_binding(job_id, bound, uid if uid >= 0 else None, gid,
+                                 attempt=_int(env.get("SLURM_JOB_RESTART_COUNT")))
         for b in bound:
             node.mark_in_use(b.gpu, b.profile, b.start, f"job {job_id}")
     node.send_or_queue("/v1/bound", {"job_id": job_id, "node": node.name, "instances": [b.to_json() for b in bound],
@@ -427,9 +428,15 @@ def epilog(env: dict, node: Node) -> int:
             log.error("job %s: cannot check %s@%d on GPU %d (%s); its binding is kept until the GPU can be read",
                       job_id, i.profile, i.start, i.gpu, exc)
             lingering.append(i.to_json())
+    # Slurm raises SLURM_JOB_RESTART_COUNT when it requeues a job, before this Epilog runs: a binding made
+    # at a lower count belongs to an attempt that was requeued (e.g. its Prolog was killed and the wrapper
+    # requeued it), whose end is not the job's outcome.
+    attempt, restarts = node.state.binding_attempt(job_id), _int(env.get("SLURM_JOB_RESTART_COUNT"))
+    requeued = attempt is not None and restarts is not None and restarts > attempt
     payload = {"job_id": job_id, "node": node.name, "instances": [i.to_json() for i in insts],
                "exit_code": _int(env.get("SLURM_JOB_EXIT_CODE")), "derived_ec": _int(env.get("SLURM_JOB_DERIVED_EC")),
-               "end_time": time.time(), "lingering": lingering, "binding_unreadable": unreadable}
+               "end_time": time.time(), "lingering": lingering, "binding_unreadable": unreadable,
+               "requeued": requeued}
     # The outcome goes to the outbox first (written and fsynced), then the outbox is delivered in order:
     # killed from here on, the next hook or health check still delivers it, and it never overtakes an
     # older message about the same job (a binding made while the controller was down).

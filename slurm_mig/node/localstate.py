@@ -102,9 +102,14 @@ class NodeState:
         return self.bindings_dir / f"{_safe_job_id(job_id)}.json"
 
     def write_binding(self, job_id: str, instances: list[BoundInstance], uid: int | None = None,
-                      gid: int | None = None) -> None:
-        """Record that ``job_id`` holds ``instances`` (readable by the job's user only)."""
-        doc = {"job_id": str(job_id), "bound_at": time.time(), "instances": [i.to_json() for i in instances]}
+                      gid: int | None = None, attempt: int | None = None) -> None:
+        """Record that ``job_id`` holds ``instances`` (readable by the job's user only).
+
+        ``attempt``: Slurm's SLURM_JOB_RESTART_COUNT when the Prolog ran, so the Epilog can tell the run
+        that made this binding from a later one (a requeue raises the count before the Epilog runs).
+        """
+        doc = {"job_id": str(job_id), "bound_at": time.time(), "instances": [i.to_json() for i in instances],
+               "attempt": attempt}
         _atomic_write(self._binding_path(job_id), json.dumps(doc).encode(), 0o400, uid, gid)
 
     def read_binding(self, job_id: str) -> list[BoundInstance] | None:
@@ -114,6 +119,14 @@ class NodeState:
         except FileNotFoundError:
             return None
         return _instances(doc)
+
+    def binding_attempt(self, job_id: str) -> int | None:
+        """The restart count the binding was made at (None: no file, an unreadable one, or none recorded)."""
+        try:
+            attempt = _read_json_object(self._binding_path(job_id)).get("attempt")
+        except (OSError, ValueError):
+            return None
+        return attempt if isinstance(attempt, int) and not isinstance(attempt, bool) else None
 
     def remove_binding(self, job_id: str) -> None:
         try:

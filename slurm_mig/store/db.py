@@ -831,12 +831,23 @@ class Store:
                     (node, dumps([b.to_json() for b in resolved]), t, job_id))
         return tuple(resolved)
 
-    def release(self, job_id: str, *, now: float | None = None) -> int:
-        """Release every live binding of ``job_id``; returns how many were released (0 if none)."""
+    def release(self, job_id: str, *, node: str | None = None, starts: Iterable[tuple[int, int]] | None = None,
+                now: float | None = None) -> int:
+        """Release the live bindings of ``job_id`` (only those on ``node``, and only the ``(gpu, start)``
+        instances in ``starts``, when given); returns how many were released (0 if none)."""
+        sql, params = "UPDATE bindings SET released_at = ? WHERE job_id = ? AND released_at IS NULL", [_now(now),
+                                                                                                     str(job_id)]
+        if node is not None:
+            sql += " AND node = ?"
+            params.append(node)
+        if starts is not None:
+            pairs = sorted({(int(g), int(st)) for g, st in starts})
+            if not pairs:
+                return 0
+            sql += " AND (" + " OR ".join("(gpu = ? AND start = ?)" for _ in pairs) + ")"
+            params += [v for pair in pairs for v in pair]
         with self.transaction():
-            cur = self._x("UPDATE bindings SET released_at = ? WHERE job_id = ? AND released_at IS NULL",
-                          (_now(now), str(job_id)))
-            return cur.rowcount
+            return self._x(sql, params).rowcount
 
     def bound_instances(self, job_id: str) -> tuple[BoundInstance, ...]:
         """The instances ``job_id`` holds now (live bindings), by GPU then start."""
