@@ -370,3 +370,15 @@ def test_many_concurrent_writers_all_get_through(tmp_path):
     assert failures == []
     assert len(store.jobs()) == 300
     store.close()
+
+
+def test_a_node_slurm_drained_for_its_gres_count_is_named_with_the_fix(rig, caplog):
+    rig.fake.nodes = lambda: [SlurmNode(name="n1", state="idle", flags=frozenset({"DRAIN", "INVALID_REG"}),
+                                        reason="gres/mig count reported lower than configured (6 < 7)",
+                                        gres={"3g": 2}, gres_used={})]
+    with caplog.at_level(logging.ERROR):
+        rig.tick()
+        rig.tick()
+    msgs = [r.getMessage() for r in caplog.records if "Slurm drained n1" in r.getMessage()]
+    assert len(msgs) == 1 and "slurm.conf Gres=" in msgs[0]
+    assert rig.store.node("n1").state == "drain"

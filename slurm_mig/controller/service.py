@@ -148,6 +148,7 @@ class Controller:
         self._ticks = 0
         self._last_signature: tuple | None = None
         self._ended_since: dict[str, float] = {}  # job -> when Slurm was first seen to have ended it
+        self._invalid_reg: set[str] = set()  # nodes Slurm drained for a mig GRES count below the layout's
         # Error series exist from the start, at 0, so dashboards and alerts see them before the first error.
         for kind in ("auth", "bad_request", "rejected", "internal", "busy"):
             self.metrics.inc("slurm_mig_api_errors_total", (("kind", kind),), 0)
@@ -289,6 +290,20 @@ class Controller:
         for n in nodes:
             state = "up" if n.available else ("drain" if n.drained else "down")
             self.store.upsert_node(n.name, state=state)
+            # Slurm drains a node whose slurmd registers (it does so periodically) with fewer mig GRES than
+            # the count last set at run time: slurm.conf's Gres= for the node is below what its layouts hold.
+            # Only the admin can fix that (docs/reliability.md); say so, once per episode.
+            invalid = "INVALID_REG" in n.flags and "mig" in (n.reason or "")
+            if invalid and n.name not in self._invalid_reg:
+                msg = (f"Slurm drained {n.name}: {n.reason}. Its slurm.conf Gres= must count at least as many "
+                       f"mig instances as any layout can hold (7 per GPU), e.g. mig:1g:<7 x GPUs>; then "
+                       f"`scontrol reconfigure` and resume the node")
+                log.error("%s", msg)
+                self.store.add_event("gres", msg, node=n.name)
+            if invalid:
+                self._invalid_reg.add(n.name)
+            else:
+                self._invalid_reg.discard(n.name)
 
     def _expire_journal(self, now: float) -> None:
         for e in self.store.open_journal_entries():
