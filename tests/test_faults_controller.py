@@ -82,6 +82,9 @@ class FlakySlurm:
         raise AssertionError("slurm-mig must never change a node's state (drain, down)")
 
     def run(self, argv, **kw):
+        if list(argv[:2]) == ["scontrol", "update"] and argv[3].startswith("AdminComment=slurm-mig: "):
+            self.calls.append(("comment", argv[2]))
+            return None
         raise AssertionError(f"unexpected Slurm command {argv}")
 
 
@@ -382,3 +385,28 @@ def test_a_node_slurm_drained_for_its_gres_count_is_named_with_the_fix(rig, capl
     msgs = [r.getMessage() for r in caplog.records if "Slurm drained n1" in r.getMessage()]
     assert len(msgs) == 1 and "slurm.conf Gres=" in msgs[0]
     assert rig.store.node("n1").state == "drain"
+
+
+def test_a_mig_job_running_without_its_prolog_is_requeued(rig, caplog):
+    """slurmd skips the Prolog of a job id whose credential it still caches (a requeue just before): the
+    job runs with no instance. After the grace period the controller requeues it, once."""
+    t = [time.time()]
+    rig.clock = lambda: t[0]
+    rig.fake.queue = [SlurmJob(job_id=5, name="e", user="eve", state="RUNNING", nodes=["n1"], mig={"3g": 1},
+                               tres_per_node="gres:mig:3g:1", submit_time=int(t[0]) - 100,
+                               start_time=int(t[0]) - 5, priority=1)]
+    rig.tick()
+    assert ("requeue", "5") not in rig.fake.calls  # a Prolog may still be binding it
+    t[0] += 120
+    with caplog.at_level(logging.WARNING):
+        summary = rig.tick()
+    assert summary["requeued_unbound"] == 1 and ("requeue", "5") in rig.fake.calls
+    assert any("started without its Prolog" in r.getMessage() for r in caplog.records)
+    # A job that has its instance is left alone.
+    rig.store.replace_observed("n1", H100, [{"gpu": 0, "profile": "3g", "start": 0, "uuid": "MIG-a"}], now=t[0])
+    rig.store.upsert_job("6", profile="3g", user="u", name="f")
+    rig.store.bind("6", "n1", [{"gpu": 0, "profile": "3g", "start": 0}])
+    rig.fake.queue = [SlurmJob(job_id=6, state="RUNNING", nodes=["n1"], mig={"3g": 1}, tres_per_node="gres:mig:3g:1",
+                               submit_time=int(t[0]) - 300, start_time=int(t[0]) - 200, priority=1)]
+    rig.fake.calls.clear()
+    assert rig.tick()["requeued_unbound"] == 0 and all(c[0] != "requeue" for c in rig.fake.calls)

@@ -184,6 +184,8 @@ class Controller:
                 summary.update(self._decide(now))
             if nodes is not None:
                 summary["gres_updates"] = self._assert_gres(nodes, jobs or [], now)
+            if jobs is not None:
+                summary["requeued_unbound"] = self._requeue_unbound(jobs, now)
             self._update_gauges()
             self._ticks += 1
             if self._ticks % 500 == 1:
@@ -254,6 +256,8 @@ class Controller:
             detail = self.slurm.scontrol_show_job(job.job_id)
             if detail is not None and detail.state not in TERMINAL:
                 continue  # requeued or still completing: the next ticks see it
+            # Without scontrol's record: squeue's state if it still lists the job (the exit status is then
+            # unknown), else Slurm has forgotten the job (MinJobAge; squeue answered this tick) and its exit.
             state, exit_code, end = "FAILED", None, now
             if detail is not None:
                 state = detail.state
@@ -270,6 +274,41 @@ class Controller:
         for job_id in [j for j in self._ended_since if j not in listed and now - self._ended_since[j] > 3600]:
             del self._ended_since[job_id]
         return out
+
+    def _requeue_unbound(self, jobs, now: float) -> int:
+        """Requeue MIG jobs Slurm has been running for a while with no instance bound anywhere.
+
+        Slurm skips the Prolog of a job id whose credential slurmd still caches. It holds a requeued job
+        back for cred_expire after the requeue, but the cache entry lives until cred_expire after that
+        attempt's Epilog ended, a little later: a job started on the same node in between runs without
+        its Prolog, so without its MIG instance (the TaskProlog then shows it no GPU). Seen on the local
+        cluster (slurmd: "reissued job credential for job N", no Prolog). Requeued again, it gets its
+        Prolog the next time. The grace period leaves time for a binding the node made alone to arrive.
+        """
+        grace = max(EPILOG_GRACE_S, 2 * self.cfg.node.health_check_interval_s)
+        done = 0
+        for j in jobs:
+            if j.state != "RUNNING" or not j.wants_mig or not j.start_time or now - j.start_time < grace:
+                continue
+            job_id = str(j.job_id)
+            job = self.store.get_job(job_id)
+            if job is None or job.state in TERMINAL or self.store.bound_instances(job_id):
+                continue
+            reason = "started without its Prolog (no MIG instance bound); requeued to get one"
+            log.warning("job %s %s", job_id, reason)
+            try:
+                run = getattr(self.slurm, "run", None)
+                if run is not None:
+                    run(["scontrol", "update", f"JobId={job_id}", f"AdminComment=slurm-mig: {reason}"])
+                self.slurm.scontrol_requeue(job_id)
+            except SlurmMigError as exc:
+                log.warning("requeue of %s failed: %s", job_id, exc)
+                continue
+            self.store.add_event("requeue", f"job {job_id}: {reason}", node=(j.nodes or [None])[0], job_id=job_id,
+                                 now=now)
+            self.metrics.inc("slurm_mig_requeues_total", (("reason", "no_prolog"),))
+            done += 1
+        return done
 
     def _settle_lost_epilogs(self, lost: dict, now: float) -> None:
         for job_id, (state, exit_code, end) in lost.items():
