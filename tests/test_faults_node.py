@@ -105,6 +105,8 @@ level = "INFO"
                     return SlurmResult(tuple(argv), 1, "", "slurm_load_jobs error: Unable to contact slurm "
                                        "controller (connect failure)", 0.0)
                 return SlurmResult(tuple(argv), 0, self.squeue, "", 0.0)
+            if tuple(argv[:3]) == ("scontrol", "show", "config"):
+                return SlurmResult(tuple(argv), 0, "AuthInfo = socket=/run/munge.sock,cred_expire=10\n", "", 0.0)
             return SlurmResult(tuple(argv), 0, "", "", 0.0)
 
         monkeypatch.setattr(SlurmClient, "run", run)
@@ -442,3 +444,27 @@ def test_a_late_epilog_from_another_node_frees_only_its_own_instances(rig):
                        "instances": [{"gpu": 0, "profile": "3g", "start": 4, "uuid": "old"}]}, None)
     assert rig.live("17") == live
     assert rig.store.get_job("17").state == "RUNNING"
+
+
+def test_a_requeued_attempt_is_held_back_until_the_node_forgets_its_credential(rig):
+    """The Prolog found no instance and requeued the job (or died, and its wrapper requeued it): the
+    attempt's Epilog pushes the job's StartTime past cred_expire from now, so the job cannot start again
+    on this node while slurmd would still skip its Prolog."""
+    rig.job("18", "7g")
+    for g in (0, 1):  # every GPU busy: no 7g can be made
+        for i in rig.gpu.instances(g):
+            rig.gpu.set_in_use(g, i.slot, "someone")
+    assert rig.hook("prolog", "18", SLURM_JOB_RESTART_COUNT="0") == 0
+    assert ("requeue", "18") in rig.slurm.calls  # the controller requeued it (no instance can be made)
+    assert rig.hook("epilog", "18", SLURM_JOB_EXIT_CODE="0", SLURM_JOB_RESTART_COUNT="1") == 0
+    assert ("scontrol", "update", "JobId=18", "StartTime=now+15") in rig.scontrol
+    assert rig.store.outcome("18") is None
+    # A run that completes is not held back.
+    rig.scontrol.clear()
+    for g in (0, 1):
+        for i in rig.gpu.instances(g):
+            rig.gpu.set_in_use(g, i.slot, None)
+    assert rig.hook("prolog", "18", SLURM_JOB_RESTART_COUNT="1") == 0
+    assert rig.hook("epilog", "18", SLURM_JOB_EXIT_CODE="0", SLURM_JOB_RESTART_COUNT="1") == 0
+    assert not any("StartTime" in " ".join(a) for a in rig.scontrol)
+    assert rig.store.outcome("18").state == "COMPLETED"

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import socket
 import sys
 import time
@@ -295,6 +296,7 @@ def prolog(env: dict, node: Node) -> int:
     job_id = env["SLURM_JOB_ID"]
     uid = int(env.get("SLURM_JOB_UID", "-1"))
     node.state.ensure()
+    node.state.note_attempt(job_id, _int(env.get("SLURM_JOB_RESTART_COUNT")))
     node.flush_outbox()
     payload = {"job_id": job_id, "node": node.name, "observed": node.observe(), "bindings": node.bindings_json()}
     try:
@@ -431,7 +433,9 @@ def epilog(env: dict, node: Node) -> int:
     # Slurm raises SLURM_JOB_RESTART_COUNT when it requeues a job, before this Epilog runs: a binding made
     # at a lower count belongs to an attempt that was requeued (e.g. its Prolog was killed and the wrapper
     # requeued it), whose end is not the job's outcome.
+    noted = node.state.take_attempt(job_id)
     attempt, restarts = node.state.binding_attempt(job_id), _int(env.get("SLURM_JOB_RESTART_COUNT"))
+    attempt = noted if attempt is None else attempt
     requeued = attempt is not None and restarts is not None and restarts > attempt
     payload = {"job_id": job_id, "node": node.name, "instances": [i.to_json() for i in insts],
                "exit_code": _int(env.get("SLURM_JOB_EXIT_CODE")), "derived_ec": _int(env.get("SLURM_JOB_DERIVED_EC")),
@@ -442,6 +446,8 @@ def epilog(env: dict, node: Node) -> int:
     # older message about the same job (a binding made while the controller was down).
     node.state.enqueue("/v1/epilog", payload)
     node.flush_outbox()
+    if requeued:
+        _hold_back(node, job_id)
     if lingering:
         # Keep the binding so no layout change destroys an instance that still has processes;
         # the health check releases it once the processes are gone.
@@ -449,6 +455,27 @@ def epilog(env: dict, node: Node) -> int:
     else:
         node.state.remove_binding(job_id)
     return 0
+
+
+def _hold_back(node: Node, job_id: str) -> None:
+    """Keep a requeued job from starting again until this node has forgotten its credential.
+
+    slurmd skips the Prolog of a job id whose credential it still caches, until cred_expire after this
+    Epilog ends; Slurm holds the requeued job back for cred_expire counted from the requeue, a little
+    earlier. Started on this node in between, the job would run without its Prolog, so without its MIG
+    instance. Pushing its StartTime to cred_expire (+5 s) from now closes that window.
+    """
+    from slurm_mig.slurm.runner import SlurmClient
+
+    client = SlurmClient(slurm_conf=node.settings.slurm_conf, timeout=10)
+    res = client.run(["scontrol", "show", "config"])
+    found = re.search(r"cred_expire=(\d+)", res.stdout) if res.ok else None
+    wait = (int(found.group(1)) if found else 120) + 5  # Slurm's default cred_expire is 120 s
+    res = client.run(["scontrol", "update", f"JobId={job_id}", f"StartTime=now+{wait}"])
+    if res.ok:
+        log.info("job %s was requeued: held back %d s, until this node has forgotten its credential", job_id, wait)
+    else:
+        log.warning("could not hold back requeued job %s: %s", job_id, res.describe())
 
 
 def healthcheck(env: dict, node: Node) -> int:

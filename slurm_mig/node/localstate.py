@@ -89,9 +89,11 @@ class NodeState:
         self.root = Path(root)
         self.bindings_dir = self.root / "bindings"
         self.outbox_dir = self.root / "outbox"
+        self.attempts_dir = self.root / "attempts"
 
     def ensure(self) -> "NodeState":
-        for d, mode in ((self.root, 0o711), (self.bindings_dir, 0o711), (self.outbox_dir, 0o700)):
+        for d, mode in ((self.root, 0o711), (self.bindings_dir, 0o711), (self.outbox_dir, 0o700),
+                        (self.attempts_dir, 0o700)):
             d.mkdir(parents=True, exist_ok=True)
             if os.geteuid() == 0 or d.stat().st_uid == os.geteuid():
                 os.chmod(d, mode)
@@ -126,6 +128,22 @@ class NodeState:
             attempt = _read_json_object(self._binding_path(job_id)).get("attempt")
         except (OSError, ValueError):
             return None
+        return attempt if isinstance(attempt, int) and not isinstance(attempt, bool) else None
+
+    def note_attempt(self, job_id: str, attempt: int | None) -> None:
+        """The Prolog's first act: which attempt of the job (SLURM_JOB_RESTART_COUNT) it runs for, so the
+        Epilog can tell that this attempt was requeued even if the Prolog died before binding anything."""
+        _atomic_write(self.attempts_dir / f"{_safe_job_id(job_id)}.json", json.dumps({"attempt": attempt}).encode(),
+                      0o600)
+
+    def take_attempt(self, job_id: str) -> int | None:
+        """The attempt the last Prolog of ``job_id`` noted (and forget it); None if there is none."""
+        path = self.attempts_dir / f"{_safe_job_id(job_id)}.json"
+        try:
+            attempt = _read_json_object(path).get("attempt")
+        except (OSError, ValueError):
+            attempt = None
+        path.unlink(missing_ok=True)
         return attempt if isinstance(attempt, int) and not isinstance(attempt, bool) else None
 
     def remove_binding(self, job_id: str) -> None:
