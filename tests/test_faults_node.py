@@ -392,6 +392,32 @@ def test_a_late_node_made_binding_does_not_bring_an_ended_job_back(rig):
     assert rig.store.get_job("14").state == "COMPLETED" and rig.live("14") == ()
 
 
+def test_node_made_binding_delivered_late_keeps_the_real_start_time(rig):
+    """Controller down for the whole life of a job: Slurm's record says it ended (the tick marks it so),
+    then the node's outbox delivers its binding and its Epilog. The outcome's run time is the real one."""
+    from slurm_mig.slurm.parsers import SlurmJob
+
+    rig.job("19", "2g")
+    rig.srv.stop()
+    t0 = time.time()
+    assert rig.hook("prolog", "19") == 0
+    time.sleep(1.0)
+    assert rig.hook("epilog", "19", SLURM_JOB_EXIT_CODE="0") == 0  # queued too
+    rig.store.set_job_state("19", "PENDING")
+    rig.slurm.queue = [SlurmJob(job_id=19, state="COMPLETED", mig={"2g": 1}, tres_per_node="gres:mig:2g:1")]
+    rig.ctl.tick()  # the controller is back: Slurm says the job ended
+    assert rig.store.get_job("19").state == "COMPLETED"
+    host, port = rig.srv.address
+    from slurm_mig.api.auth import HmacAuth, load_key
+
+    rig.srv = ApiServer(host, port, HmacAuth(load_key(str(rig.tmp / "hmac.key"))), rig.ctl.routes()).start()
+    time.sleep(1.0)
+    assert rig.report() == 0  # the outbox: /v1/bound (local), then /v1/epilog
+    o = rig.store.outcome("19")
+    assert o is not None and o.start_time is not None and abs(o.start_time - t0) < 1.0
+    assert 0.8 < o.run_s < 2.0, o.run_s
+
+
 def test_orphaned_binding_files_are_released_only_when_slurm_says_so(rig):
     """A binding file of a job Slurm does not run here (node crash, a database rebuilt without it): the
     health check drops it once it is a minute old, squeue answered, and its instance is idle."""

@@ -643,6 +643,8 @@ class Controller:
         if local and not insts:
             raise _rejected("instances: a binding made by the node alone must list its instances")
         now = self.clock()
+        # When the node bound it: a binding it made alone may be delivered long after, from its outbox.
+        bound_at = min(_v_time(payload.get("bound_at"), "bound_at") or now, now)
         with self.store.transaction():
             if local:
                 # Bound by the node alone while we were down: adopt it.
@@ -650,7 +652,10 @@ class Controller:
                     self._job_request(job_id)
                 job = self.store.get_job(job_id)
                 if job is not None and job.state in TERMINAL:
-                    # Delivered late from the node's outbox, after the job's end was recorded: history only.
+                    # Delivered late from the node's outbox, after the job's end was recorded (or after Slurm
+                    # said it ended, while we never saw it run): history only, but its start time is known now.
+                    self.store._x("UPDATE jobs SET start_time = COALESCE(start_time, ?), node = COALESCE(node, ?) "
+                                  "WHERE job_id = ?", (bound_at, node, job_id))
                     self.store.add_event("late", f"job {job_id}: node-made binding on {node} reported after the "
                                          f"job ended", node=node, job_id=job_id, now=now)
                     return {"ok": True}
@@ -659,7 +664,7 @@ class Controller:
                 except SlurmMigError as exc:
                     self.store.add_event("conflict", f"job {job_id} bound locally on {node}: {exc}", node=node,
                                          job_id=job_id, now=now)
-                self.store.set_job_state(job_id, "RUNNING", now=now, node=node, reason="bound by the node alone")
+                self.store.set_job_state(job_id, "RUNNING", now=bound_at, node=node, reason="bound by the node alone")
             for i in insts:
                 self.store._x("UPDATE bindings SET uuid = ? WHERE job_id = ? AND node = ? AND gpu = ? AND start = ? "
                               "AND released_at IS NULL", (i.get("uuid"), job_id, node, int(i["gpu"]), int(i["start"])))
