@@ -223,7 +223,9 @@ class Controller:
                     # sooner would run it without its MIG instance. Sites lower cred_expire instead.
                     self.store.set_job_state(job_id, "PENDING", now=now, reason="requeued; waiting again")
             elif state == "RUNNING" and current and current.state == "PENDING":
-                self.store.set_job_state(job_id, "RUNNING", now=now, node=(j.nodes or [None])[0])
+                # Slurm's start time: the tick may see the job long after it started (controller restarted).
+                self.store.set_job_state(job_id, "RUNNING", now=min(now, j.start_time or now),
+                                         node=(j.nodes or [None])[0])
             elif j.state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
                              "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE") and current and current.state == "PENDING":
                 # Ended without running on a MIG instance (e.g. cancelled while pending).
