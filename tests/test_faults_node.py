@@ -494,3 +494,39 @@ def test_a_requeued_attempt_is_held_back_until_the_node_forgets_its_credential(r
     assert rig.hook("epilog", "18", SLURM_JOB_EXIT_CODE="0", SLURM_JOB_RESTART_COUNT="1") == 0
     assert not any("StartTime" in " ".join(a) for a in rig.scontrol)
     assert rig.store.outcome("18").state == "COMPLETED"
+
+
+# -- defence in depth --------------------------------------------------------------------------------
+
+def test_prolog_refuses_an_instance_another_job_holds_here(rig, monkeypatch):
+    """Whatever the answer says (a bug, a forged or stale answer), the node never binds a second job to an
+    instance a binding file here already gives to another job."""
+    rig.job("20", "3g")
+    assert rig.hook("prolog", "20") == 0
+    held = json.loads(rig.binding_file("20").read_text())["instances"][0]
+    rig.job("21", "3g")
+    monkeypatch.setitem(rig.srv.routes, "/v1/prolog", lambda payload, who: {
+        "action": "bind", "targets": {}, "instances": [{"gpu": held["gpu"], "profile": held["profile"],
+                                                         "start": held["start"]}]})
+    assert rig.hook("prolog", "21") == 0
+    assert rig.requeues and rig.requeues[-1][0] == "21" and "held by another job" in rig.requeues[-1][1]
+    assert not rig.binding_file("21").exists()
+    assert json.loads(rig.binding_file("20").read_text())["instances"][0] == held
+
+
+@pytest.mark.parametrize("mode", [0o666, 0o644])
+def test_root_hooks_refuse_a_config_others_can_write(rig, mode):
+    import os
+
+    if os.geteuid() != 0:
+        pytest.skip("the check applies to hooks running as root")
+    rig.job("22", "1g")
+    rig.config.chmod(mode)
+    if mode == 0o666:
+        os.chown(rig.config, 0, 0)
+    assert rig.hook("prolog", "22") == 0  # never drains the node ...
+    if mode == 0o666:
+        assert rig.requeues and rig.requeues[-1][0] == "22" and "chmod go-w" in rig.requeues[-1][1]
+        assert not rig.binding_file("22").exists()
+    else:
+        assert rig.requeues == [] and rig.binding_file("22").exists()

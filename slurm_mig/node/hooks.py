@@ -46,8 +46,9 @@ class NodeSettings:
 
     @classmethod
     def load(cls) -> "NodeSettings":
-        from slurm_mig.config import load_config
+        from slurm_mig.config import find_config, load_config
 
+        _check_trusted(find_config())
         cfg = load_config()
         return cls(
             controller_url=cfg.node.controller_url,
@@ -63,6 +64,27 @@ class NodeSettings:
             log_file=cfg.log.file,
             log_level=cfg.log.level,
         )
+
+
+def _check_trusted(path) -> None:
+    """Running as root, refuse a config file others could have written: it names the files root writes
+    (cache_dir, log file), the controller to obey and the key to sign with."""
+    import stat
+
+    from slurm_mig.errors import ConfigError
+
+    if path is None or os.geteuid() != 0:
+        return
+    for p in (Path(path), Path(path).resolve().parent):
+        try:
+            st = os.stat(p)
+        except OSError:
+            return  # load_config reports a missing file
+        sticky_dir = stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX
+        if st.st_uid != 0 or (st.st_mode & 0o022 and not sticky_dir):
+            raise ConfigError(f"config {path}: {p} is owned by uid {st.st_uid} with mode "
+                              f"{stat.S_IMODE(st.st_mode):04o}; a hook running as root only trusts files "
+                              f"that only root can change (chown root, chmod go-w)")
 
 
 class Node:
@@ -121,6 +143,27 @@ class Node:
 
     def bindings_json(self) -> dict[str, list[dict]]:
         return {job: [i.to_json() for i in insts] for job, insts in self.state.all_bindings().items()}
+
+    def held_by_others(self, job_id: str, wanted: list[dict]) -> list[str]:
+        """Jobs other than ``job_id`` whose binding files hold any of ``wanted`` or overlapping slices."""
+        models = {g.index: g.model for g in self.backend.gpus()}
+        clash = set()
+        for other, insts in self.state.all_bindings().items():
+            if other == str(job_id):
+                continue
+            for w in wanted:
+                for i in insts:
+                    if i.gpu != int(w["gpu"]):
+                        continue
+                    model = models.get(i.gpu)
+                    try:
+                        overlap = bool(model.profile(i.profile).mask(i.start)
+                                       & model.profile(str(w["profile"])).mask(int(w["start"])))
+                    except Exception:
+                        overlap = i.start == int(w["start"])
+                    if overlap or i.start == int(w["start"]):
+                        clash.add(other)
+        return sorted(clash)
 
     def bound_on(self, gpu: int):
         from slurm_mig.mig.layout import Slot
@@ -256,16 +299,20 @@ class Node:
     # -- Slurm -----------------------------------------------------------------
     def requeue(self, job_id: str, reason: str) -> int:
         """Give the job back to Slurm's queue with a readable reason; the node stays healthy."""
-        from slurm_mig.slurm.runner import SlurmClient
+        return _requeue(job_id, reason, self.settings.slurm_conf)
 
-        client = SlurmClient(slurm_conf=self.settings.slurm_conf, timeout=10)
-        log.warning("job %s requeued: %s", job_id, reason)
-        # AdminComment shows in `scontrol show job` and leaves the user's own Comment alone.
-        client.run(["scontrol", "update", f"JobId={job_id}", f"AdminComment=slurm-mig: {reason}"[:1000]])
-        res = client.run(["scontrol", "requeue", job_id])
-        if not res.ok:
-            log.error("scontrol requeue %s failed: %s", job_id, res.describe())
-        return 0
+
+def _requeue(job_id: str, reason: str, slurm_conf: str | None) -> int:
+    from slurm_mig.slurm.runner import SlurmClient
+
+    client = SlurmClient(slurm_conf=slurm_conf, timeout=10)
+    log.warning("job %s requeued: %s", job_id, reason)
+    # AdminComment shows in `scontrol show job` and leaves the user's own Comment alone.
+    client.run(["scontrol", "update", f"JobId={job_id}", f"AdminComment=slurm-mig: {reason}"[:1000]])
+    res = client.run(["scontrol", "requeue", job_id])
+    if not res.ok:
+        log.error("scontrol requeue %s failed: %s", job_id, res.describe())
+    return 0
 
 
 def _job_request(node: Node, job_id: str) -> tuple[str, int] | None:
@@ -322,6 +369,13 @@ def prolog(env: dict, node: Node) -> int:
         except KeyError:
             gid = None
     with node.apply_lock():
+        clash = node.held_by_others(job_id, resp["instances"])
+        if clash:
+            # Never two jobs on one instance, whatever the answer said (a bug, a forged or stale answer).
+            log.error("job %s: the controller named %s, held here by job(s) %s", job_id, resp["instances"], clash)
+            node.send_or_queue("/v1/bind-failed", {"job_id": job_id, "node": node.name,
+                                                   "results": [{"error": f"instances held by job(s) {clash}"}]})
+            return node.requeue(job_id, f"the instance chosen on {node.name} is held by another job")
         results = node.make_instances(resp["instances"]) if resp.get("targets") else []
         failed = [r for r in results if not r.get("ok", False) or r.get("reached") is False]
         if failed:
@@ -551,11 +605,10 @@ def _release_stale_binding(node: Node, job_id: str) -> None:
 def _cache_desired(node: Node, resp: dict) -> None:
     import json
 
-    path = node.state.root / "desired.json"
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"desired": resp.get("desired") or {}, "time": time.time()}))
-    os.chmod(tmp, 0o600)
-    os.replace(tmp, path)
+    from slurm_mig.node.localstate import _atomic_write
+
+    _atomic_write(node.state.root / "desired.json",
+                  json.dumps({"desired": resp.get("desired") or {}, "time": time.time()}).encode(), 0o600)
 
 
 def _cached_desired(node: Node) -> dict:
@@ -610,9 +663,11 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001 - a hook crash must not drain a healthy node
         _setup_logging(settings)
         log.exception("%s hook failed for job %s: %s", kind, env.get("SLURM_JOB_ID"), exc)
-        if kind == "prolog" and env.get("SLURM_JOB_ID") and settings is not None:
+        if kind == "prolog" and env.get("SLURM_JOB_ID"):
+            # Without settings (the config itself is the problem) Slurm's own SLURM_CONF/default is used.
             try:
-                Node(node_name, settings).requeue(env["SLURM_JOB_ID"], f"node hook error: {type(exc).__name__}: {exc}")
+                _requeue(env["SLURM_JOB_ID"], f"node hook error: {type(exc).__name__}: {exc}",
+                         settings.slurm_conf if settings is not None else None)
             except Exception:
                 log.exception("requeue after a hook error failed")
         return 0
