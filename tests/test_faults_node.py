@@ -530,3 +530,23 @@ def test_root_hooks_refuse_a_config_others_can_write(rig, mode):
         assert not rig.binding_file("22").exists()
     else:
         assert rig.requeues == [] and rig.binding_file("22").exists()
+
+
+def test_hook_wrappers_do_not_import_code_from_the_current_folder(rig, tmp_path):
+    """slurmd runs the Prolog/Epilog in its own working folder: a module planted there (or on PYTHONPATH)
+    must not shadow the hook's code (the wrappers run Python with -I)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    evil = tmp_path / "cwd"
+    (evil / "slurm_mig" / "node").mkdir(parents=True)
+    for init in ("slurm_mig/__init__.py", "slurm_mig/node/__init__.py", "slurm_mig/node/hooks.py"):
+        (evil / init).write_text("print('export PLANTED=1')\n")
+    repo = Path(__file__).resolve().parents[1]
+    env = {"SLURM_MIG_PYTHON": sys.executable, "SLURM_MIG_CONFIG": str(rig.config), "SLURM_JOB_ID": "23",
+           "SLURMD_NODENAME": "n1", "PYTHONPATH": str(evil), "PATH": "/usr/bin:/bin"}
+    out = subprocess.run(["/bin/sh", str(repo / "prolog" / "slurm-mig-taskprolog")], cwd=evil, env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "PLANTED" not in out.stdout and "export CUDA_VISIBLE_DEVICES=" in out.stdout, out.stdout
