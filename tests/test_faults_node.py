@@ -550,3 +550,28 @@ def test_hook_wrappers_do_not_import_code_from_the_current_folder(rig, tmp_path)
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "PLANTED" not in out.stdout and "export CUDA_VISIBLE_DEVICES=" in out.stdout, out.stdout
+
+
+def test_file_modes_and_owners(rig):
+    """What docs/security.md promises about the node's files and the database."""
+    import os
+    import stat
+
+    def mode(p):
+        return stat.S_IMODE(os.stat(p).st_mode)
+
+    rig.job("24", "1g")
+    assert rig.hook("prolog", "24", SLURM_JOB_UID="65534") == 0  # the job of user 'nobody'
+    root = rig.tmp / "node" / "n1"
+    assert mode(root) == 0o711 and mode(root / "bindings") == 0o711
+    assert mode(root / "outbox") == 0o700 and mode(root / "attempts") == 0o700
+    assert mode(root / "desired.json") == 0o600 and mode(root / "apply.lock") == 0o600
+    f = rig.binding_file("24")
+    if os.geteuid() == 0:
+        assert os.stat(f).st_uid == 65534  # readable by the job's user (its TaskProlog), nobody else
+    assert mode(f) == 0o400
+    assert mode(rig.sim_path) == 0o600
+    assert mode(rig.tmp / "state.db") == 0o600
+    rig.srv.stop()
+    assert rig.hook("epilog", "24", SLURM_JOB_EXIT_CODE="0") == 0
+    assert all(mode(m) == 0o600 for m in (root / "outbox").glob("*.json"))
