@@ -383,7 +383,7 @@ def test_a_node_slurm_drained_for_its_gres_count_is_named_with_the_fix(rig, capl
         rig.tick()
         rig.tick()
     msgs = [r.getMessage() for r in caplog.records if "Slurm drained n1" in r.getMessage()]
-    assert len(msgs) == 1 and "slurm.conf Gres=" in msgs[0]
+    assert len(msgs) == 1 and "re-registered" in msgs[0] and "docs/reliability.md" in msgs[0]
     assert rig.store.node("n1").state == "drain"
 
 

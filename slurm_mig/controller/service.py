@@ -331,14 +331,16 @@ class Controller:
         for n in nodes:
             state = "up" if n.available else ("drain" if n.drained else "down")
             self.store.upsert_node(n.name, state=state)
-            # Slurm drains a node whose slurmd registers (it does so periodically) with fewer mig GRES than
-            # the count last set at run time: slurm.conf's Gres= for the node is below what its layouts hold.
-            # Only the admin can fix that (docs/reliability.md); say so, once per episode.
+            # slurmd re-registers now and then (every ~20 pings) with slurm.conf's Gres= counts. If their total
+            # differs from the total set at run time while jobs hold mig instances (or is lower at any time),
+            # Slurm marks the node DRAIN+INVALID_REG, which RESUME does not clear (docs/reliability.md, "Slurm
+            # drains a node on re-registration"). Say so, once per episode.
             invalid = "INVALID_REG" in n.flags and "mig" in (n.reason or "")
             if invalid and n.name not in self._invalid_reg:
-                msg = (f"Slurm drained {n.name}: {n.reason}. Its slurm.conf Gres= must count at least as many "
-                       f"mig instances as any layout can hold (7 per GPU), e.g. mig:1g:<7 x GPUs>; then "
-                       f"`scontrol reconfigure` and resume the node")
+                msg = (f"Slurm drained {n.name}: {n.reason}. slurmd re-registered with slurm.conf's mig count, "
+                       f"which differs from the count slurm-mig set for the node's current layouts; the node "
+                       f"recovers at a registration whose count matches (set Gres= to slurm.conf's value, "
+                       f"restart slurmd, resume). See docs/reliability.md")
                 log.error("%s", msg)
                 self.store.add_event("gres", msg, node=n.name)
             if invalid:
