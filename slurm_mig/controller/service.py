@@ -236,6 +236,10 @@ class Controller:
             if job.job_id not in seen:
                 self.store.set_job_state(job.job_id, "CANCELLED", now=now, reason="no longer in Slurm's queue")
 
+    def _grace(self) -> float:
+        """How long a node may take to report what it did (at least two health-check intervals)."""
+        return max(EPILOG_GRACE_S, 2 * self.cfg.node.health_check_interval_s)
+
     def _lost_epilogs(self, jobs, now: float) -> dict[str, tuple[str, int | None, float]]:
         """Jobs that ran on a MIG instance and ended in Slurm, but whose Epilog never reported (killed,
         node lost) for longer than EPILOG_GRACE_S: ``{job_id: (state, exit_code, end_time)}`` from Slurm.
@@ -244,7 +248,7 @@ class Controller:
         never recorded. The grace period leaves a queued Epilog message time to arrive first (the node's
         next hook or health check delivers it): it has the node's own account and takes precedence.
         """
-        grace = max(EPILOG_GRACE_S, 2 * self.cfg.node.health_check_interval_s)
+        grace = self._grace()
         listed = {str(j.job_id): j for j in jobs}
         out = {}
         for job in self.store.running_jobs():
@@ -287,14 +291,19 @@ class Controller:
         cluster (slurmd: "reissued job credential for job N", no Prolog). Requeued again, it gets its
         Prolog the next time. The grace period leaves time for a binding the node made alone to arrive.
         """
-        grace = max(EPILOG_GRACE_S, 2 * self.cfg.node.health_check_interval_s)
+        grace = self._grace()
         done = 0
+        bound = None
         for j in jobs:
             if j.state != "RUNNING" or not j.wants_mig or not j.start_time or now - j.start_time < grace:
                 continue
+            if bound is None:
+                bound = {job_id for job_id, _node, _b in self.store.live_bindings()}
             job_id = str(j.job_id)
+            if job_id in bound:
+                continue
             job = self.store.get_job(job_id)
-            if job is None or job.state in TERMINAL or self.store.bound_instances(job_id):
+            if job is None or job.state in TERMINAL:
                 continue
             reason = "started without its Prolog (no MIG instance bound); requeued to get one"
             log.warning("job %s %s", job_id, reason)
