@@ -362,6 +362,25 @@ def test_epilog_killed_before_it_reported_outcome_comes_from_slurm(rig, caplog):
     assert busy == []
 
 
+def test_lost_epilog_outcome_survives_slurm_forgetting_the_job(rig):
+    """Slurm forgets ended jobs after MinJobAge (10 s on the test cluster), maybe before the grace period
+    ends: the record read when the end was first seen is the one used."""
+    from slurm_mig.slurm.parsers import JobDetail, SlurmJob
+
+    rig.job("25", "2g")
+    assert rig.hook("prolog", "25") == 0
+    rig.slurm.queue = [SlurmJob(job_id=25, state="COMPLETED", mig={"2g": 1}, tres_per_node="gres:mig:2g:1")]
+    rig.slurm.details["25"] = JobDetail(job_id=25, state="COMPLETED", fields={"ExitCode": "1:0"})
+    t = [time.time()]
+    rig.ctl.clock = lambda: t[0]
+    rig.ctl.tick()
+    rig.slurm.queue, rig.slurm.details = [], {}  # purged
+    t[0] += 61
+    rig.ctl.tick()
+    o = rig.store.outcome("25")
+    assert o is not None and o.state == "COMPLETED" and o.exit_code == 256
+
+
 def test_epilog_killed_after_queueing_its_outcome_is_delivered_later(rig):
     rig.job("13", "1g")
     assert rig.hook("prolog", "13") == 0

@@ -147,7 +147,8 @@ class Controller:
         self._tick_lock = threading.Lock()
         self._ticks = 0
         self._last_signature: tuple | None = None
-        self._ended_since: dict[str, float] = {}  # job -> when Slurm was first seen to have ended it
+        # job -> (when Slurm was first seen to have ended it, its record then: state, exit status, end time)
+        self._ended_since: dict[str, tuple[float, tuple | None]] = {}
         self._invalid_reg: set[str] = set()  # nodes Slurm drained for a mig GRES count below the layout's
         # Error series exist from the start, at 0, so dashboards and alerts see them before the first error.
         for kind in ("auth", "bad_request", "rejected", "internal", "busy"):
@@ -242,11 +243,13 @@ class Controller:
 
     def _lost_epilogs(self, jobs, now: float) -> dict[str, tuple[str, int | None, float]]:
         """Jobs that ran on a MIG instance and ended in Slurm, but whose Epilog never reported (killed,
-        node lost) for longer than EPILOG_GRACE_S: ``{job_id: (state, exit_code, end_time)}`` from Slurm.
+        node lost) for longer than the grace period: ``{job_id: (state, exit_code, end_time)}`` from Slurm.
 
         Without this a lost Epilog left the job RUNNING here forever, its binding held and its outcome
         never recorded. The grace period leaves a queued Epilog message time to arrive first (the node's
         next hook or health check delivers it): it has the node's own account and takes precedence.
+        Slurm's record is read when the end is first seen, as Slurm forgets ended jobs after MinJobAge
+        (300 s by default, maybe less than the grace period).
         """
         grace = self._grace()
         listed = {str(j.job_id): j for j in jobs}
@@ -256,28 +259,19 @@ class Controller:
             if sj is not None and sj.state not in TERMINAL:
                 self._ended_since.pop(job.job_id, None)
                 continue
-            first = self._ended_since.setdefault(job.job_id, now)
+            first, record = self._ended_since.get(job.job_id, (now, None))
+            if record is None and sj is not None:
+                detail = self.slurm.scontrol_show_job(job.job_id)
+                if detail is not None and detail.state not in TERMINAL:
+                    continue  # requeued meanwhile: the next ticks see it
+                record = _slurm_end(detail, sj.state, now)
+            self._ended_since[job.job_id] = (first, record)
             if now - first < grace:
                 continue
-            detail = self.slurm.scontrol_show_job(job.job_id)
-            if detail is not None and detail.state not in TERMINAL:
-                continue  # requeued or still completing: the next ticks see it
-            # Without scontrol's record: squeue's state if it still lists the job (the exit status is then
-            # unknown), else Slurm has forgotten the job (MinJobAge; squeue answered this tick) and its exit.
-            state, exit_code, end = "FAILED", None, now
-            if detail is not None:
-                state = detail.state
-                code, _, sig = (detail.fields.get("ExitCode") or "").partition(":")
-                if code.isdigit() and sig.isdigit():
-                    exit_code = (int(code) << 8) | int(sig)  # the wait status, as the Epilog reports it
-                try:
-                    end = time.mktime(time.strptime(detail.fields.get("EndTime", ""), "%Y-%m-%dT%H:%M:%S"))
-                except ValueError:
-                    pass
-            elif sj is not None:
-                state = sj.state
-            out[job.job_id] = (state, exit_code, end)
-        for job_id in [j for j in self._ended_since if j not in listed and now - self._ended_since[j] > 3600]:
+            # Unseen while Slurm still listed it (the controller was down): Slurm has forgotten the job
+            # (squeue answered this tick) and with it the exit status.
+            out[job.job_id] = record or ("FAILED", None, now)
+        for job_id in [j for j, (t, _r) in self._ended_since.items() if j not in listed and now - t > 3600]:
             del self._ended_since[job_id]
         return out
 
@@ -329,7 +323,7 @@ class Controller:
             recorded = self.store.record_outcome(job_id, state=state, exit_code=exit_code, end_time=end, now=now)
             self.store.set_job_state(job_id, state, now=now, exit_code=exit_code)  # releases its binding
             self._ended_since.pop(job_id, None)
-            how = "from Slurm's record" if exit_code is not None else "exit status unknown (Slurm forgot the job)"
+            how = "from Slurm's record" if exit_code is not None else "without an exit status (Slurm had none to give)"
             self.store.add_event("end", f"job {job_id} ended ({state}) without an Epilog report; outcome {how}",
                                  node=job.node, job_id=job_id, now=now)
             log.warning("job %s ended (%s) but its Epilog never reported; outcome recorded %s", job_id, state, how)
@@ -824,6 +818,22 @@ class Controller:
                 self.store.add_event("applied", f"{node}/{gi}: {r['before']} -> {r['after']}"
                                      + ("" if ok else f" FAILED: {r['error']}"), node=node, now=now)
         return {"ok": True}
+
+
+def _slurm_end(detail, state: str, now: float) -> tuple[str, int | None, float]:
+    """(state, exit status as the Epilog reports it, end time) of an ended job from ``scontrol show job``;
+    squeue's state and an unknown exit status when scontrol could not answer."""
+    if detail is None:
+        return state, None, now
+    exit_code, end = None, now
+    code, _, sig = (detail.fields.get("ExitCode") or "").partition(":")
+    if code.isdigit() and sig.isdigit():
+        exit_code = (int(code) << 8) | int(sig)  # the wait status, as SLURM_JOB_EXIT_CODE has it
+    try:
+        end = time.mktime(time.strptime(detail.fields.get("EndTime", ""), "%Y-%m-%dT%H:%M:%S"))
+    except ValueError:
+        pass
+    return detail.state, exit_code, end
 
 
 def _desired_layout(d) -> Layout | None:
