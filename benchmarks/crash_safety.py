@@ -450,7 +450,7 @@ def _unsettled(dc: DemoCluster, first_journal: int, ids: set[str]) -> list[str]:
         for i in dc.sim_instances(n.name).values():
             t = gres_type_for_profile(i["profile"])
             want[t] = want.get(t, 0) + 1
-        have = {t: c for t, c in n.gres.items() if c}
+        have = {t: c for t, c in n.gres.items() if c and t != "pad"}
         if have != want:
             why.append(f"{n.name}: Slurm GRES {have}, GPUs {want}")
         if n.drained or not n.available:
@@ -576,8 +576,6 @@ def _restore_registration_drains(dc: DemoCluster, result: SeedResult) -> None:
     recovers the node the way an admin would: Gres= back to slurm.conf's value, slurmd restarted (a
     registration that matches), RESUME; the controller then re-asserts its counts.
     """
-    from slurm_mig.slurm import gres
-
     for n in dc.cluster.client().scontrol_show_nodes() or []:
         if n.name not in dc.nodes or "INVALID_REG" not in n.flags:
             continue
@@ -588,7 +586,7 @@ def _restore_registration_drains(dc: DemoCluster, result: SeedResult) -> None:
         if ctl is not None and ctl.poll() is None:
             os.kill(ctl.pid, signal.SIGSTOP)
         try:
-            value = gres.format_node_gres(dc.cluster.node_gres[n.name], include_all=True)
+            value = dc.cluster.conf_gres(n.name)
             subprocess.run(["scontrol", "update", f"NodeName={n.name}", f"Gres={value}"], env=dc.env(),
                            capture_output=True, timeout=30)
             pid = dc.cluster._read_pid(f"slurmd-{n.name}")

@@ -149,6 +149,10 @@ local function rewrite_tres(tres)
             if #parts > 3 then
                 return nil, string.format("--gres=%s is malformed; %s", shown, USAGE)
             end
+            if string.lower(parts[2]) == "pad" then
+                -- mig:pad only keeps a node's mig total constant (slurm_mig/slurm/gres.py).
+                return nil, string.format("--gres=%s: 'pad' is slurm-mig's padding, not a MIG size; %s", shown, USAGE)
+            end
             local gtype = resolve_type(parts[2])
             if gtype == nil then
                 return nil, string.format("unknown MIG size '%s' in --gres=%s; %s", parts[2], shown, USAGE)

@@ -387,6 +387,51 @@ def test_a_node_slurm_drained_for_its_gres_count_is_named_with_the_fix(rig, capl
     assert rig.store.node("n1").state == "drain"
 
 
+def test_a_padded_node_keeps_its_mig_total_whatever_the_layout(rig, caplog):
+    """slurm.conf gives n1 (one H100) mig:3g:2 plus mig:pad:5: every update the controller makes keeps the
+    total at 7, so a slurmd re-registration never sees a different total (docs/reliability.md section 2)."""
+    gres_now = {"3g": 2, "pad": 5}
+    rig.fake.nodes = lambda: [SlurmNode(name="n1", state="idle", gres=dict(gres_now), gres_used={})]
+    pads = []
+    orig = rig.fake.update_node_gres
+
+    def update(node, counts, **kw):
+        pads.append(kw.get("pad_to"))
+        return orig(node, counts, **kw)
+
+    rig.fake.update_node_gres = update
+    rig.store.replace_observed("n1", H100, [{"gpu": 0, "profile": "1g.10gb", "start": s, "uuid": f"M{s}",
+                                              "in_use": False} for s in range(7)], now=time.time())
+    with caplog.at_level(logging.WARNING):
+        rig.tick()
+    assert pads and pads[-1] == 7, pads
+    assert rig.fake.calls[-1][:2] == ("gres", "n1") and 0 < sum(rig.fake.calls[-1][2].values()) <= 7
+    assert not [r for r in caplog.records if "mig:pad" in r.getMessage()]
+    # After a re-registration that reset the mix but kept a held type's count, the total read back is 8:
+    # the controller still writes 7, not the inflated total.
+    gres_now.clear()
+    gres_now.update({"1g": 1, "3g": 2, "pad": 5})
+    rig.tick()
+    assert pads[-1] == 7
+
+
+def test_an_unpadded_node_is_named_once_with_the_fix(rig, caplog):
+    with caplog.at_level(logging.WARNING):
+        rig.tick()
+        rig.tick()
+    msgs = [r.getMessage() for r in caplog.records if "has no mig:pad" in r.getMessage()]
+    assert len(msgs) == 1 and "adding up to 7 (1 GPUs x 7)" in msgs[0], msgs
+    assert any("has no mig:pad" in e.message for e in rig.store.recent_events(50, kind="gres"))
+
+
+def test_a_padded_total_that_is_not_7_per_gpu_is_named(rig, caplog):
+    rig.fake.nodes = lambda: [SlurmNode(name="n1", state="idle", gres={"3g": 2, "pad": 2}, gres_used={})]
+    with caplog.at_level(logging.WARNING):
+        rig.tick()
+    msgs = [r.getMessage() for r in caplog.records if "mig total in Slurm is 4, not 7" in r.getMessage()]
+    assert len(msgs) == 1, [r.getMessage() for r in caplog.records]
+
+
 def test_a_mig_job_running_without_its_prolog_is_requeued(rig, caplog):
     """slurmd skips the Prolog of a job id whose credential it still caches (a requeue just before): the
     job runs with no instance. After the grace period the controller requeues it, once."""

@@ -165,6 +165,8 @@ REJECTED = [
     ("gres:mig:8g", "unknown MIG size '8g'"),
     ("gres:mig:0g", "unknown MIG size '0g'"),
     ("gres:mig:abc", "unknown MIG size 'abc'"),
+    ("gres:mig:pad", "'pad' is slurm-mig's padding, not a MIG size"),
+    ("gres:mig:PAD:2", "'pad' is slurm-mig's padding, not a MIG size"),
     ("gres:mig:3g.41gb", "unknown MIG size '3g.41gb'"),
     ("gres:mig", "does not name a MIG size"),
     ("gres:mig:2", "does not name a MIG size"),

@@ -454,6 +454,20 @@ def test_format_node_gres():
         gres.format_node_gres({"1g": -1})
 
 
+def test_format_node_gres_with_padding_keeps_the_total():
+    value = gres.format_node_gres({"1g": 2, "3g": 1}, include_all=True, pad_to=14)
+    assert value.endswith(",mig:7g:0,mig:pad:11")
+    parsed = gres.parse_node_gres(value)
+    assert gres.mig_total(parsed) == 14 and parsed[gres.PAD_TYPE] == 11
+    # A pad key in the counts is ignored when padding, formatted as is otherwise.
+    assert gres.format_node_gres({"7g": 1, "pad": 3}, pad_to=7) == "mig:7g:1,mig:pad:6"
+    assert gres.format_node_gres({"7g": 1, "pad": 3}) == "mig:7g:1,mig:pad:3"
+    assert gres.format_node_gres({}, pad_to=0) == "mig:pad:0"
+    with pytest.raises(GeometryError, match="do not fit"):
+        gres.format_node_gres({"1g": 8}, pad_to=7)
+    assert gres.padded_total(2) == 14
+
+
 def test_parse_node_gres():
     assert gres.parse_node_gres("mig:1g:2,mig:3g:1(S:0)") == {"1g": 2, "3g": 1}
     assert gres.parse_node_gres("mig:1g:2(S:0-1),gpu:a100:1(S:0),mig:1g:1") == {"1g": 3}

@@ -27,7 +27,7 @@ from slurm_mig.mig.layout import Layout, Slot, parse_layout
 from slurm_mig.mig.profiles import get_model
 from slurm_mig.mig.transitions import plan_transition
 from slurm_mig.policies import check_decision, get_policy
-from slurm_mig.slurm.gres import GRES_TO_KIND, GRES_TYPES, gres_type_for_kind
+from slurm_mig.slurm.gres import GRES_TO_KIND, GRES_TYPES, PAD_TYPE, gres_type_for_kind, mig_total, padded_total
 
 log = logging.getLogger("slurm_mig.controller")
 
@@ -149,6 +149,8 @@ class Controller:
         self._last_signature: tuple | None = None
         # job -> (when Slurm was first seen to have ended it, its record then: state, exit status, end time)
         self._ended_since: dict[str, tuple[float, tuple | None]] = {}
+        self._gres_warned: set[str] = set()
+        self._gres_checked: set[str] = set()  # nodes told once about missing or too little mig:pad
         self._invalid_reg: set[str] = set()  # nodes Slurm drained for a mig GRES count below the layout's
         # Error series exist from the start, at 0, so dashboards and alerts see them before the first error.
         for kind in ("auth", "bad_request", "rejected", "internal", "busy"):
@@ -343,7 +345,8 @@ class Controller:
                 msg = (f"Slurm drained {n.name}: {n.reason}. slurmd re-registered with slurm.conf's mig count, "
                        f"which differs from the count slurm-mig set for the node's current layouts; the node "
                        f"recovers at a registration whose count matches (set Gres= to slurm.conf's value, "
-                       f"restart slurmd, resume). See docs/reliability.md")
+                       f"restart slurmd, resume). A constant total (mig:pad in slurm.conf) prevents it. "
+                       f"See docs/reliability.md")
                 log.error("%s", msg)
                 self.store.add_event("gres", msg, node=n.name)
             if invalid:
@@ -455,8 +458,9 @@ class Controller:
             if expected is None:
                 continue
             current = {t: n.gres.get(t, 0) for t in GRES_TYPES}
+            pad_to = self._pad_total(n, expected, now)
             last = self._gres_set.get(n.name)
-            stale = current != expected
+            stale = current != expected or (pad_to is not None and n.gres.get(PAD_TYPE) != pad_to - sum(expected.values()))
             # FACTS §4: Slurm does not reconsider a pending job whose type came back until another Gres
             # update; re-issuing the same value un-sticks it. Rate-limited per node.
             could_help = any(expected.get(t, 0) > (n.gres_used or {}).get(t, 0) for t in pending_types)
@@ -464,7 +468,7 @@ class Controller:
             if not stale and not nudge:
                 continue
             try:
-                value = self.slurm.update_node_gres(n.name, expected)
+                value = self.slurm.update_node_gres(n.name, expected, pad_to=pad_to)
             except SlurmMigError as exc:
                 self.metrics.inc("slurm_mig_gres_update_failures_total")
                 log.warning("GRES update of %s failed: %s", n.name, exc)
@@ -476,6 +480,43 @@ class Controller:
                 self.store.add_event("gres", f"{n.name}: Slurm had {_fmt(current)}, set {_fmt(expected)}",
                                      node=n.name, now=now)
         return updates
+
+    def _pad_total(self, n, expected: dict[str, int], now: float) -> int | None:
+        """The constant mig total to keep on node ``n`` (7 per GPU), or None when its Gres has no ``mig:pad``.
+
+        Not Slurm's current total: a re-registration resets the mix to slurm.conf's but keeps the count of
+        a type a job holds, so the total read back can be one too high for a tick. Without padding (or
+        with layouts holding more than 7 per GPU, impossible on real GPUs) Slurm drains the node when
+        slurmd re-registers while a job holds a re-carved GPU; say so once per node.
+        """
+        gpus = len(self.intended_layouts(n.name))
+        target = padded_total(gpus)
+        need = sum(expected.values())
+        problem = None
+        if PAD_TYPE not in n.gres:
+            problem = (f"{n.name}'s Gres has no mig:{PAD_TYPE}, so its mig total changes with its layouts and "
+                       f"Slurm will drain it (INVALID_REG) when slurmd re-registers while a job holds a re-carved "
+                       f"GPU; give it a constant total in slurm.conf: the boot counts plus mig:{PAD_TYPE}:N "
+                       f"adding up to {target} ({gpus} GPUs x 7), see docs/admin-guide.md")
+            target = None
+        elif need > target:
+            problem = (f"{n.name}'s layouts hold {need} MIG instances, more than 7 per GPU ({target}); "
+                       f"advertising all of them with mig:{PAD_TYPE}:0")
+            target = need  # mig:pad:0; leaving pad out would keep its old count
+        elif n.name not in self._gres_checked:
+            self._gres_checked.add(n.name)
+            used = sum((n.gres_used or {}).values())
+            if used == 0 and mig_total(n.gres) != target:
+                problem = (f"{n.name}'s mig total in Slurm is {mig_total(n.gres)}, not {target} ({gpus} GPUs x 7): "
+                           f"if that is slurm.conf's, fix its mig:{PAD_TYPE} count, or Slurm will drain the "
+                           f"node when slurmd re-registers after slurm-mig changed its layout")
+        if problem is None:
+            return target
+        if n.name not in self._gres_warned:
+            self._gres_warned.add(n.name)
+            log.warning("%s", problem)
+            self.store.add_event("gres", problem, node=n.name, now=now)
+        return target
 
     def _update_gauges(self) -> None:
         with self.store.snapshot():

@@ -22,6 +22,15 @@ type      meaning (profile id)                                    max per GPU
 ``7g``    the whole GPU (0)                                       1
 ========  ======================================================  ===========
 
+**Padding.** slurmd re-registers with slurmctld now and then and reports the
+counts written in slurm.conf; if their *total* differs from the total set at run
+time while jobs hold mig instances (or is lower at any time), Slurm drains the
+node with INVALID_REG (measured, docs/reliability.md section 2). A node whose
+Gres lists ``mig:pad:N`` therefore keeps a constant total, 7 per GPU
+(``MAX_INSTANCES_PER_GPU``): the controller sets the real counts and pads the
+rest. ``pad`` is no size: job_submit.lua refuses it, so Slurm never hands it to
+a job. slurm.conf's total must be that same 7 x GPUs.
+
 ``etc/job_submit.lua`` carries a copy of PROFILE_TO_GRES and MAX_PER_GPU (Lua
 cannot import Python); ``tests/test_job_submit_table.py`` fails if they drift.
 """
@@ -38,6 +47,12 @@ GRES_NAME = "mig"
 
 #: All GRES types, in the stable order used when formatting Gres strings.
 GRES_TYPES: tuple[str, ...] = ("1g", "1gme", "1gdm", "2g", "2gme", "3g", "4g", "7g")
+
+#: The padding type: counts no instance, keeps a node's mig total constant (see the module doc).
+PAD_TYPE = "pad"
+
+#: The most instances any MIG GPU can hold at once (seven 1g slices on every model).
+MAX_INSTANCES_PER_GPU = 7
 
 #: The most instances of a type one GPU can ever hold (largest over GPU models).
 MAX_PER_GPU: dict[str, int] = {
@@ -138,29 +153,53 @@ def gres_type_for_profile(name: str) -> str:
 
 
 def format_node_gres(counts: Mapping[str, int], *, include_all: bool = False,
-                     other: Iterable[str] = ()) -> str:
+                     other: Iterable[str] = (), pad_to: int | None = None) -> str:
     """Format per-type instance counts as a node ``Gres=`` value.
 
     ``format_node_gres({"1g": 2, "3g": 1}) == "mig:1g:2,mig:3g:1"``. Types come in
     GRES_TYPES order whatever the mapping's order. Zero counts are left out unless
     ``include_all`` is true, in which case every known type appears (with 0 where
     absent) so that ``scontrol update ... Gres=`` overwrites types that a previous
-    update set. ``other`` items (non-mig GRES such as ``"gpu:2"``) are appended
+    update set. With ``pad_to`` a ``mig:pad:N`` item is appended so the mig total
+    is exactly ``pad_to`` (GeometryError when the instances alone exceed it); a
+    ``pad`` key in ``counts`` is ignored then, and formatted like a type
+    otherwise. ``other`` items (non-mig GRES such as ``"gpu:2"``) are appended
     unchanged. An empty result is ``""``; note that ``scontrol update Gres=``
     needs a non-empty value (use include_all for "no instances").
     """
-    unknown = set(counts) - set(GRES_TYPES)
+    unknown = set(counts) - set(GRES_TYPES) - {PAD_TYPE}
     if unknown:
         raise GeometryError(f"unknown MIG GRES type(s) {sorted(unknown)}; known: {', '.join(GRES_TYPES)}")
     parts = []
+    real = 0
     for gtype in GRES_TYPES:
         n = int(counts.get(gtype, 0))
         if n < 0:
             raise GeometryError(f"negative count {n} for mig:{gtype}")
+        real += n
         if n or include_all:
             parts.append(f"{GRES_NAME}:{gtype}:{n}")
+    if pad_to is not None:
+        if real > pad_to:
+            raise GeometryError(f"{real} MIG instances do not fit a padded mig total of {pad_to}")
+        parts.append(f"{GRES_NAME}:{PAD_TYPE}:{int(pad_to) - real}")
+    elif PAD_TYPE in counts:
+        n = int(counts[PAD_TYPE])
+        if n < 0:
+            raise GeometryError(f"negative count {n} for mig:{PAD_TYPE}")
+        parts.append(f"{GRES_NAME}:{PAD_TYPE}:{n}")
     parts.extend(other)
     return ",".join(parts)
+
+
+def padded_total(gpus: int) -> int:
+    """The constant mig total of a padded node with ``gpus`` MIG GPUs."""
+    return MAX_INSTANCES_PER_GPU * int(gpus)
+
+
+def mig_total(counts: Mapping[str, int]) -> int:
+    """Sum of every mig count, padding included (what slurmd's registration is checked against)."""
+    return sum(int(n) for n in counts.values())
 
 
 # One GRES item: name[:type][:count][(socket/index detail)]. Slurm prints

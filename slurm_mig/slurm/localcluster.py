@@ -233,7 +233,7 @@ class LocalCluster:
                  hook_env: Mapping[str, str] | None = None, extra_conf: Sequence[str] = (),
                  cluster_name: str = "slurmmig", partition: str = "debug", min_job_age: int = 10,
                  max_gpus_per_node: int | None = None, debug: str = "info", base_port: int = 17000,
-                 capacity_node: str | None = None):
+                 capacity_node: str | None = None, gres_padding: bool = True):
         self.state_dir = Path(state_dir) if state_dir is not None else DEFAULT_STATE_DIR
         self.state_dir = self.state_dir.resolve()
         if isinstance(nodes, int):
@@ -243,6 +243,7 @@ class LocalCluster:
         else:
             self.node_names = list(nodes)
         self.gpus_per_node = gpus_per_node
+        self.gres_padding = gres_padding
         self.node_gres = self._normalise_gres(node_gres)
         self.cpus_per_node = cpus_per_node
         self.real_memory_mb = real_memory_mb
@@ -367,6 +368,17 @@ class LocalCluster:
             raise SlurmMigError("etc/job_submit.lua has no 'local MAX_GPUS_PER_NODE = N' line to set")
         return new
 
+    def conf_gres(self, node: str) -> str:
+        """The ``Gres=`` value slurm.conf gives ``node`` (what a slurmd registers with).
+
+        Every known type is listed (0 where absent): a type that no node advertises
+        makes slurmctld reject jobs asking for it at submit time. With
+        ``gres_padding`` a ``mig:pad`` item makes the total 7 per GPU, so run-time
+        changes keep it constant and re-registrations drain nothing.
+        """
+        pad_to = gres_mod.padded_total(self.gpus_per_node) if self.gres_padding else None
+        return gres_mod.format_node_gres(self.node_gres[node], include_all=True, pad_to=pad_to)
+
     def render_conf(self, ctld_port: int, node_ports: Sequence[int]) -> str:
         """The full slurm.conf text for the given ports."""
         text = _BASE_CONF.format(
@@ -375,10 +387,7 @@ class LocalCluster:
         )
         lines = [text.rstrip("\n"), f"Include {self.state_dir / 'etc' / 'slurm-mig.conf'}", ""]
         for name, port in zip(self.node_names, node_ports):
-            counts = self.node_gres[name]
-            # Every known type is listed (0 where absent): a type that no node
-            # advertises makes slurmctld reject jobs asking for it at submit time.
-            gres = gres_mod.format_node_gres(counts, include_all=True)
+            gres = self.conf_gres(name)
             lines.append(
                 f"NodeName={name} NodeHostname=localhost NodeAddr=127.0.0.1 Port={port} "
                 f"CPUs={self.cpus_per_node} Boards=1 SocketsPerBoard=1 CoresPerSocket={self.cpus_per_node} "

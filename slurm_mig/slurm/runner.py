@@ -239,14 +239,16 @@ class SlurmClient:
 
     # -- actions ------------------------------------------------------------
     def update_node_gres(self, node: str, counts: Mapping[str, int], *,
-                         keep_other: bool = True) -> str:
+                         keep_other: bool = True, pad_to: int | None = None) -> str:
         """Set node ``node``'s mig GRES to ``counts`` with ``scontrol update``; return the value set.
 
         Every known type is written (0 where absent) because Slurm keeps types
         that a Gres update leaves out, at their old count. Non-mig GRES on the
         node are kept when ``keep_other`` (one extra ``scontrol show node``).
-        Note Slurm does not validate the value at all, and the change is lost
-        on ``scontrol reconfigure`` or a slurmctld restart (slurm.conf wins).
+        With ``pad_to`` a ``mig:pad`` item keeps the node's mig total at that
+        value (see :mod:`slurm_mig.slurm.gres`). Note Slurm does not validate
+        the value at all, and the change is lost on ``scontrol reconfigure`` or
+        a slurmctld restart (slurm.conf wins).
         """
         other: list[str] = []
         if keep_other:
@@ -254,7 +256,7 @@ class SlurmClient:
             if found is None:
                 raise SlurmCommandError(f"cannot read node {node} before updating its Gres")
             other = gres_mod.other_gres(found[0].gres_raw) if found else []
-        value = gres_mod.format_node_gres(counts, include_all=True, other=other)
+        value = gres_mod.format_node_gres(counts, include_all=True, other=other, pad_to=pad_to)
         self.check(["scontrol", "update", f"NodeName={node}", f"Gres={value}"])
         return value
 

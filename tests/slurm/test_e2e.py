@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from slurm_mig.democluster import DemoCluster
+from slurm_mig.slurm.gres import PAD_TYPE
 
 pytestmark = pytest.mark.slurm
 
@@ -168,7 +169,7 @@ def test_burst_of_mixed_jobs(demo):
 
 
 def _node_gres(dc: DemoCluster) -> dict:
-    return {n.name: {t: c for t, c in n.gres.items() if c} for n in dc.cluster.client().scontrol_show_nodes() or []
+    return {n.name: {t: c for t, c in n.gres.items() if c and t != PAD_TYPE} for n in dc.cluster.client().scontrol_show_nodes() or []
             if n.name in dc.nodes}
 
 

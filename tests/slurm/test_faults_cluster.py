@@ -82,10 +82,11 @@ def test_slurmctld_frozen_then_down_mid_burst(dc):
     assert _drained(dc) == []
 
 
-@pytest.mark.xfail(strict=True, reason="slurmd re-registers (every ~20 pings) with slurm.conf's mig count; "
-                   "a total that differs from the run-time one while jobs hold mig drains the node "
-                   "(DRAIN+INVALID_REG). Needs a constant per-node total (docs/reliability.md).")
 def test_node_reregistration_while_a_job_holds_a_recarved_gpu(dc):
+    """slurmd re-registers now and then with slurm.conf's counts; a mig total that changed at run time
+    while a job holds mig drained the node (DRAIN+INVALID_REG, docs/reliability.md section 2). The padded
+    total (mig:pad) stays constant, so the registration only resets the mix, which the controller
+    sets again at its next tick."""
     job = dc.sbatch("mig:7g", 20, name="rereg")  # boot layout 3g+2g+1g: a 7g means a re-carve, total 6 -> 4
     deadline = time.time() + 60
     while time.time() < deadline and not any(str(j.job_id) == job and j.state == "RUNNING" for j in dc.squeue()):
@@ -102,12 +103,22 @@ def test_node_reregistration_while_a_job_holds_a_recarved_gpu(dc):
     time.sleep(5)
     try:
         assert _drained(dc) == []
+        # The controller has put the layout's counts back over the reset mix, with the total unchanged.
+        from slurm_mig.slurm.gres import GRES_TYPES, PAD_TYPE
+
+        deadline = time.time() + 15
+        while time.time() < deadline:
+            (n,) = dc.cluster.client().scontrol_show_nodes(node)
+            if n.gres.get("7g") == 1:
+                break
+            time.sleep(0.5)
+        assert n.gres.get("7g") == 1, n.gres
+        assert sum(n.gres.values()) == 14 and n.gres.get(PAD_TYPE, 0) == 14 - sum(n.gres[t] for t in GRES_TYPES)
+        assert str(job) in {str(j.job_id) for j in dc.squeue() if j.state == "RUNNING"}
     finally:
         dc.cluster.client().scancel(job)
-        from slurm_mig.slurm import gres
-
         # Recover the node for whatever runs next (the way docs/reliability.md tells an admin).
-        value = gres.format_node_gres(dc.cluster.node_gres[node], include_all=True)
+        value = dc.cluster.conf_gres(node)
         dc.cluster.client().run(["scontrol", "update", f"NodeName={node}", f"Gres={value}"])
         time.sleep(2)
         pid = dc.cluster._read_pid(f"slurmd-{node}")

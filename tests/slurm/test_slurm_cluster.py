@@ -129,13 +129,13 @@ def test_srun_short_form_fails_at_step_creation(slurm_cluster):
 
 def test_update_node_gres_is_seen_by_parsers_and_scheduler(slurm, slurm_cluster, job_dir, wait_for):
     try:
-        value = slurm.update_node_gres("n3", {"7g": 1, "1g": 0})
-        assert value == "mig:1g:0,mig:1gme:0,mig:1gdm:0,mig:2g:0,mig:2gme:0,mig:3g:0,mig:4g:0,mig:7g:1"
+        value = slurm.update_node_gres("n3", {"7g": 1, "1g": 0}, pad_to=14)
+        assert value == "mig:1g:0,mig:1gme:0,mig:1gdm:0,mig:2g:0,mig:2gme:0,mig:3g:0,mig:4g:0,mig:7g:1,mig:pad:13"
         (n3,) = slurm.scontrol_show_nodes("n3")
-        assert n3.gres == {t: (1 if t == "7g" else 0) for t in gres.GRES_TYPES}
+        assert n3.gres == {**{t: (1 if t == "7g" else 0) for t in gres.GRES_TYPES}, gres.PAD_TYPE: 13}
         sinfo = {n.name: n for n in slurm.nodes()}
         assert sinfo["n3"].gres["7g"] == 1 and sinfo["n3"].gres["3g"] == 0
-        assert sinfo["n1"].gres == {**{t: 0 for t in gres.GRES_TYPES}, **BOOT}
+        assert sinfo["n1"].gres == {**{t: 0 for t in gres.GRES_TYPES}, **BOOT, gres.PAD_TYPE: 14 - 8}
         # The scheduler uses the new counts at once.
         job_id = slurm.sbatch(wrap="sleep 1", gres="mig:7g", args=["-o", str(job_dir / "7g.out")])
         d = _job(slurm, job_id, wait_for)
