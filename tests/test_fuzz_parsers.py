@@ -25,7 +25,7 @@ import os
 import string
 
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from slurm_mig.errors import ConfigError, GeometryError, SlurmMigError
@@ -171,13 +171,8 @@ def test_parse_kv_never_fails(text):
 @given(st.data())
 def test_scontrol_job_parser_on_mutated_output(data):
     text = _mutate(REAL_JOB, data)
-    try:
-        jobs = parsers.parse_scontrol_jobs(text)
-        fields = parsers.parse_scontrol_kv(text)
-    except ValueError:
-        # Only expand_hostlist's int() of a mangled range (e.g. "n[1-x]") may raise, and only ValueError.
-        assume(False)
-        return
+    jobs = parsers.parse_scontrol_jobs(text)
+    fields = parsers.parse_scontrol_kv(text)
     for j in jobs:
         assert isinstance(j.job_id, int) and all(isinstance(v, int) for v in j.mig.values())
     assert isinstance(fields, dict)
@@ -203,13 +198,12 @@ def test_parse_node_state_never_fails(state, flags):
 
 # -- squeue/sinfo JSON ---------------------------------------------------------------------
 
-# Finite floats: JSON has no infinity, and parsers._num(float("inf")) raises OverflowError (noted in
-# docs/reliability.md; Slurm never prints one, though "1e400" would read back as inf).
+# Infinities included: JSON "1e400" reads back as inf (parsers._num raised OverflowError on it, fixed).
 json_scalar = (st.none() | st.booleans() | st.integers(min_value=-2**64, max_value=2**64)
-               | st.floats(allow_infinity=False) | any_text)
+               | st.floats() | any_text)
 json_any = st.recursive(json_scalar, lambda c: st.lists(c, max_size=3) | st.dictionaries(any_text, c, max_size=3),
                         max_leaves=10)
-number_like = (st.integers(min_value=-2**64, max_value=2**64) | st.floats(allow_infinity=False) | json_scalar
+number_like = (st.integers(min_value=-2**64, max_value=2**64) | st.floats() | json_scalar
                | st.fixed_dictionaries({}, optional={"set": st.booleans(), "infinite": st.booleans(),
                                                      "number": json_scalar}))
 job_obj = st.fixed_dictionaries({}, optional={
@@ -230,11 +224,7 @@ node_obj = st.fixed_dictionaries({}, optional={
 @FUZZ
 @given(st.fixed_dictionaries({}, optional={"jobs": st.lists(job_obj, max_size=3), "errors": json_any}))
 def test_parse_squeue_json_shaped_like_slurm(doc):
-    try:
-        jobs = parsers.parse_squeue_json(doc)
-    except ValueError:
-        assume(False)  # expand_hostlist of a mangled "nodes" range: see docs/reliability.md
-        return
+    jobs = parsers.parse_squeue_json(doc)
     for j in jobs:
         assert isinstance(j.job_id, int) and isinstance(j.name, str) and isinstance(j.user, str)
         assert all(isinstance(v, int) for v in j.mig.values())
@@ -251,11 +241,9 @@ def test_parse_sinfo_json_shaped_like_slurm(doc):
 @FUZZ
 @given(st.lists(st.text(alphabet="n[]0123456789-,", max_size=12), max_size=3).map(",".join))
 def test_expand_hostlist_on_slurm_like_lists(expr):
-    try:
-        hosts = parsers.expand_hostlist(expr)
-    except ValueError:
-        return  # a malformed range such as "n[1-]" (Slurm never prints one): ValueError, nothing else
-    assert all(isinstance(h, str) for h in hosts)
+    hosts = parsers.expand_hostlist(expr)  # a malformed range such as "n[1-]" is kept as text, never raises
+    assert all(isinstance(h, str) and h for h in hosts)
+    assert len(hosts) <= 3 * 100_000
 
 
 # -- layouts and models --------------------------------------------------------------------
@@ -269,6 +257,8 @@ layout_text = (st.lists(st.tuples(st.sampled_from(["1g", "2g", "3g", "4g", "7g",
 
 
 @FUZZ
+@example("1g@0,1g@\x1f0", "H100-80GB")  # found at 5,000 examples: str.strip() removes \x1f, int() does not
+@example("1g@²", "H100-80GB")
 @given(layout_text, st.sampled_from(["H100-80GB", "A100-40GB", "A30-24GB", "H200-141GB"]))
 def test_parse_layout_raises_only_geometry_errors(text, model_name):
     from slurm_mig.mig.layout import parse_layout
@@ -278,11 +268,6 @@ def test_parse_layout_raises_only_geometry_errors(text, model_name):
     try:
         layout = parse_layout(text, model)
     except GeometryError:
-        return
-    except ValueError:
-        # str.isdigit() accepts digits int() refuses (e.g. "²"): a ValueError, not a crash of anything
-        # else. mig/layout.py is outside this suite's remit; see docs/reliability.md.
-        assert any(c.isdigit() and not c.isascii() for c in text), text
         return
     assert layout.is_valid()
     assert parse_layout(str(layout), model).slots == layout.slots  # round trip

@@ -420,6 +420,9 @@ def test_kv_values_with_spaces_and_colon_keys():
     ("n1", ["n1"]),
     ("", []),
     ("(null)", []),
+    ("n[1-x],m2", ["n[1-x]", "m2"]),  # not a range Slurm prints: kept as text, no exception
+    ("n[1-999999999]", ["n[1-999999999]"]),  # no billion names
+    ("n[1-2,4-]", ["n[1-2,4-]"]),
 ])
 def test_expand_hostlist(expr, expect):
     assert parsers.expand_hostlist(expr) == expect
@@ -452,6 +455,11 @@ def test_format_node_gres():
         gres.format_node_gres({"5g": 1})
     with pytest.raises(GeometryError):
         gres.format_node_gres({"1g": -1})
+
+
+def test_numbers_that_are_not_finite_read_as_unknown():
+    assert parsers._num(float("inf")) is None and parsers._num(float("nan")) is None
+    assert parsers._num({"set": True, "number": float("-inf")}) is None
 
 
 def test_format_node_gres_with_padding_keeps_the_total():

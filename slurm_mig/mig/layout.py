@@ -171,7 +171,10 @@ def parse_layout(text: str, model: GpuModel) -> Layout:
     for item in text.split(","):
         item = item.strip()
         name, sep, start = item.partition("@")
-        if not sep or not name or not start.strip().isdigit():
+        start = start.strip()
+        # ASCII digits only: str.isdigit() takes "²" and int() takes neither it nor every
+        # character str.strip() removes (a fuzzer found "1g@\x1f0").
+        if not sep or not name or not (start.isascii() and start.isdigit() and len(start) <= 2):
             raise GeometryError(f"bad layout item {item!r}: expected PROFILE@START, e.g. 3g@0 or 1g.10gb@6")
         slots.append(Slot(int(start), model.profile(name).name))
     if len(set(slots)) != len(slots):

@@ -45,7 +45,7 @@ def _num(value: Any) -> int | None:
             return None
     try:
         return int(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: JSON "1e400" reads back as inf
         return None
 
 
@@ -62,6 +62,8 @@ def expand_hostlist(expr: str | None) -> list[str]:
 
     Handles one bracket group per name with ranges (zero padding kept), which
     is what Slurm prints for node lists. ``""``/``None``/``"(null)"`` give ``[]``.
+    A group that is not such a list (``"n[1-x]"``, a huge range) is kept as one
+    name, unexpanded: never an exception.
     """
     if not expr or expr in ("(null)", "None", "N/A"):
         return []
@@ -83,15 +85,28 @@ def expand_hostlist(expr: str | None) -> list[str]:
             out.append(part)
             continue
         prefix, ranges, suffix = m.groups()
+        expanded: list[str] = []
         for rng in ranges.split(","):
-            if "-" in rng:
-                lo, hi = rng.split("-", 1)
-                width = len(lo) if lo.startswith("0") else 0
-                for i in range(int(lo), int(hi) + 1):
-                    out.append(f"{prefix}{str(i).zfill(width)}{suffix}")
-            else:
-                out.append(f"{prefix}{rng}{suffix}")
+            lo, dash, hi = rng.partition("-")
+            if not rng.strip():
+                expanded = [part]
+                break
+            if not dash:
+                expanded.append(f"{prefix}{rng}{suffix}")
+                continue
+            if not (re.fullmatch(r"[0-9]{1,9}", lo) and re.fullmatch(r"[0-9]{1,9}", hi)) \
+                    or int(hi) - int(lo) > _MAX_HOSTLIST_RANGE:
+                expanded = [part]  # not a range Slurm prints: keep the text, do not guess
+                break
+            width = len(lo) if lo.startswith("0") else 0
+            expanded.extend(f"{prefix}{str(i).zfill(width)}{suffix}" for i in range(int(lo), int(hi) + 1))
+        out.extend(expanded)
     return out
+
+
+#: A range wider than this in a hostlist is kept as text (a mangled "n[1-999999999]" must not
+#: allocate a billion names); the largest Slurm clusters have a few tens of thousands of nodes.
+_MAX_HOSTLIST_RANGE = 100_000
 
 
 def mig_request(tres_per_node: str | None) -> dict[str, int]:
