@@ -304,3 +304,36 @@ def test_stalled_clients_are_dropped_and_do_not_block_others():
             s.close()
     finally:
         srv.stop()
+
+
+def test_connections_past_the_cap_get_503_and_no_thread():
+    """One thread per connection, at most max_connections: a flood gets quick 503s (a node's "controller
+    unavailable": outbox and fallback), the server keeps its thread count, and serves again after."""
+    import socket
+    import threading
+
+    from slurm_mig.api.client import ControllerClient
+
+    errors = []
+    srv = ApiServer("127.0.0.1", 0, HmacAuth(KEY), {"/v1/echo": lambda p, who: {"ok": True}},
+                    on_error=lambda kind, msg: errors.append(kind), io_timeout_s=3, max_connections=4).start()
+    host, port = srv.address
+    try:
+        held = [socket.create_connection((host, port), timeout=5) for _ in range(4)]
+        time.sleep(0.3)
+        threads = threading.active_count()
+        extra = []
+        for _ in range(20):
+            s = socket.create_connection((host, port), timeout=5)
+            extra.append(s)
+        replies = [s.recv(200) for s in extra]
+        assert all(r.startswith(b"HTTP/1.1 503") for r in replies), replies[:2]
+        assert threading.active_count() <= threads + 1
+        assert errors.count("busy") == 20
+        for s in held + extra:
+            s.close()
+        time.sleep(0.5)
+        client = ControllerClient(f"http://{host}:{port}", HmacAuth(KEY), "n1", timeout_s=5, retries=0)
+        assert client.call("/v1/echo", {}) == {"ok": True}
+    finally:
+        srv.stop()

@@ -21,6 +21,7 @@ log = logging.getLogger("slurm_mig.api")
 
 MAX_BODY = 1 << 20  # a hook's request is a few hundred bytes; anything huge is hostile
 IO_TIMEOUT_S = 30.0
+MAX_CONNECTIONS = 2048  # open connections served at once (one thread each); more get a 503
 EX_TEMPFAIL = 75  # the exit_code of errors that mean "try again later" (StoreBusy, StoreUnavailable)  # per socket read/write; hooks send their whole request at once
 
 Route = Callable[[dict, Principal], dict]
@@ -37,13 +38,48 @@ class _Server(ThreadingHTTPServer):
     # TCP's 1 s, 3 s, ... retransmits. The kernel caps this at net.core.somaxconn.
     request_queue_size = 1024
 
+    def __init__(self, address, handler, max_connections: int = 2048, on_overload=None):
+        # One thread per connection: without a cap, a flood of connections (or of slow clients, each
+        # held up to the I/O timeout) would start threads until memory runs out. Past the cap a
+        # connection gets a 503 at once, which a node treats as "controller unavailable" (outbox,
+        # fallback), and no thread.
+        self._slots = threading.BoundedSemaphore(max_connections)
+        self._on_overload = on_overload
+        super().__init__(address, handler)
+
+    def process_request(self, request, client_address):
+        if not self._slots.acquire(blocking=False):
+            body = b'{"error": "too many connections to the controller; try again"}'
+            try:
+                request.settimeout(1.0)
+                request.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+                                b"Content-Length: " + str(len(body)).encode() + b"\r\nConnection: close\r\n\r\n"
+                                + body)
+            except OSError:
+                pass
+            self.shutdown_request(request)
+            if self._on_overload:
+                self._on_overload(client_address)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request, client_address):
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
 
 class ApiServer:
     """A threaded HTTP server dispatching authenticated JSON POSTs to routes."""
 
     def __init__(self, host: str, port: int, auth, routes: dict[str, Route],
                  get_routes: dict[str, GetRoute] | None = None, on_error: Callable[[str, str], None] | None = None,
-                 *, io_timeout_s: float = IO_TIMEOUT_S):
+                 *, io_timeout_s: float = IO_TIMEOUT_S, max_connections: int = MAX_CONNECTIONS):
         self.auth = auth
         self.routes = routes
         self.get_routes = get_routes or {}
@@ -132,7 +168,9 @@ class ApiServer:
                     return self._json(500, {"error": f"internal error: {exc}"})
                 self._json(200, result)
 
-        self.httpd = _Server((host, port), Handler)
+        self.httpd = _Server((host, port), Handler, max_connections=max_connections,
+                             on_overload=lambda addr: self._error("busy", f"{addr[0]}: over {max_connections} "
+                                                                          f"open connections, answered 503"))
         self.httpd.daemon_threads = True
         self._thread: threading.Thread | None = None
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -37,8 +38,23 @@ def hook_source_dir() -> Path:
     return Path(__file__).resolve().parents[2]
 
 
+#: Paths written into the root hooks' shell text: absolute, and no character the shell would read
+#: (quotes, $, `, \, }, spaces, newlines), so no path can turn into a command.
+SAFE_PATH = re.compile(r"/[A-Za-z0-9_./+@:-]*")
+
+
 def install_hooks(prefix: str | os.PathLike, python: str, config: str) -> dict[str, Path]:
-    """Copy the hook executables into ``prefix`` (0755, root-owned) with the interpreter and config set."""
+    """Copy the hook executables into ``prefix`` (0755, root-owned) with the interpreter and config set.
+
+    Raises SlurmMigError, before writing anything, when ``python`` or ``config`` is not an absolute
+    path made of plain characters (they are substituted into shell text that runs as root).
+    """
+    from slurm_mig.errors import SlurmMigError
+
+    for what, value in (("--python", python), ("--hook-config", config)):
+        if not SAFE_PATH.fullmatch(str(value)):
+            raise SlurmMigError(f"{what} {value!r}: use an absolute path of letters, digits and _ . / + @ : - "
+                                f"only (it is written into the root hooks' shell text)")
     prefix = Path(prefix)
     prefix.mkdir(parents=True, exist_ok=True)
     os.chmod(prefix, 0o755)
@@ -46,9 +62,12 @@ def install_hooks(prefix: str | os.PathLike, python: str, config: str) -> dict[s
     for name, folder in HOOKS.items():
         src = hook_source_dir() / folder / name
         text = src.read_text()
-        text = text.replace(': "${SLURM_MIG_PYTHON:=/usr/bin/python3}"', f': "${{SLURM_MIG_PYTHON:={python}}}"')
-        text = text.replace(': "${SLURM_MIG_CONFIG:=/etc/slurm-mig/slurm-mig.toml}"',
-                            f': "${{SLURM_MIG_CONFIG:={config}}}"')
+        for old, new in ((': "${SLURM_MIG_PYTHON:=/usr/bin/python3}"', f': "${{SLURM_MIG_PYTHON:={python}}}"'),
+                         (': "${SLURM_MIG_CONFIG:=/etc/slurm-mig/slurm-mig.toml}"',
+                          f': "${{SLURM_MIG_CONFIG:={config}}}"')):
+            if old not in text:
+                raise SlurmMigError(f"{src} has no line {old!r} to set; is this a slurm-mig checkout?")
+            text = text.replace(old, new)
         dst = prefix / name
         tmp = dst.with_suffix(".tmp")
         tmp.write_text(text)
