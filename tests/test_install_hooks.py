@@ -37,3 +37,31 @@ def test_refuses_paths_the_shell_would_read_and_writes_nothing(tmp_path, python,
     with pytest.raises(SlurmMigError, match="absolute path"):
         install_hooks(tmp_path / "hooks", python, config)
     assert not (tmp_path / "hooks").exists()
+
+
+def test_a_wheel_install_needs_no_checkout(tmp_path):
+    """`pip install` on a node (no source checkout): the wheel carries the hooks, the shipped policy and
+    etc/, and install-hooks finds them under <prefix>/share/slurm-mig."""
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    wheels = tmp_path / "wheels"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
+                    str(wheels), str(repo)], check=True, capture_output=True, timeout=300)
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    (whl,) = wheels.glob("slurm_mig-*.whl")
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "--no-deps",
+                    "-q", str(whl)], check=True, capture_output=True, timeout=300)
+    share = venv / "share" / "slurm-mig"
+    for rel in ("prolog/slurm-mig-prolog", "epilog/slurm-mig-epilog", "policy/default.onnx",
+                "policy/model_card.json", "etc/job_submit.lua", "etc/slurm.conf.snippet"):
+        assert (share / rel).is_file(), rel
+    code = ("from slurm_mig.node.cli import hook_source_dir, install_hooks; import sys; "
+            "print(hook_source_dir()); install_hooks(sys.argv[1], '/usr/bin/python3', '/etc/slurm-mig/x.toml')")
+    out = subprocess.run([str(venv / "bin" / "python"), "-I", "-c", code, str(tmp_path / "hooks")],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert Path(out.stdout.strip()) == share
+    assert sorted(p.name for p in (tmp_path / "hooks").iterdir()) == sorted(HOOKS)

@@ -34,8 +34,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def hook_source_dir() -> Path:
-    """The repository's prolog/ and epilog/ folders (a source checkout) hold the hook executables."""
-    return Path(__file__).resolve().parents[2]
+    """The folder holding prolog/ and epilog/: the source checkout, else the wheel's share/slurm-mig."""
+    checkout = Path(__file__).resolve().parents[2]
+    if (checkout / "prolog" / "slurm-mig-prolog").is_file():
+        return checkout
+    return Path(sys.prefix) / "share" / "slurm-mig"
 
 
 #: Paths written into the root hooks' shell text: absolute, and no character the shell would read
