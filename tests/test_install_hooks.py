@@ -65,3 +65,27 @@ def test_a_wheel_install_needs_no_checkout(tmp_path):
     assert out.returncode == 0, out.stderr
     assert Path(out.stdout.strip()) == share
     assert sorted(p.name for p in (tmp_path / "hooks").iterdir()) == sorted(HOOKS)
+
+
+def test_prolog_wrapper_requeues_and_holds_back_when_python_cannot_run(tmp_path):
+    """Python missing or killed: the wrapper exits 0 (no drain), requeues the job and holds it back past
+    cred_expire, read from Slurm's config (digits only reach the shell's arithmetic)."""
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "calls"
+    scontrol = bin_dir / "scontrol"
+    scontrol.write_text('#!/bin/sh\necho "$@" >> "$CALLS"\n'
+                        'if [ "$1" = show ]; then echo "AuthInfo = cred_expire=30,socket=/x"; fi\n')
+    scontrol.chmod(0o755)
+    for python in ("/nonexistent/python3", "/bin/false"):
+        calls.unlink(missing_ok=True)
+        env = {"SLURM_MIG_PYTHON": python, "SLURM_MIG_CONFIG": "/nonexistent.toml", "SLURM_JOB_ID": "4242",
+               "PATH": f"{bin_dir}:/usr/bin:/bin", "CALLS": str(calls)}
+        out = subprocess.run(["/bin/sh", str(repo / "prolog" / "slurm-mig-prolog")], env=env, capture_output=True,
+                             text=True, timeout=30)
+        assert out.returncode == 0, out.stderr
+        assert calls.read_text().splitlines() == ["requeue 4242", "show config",
+                                                  "update JobId=4242 StartTime=now+40"]
