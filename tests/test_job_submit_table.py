@@ -203,3 +203,62 @@ def test_lua_max_gpus_scales_limits(lua):
     rows = lua([("tres_per_node", "gres:mig:3g:16"), ("tres_per_node", "gres:mig:3g:17")], max_gpus=8)
     assert rows[0][:2] == (0, "gres:mig:3g:16")
     assert rows[1][0] == -1 and "holds at most 16" in rows[1][2]
+
+
+# -- etc/cli_filter.lua: the client-side rewrite for srun's step request ---------------------------
+
+CLI_FILE = LUA_FILE.parent / "cli_filter.lua"
+
+
+def test_cli_filter_tables_match_gres_py():
+    global LUA_TEXT
+    saved, LUA_TEXT = LUA_TEXT, CLI_FILE.read_text()
+    try:
+        assert _lua_table("PROFILE_TO_TYPE") == gres.PROFILE_TO_GRES
+        assert {k: int(v) for k, v in _lua_table("MAX_PER_GPU").items()} == gres.MAX_PER_GPU
+    finally:
+        LUA_TEXT = saved
+
+
+CLI_HARNESS = r"""
+slurm = {SUCCESS = 0, ERROR = -1}
+dofile(arg[1])
+for line in io.lines() do
+    local opts = {}
+    if line ~= "<nil>" then opts["gres"] = line end
+    local rc = slurm_cli_pre_submit(opts, 0)
+    io.write(string.format("%d\t%s\n", rc, tostring(opts["gres"])))
+end
+"""
+
+CLI_CASES = [
+    ("mig:3g", "mig:3g:1"),
+    ("mig:3G:2", "mig:3g:2"),
+    ("mig:3g.40gb", "mig:3g:1"),
+    ("mig:1g.20gb:2", "mig:1gdm:2"),
+    ("gres:mig:1g", "gres:mig:1g:1"),
+    ("gres/mig:7g", "gres/mig:7g:1"),
+    ("mig:3g,gpu:1", "mig:3g:1,gpu:1"),
+    ("gpu:a100:1", "gpu:a100:1"),
+    # not understood: left for job_submit.lua to refuse with its message
+    ("mig:5g", "mig:5g"),
+    ("mig:2", "mig:2"),
+    ("mig:3g:x", "mig:3g:x"),
+    ("mig:pad", "mig:pad"),
+    ("mig", "mig"),
+    ("$(reboot);mig:3g", "$(reboot);mig:3g"),
+    ("<nil>", "nil"),
+]
+
+
+def test_cli_filter_rewrites_mig_items_and_leaves_the_rest(lua, tmp_path):
+    exe = shutil.which("lua5.1")
+    script = tmp_path / "harness.lua"
+    script.write_text(CLI_HARNESS)
+    stdin = "".join(f"{src}\n" for src, _ in CLI_CASES)
+    out = subprocess.run([exe, str(script), str(CLI_FILE)], input=stdin, capture_output=True, text=True,
+                         timeout=30, check=True).stdout.splitlines()
+    assert len(out) == len(CLI_CASES)
+    for (src, want), line in zip(CLI_CASES, out):
+        rc, got = line.split("\t")
+        assert (int(rc), got) == (0, want), src

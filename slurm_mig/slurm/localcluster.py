@@ -416,6 +416,8 @@ class LocalCluster:
             etc / "slurm-mig.conf": self._snippet_text(),
             # slurmctld refuses to start unless job_submit.lua sits next to slurm.conf.
             etc / "job_submit.lua": self._lua_text(),
+            # The clients (srun, sbatch, salloc) load it from next to slurm.conf.
+            etc / "cli_filter.lua": (ETC_DIR / "cli_filter.lua").read_text(),
         }
 
     def _config_differs(self, ctld_port: int, node_ports: Sequence[int]) -> bool:

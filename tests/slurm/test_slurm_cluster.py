@@ -111,17 +111,14 @@ def test_srun_and_salloc_paths(slurm_cluster):
     assert r.returncode != 0 and "salloc: error: slurm-mig: unknown MIG size '8g'" in r.stderr
 
 
-def test_srun_short_form_fails_at_step_creation(slurm_cluster):
-    """Slurm limitation pinned down: job_submit.lua fixes the allocation but not the step.
-
-    ``srun --gres=mig:3g cmd`` gets an allocation (rewritten to mig:3g:1), then srun
-    asks for the *step* with its own unparsed option, which Slurm reads as 3 GiB
-    ("gres_per_node=mig:3221225472"). Steps never pass through job_submit; only a
-    client-side cli_filter.lua could rewrite them. sbatch and salloc are unaffected.
-    """
-    r = _run(slurm_cluster, ["srun", "--gres=mig:3g", "true"])
-    assert r.returncode != 0
-    assert "Unable to create step" in r.stderr
+def test_srun_short_form_gets_its_step(slurm_cluster):
+    """``srun --gres=mig:3g cmd`` outside an allocation: job_submit.lua rewrites the job's request, but
+    srun sends the option again for the *step*, which Slurm read as 3 GiB ("gres_per_node=mig:3221225472",
+    "Unable to create step"). etc/cli_filter.lua rewrites both on the client."""
+    for form in ("mig:3g", "mig:3g.40gb", "mig:1g:2"):
+        r = _run(slurm_cluster, ["srun", f"--gres={form}", "sh", "-c", "echo step-ok $SLURM_STEP_ID"])
+        assert r.returncode == 0, (form, r.stderr)
+        assert r.stdout.startswith("step-ok "), (form, r.stdout, r.stderr)
 
 
 # -- node Gres at run time ---------------------------------------------------------------
