@@ -45,11 +45,92 @@ def test_signed_request_round_trip(server):
 
 
 def test_wrong_key_refused(server):
-    client = ControllerClient(url(server), HmacAuth(b"x" * 64), "n1")
+    """The controller refuses the request (401); its answer cannot be signed for a request it could not
+    authenticate, so the node does not trust it either: no answer, with the controller's reason shown."""
+    client = ControllerClient(url(server), HmacAuth(b"x" * 64), "n1", retries=0)
+    with pytest.raises(ControllerUnavailable, match="answer 401 .* not authenticated.*signature does not match"):
+        client.call("/v1/echo", {"job": 7})
+    assert server.errors == ["auth"]
+    # Without answer checks (an old node) the 401 reads as a refusal, as before.
+    client = ControllerClient(url(server), HmacAuth(b"x" * 64), "n1", retries=0, verify_responses=False)
     with pytest.raises(ControllerRefused) as exc:
         client.call("/v1/echo", {"job": 7})
     assert exc.value.status == 401
-    assert server.errors == ["auth"]
+
+
+class _Middle:
+    """A machine in the middle: a loopback proxy that passes requests on and can rewrite answers."""
+
+    def __init__(self, upstream: str, rewrite):
+        import http.server
+        import threading
+        import urllib.request
+
+        middle = self
+        self.answers: list[tuple[int, dict, bytes]] = []
+
+        class H(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                req = urllib.request.Request(upstream + self.path, data=body, method="POST",
+                                             headers={k: v for k, v in self.headers.items()})
+                try:
+                    with urllib.request.urlopen(req, timeout=5) as r:
+                        status, headers, answer = r.status, dict(r.headers), r.read()
+                except urllib.error.HTTPError as e:
+                    status, headers, answer = e.code, dict(e.headers), e.read()
+                middle.answers.append((status, headers, answer))
+                status, headers, answer = rewrite(status, headers, answer, middle.answers)
+                self.send_response(status)
+                for k, v in headers.items():
+                    if k.lower() not in ("content-length", "server", "date", "connection"):
+                        self.send_header(k, v)
+                self.send_header("Content-Length", str(len(answer)))
+                self.end_headers()
+                self.wfile.write(answer)
+
+        import urllib.error  # noqa: F401  (used in H)
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+
+    def close(self):
+        self.httpd.shutdown()
+
+
+@pytest.mark.parametrize("attack", ["alter-body", "forge-refusal", "replay-old-answer", "strip-signature"])
+def test_answers_altered_forged_or_replayed_in_the_middle_are_not_acted_on(server, attack):
+    def rewrite(status, headers, answer, seen):
+        if attack == "alter-body":
+            return status, headers, answer.replace(b'"job": 7', b'"job": 8')
+        if attack == "forge-refusal":
+            return 422, headers, b'{"error": "requeue this job", "kind": "RequestRejected"}'
+        if attack == "replay-old-answer" and len(seen) > 1:
+            return seen[0]
+        if attack == "strip-signature":
+            return status, {k: v for k, v in headers.items() if "Response-Auth" not in k}, answer
+        return status, headers, answer
+
+    middle = _Middle(url(server), rewrite)
+    try:
+        client = ControllerClient(middle.url, HmacAuth(KEY), "n1", retries=0)
+        if attack == "replay-old-answer":
+            assert client.call("/v1/echo", {"job": 7})["echo"] == {"job": 7}  # the first, genuine answer
+        with pytest.raises(ControllerUnavailable, match="not authenticated"):
+            client.call("/v1/echo", {"job": 7})
+    finally:
+        middle.close()
+
+
+def test_a_signed_refusal_is_still_a_refusal(server):
+    client = ControllerClient(url(server), HmacAuth(KEY), "n1")
+    with pytest.raises(ControllerRefused) as exc:
+        client.call("/v1/echo", {"bad": True})
+    assert exc.value.status == 422
 
 
 def test_unauthenticated_refused(server):
@@ -173,6 +254,27 @@ def test_munge_round_trip_and_replay(munge_socket):
         auth.verify(auth.sign(body, "n1"), b'{"job": 2}')
     with pytest.raises(AuthError):
         auth.verify("munge MUNGE:forged:", body)
+
+
+def test_munge_signed_answers(munge_socket):
+    """With MUNGE the controller signs its answers with a fresh credential bound to the request."""
+    auth = MungeAuth(munge_socket, allowed_uids=(os.getuid(),))
+    srv = ApiServer("127.0.0.1", 0, auth, {"/v1/echo": echo}).start()
+    try:
+        client = ControllerClient(url(srv), auth, "n1")
+        assert client.call("/v1/echo", {"job": 3})["echo"] == {"job": 3}
+        req = auth.sign(b"{}", "n1")
+        answer = auth.sign_response(req, 200, b'{"ok": true}')
+        auth.verify_response(req, 200, answer, b'{"ok": true}')
+        with pytest.raises(AuthError):  # munged refuses the same credential twice
+            auth.verify_response(req, 200, answer, b'{"ok": true}')
+        with pytest.raises(AuthError, match="does not cover"):
+            auth.verify_response(auth.sign(b"{}", "n1"), 200, auth.sign_response(req, 200, b"{}"), b"{}")
+        with pytest.raises(AuthError, match="not by the controller"):
+            MungeAuth(munge_socket, allowed_uids=(424242,)).verify_response(
+                req, 200, auth.sign_response(req, 200, b"{}"), b"{}")
+    finally:
+        srv.stop()
 
 
 def test_munge_disallowed_uid(munge_socket):

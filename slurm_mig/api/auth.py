@@ -32,6 +32,8 @@ from dataclasses import dataclass
 from slurm_mig.errors import SlurmMigError
 
 HEADER = "X-Slurm-Mig-Auth"
+#: The controller's signature on its answer, bound to the request it answers (see _response_digest).
+RESPONSE_HEADER = "X-Slurm-Mig-Response-Auth"
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 
 
@@ -53,6 +55,13 @@ class Principal:
 
 def _digest(body: bytes) -> str:
     return hashlib.sha256(body).hexdigest()
+
+
+def _response_digest(request_header: str, status: int, body: bytes) -> str:
+    """What a response signature covers: the request's credential (so an answer cannot be replayed
+    to another request), the HTTP status and the body."""
+    msg = "\n".join(["slurm-mig/1 response", _digest(request_header.encode()), str(int(status)), _digest(body)])
+    return _digest(msg.encode())
 
 
 class ReplayCache:
@@ -159,6 +168,48 @@ class MungeAuth:
         return Principal(uid, gid, host, "munge")
 
 
+    def sign_response(self, request_header: str, status: int, body: bytes) -> str:
+        """The controller's credential for its answer (a fresh MUNGE credential over the answer)."""
+        payload = f"slurm-mig/1-response {_response_digest(request_header, status, body)}".encode()
+        argv = self._argv(self.munge_bin) + ["--ttl", str(self.ttl_s)]
+        try:
+            out = subprocess.run(argv, input=payload, capture_output=True, timeout=self.timeout_s, check=False)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise AuthError(f"cannot create a MUNGE credential: {exc}") from exc
+        if out.returncode != 0:
+            raise AuthError(f"munge failed: {out.stderr.decode(errors='replace').strip()}")
+        return "munge " + out.stdout.decode().strip()
+
+    def verify_response(self, request_header: str, status: int, header: str | None, body: bytes) -> None:
+        """Check the answer came from an allowed uid (root: the controller) and covers this request,
+        status and body; munged refuses a replayed credential. Raises AuthError."""
+        scheme, _, cred = (header or "").partition(" ")
+        if scheme != "munge" or not cred.startswith("MUNGE:"):
+            raise AuthError("answer has no MUNGE credential")
+        argv = self._argv(self.unmunge_bin) + ["--numeric"]
+        try:
+            out = subprocess.run(argv, input=cred.encode(), capture_output=True, timeout=self.timeout_s, check=False)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise AuthError(f"cannot check the answer's MUNGE credential: {exc}") from exc
+        if out.returncode != 0:
+            why = _MUNGE_STATUS.get(out.returncode) or out.stderr.decode(errors="replace").strip()
+            raise AuthError(f"answer's MUNGE credential rejected: {why or f'status {out.returncode}'}")
+        meta_text, _, payload = out.stdout.partition(b"\n\n")
+        uid = None
+        for line in meta_text.decode(errors="replace").splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "UID":
+                try:
+                    uid = int(value.split()[0])
+                except (ValueError, IndexError):
+                    uid = None
+        if uid not in self.allowed_uids:
+            raise AuthError(f"answer signed by uid {uid}, not by the controller")
+        want = f"slurm-mig/1-response {_response_digest(request_header, status, body)}"
+        if not hmac.compare_digest(payload.decode(errors="replace").rstrip("\n").encode(), want.encode()):
+            raise AuthError("answer's MUNGE credential does not cover this answer")
+
+
 # -- HMAC ------------------------------------------------------------------
 
 def load_key(path: str) -> bytes:
@@ -222,6 +273,21 @@ class HmacAuth:
             raise AuthError(f"request timestamp is {skew:.0f} s off (limit {self.max_skew_s:.0f} s): expired or clock skew")
         self.replay.check_and_add(nonce, now)
         return Principal(self.uid, self.uid, node, "hmac")
+
+
+    def sign_response(self, request_header: str, status: int, body: bytes) -> str:
+        """The controller's MAC over its answer, bound to the request's credential."""
+        return "hmac " + hmac.new(self.key, _response_digest(request_header, status, body).encode(),
+                                  hashlib.sha256).hexdigest()
+
+    def verify_response(self, request_header: str, status: int, header: str | None, body: bytes) -> None:
+        """Check the answer's MAC (the key, this request, this status and body). Raises AuthError."""
+        scheme, _, mac = (header or "").partition(" ")
+        if scheme != "hmac" or not _HEX64.fullmatch(mac):
+            raise AuthError("answer has no HMAC signature")
+        want = hmac.new(self.key, _response_digest(request_header, status, body).encode(), hashlib.sha256).hexdigest()
+        if not hmac.compare_digest(mac, want):
+            raise AuthError("answer's signature does not match (wrong key, altered or replayed answer)")
 
 
 def auth_from_settings(method: str, *, munge_socket: str | None = None, key_file: str | None = None,

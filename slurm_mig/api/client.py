@@ -7,7 +7,7 @@ import time
 import urllib.error
 import urllib.request
 
-from slurm_mig.api.auth import HEADER
+from slurm_mig.api.auth import HEADER, RESPONSE_HEADER, AuthError
 from slurm_mig.errors import SlurmMigError
 
 
@@ -27,12 +27,31 @@ class ControllerRefused(SlurmMigError):
 class ControllerClient:
     """Calls the controller on behalf of one node."""
 
-    def __init__(self, url: str, auth, node: str, timeout_s: float = 5.0, retries: int = 1):
+    def __init__(self, url: str, auth, node: str, timeout_s: float = 5.0, retries: int = 1,
+                 verify_responses: bool = True):
         self.url = url.rstrip("/")
         self.auth = auth
         self.node = node
         self.timeout_s = timeout_s
         self.retries = retries
+        # The controller signs every answer to a signed request, bound to that request. An answer that
+        # does not verify (forged or altered in the middle, replayed, or from a controller that could
+        # not sign) is treated as no answer: the node takes its fallback, it never acts on it.
+        self.verify_responses = verify_responses and hasattr(auth, "verify_response")
+
+    def _check(self, path: str, request_header: str, status: int, headers, body: bytes) -> None:
+        if not self.verify_responses:
+            return
+        try:
+            self.auth.verify_response(request_header, status, headers.get(RESPONSE_HEADER), body)
+        except AuthError as exc:
+            try:
+                said = (json.loads(body or b"{}") or {}).get("error") if status != 200 else None
+            except (ValueError, AttributeError):
+                said = None
+            extra = f"; it said: {str(said)[:200]}" if said else ""
+            raise ControllerUnavailable(f"answer {status} to {path} not authenticated ({exc}), "
+                                        f"ignored{extra}") from None
 
     def call(self, path: str, payload: dict) -> dict:
         """POST ``payload`` to ``path``; retry once on a connection failure (a fresh credential each time)."""
@@ -42,27 +61,48 @@ class ControllerClient:
             req = urllib.request.Request(self.url + path, data=body, method="POST")
             req.add_header("Content-Type", "application/json")
             try:
-                req.add_header(HEADER, self.auth.sign(body, self.node))
+                signed = self.auth.sign(body, self.node)
             except SlurmMigError as exc:
                 # No credential (munged down): as good as no controller, so callers take their fallback.
                 raise ControllerUnavailable(f"cannot sign the request: {exc}") from exc
+            req.add_header(HEADER, signed)
             try:
-                with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
-                    return json.loads(resp.read() or b"{}")
-            except urllib.error.HTTPError as exc:
-                try:
-                    detail = json.loads(exc.read() or b"{}")
-                except ValueError:
-                    detail = {}
-                message = detail.get("error") or exc.reason
-                if exc.code >= 500:
-                    last = ControllerUnavailable(f"controller error {exc.code} on {path}: {message}")
+                status, headers, answer = self._post(req)
+                self._check(path, signed, status, headers, answer)
+            except ControllerUnavailable as exc:
+                last = exc
+            else:
+                if status == 200:
+                    try:
+                        return json.loads(answer or b"{}")
+                    except ValueError as exc:
+                        last = ControllerUnavailable(f"controller answered {path} with malformed JSON: {exc}")
                 else:
-                    raise ControllerRefused(f"controller refused {path}: {message}", exc.code,
-                                            detail.get("kind", "")) from None
-            except (urllib.error.URLError, OSError, TimeoutError, ValueError) as exc:
-                last = ControllerUnavailable(f"controller at {self.url} unreachable: {getattr(exc, 'reason', exc)}")
+                    try:
+                        detail = json.loads(answer or b"{}")
+                        detail = detail if isinstance(detail, dict) else {}
+                    except ValueError:
+                        detail = {}
+                    message = detail.get("error") or f"HTTP {status}"
+                    if status >= 500:
+                        last = ControllerUnavailable(f"controller error {status} on {path}: {message}")
+                    else:
+                        raise ControllerRefused(f"controller refused {path}: {message}", status,
+                                                detail.get("kind", ""))
             if attempt < self.retries:
                 time.sleep(0.2 * (attempt + 1))
         assert last is not None
         raise last
+
+    def _post(self, req) -> tuple[int, object, bytes]:
+        """(status, headers, body) of one request; ControllerUnavailable when there is no answer."""
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
+                return resp.status, resp.headers, resp.read()
+        except urllib.error.HTTPError as exc:
+            try:
+                return exc.code, exc.headers, exc.read()
+            except OSError as err:
+                raise ControllerUnavailable(f"controller at {self.url}: answer {exc.code} cut short: {err}") from None
+        except (urllib.error.URLError, OSError, TimeoutError, ValueError) as exc:
+            raise ControllerUnavailable(f"controller at {self.url} unreachable: {getattr(exc, 'reason', exc)}") from None

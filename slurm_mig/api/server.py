@@ -14,7 +14,7 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable
 
-from slurm_mig.api.auth import HEADER, AuthError, Principal
+from slurm_mig.api.auth import HEADER, RESPONSE_HEADER, AuthError, Principal
 from slurm_mig.errors import SlurmMigError
 
 log = logging.getLogger("slurm_mig.api")
@@ -96,8 +96,20 @@ class ApiServer:
             def log_message(self, fmt, *args):  # route http.server's stderr chatter to logging
                 log.debug("%s " + fmt, self.address_string(), *args)
 
+            # The credential of the request being answered, once verified: every answer to it is signed,
+            # bound to it, so a machine in the middle can neither forge nor replay the controller's answers.
+            signed_request: str | None = None
+
             def _send(self, status: int, body: bytes, ctype: str = "application/json") -> None:
+                response_auth = None
+                if self.signed_request is not None and hasattr(server.auth, "sign_response"):
+                    try:
+                        response_auth = server.auth.sign_response(self.signed_request, status, body)
+                    except AuthError as exc:  # e.g. munged down: the node will not trust an unsigned answer
+                        server._error("auth", f"cannot sign the answer to {self.path}: {exc}")
                 self.send_response(status)
+                if response_auth:
+                    self.send_header(RESPONSE_HEADER, response_auth)
                 self.send_header("Content-Type", ctype)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
@@ -118,6 +130,7 @@ class ApiServer:
                 self._send(200, body, ctype)
 
             def do_POST(self):
+                self.signed_request = None  # HTTP/1.1 keeps the handler for the connection's next request
                 route = server.routes.get(self.path)
                 try:
                     length = int(self.headers.get("Content-Length", "-1"))
@@ -142,6 +155,7 @@ class ApiServer:
                 except AuthError as exc:
                     server._error("auth", f"{self.client_address[0]} {self.path}: {exc}")
                     return self._json(401, {"error": str(exc)})
+                self.signed_request = self.headers.get(HEADER, "")
                 if route is None:
                     return self._json(404, {"error": f"no such path {self.path}"})
                 try:
