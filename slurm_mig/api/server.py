@@ -49,6 +49,8 @@ class _Server(ThreadingHTTPServer):
 
     def process_request(self, request, client_address):
         if not self._slots.acquire(blocking=False):
+            if self._on_overload:  # first: counted by the time the client reads its 503
+                self._on_overload(client_address)
             body = b'{"error": "too many connections to the controller; try again"}'
             try:
                 request.settimeout(1.0)
@@ -58,8 +60,6 @@ class _Server(ThreadingHTTPServer):
             except OSError:
                 pass
             self.shutdown_request(request)
-            if self._on_overload:
-                self._on_overload(client_address)
             return
         try:
             super().process_request(request, client_address)
