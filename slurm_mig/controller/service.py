@@ -868,7 +868,7 @@ def _slurm_end(detail, state: str, now: float) -> tuple[str, int | None, float]:
         return state, None, now
     exit_code, end = None, now
     code, _, sig = (detail.fields.get("ExitCode") or "").partition(":")
-    if code.isdigit() and sig.isdigit():
+    if code.isascii() and code.isdigit() and sig.isascii() and sig.isdigit():
         exit_code = (int(code) << 8) | int(sig)  # the wait status, as SLURM_JOB_EXIT_CODE has it
     try:
         end = time.mktime(time.strptime(detail.fields.get("EndTime", ""), "%Y-%m-%dT%H:%M:%S"))

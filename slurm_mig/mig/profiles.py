@@ -72,7 +72,7 @@ class GpuModel:
         for p in self.profiles:
             if key in (p.name, p.kind):
                 return p
-        if key.isdigit():
+        if key.isascii() and key.isdigit():  # "²".isdigit() is true, int("²") fails
             for p in self.profiles:
                 if p.id == int(key):
                     return p

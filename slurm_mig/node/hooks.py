@@ -566,7 +566,7 @@ def _release_orphaned_bindings(node: Node) -> None:
     reboot, a Prolog killed after writing it, a controller that lost its database and cannot name them).
     Only files older than ORPHAN_AGE_S, only when squeue answered, and only once their instances are idle."""
     old = [job for job, mtime in node.state.binding_times().items()
-           if time.time() - mtime > ORPHAN_AGE_S and job.replace("_", "").isdigit()]
+           if time.time() - mtime > ORPHAN_AGE_S and job.replace("_", "").isascii() and job.replace("_", "").isdigit()]
     if not old:
         return
     from slurm_mig.slurm.runner import SlurmClient

@@ -59,7 +59,7 @@ def _instances(doc: dict) -> list[BoundInstance]:
 def _safe_job_id(job_id: str) -> str:
     # Job ids become file names: only digits and '_' (array jobs) are accepted.
     job_id = str(job_id)
-    if not job_id or len(job_id) > 32 or not all(c.isdigit() or c == "_" for c in job_id):
+    if not job_id or len(job_id) > 32 or not all(c in "0123456789_" for c in job_id):
         raise ValueError(f"bad Slurm job id {job_id!r}")
     return job_id
 

@@ -249,7 +249,7 @@ def parse_gres_item(item: str) -> tuple[str, str | None, int]:
         return name, None, 1
     if len(parts) == 2:
         # "mig:3" is an untyped count, "mig:3g" a type with the default count.
-        if parts[1].isdigit():
+        if parts[1].isascii() and parts[1].isdigit():
             return name, None, int(parts[1])
         return name, parts[1], 1
     return name, parts[1] or None, int(parts[2])
