@@ -3,8 +3,9 @@
 Two schemes, one interface (``sign(body) -> header`` on the node,
 ``verify(header, body) -> Principal`` on the controller):
 
-* ``munge``: the node runs ``munge`` with a digest of the request body as the
-  credential payload; the controller runs ``unmunge`` and learns the sender's
+* ``munge``: the node encodes a MUNGE credential (libmunge in-process, or the
+  ``munge`` command where the library is missing) with a digest of the request
+  body as the payload; the controller decodes it and learns the sender's
   UID/GID and host from munged itself. munged rejects expired (TTL) and
   replayed credentials; we also keep our own replay cache, because a cluster
   may run several controllers' worth of munged instances.
@@ -100,13 +101,111 @@ _MUNGE_STATUS = {
     18: "unauthorized credential",
 }
 
+class _LibMunge:
+    """libmunge called in-process through ctypes: no fork and exec of munge/unmunge per credential,
+    which dominated the controller's cost per request under load (docs/reliability.md, load).
+
+    A context per call (libmunge contexts are not thread-safe). ``load`` gives None where the
+    library cannot be loaded; MungeAuth then runs the commands.
+    """
+
+    OPT_TTL, OPT_ADDR4, OPT_SOCKET = 4, 5, 8  # munge.h's munge_opt_t
+
+    #: Credentials encoded or decoded at once by one process. munged serves a few threads and a short
+    #: listen queue: a thousand callers at once (the controller under a burst of node requests) made
+    #: libmunge give up with "cannot reach munged (socket)"; the commands were throttled by fork/exec.
+    CONCURRENCY = 8
+
+    def __init__(self, lib, libc):
+        self.lib, self.libc = lib, libc
+        self.gate = threading.BoundedSemaphore(self.CONCURRENCY)
+
+    @classmethod
+    def load(cls) -> "_LibMunge | None":
+        import ctypes
+        import ctypes.util
+
+        try:
+            lib = ctypes.CDLL(ctypes.util.find_library("munge") or "libmunge.so.2")
+            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        except OSError:
+            return None
+        lib.munge_ctx_create.restype = ctypes.c_void_p
+        lib.munge_ctx_destroy.argtypes = [ctypes.c_void_p]
+        lib.munge_encode.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int]
+        lib.munge_decode.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p),
+                                     ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_uint32),
+                                     ctypes.POINTER(ctypes.c_uint32)]
+        lib.munge_ctx_strerror.restype = ctypes.c_char_p
+        lib.munge_ctx_strerror.argtypes = [ctypes.c_void_p]
+        libc.free.argtypes = [ctypes.c_void_p]
+        return cls(lib, libc)
+
+    def _ctx(self, socket: str | None, ttl_s: int | None):
+        import ctypes
+
+        ctx = self.lib.munge_ctx_create()
+        if not ctx:
+            raise AuthError("libmunge: cannot create a context (out of memory)")
+        if socket:
+            self.lib.munge_ctx_set(ctypes.c_void_p(ctx), ctypes.c_int(self.OPT_SOCKET), ctypes.c_char_p(socket.encode()))
+        if ttl_s is not None:
+            self.lib.munge_ctx_set(ctypes.c_void_p(ctx), ctypes.c_int(self.OPT_TTL), ctypes.c_int(int(ttl_s)))
+        return ctx
+
+    def _why(self, ctx, err: int) -> str:
+        text = self.lib.munge_ctx_strerror(ctx)
+        return _MUNGE_STATUS.get(err) or (text.decode(errors="replace") if text else f"status {err}")
+
+    def encode(self, payload: bytes, socket: str | None, ttl_s: int) -> str:
+        import ctypes
+
+        ctx = self._ctx(socket, ttl_s)
+        cred = ctypes.c_void_p()
+        try:
+            with self.gate:
+                err = self.lib.munge_encode(ctypes.byref(cred), ctx, payload, len(payload))
+            if err != 0:
+                raise AuthError(f"munge failed: {self._why(ctx, err)}")
+            return ctypes.string_at(cred.value).decode()
+        finally:
+            if cred.value:
+                self.libc.free(cred)
+            self.lib.munge_ctx_destroy(ctx)
+
+    def decode(self, cred: str, socket: str | None) -> tuple[bytes, int, int, str]:
+        import ctypes
+        import socket as socketlib
+
+        ctx = self._ctx(socket, None)
+        buf, length = ctypes.c_void_p(), ctypes.c_int(0)
+        uid, gid = ctypes.c_uint32(0), ctypes.c_uint32(0)
+        try:
+            with self.gate:
+                err = self.lib.munge_decode(cred.encode(), ctx, ctypes.byref(buf), ctypes.byref(length),
+                                            ctypes.byref(uid), ctypes.byref(gid))
+            if err != 0:
+                raise AuthError(f"MUNGE credential rejected: {self._why(ctx, err)}")
+            payload = ctypes.string_at(buf.value, length.value) if buf.value and length.value > 0 else b""
+            addr = (ctypes.c_ubyte * 4)()
+            host = ""
+            if self.lib.munge_ctx_get(ctypes.c_void_p(ctx), ctypes.c_int(self.OPT_ADDR4), ctypes.byref(addr)) == 0:
+                host = socketlib.inet_ntoa(bytes(addr))
+            return payload, uid.value, gid.value, host
+        finally:
+            if buf.value:
+                self.libc.free(buf)
+            self.lib.munge_ctx_destroy(ctx)
+
+
 class MungeAuth:
-    """MUNGE credentials via the munge/unmunge commands."""
+    """MUNGE credentials: libmunge in-process where it loads, else the munge/unmunge commands."""
 
     scheme = "munge"
 
     def __init__(self, socket: str | None = None, *, allowed_uids: tuple[int, ...] = (0,),
-                 ttl_s: int = 60, timeout_s: float = 5.0, munge_bin: str = "munge", unmunge_bin: str = "unmunge"):
+                 ttl_s: int = 60, timeout_s: float = 5.0, munge_bin: str = "munge", unmunge_bin: str = "unmunge",
+                 use_library: bool = True):
         self.socket = socket
         self.allowed_uids = allowed_uids
         self.ttl_s = ttl_s
@@ -114,6 +213,7 @@ class MungeAuth:
         self.munge_bin = munge_bin
         self.unmunge_bin = unmunge_bin
         self.replay = ReplayCache(window_s=max(ttl_s * 2, 60))
+        self.lib = _LibMunge.load() if use_library else None
 
     def _argv(self, binary: str) -> list[str]:
         argv = [binary]
@@ -121,9 +221,10 @@ class MungeAuth:
             argv += ["--socket", self.socket]
         return argv
 
-    def sign(self, body: bytes, node: str = "") -> str:
-        """A header value carrying a fresh MUNGE credential bound to ``body``."""
-        payload = f"slurm-mig/1 {_digest(body)} {node}".encode()
+    # The two primitives; everything else is built on them.
+    def _encode(self, payload: bytes) -> str:
+        if self.lib is not None:
+            return self.lib.encode(payload, self.socket, self.ttl_s)
         argv = self._argv(self.munge_bin) + ["--ttl", str(self.ttl_s)]
         try:
             out = subprocess.run(argv, input=payload, capture_output=True, timeout=self.timeout_s, check=False)
@@ -131,13 +232,12 @@ class MungeAuth:
             raise AuthError(f"cannot create a MUNGE credential: {exc}") from exc
         if out.returncode != 0:
             raise AuthError(f"munge failed: {out.stderr.decode(errors='replace').strip()}")
-        return "munge " + out.stdout.decode().strip()
+        return out.stdout.decode().strip()
 
-    def verify(self, header: str, body: bytes, now: float | None = None) -> Principal:
-        """Decode the credential with unmunge and check it covers ``body`` and an allowed user."""
-        scheme, _, cred = (header or "").partition(" ")
-        if scheme != "munge" or not cred.startswith("MUNGE:"):
-            raise AuthError("request has no MUNGE credential")
+    def _decode(self, cred: str) -> tuple[bytes, int | None, int | None, str]:
+        """(payload, uid, gid, encoding host) of a credential munged accepts; AuthError otherwise."""
+        if self.lib is not None:
+            return self.lib.decode(cred, self.socket)
         argv = self._argv(self.unmunge_bin) + ["--numeric"]
         try:
             out = subprocess.run(argv, input=cred.encode(), capture_output=True, timeout=self.timeout_s, check=False)
@@ -152,11 +252,27 @@ class MungeAuth:
         for line in meta_text.decode(errors="replace").splitlines():
             key, _, value = line.partition(":")
             meta[key.strip()] = value.strip()
-        try:
-            uid = int(meta["UID"].split()[0])
-            gid = int(meta["GID"].split()[0])
-        except (KeyError, ValueError, IndexError) as exc:
-            raise AuthError("unmunge output lacks UID/GID") from exc
+
+        def _id(key: str) -> int | None:
+            try:
+                return int(meta[key].split()[0])
+            except (KeyError, ValueError, IndexError):
+                return None
+
+        return payload, _id("UID"), _id("GID"), meta.get("ENCODE_HOST", "")
+
+    def sign(self, body: bytes, node: str = "") -> str:
+        """A header value carrying a fresh MUNGE credential bound to ``body``."""
+        return "munge " + self._encode(f"slurm-mig/1 {_digest(body)} {node}".encode())
+
+    def verify(self, header: str, body: bytes, now: float | None = None) -> Principal:
+        """Decode the credential and check it covers ``body`` and an allowed user."""
+        scheme, _, cred = (header or "").partition(" ")
+        if scheme != "munge" or not cred.startswith("MUNGE:"):
+            raise AuthError("request has no MUNGE credential")
+        payload, uid, gid, host = self._decode(cred)
+        if uid is None or gid is None:
+            raise AuthError("unmunge output lacks UID/GID")
         fields = payload.decode(errors="replace").rstrip("\n").split(" ")
         if len(fields) < 2 or fields[0] != "slurm-mig/1" or not _HEX64.fullmatch(fields[1]) \
                 or not hmac.compare_digest(fields[1], _digest(body)):
@@ -164,21 +280,11 @@ class MungeAuth:
         if uid not in self.allowed_uids:
             raise AuthError(f"requests from uid {uid} are not allowed (allowed: {list(self.allowed_uids)})")
         self.replay.check_and_add(hashlib.sha256(cred.encode()).hexdigest(), time.time() if now is None else now)
-        host = meta.get("ENCODE_HOST", "")
         return Principal(uid, gid, host, "munge")
-
 
     def sign_response(self, request_header: str, status: int, body: bytes) -> str:
         """The controller's credential for its answer (a fresh MUNGE credential over the answer)."""
-        payload = f"slurm-mig/1-response {_response_digest(request_header, status, body)}".encode()
-        argv = self._argv(self.munge_bin) + ["--ttl", str(self.ttl_s)]
-        try:
-            out = subprocess.run(argv, input=payload, capture_output=True, timeout=self.timeout_s, check=False)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            raise AuthError(f"cannot create a MUNGE credential: {exc}") from exc
-        if out.returncode != 0:
-            raise AuthError(f"munge failed: {out.stderr.decode(errors='replace').strip()}")
-        return "munge " + out.stdout.decode().strip()
+        return "munge " + self._encode(f"slurm-mig/1-response {_response_digest(request_header, status, body)}".encode())
 
     def verify_response(self, request_header: str, status: int, header: str | None, body: bytes) -> None:
         """Check the answer came from an allowed uid (root: the controller) and covers this request,
@@ -186,23 +292,10 @@ class MungeAuth:
         scheme, _, cred = (header or "").partition(" ")
         if scheme != "munge" or not cred.startswith("MUNGE:"):
             raise AuthError("answer has no MUNGE credential")
-        argv = self._argv(self.unmunge_bin) + ["--numeric"]
         try:
-            out = subprocess.run(argv, input=cred.encode(), capture_output=True, timeout=self.timeout_s, check=False)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            raise AuthError(f"cannot check the answer's MUNGE credential: {exc}") from exc
-        if out.returncode != 0:
-            why = _MUNGE_STATUS.get(out.returncode) or out.stderr.decode(errors="replace").strip()
-            raise AuthError(f"answer's MUNGE credential rejected: {why or f'status {out.returncode}'}")
-        meta_text, _, payload = out.stdout.partition(b"\n\n")
-        uid = None
-        for line in meta_text.decode(errors="replace").splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "UID":
-                try:
-                    uid = int(value.split()[0])
-                except (ValueError, IndexError):
-                    uid = None
+            payload, uid, _gid, _host = self._decode(cred)
+        except AuthError as exc:
+            raise AuthError(f"answer's {exc}") from None
         if uid not in self.allowed_uids:
             raise AuthError(f"answer signed by uid {uid}, not by the controller")
         want = f"slurm-mig/1-response {_response_digest(request_header, status, body)}"
