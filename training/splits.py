@@ -103,7 +103,8 @@ def alibaba_cached(seed: int, path: Path | None = None) -> Workload:
 
 
 def train_case(rng: random.Random, *, jobs: tuple[int, int] = (300, 700), trace: Path | None = None,
-               families: tuple[str, ...] = TRAIN_FAMILIES) -> Case:
+               families: tuple[str, ...] = TRAIN_FAMILIES,
+               multi_shares: tuple[float, ...] = (0.0, 0.0, 0.05, 0.1)) -> Case:
     """A random training episode (seeds >= 1000, never a validation or test workload)."""
     family = rng.choice(families)
     seed = 1000 + rng.randrange(10**6)
@@ -114,7 +115,7 @@ def train_case(rng: random.Random, *, jobs: tuple[int, int] = (300, 700), trace:
     if family == "poisson":
         w = poisson_workload(n, gpus=gpus, load=load, mix=_random_mix(rng), seed=seed,
                              mean_duration_s=rng.uniform(900, 3600), sigma=rng.uniform(0.6, 1.4),
-                             multi_gpu_share=rng.choice((0.0, 0.0, 0.05, 0.1)), name="train:poisson")
+                             multi_gpu_share=rng.choice(multi_shares), name="train:poisson")
     elif family.startswith("rl-"):
         w = rl_mig_workload(family[3:], n, gpus=gpus, load=load, mix=_random_mix(rng), seed=seed)
     elif family == "alibaba-early":
