@@ -614,6 +614,30 @@ def test_cluster_state_round_trip_into_a_policy(db):
     check_decision(state2, policy.decide(state2))
 
 
+def test_a_started_job_not_yet_bound_holds_an_instance_of_its_size(db):
+    """Slurm started U (3g) and V (1g x 2) on n1; their Prologs have not bound yet. The policy must see
+    an idle instance of each size taken, or it plans away the instances the Prologs are about to take
+    (measured: requeues in a start-up burst of the demo)."""
+    observe(db, "n1", {0: "3g@0,2g@4,1g@6", 1: "3g@0,2g@4,1g@6"}, now=100.0)
+    observe(db, "n2", {0: "3g@0,3g@4"}, now=100.0)
+    for job, prof, count in (("U", "3g", 1), ("V", "1g", 2), ("W", "3g", 1), ("OLD", "2g", 1)):
+        db.upsert_job(job, profile=prof, count=count, submit_time=1.0)
+    db.set_job_state("U", "RUNNING", now=110.0, node="n1")
+    db.set_job_state("V", "RUNNING", now=110.0, node="n1")
+    db.set_job_state("OLD", "RUNNING", now=110.0 - 500, node="n1")  # past the window: no Prolog ran, not ours
+    db.set_job_state("W", "RUNNING", now=110.0, node="n2")
+    db.bind("W", "n2", [(0, Slot(4, "3g"))])  # bound: counted once, by its binding
+    state = db.cluster_state(now=120.0)
+    busy = {g.key: set(g.busy) for g in state.gpus}
+    assert busy["n1/0"] == {Slot(0, "3g.40gb"), Slot(6, "1g.10gb")}
+    assert busy["n1/1"] == {Slot(6, "1g.10gb")}  # V's second 1g; no 2g held for OLD
+    assert busy["n2/0"] == {Slot(4, "3g.40gb")}
+    # Once U binds (to the other GPU's 3g, say), its promise is the binding: still one 3g busy in all.
+    db.bind("U", "n1", [(1, Slot(0, "3g"))])
+    busy = {g.key: set(g.busy) for g in db.cluster_state(now=120.0).gpus}
+    assert busy["n1/0"] == {Slot(6, "1g.10gb")} and busy["n1/1"] == {Slot(0, "3g.40gb"), Slot(6, "1g.10gb")}
+
+
 def test_cluster_state_skips_unknown_models_and_marks_down_nodes(db):
     db.replace_observed("n1", [{"index": 0, "uuid": "GPU-a", "model": None, "mig_enabled": False},
                                {"index": 1, "uuid": "GPU-b", "model": "A100-40GB", "mig_enabled": True}],

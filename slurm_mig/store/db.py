@@ -75,6 +75,11 @@ log = logging.getLogger(__name__)
 DEFAULT_BUSY_TIMEOUT_S = 5.0
 
 
+#: How long after Slurm starts a job its unbound instance still counts as promised in cluster_state
+#: (a Prolog binds within seconds; past this the controller's no-Prolog check takes over).
+UNBOUND_START_WINDOW_S = 120.0
+
+
 class StoreUnavailable(StoreError):
     """The database cannot be written for a reason of its own (disk full, I/O error, read-only, damaged file),
     not because of what was asked: try again once an admin has fixed it (exit code 75 like StoreBusy,
@@ -1129,6 +1134,13 @@ class Store:
             journal = [_row_journal(r) for r in self._q(
                 "SELECT * FROM reconfig_journal WHERE state IN ('planned', 'in_progress') ORDER BY id")]
             pending = self.pending_jobs()
+            # Jobs Slurm has started whose Prolog has not bound them yet: Slurm gave each an instance of
+            # its size on its node, which the Prolog is about to take (see "promised" below).
+            unbound = self._q(
+                "SELECT job_id, node, profile, count, start_time FROM jobs WHERE state IN ('RUNNING', 'CONFIGURING') "
+                "AND node IS NOT NULL AND (start_time IS NULL OR start_time >= ?) AND job_id NOT IN "
+                "(SELECT job_id FROM bindings WHERE released_at IS NULL) ORDER BY start_time, job_id",
+                (t - UNBOUND_START_WINDOW_S,))
         observed: dict[tuple[str, int], list[dict]] = {}
         for r in inst_rows:
             observed.setdefault((r["node"], r["gpu"]), []).append(r)
@@ -1194,12 +1206,31 @@ class Store:
             available = bool(g["mig_enabled"]) and node is not None and node["state"] == "up"
             if available and stale_after_s is not None:
                 available = node["last_seen"] is not None and t - node["last_seen"] <= stale_after_s
-            gpus.append(GpuState(
+            gpus.append(dict(
                 node=g["node"], index=g["gpu"], model=model, layout=layout,
-                busy=frozenset((bound_slots | in_use) & layout.slots),
+                busy=set((bound_slots | in_use) & layout.slots),
                 reconfiguring=frozenset(touched & layout.slots),
                 busy_until=tuple(sorted(until)), available=available,
             ))
+        # Promised instances: a job Slurm started minutes ago, not bound yet, holds an idle instance of its
+        # size on its node in the policy's view, so no plan destroys the instance its Prolog is about to
+        # take. Without this a burst at start-up had Slurm hand out a node's boot instances while the same
+        # tick planned them away, and the Prologs of bigger jobs sent there found the slices taken.
+        for j in unbound:
+            for _ in range(max(1, int(j["count"] or 1))):
+                for g in gpus:
+                    if g["node"] != j["node"]:
+                        continue
+                    try:
+                        want = g["model"].profile(j["profile"]).name
+                    except SlurmMigError:
+                        continue
+                    free = sorted((sl for sl in g["layout"].slots if sl.profile == want and sl not in g["busy"]
+                                   and sl not in g["reconfiguring"]), key=lambda sl: sl.start)
+                    if free:
+                        g["busy"].add(free[0])
+                        break
+        gpus = [GpuState(**{**g, "busy": frozenset(g["busy"])}) for g in gpus]
         jobs = tuple(PendingJob(job_id=j.job_id, profile=j.profile, count=j.count, submit_time=j.submit_time,
                                 time_limit_s=j.time_limit_s, user=j.user, partition=j.partition) for j in pending)
         return ClusterState(now=t, gpus=tuple(gpus), pending=jobs)
