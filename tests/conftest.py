@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+
 import pytest
 
 
@@ -15,3 +19,20 @@ def db():
         yield store
     finally:
         store.close()
+
+
+@pytest.fixture(scope="session")
+def lua51() -> str:
+    """Path of a Lua 5.1 interpreter (the Lua slurmctld embeds on Debian 12), installed with apt-get
+    when missing and possible; the test is skipped otherwise."""
+    exe = shutil.which("lua5.1")
+    if exe is None and os.geteuid() == 0 and shutil.which("apt-get"):
+        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+        cmd = ["apt-get", "install", "-y", "-q", "--no-install-recommends", "lua5.1"]
+        if subprocess.run(cmd, env=env, capture_output=True).returncode != 0:
+            subprocess.run(["apt-get", "update", "-q"], env=env, capture_output=True)
+            subprocess.run(cmd, env=env, capture_output=True)
+        exe = shutil.which("lua5.1")
+    if exe is None:
+        pytest.skip("no lua5.1 interpreter (apt-get install lua5.1) to run the Slurm Lua scripts")
+    return exe

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -70,17 +69,8 @@ end
 
 
 @pytest.fixture(scope="module")
-def lua(tmp_path_factory):
-    exe = shutil.which("lua5.1")
-    if exe is None and os.geteuid() == 0 and shutil.which("apt-get"):
-        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-        cmd = ["apt-get", "install", "-y", "-q", "--no-install-recommends", "lua5.1"]
-        if subprocess.run(cmd, env=env, capture_output=True).returncode != 0:
-            subprocess.run(["apt-get", "update", "-q"], env=env, capture_output=True)
-            subprocess.run(cmd, env=env, capture_output=True)
-        exe = shutil.which("lua5.1")
-    if exe is None:
-        pytest.skip("no lua5.1 interpreter (apt-get install lua5.1) to run job_submit.lua")
+def lua(tmp_path_factory, lua51):
+    exe = lua51
     d = tmp_path_factory.mktemp("lua-fuzz")
     (d / "harness.lua").write_text(HARNESS)
     (d / "job_submit.lua").write_text(re.sub(r"(?m)^local MAX_GPUS_PER_NODE = \d+",

@@ -8,9 +8,7 @@ tests/slurm/ run the same script inside a real slurmctld.
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -91,17 +89,8 @@ end
 
 
 @pytest.fixture(scope="module")
-def lua(tmp_path_factory):
-    exe = shutil.which("lua5.1")
-    if exe is None and os.geteuid() == 0 and shutil.which("apt-get"):
-        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-        cmd = ["apt-get", "install", "-y", "-q", "--no-install-recommends", "lua5.1"]
-        if subprocess.run(cmd, env=env, capture_output=True).returncode != 0:
-            subprocess.run(["apt-get", "update", "-q"], env=env, capture_output=True)
-            subprocess.run(cmd, env=env, capture_output=True)
-        exe = shutil.which("lua5.1")
-    if exe is None:
-        pytest.skip("no lua5.1 interpreter (apt-get install lua5.1) to run job_submit.lua")
+def lua(tmp_path_factory, lua51):
+    exe = lua51
     script = tmp_path_factory.mktemp("lua") / "harness.lua"
     script.write_text(HARNESS)
 
@@ -251,8 +240,8 @@ CLI_CASES = [
 ]
 
 
-def test_cli_filter_rewrites_mig_items_and_leaves_the_rest(lua, tmp_path):
-    exe = shutil.which("lua5.1")
+def test_cli_filter_rewrites_mig_items_and_leaves_the_rest(lua51, tmp_path):
+    exe = lua51
     script = tmp_path / "harness.lua"
     script.write_text(CLI_HARNESS)
     stdin = "".join(f"{src}\n" for src, _ in CLI_CASES)
