@@ -78,30 +78,27 @@ def _proc(pid: int) -> tuple[list[bytes], list[bytes]]:
     return cmd, env
 
 
-def hook_pids(dc: DemoCluster, kind: str) -> list[int]:
-    """Python hook processes (prolog/epilog/taskprolog) of this cluster, by the config in their environment."""
+def _cluster_pids(dc: DemoCluster, matches) -> list[int]:
+    """Processes of this cluster (by the config in their environment) whose argv ``matches``."""
     mark = f"SLURM_MIG_CONFIG={dc.config_path}".encode()
     out = []
     for p in Path("/proc").iterdir():
         if not p.name.isdigit():
             continue
         cmd, env = _proc(int(p.name))
-        if b"slurm_mig.node.hooks" in cmd and kind.encode() in cmd and mark in env:
+        if mark in env and matches(cmd):
             out.append(int(p.name))
     return out
+
+
+def hook_pids(dc: DemoCluster, kind: str) -> list[int]:
+    """Python hook processes (prolog/epilog/taskprolog) of this cluster."""
+    return _cluster_pids(dc, lambda cmd: b"slurm_mig.node.hooks" in cmd and kind.encode() in cmd)
 
 
 def wrapper_pids(dc: DemoCluster) -> list[int]:
     """The /bin/sh Prolog wrappers (prolog/slurm-mig-prolog) of this cluster."""
-    mark = f"SLURM_MIG_CONFIG={dc.config_path}".encode()
-    out = []
-    for p in Path("/proc").iterdir():
-        if not p.name.isdigit():
-            continue
-        cmd, env = _proc(int(p.name))
-        if any(c.endswith(b"slurm-mig-prolog") for c in cmd) and mark in env:
-            out.append(int(p.name))
-    return out
+    return _cluster_pids(dc, lambda cmd: any(c.endswith(b"slurm-mig-prolog") for c in cmd))
 
 
 def gpu_lock_holders(dc: DemoCluster) -> list[int]:
