@@ -33,7 +33,6 @@ the shipped policy. Evaluation uses numpy for the network (no ONNX export).
 from __future__ import annotations
 
 import argparse
-import copyreg
 import json
 import math
 import pickle
@@ -47,7 +46,6 @@ from typing import Callable
 import numpy as np
 import torch
 
-from slurm_mig.mig.profiles import GpuModel, get_model
 from slurm_mig.policies._core import INF, Ctx
 from slurm_mig.policies.base import ClusterState, PendingJob
 from slurm_mig.policies.frag_aware import _SIZE, FragAwarePolicy, _kind
@@ -56,6 +54,8 @@ from training.evaluate import evaluate as evaluate_cases
 from training.evaluate import HEURISTICS, markdown, run_case, summarize
 from training.model import Scorer
 from training.splits import TEST_FAMILIES, TEST_SEEDS, TRAIN_FAMILIES, Case, heldout_cases, train_case, validation_cases
+# The same argmax and cost window as placement training; importing it also registers the GpuModel pickler.
+from training.train import greedy, window_cost
 
 MODES: tuple[str, ...] = ("reserve", "defer")
 
@@ -292,14 +292,6 @@ def parse_args(argv: list[str] | None = None) -> Args:
     return a
 
 
-
-copyreg.pickle(GpuModel, lambda m: (get_model, (m.name,)))  # snapshots keep the shared model objects
-
-
-def greedy(f):
-    return lambda choice: int(np.argmax(f(choice.features)))
-
-
 def run_greedy(case: Case, f, *, guard_s: float = 16 * 3600.0, snap_at=frozenset(), start: bytes | None = None,
                force: tuple[int, float] | None = None, t_end: float = math.inf, record: bool = False) -> dict:
     """Play ``case`` (or continue a snapshot) with argmax modes; ``force = (mode, until)`` holds a mode
@@ -347,16 +339,6 @@ def run_greedy(case: Case, f, *, guard_s: float = 16 * 3600.0, snap_at=frozenset
         timeline.append((d, t0, t1, n_left, delays))
         d += 1
     return {"cost": cost, "timeline": timeline, "points": points, "snaps": snaps}
-
-
-def window_cost(timeline: list, d0: int, t_end: float) -> float:
-    """Cost accrued from decision ``d0`` until ``t_end`` in a recorded timeline."""
-    c = 0.0
-    for d, t0, t1, n_left, delays in timeline:
-        if d < d0 or t0 >= t_end:
-            continue
-        c += delays + n_left * (min(t1, t_end) - t0)
-    return c
 
 
 def branch_samples(case: Case, f, points_per_episode: int, hold_s: float, horizon_s: float,
