@@ -123,6 +123,17 @@ def layout_counts(layout: Layout) -> dict[str, int]:
     return out
 
 
+def _gres_counts(layouts: dict[int, Layout]) -> dict[str, int] | None:
+    """GRES type -> instances over a node's GPU layouts (every type listed); None for no GPU."""
+    if not layouts:
+        return None
+    counts = {t: 0 for t in GRES_TYPES}
+    for lay in layouts.values():
+        for t, n in layout_counts(lay).items():
+            counts[t] += n
+    return counts
+
+
 def _make_policy(cfg, name: str):
     """A policy by name; learned ones get the configured model file (they load it lazily, on first use)."""
     if name.startswith("rl") and cfg.policy.model_path:
@@ -440,25 +451,20 @@ class Controller:
         return out
 
     def expected_gres(self, node: str) -> dict[str, int] | None:
-        layouts = self.intended_layouts(node)
-        if not layouts:
-            return None
-        counts = {t: 0 for t in GRES_TYPES}
-        for lay in layouts.values():
-            for t, n in layout_counts(lay).items():
-                counts[t] += n
-        return counts
+        """GRES type -> instances the node's intended layouts hold; None when it has no MIG GPU."""
+        return _gres_counts(self.intended_layouts(node))
 
     def _assert_gres(self, nodes, jobs, now: float) -> int:
         """Make Slurm's GRES match the intended layouts; nudge nodes that pending jobs could use."""
         updates = 0
         pending_types = {t for j in jobs if j.pending and j.wants_mig for t in j.mig}
         for n in nodes:
-            expected = self.expected_gres(n.name)
+            layouts = self.intended_layouts(n.name)
+            expected = _gres_counts(layouts)
             if expected is None:
                 continue
             current = {t: n.gres.get(t, 0) for t in GRES_TYPES}
-            pad_to = self._pad_total(n, expected, now)
+            pad_to = self._pad_total(n, expected, len(layouts), now)
             last = self._gres_set.get(n.name)
             stale = current != expected or (pad_to is not None and n.gres.get(PAD_TYPE) != pad_to - sum(expected.values()))
             # FACTS §4: Slurm does not reconsider a pending job whose type came back until another Gres
@@ -481,7 +487,7 @@ class Controller:
                                      node=n.name, now=now)
         return updates
 
-    def _pad_total(self, n, expected: dict[str, int], now: float) -> int | None:
+    def _pad_total(self, n, expected: dict[str, int], gpus: int, now: float) -> int | None:
         """The constant mig total to keep on node ``n`` (7 per GPU), or None when its Gres has no ``mig:pad``.
 
         Not Slurm's current total: a re-registration resets the mix to slurm.conf's but keeps the count of
@@ -489,7 +495,6 @@ class Controller:
         with layouts holding more than 7 per GPU, impossible on real GPUs) Slurm drains the node when
         slurmd re-registers while a job holds a re-carved GPU; say so once per node.
         """
-        gpus = len(self.intended_layouts(n.name))
         target = padded_total(gpus)
         need = sum(expected.values())
         problem = None
