@@ -259,6 +259,7 @@ def test_munge_round_trip_and_replay(munge_socket, use_library):
     header = auth.sign(body, "n1")
     p = auth.verify(header, body)
     assert p.uid == os.getuid() and p.scheme == "munge"
+    assert p.host  # the encoding host: libmunge gives its address, unmunge "name (address)"
     with pytest.raises(AuthError, match="[Rr]eplay"):
         auth.verify(header, body)
     with pytest.raises(AuthError, match="does not cover"):

@@ -18,12 +18,15 @@ their input on stdin.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import hashlib
 import hmac
 import math
 import os
 import re
 import secrets
+import socket
 import stat
 import subprocess
 import threading
@@ -122,9 +125,6 @@ class _LibMunge:
 
     @classmethod
     def load(cls) -> "_LibMunge | None":
-        import ctypes
-        import ctypes.util
-
         try:
             lib = ctypes.CDLL(ctypes.util.find_library("munge") or "libmunge.so.2")
             libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
@@ -141,14 +141,13 @@ class _LibMunge:
         libc.free.argtypes = [ctypes.c_void_p]
         return cls(lib, libc)
 
-    def _ctx(self, socket: str | None, ttl_s: int | None):
-        import ctypes
-
+    def _ctx(self, socket_path: str | None, ttl_s: int | None):
         ctx = self.lib.munge_ctx_create()
         if not ctx:
             raise AuthError("libmunge: cannot create a context (out of memory)")
-        if socket:
-            self.lib.munge_ctx_set(ctypes.c_void_p(ctx), ctypes.c_int(self.OPT_SOCKET), ctypes.c_char_p(socket.encode()))
+        if socket_path:
+            self.lib.munge_ctx_set(ctypes.c_void_p(ctx), ctypes.c_int(self.OPT_SOCKET),
+                                   ctypes.c_char_p(socket_path.encode()))
         if ttl_s is not None:
             self.lib.munge_ctx_set(ctypes.c_void_p(ctx), ctypes.c_int(self.OPT_TTL), ctypes.c_int(int(ttl_s)))
         return ctx
@@ -157,10 +156,8 @@ class _LibMunge:
         text = self.lib.munge_ctx_strerror(ctx)
         return _MUNGE_STATUS.get(err) or (text.decode(errors="replace") if text else f"status {err}")
 
-    def encode(self, payload: bytes, socket: str | None, ttl_s: int) -> str:
-        import ctypes
-
-        ctx = self._ctx(socket, ttl_s)
+    def encode(self, payload: bytes, socket_path: str | None, ttl_s: int) -> str:
+        ctx = self._ctx(socket_path, ttl_s)
         cred = ctypes.c_void_p()
         try:
             with self.gate:
@@ -173,11 +170,8 @@ class _LibMunge:
                 self.libc.free(cred)
             self.lib.munge_ctx_destroy(ctx)
 
-    def decode(self, cred: str, socket: str | None) -> tuple[bytes, int, int, str]:
-        import ctypes
-        import socket as socketlib
-
-        ctx = self._ctx(socket, None)
+    def decode(self, cred: str, socket_path: str | None) -> tuple[bytes, int, int, str]:
+        ctx = self._ctx(socket_path, None)
         buf, length = ctypes.c_void_p(), ctypes.c_int(0)
         uid, gid = ctypes.c_uint32(0), ctypes.c_uint32(0)
         try:
@@ -190,7 +184,7 @@ class _LibMunge:
             addr = (ctypes.c_ubyte * 4)()
             host = ""
             if self.lib.munge_ctx_get(ctypes.c_void_p(ctx), ctypes.c_int(self.OPT_ADDR4), ctypes.byref(addr)) == 0:
-                host = socketlib.inet_ntoa(bytes(addr))
+                host = socket.inet_ntoa(bytes(addr))
             return payload, uid.value, gid.value, host
         finally:
             if buf.value:
