@@ -117,6 +117,9 @@ class PolicyStore:
         tmp = Path(tempfile.mkdtemp(prefix=f".{version}.", dir=self.root))
         try:
             shutil.copy2(onnx, tmp / "model.onnx")
+            guard = card.get("guard")
+            if isinstance(guard, dict) and guard.get("file"):  # OnnxScorer checked it is a plain name beside it
+                shutil.copy2(onnx.parent / guard["file"], tmp / guard["file"])
             card = {**card, **(extra_card or {}), "version": version}
             (tmp / CARD_NAME).write_text(json.dumps(card, indent=2) + "\n")
             pt = onnx.with_name("model.pt")

@@ -43,6 +43,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -103,8 +104,45 @@ FEATURE_NAMES: tuple[str, ...] = (
 N_FEATURES = len(FEATURE_NAMES)
 N_CONTEXT = 13  # the first 13 features describe the job and the queue, not the candidate
 
+# The multi-GPU reservation guard: a second, small network (``guard.onnx`` beside the
+# placement model, named by the card's "guard" entry). A blocked job that asks for
+# several GPUs gets frag-aware's reservation, but held from ``hours`` after its
+# submission at the earliest (``hours`` one of GUARD_OPTIONS_H, the network's pick):
+# until then any job that ends in time may still start on the reserved GPUs, one that
+# would outlast it may not. A reservation from now drains a whole node at once, which
+# protects the big job and costs every small one; whether that pays depends on the
+# workload (docs/rl-policy.md, "The reservation guard"), which is what the network
+# reads. 0 h is frag-aware's rule; the largest option bounds how late the hold starts.
+GUARD_SCHEMA = "rl-guard/1"
+GUARD_OPTIONS_H: tuple[float, ...] = (0.0, 2.0, 6.0, 12.0, 24.0, 48.0)
+GUARD_FEATURE_NAMES: tuple[str, ...] = (
+    "job_node_share",      # GPUs the job asks for / GPUs of the largest node
+    "job_limit_h",         # log1p(the job's time limit in hours); 0: none
+    "running_left_h",      # median over busy GPUs of log1p(hours until the GPU's last job ends), capped at 6
+    "running_no_end",      # share of busy GPUs where some job has no time limit
+    "pending_limit_h",     # median over the look-ahead of log1p(time limit in hours), capped at 6 (none: 6)
+    "pending_multi",       # share of the look-ahead's jobs that ask for several GPUs
+    "queue_per_gpu",       # log1p(pending jobs / GPUs)
+    "cluster_busy",        # share of the cluster's compute slices locked
+    "idle_gpus",           # share of GPUs with nothing locked
+    "nodes",               # log2(nodes) / 8
+    "multi_weight",        # frag-aware's multi-GPU demand weight
+)
+N_GUARD_FEATURES = len(GUARD_FEATURE_NAMES)
+
 DEFAULT_STORE = Path("/var/lib/slurm-mig/policies")
-SHIPPED_MODEL = Path(__file__).resolve().parents[2] / "policy" / "default.onnx"
+
+
+def _shipped_model() -> Path:
+    """policy/default.onnx of the checkout, else the copy a wheel installs under <prefix>/share/slurm-mig."""
+    here = Path(__file__).resolve().parents[2] / "policy" / "default.onnx"
+    if here.is_file():
+        return here
+    installed = Path(sys.prefix) / "share" / "slurm-mig" / "policy" / "default.onnx"
+    return installed if installed.is_file() else here
+
+
+SHIPPED_MODEL = _shipped_model()
 CARD_NAME = "model_card.json"
 
 
@@ -206,6 +244,21 @@ def resolve_model_path(explicit: str | Path | None = None, *, candidate: bool = 
     return active if active is not None else SHIPPED_MODEL
 
 
+def _session(ort, so, path: Path, what: str, input_name: str, width: int, schema: str):
+    """An onnxruntime session for ``path`` whose one input is ``input_name`` with ``width`` features per row."""
+    try:
+        sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    except Exception as exc:  # onnxruntime raises its own exception types
+        raise PolicyModelError(f"cannot load {what} {path}: {exc}") from None
+    inputs = sess.get_inputs()
+    if len(inputs) != 1 or inputs[0].name != input_name:
+        raise PolicyModelError(f"{what} {path} must have one input named {input_name!r}")
+    got = inputs[0].shape[-1]
+    if isinstance(got, int) and got != width:
+        raise PolicyModelError(f"{what} {path} takes {got} features per row; schema {schema} has {width}")
+    return sess
+
+
 class OnnxScorer:
     """An ONNX model that maps candidate features [N, F] to logits [N] (onnxruntime, one thread)."""
 
@@ -226,21 +279,11 @@ class OnnxScorer:
             import onnxruntime as ort
         except ImportError as exc:
             raise PolicyModelError(f"the rl policy needs onnxruntime and numpy: {exc}") from None
-        try:
-            so = ort.SessionOptions()
-            so.intra_op_num_threads = 1
-            so.inter_op_num_threads = 1
-            so.log_severity_level = 3
-            self.session = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
-        except Exception as exc:  # onnxruntime raises its own exception types
-            raise PolicyModelError(f"cannot load RL model {path}: {exc}") from None
-        inputs = self.session.get_inputs()
-        if len(inputs) != 1 or inputs[0].name != "features":
-            raise PolicyModelError(f"model {path} must have one input named 'features'")
-        width = inputs[0].shape[-1]
-        if isinstance(width, int) and width != N_FEATURES:
-            raise PolicyModelError(f"model {path} takes {width} features per candidate; schema {FEATURE_SCHEMA} "
-                                   f"has {N_FEATURES}")
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = 1
+        so.inter_op_num_threads = 1
+        so.log_severity_level = 3
+        self.session = _session(ort, so, path, "RL model", "features", N_FEATURES, FEATURE_SCHEMA)
         meta = self.session.get_modelmeta().custom_metadata_map
         if meta.get("feature_schema", FEATURE_SCHEMA) != FEATURE_SCHEMA:
             raise PolicyModelError(f"model {path} embeds feature schema {meta['feature_schema']!r}, "
@@ -250,6 +293,42 @@ class OnnxScorer:
         self.card = card
         self.version = str(card.get("version", path.parent.name))
         self.output = self.session.get_outputs()[0].name
+        self.guard_session = None
+        self.guard_options: tuple[float, ...] = ()
+        if card.get("guard") is not None:
+            self._load_guard(path, card["guard"], ort, so)
+
+    def _load_guard(self, path: Path, g, ort, so) -> None:
+        """The reservation guard named by the card; any mismatch refuses the whole model."""
+        if not isinstance(g, dict):
+            raise PolicyModelError(f"model {path}: the card's 'guard' entry is not an object")
+        if g.get("feature_schema") != GUARD_SCHEMA:
+            raise PolicyModelError(f"model {path}: guard trained on schema {g.get('feature_schema')!r}; this "
+                                   f"slurm-mig computes {GUARD_SCHEMA!r}")
+        if tuple(g.get("features") or ()) != GUARD_FEATURE_NAMES:
+            raise PolicyModelError(f"model {path}: the guard's feature list differs from this slurm-mig's")
+        opts = g.get("options_h")
+        if (not isinstance(opts, list) or not opts
+                or not all(isinstance(o, (int, float)) and 0 <= o <= 24 * 30 for o in opts)):
+            raise PolicyModelError(f"model {path}: the guard's options_h must be a list of hours (0-720)")
+        name = g.get("file")
+        if not isinstance(name, str) or not name or "/" in name or name.startswith("."):
+            raise PolicyModelError(f"model {path}: the guard's file must be a plain file name beside the model")
+        gp = path.parent / name
+        if not gp.is_file():
+            raise PolicyModelError(f"model {path}: its guard {gp} does not exist")
+        sess = _session(ort, so, gp, "guard", "guard_features", N_GUARD_FEATURES, GUARD_SCHEMA)
+        outputs = sess.get_outputs()
+        out_w = outputs[0].shape[-1]
+        if isinstance(out_w, int) and out_w != len(opts):
+            raise PolicyModelError(f"guard {gp} scores {out_w} options; its card lists {len(opts)}")
+        self.guard_session = sess
+        self.guard_output = outputs[0].name
+        self.guard_options = tuple(float(o) for o in opts)
+
+    def guard_logits(self, features: list[float]):
+        x = self.np.asarray([features], dtype=self.np.float32)
+        return self.guard_session.run([self.guard_output], {"guard_features": x})[0].reshape(-1)
 
     def logits(self, features: list[list[float]]):
         x = self.np.asarray(features, dtype=self.np.float32)
@@ -273,9 +352,13 @@ class RLPolicy(FragAwarePolicy):
     def __init__(self, *, model_path: str | None = None, max_candidates: int = 32,
                  chooser: Callable[[Choice], int] | None = None, candidate: bool = False,
                  learn_reservations: bool = True, reserve_guard_s: float = 2 * 3600.0,
+                 guard_chooser: Callable[[list[float]], float] | None = None,
                  explain_waiting: bool = True, **frag) -> None:
         super().__init__(explain_waiting=explain_waiting, **frag)
         self.learn_reservations = learn_reservations
+        # training: features -> guard hours (e.g. one option held for a whole episode); serving: None -> the
+        # model's guard, if it has one
+        self.guard_chooser = guard_chooser
         self.reserve_guard_s = reserve_guard_s
         self.model_path = model_path
         self.max_candidates = max_candidates
@@ -345,14 +428,29 @@ class RLPolicy(FragAwarePolicy):
         super().begin(ctx, state)
         self._busy = self._cluster_busy(ctx.idx)
         self._queue = math.log1p(len(state.pending)) / 5.0
-        if self.learn_reservations:
-            reserve = ctx.reserve
-            ctx.reserve = lambda job: self._reserve(ctx, job, reserve)
+        self._state = state
+        self._guard_ctx: list[float] | None = None
+        reserve = ctx.reserve
+        ctx.reserve = lambda job: self._reserve(ctx, job, reserve)
 
     def _reserve(self, ctx: Ctx, job: PendingJob, reserve: Callable) -> object:
-        """The first reservation of a decision, for a job younger than ``reserve_guard_s``, is the model's
-        choice: reserve now (as frag-aware does) or not yet. Older jobs, and every later reservation, are
-        the heuristic's: so no job waits more than the guard plus its reservation's delay."""
+        """A job asking for several GPUs: frag-aware's reservation, held from the guard's hours after its
+        submission at the earliest (the guard network's choice; from now, frag-aware's rule, without one).
+
+        Otherwise the first reservation of a decision, for a job younger than ``reserve_guard_s``, is the
+        model's choice: reserve now (as frag-aware does) or not yet. Older jobs, and every later
+        reservation, are the heuristic's: so no job waits more than the guard plus its reservation's delay."""
+        if job.count > 1:
+            hours = self._guard_hours(ctx, job)
+            if hours is not None:
+                r = reserve(job)
+                if r is not None:
+                    # The node is held from `hours` after submission: until then any job that ends in time
+                    # may still start there; one that would outlast it may not, so the node drains by then.
+                    r.t = max(r.t, job.submit_time + hours * 3600.0)
+                return r
+        if not self.learn_reservations:
+            return reserve(job)
         if ctx.reservations or ctx.now - job.submit_time >= self.reserve_guard_s:
             return reserve(job)
         r = reserve(job)
@@ -363,6 +461,63 @@ class RLPolicy(FragAwarePolicy):
             ctx.reservations.remove(r)
             return None
         return r
+
+    def _guard_hours(self, ctx: Ctx, job: PendingJob) -> float | None:
+        """Hours after submission from which ``job``'s (several GPUs) reservation holds at the earliest;
+        None: no guard (frag-aware's rule)."""
+        if self.guard_chooser is not None:
+            return self.guard_chooser(self.guard_features(ctx, job))
+        sc = self.scorer() if self.chooser is None else None
+        if sc is None or sc.guard_session is None:
+            return None
+        logits = sc.guard_logits(self.guard_features(ctx, job))
+        return sc.guard_options[int(logits.argmax())]
+
+    def guard_features(self, ctx: Ctx, job: PendingJob) -> list[float]:
+        """One row of GUARD_FEATURE_NAMES for ``job``; the cluster and queue part is computed once per decision."""
+        base = self._guard_ctx
+        if base is None:
+            base = self._guard_ctx = self._guard_context(ctx)
+        tl = job.time_limit_s
+        per_node = max(self._node_sizes(ctx.idx), default=1)
+        return [min(2.0, job.count / per_node), math.log1p(tl / 3600.0) if tl else 0.0, *base]
+
+    @staticmethod
+    def _node_sizes(idx) -> list[int]:
+        return [len(v) for v in idx.node_gpus]
+
+    def _guard_context(self, ctx: Ctx) -> list[float]:
+        idx = ctx.idx
+        now = ctx.now
+        left: list[float] = []
+        no_end = 0
+        idle = 0
+        for g in range(len(idx.infos)):
+            info = ctx.info(g)
+            if not info.locked:
+                idle += 1
+                continue
+            end = info.busy_end
+            if end == INF:
+                no_end += 1
+                left.append(6.0)
+            else:
+                left.append(min(6.0, math.log1p(max(0.0, end - now) / 3600.0)))
+        busy = len(left)
+        look = self._state.pending[: self.lookahead]
+        limits = sorted(min(6.0, math.log1p(j.time_limit_s / 3600.0)) if j.time_limit_s else 6.0 for j in look)
+        n_gpus = max(len(idx.infos), 1)
+        return [
+            _median(sorted(left)),
+            no_end / busy if busy else 0.0,
+            _median(limits),
+            sum(1 for j in look if j.count > 1) / len(look) if look else 0.0,
+            math.log1p(len(self._state.pending) / n_gpus),
+            self._busy,
+            idle / n_gpus,
+            math.log2(max(len(self._node_sizes(idx)), 1)) / 8.0,
+            self._multi,
+        ]
 
     def _reservation_rows(self, ctx: Ctx, job: PendingJob, r) -> list[list[float]]:
         info = ctx.idx.infos[next(iter(r.regions))] if r.regions else ctx.idx.infos[0]
@@ -599,6 +754,14 @@ class RLPolicy(FragAwarePolicy):
             w.carve(opt, pi, end)
         ctx.commit({g: w})
         return PLACED, self.assignment(job, ctx, [(g, slot)], "carved" if opt else "free instance")
+
+
+def _median(xs: list[float]) -> float:
+    """Median of a sorted list (0 for an empty one)."""
+    n = len(xs)
+    if not n:
+        return 0.0
+    return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
 
 
 def _order_key(o: tuple) -> tuple:
