@@ -41,6 +41,7 @@ from slurm_mig.sim.engine import ClusterSpec
 from slurm_mig.sim.workloads import Workload, load_outcomes_db
 
 from training.evaluate import run_case
+from training.guard import carry_guard
 from training.splits import Case, train_case, validation_cases
 from training.train import Args, train
 
@@ -131,6 +132,8 @@ def retrain(db: str | Path, *, store: str | Path | None = None, holdout: float =
                          echo=False)
     wall = time.time() - t0
     cand_path = work / "model.onnx"
+    if carry_guard(cur_path, work):
+        say("the candidate keeps the current model's reservation guard (retraining fine-tunes placement only)")
     say(f"candidate trained in {wall:.0f} s ({card.get('ppo_iterations')} iterations); evaluating on the recent jobs")
 
     evaluation = {}
