@@ -21,6 +21,15 @@ def db():
         store.close()
 
 
+@pytest.fixture
+def rl_isolated(monkeypatch, tmp_path):
+    """No host config, env model or policy store leaks into a test of the rl policy."""
+    monkeypatch.delenv("SLURM_MIG_RL_MODEL", raising=False)
+    monkeypatch.setenv("SLURM_MIG_POLICY_STORE", str(tmp_path / "store"))
+    monkeypatch.setenv("SLURM_MIG_CONFIG", str(tmp_path / "none.toml"))
+    monkeypatch.setattr("slurm_mig.policies.rl._config_model_path", lambda: "")
+
+
 @pytest.fixture(scope="session")
 def lua51() -> str:
     """Path of a Lua 5.1 interpreter (the Lua slurmctld embeds on Debian 12), installed with apt-get

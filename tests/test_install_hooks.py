@@ -55,7 +55,7 @@ def test_a_wheel_install_needs_no_checkout(tmp_path):
     subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "--no-deps",
                     "-q", str(whl)], check=True, capture_output=True, timeout=300)
     share = venv / "share" / "slurm-mig"
-    for rel in ("prolog/slurm-mig-prolog", "epilog/slurm-mig-epilog", "policy/default.onnx",
+    for rel in ("prolog/slurm-mig-prolog", "epilog/slurm-mig-epilog", "policy/default.onnx", "policy/guard.onnx",
                 "policy/model_card.json", "etc/job_submit.lua", "etc/slurm.conf.snippet"):
         assert (share / rel).is_file(), rel
     code = ("from slurm_mig.node.cli import hook_source_dir, install_hooks; import sys; "
@@ -64,6 +64,11 @@ def test_a_wheel_install_needs_no_checkout(tmp_path):
                          cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert Path(out.stdout.strip()) == share
+    # the rl policy finds the shipped model (and its guard) there too
+    code = "from slurm_mig.policies.rl import SHIPPED_MODEL; print(SHIPPED_MODEL)"
+    out = subprocess.run([str(venv / "bin" / "python"), "-I", "-c", code], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0 and Path(out.stdout.strip()) == share / "policy" / "default.onnx", out.stderr
     assert sorted(p.name for p in (tmp_path / "hooks").iterdir()) == sorted(HOOKS)
 
 

@@ -25,13 +25,7 @@ from slurm_mig.sim.workloads import poisson_workload, rl_mig_workload
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(autouse=True)
-def _isolated(monkeypatch, tmp_path):
-    """No host config, env model or policy store leaks into these tests."""
-    monkeypatch.delenv("SLURM_MIG_RL_MODEL", raising=False)
-    monkeypatch.setenv("SLURM_MIG_POLICY_STORE", str(tmp_path / "store"))
-    monkeypatch.setenv("SLURM_MIG_CONFIG", str(tmp_path / "none.toml"))
-    monkeypatch.setattr("slurm_mig.policies.rl._config_model_path", lambda: "")
+pytestmark = pytest.mark.usefixtures("rl_isolated")  # tests/conftest.py
 
 
 def small_workload(seed=3, n=300, multi=0.1):
@@ -108,6 +102,7 @@ def _copy_model(tmp_path: Path) -> Path:
     d.mkdir()
     shutil.copy(SHIPPED_MODEL, d / "model.onnx")
     shutil.copy(SHIPPED_MODEL.parent / "model_card.json", d / "model_card.json")
+    shutil.copy(SHIPPED_MODEL.parent / "guard.onnx", d / "guard.onnx")  # the card names it
     return d / "model.onnx"
 
 

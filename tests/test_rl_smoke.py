@@ -112,6 +112,35 @@ def test_smoke_training_exports_a_model_the_runtime_accepts(tmp_path):
     assert r.unfinished == 0
 
 
+def test_guard_smoke_training_exports_a_guard_the_runtime_accepts(tmp_path):
+    from slurm_mig.policies.rl import GUARD_OPTIONS_H, N_GUARD_FEATURES
+    from training.guard import Args, GuardNet, carry_guard, train as train_guard
+
+    t0 = time.time()
+    r = train_guard(Args(out=str(tmp_path / "g"), smoke=True, workers=1), log=lambda m: None)
+    assert time.time() - t0 < 45
+    sc = OnnxScorer(r["model"])
+    assert sc.guard_session is not None and sc.guard_options == GUARD_OPTIONS_H
+    ck = torch.load(str(tmp_path / "g" / "guard.pt"), map_location="cpu", weights_only=False)
+    net = GuardNet(hidden=ck["hidden"])
+    net.load_state_dict(ck["state_dict"])
+    x = np.random.default_rng(1).standard_normal((5, N_GUARD_FEATURES)).astype(np.float32)
+    with torch.no_grad():
+        ref = net(torch.from_numpy(x)).numpy()
+    for row, want in zip(x, ref):
+        assert np.allclose(sc.guard_logits(row.tolist()), want, atol=1e-4)
+    w = poisson_workload(150, gpus=16, load=0.98, seed=12, multi_gpu_share=0.3)
+    res = simulate(w, RLPolicy(model_path=r["model"]), ClusterSpec(2, 8), SimConfig(check=True))
+    assert res.unfinished == 0
+    # a model folder without a guard gets this one (what retraining does for its candidate)
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    (plain / "model_card.json").write_text(json.dumps({"feature_schema": FEATURE_SCHEMA}))
+    assert carry_guard(r["model"], plain)
+    assert json.loads((plain / "model_card.json").read_text())["guard"]["file"] == "guard.onnx"
+    assert (plain / "guard.onnx").read_bytes() == (tmp_path / "g" / "guard.onnx").read_bytes()
+
+
 def _fill_db(path: Path, n: int = 40) -> None:
     """A state DB as the demo cluster leaves it: one node, two GPUs, ``n`` finished jobs."""
     from slurm_mig.store import open_store
@@ -144,6 +173,9 @@ def test_retrain_on_a_db_gives_a_candidate_an_evaluation_and_a_decision(tmp_path
     assert Path(r["candidate"]["path"]).is_file()
     assert set(r["evaluation"]) == {"candidate", "current", "frag-aware", "first-fit"}
     assert r["decision"] in ("stored", "kept current")
+    shipped_guard = json.loads((ROOT / "policy" / "model_card.json").read_text())["guard"]
+    cand_card = json.loads((Path(r["candidate"]["path"]).parent / "model_card.json").read_text())
+    assert cand_card["guard"] == shipped_guard  # retraining fine-tunes placement; the guard is carried over
     stored = (tmp_path / "store").is_dir() and any((tmp_path / "store").iterdir())
     assert stored == (r["decision"] == "stored")
     assert "decision:" in format_report(r)

@@ -26,6 +26,7 @@ def model_dir(tmp_path: Path, name: str, **card_changes) -> Path:
     d = tmp_path / name
     d.mkdir()
     shutil.copy(SHIPPED_MODEL, d / "model.onnx")
+    shutil.copy(SHIPPED_MODEL.parent / "guard.onnx", d / "guard.onnx")  # the card names it
     card = json.loads((SHIPPED_MODEL.parent / "model_card.json").read_text())
     card.update(card_changes)
     (d / "model_card.json").write_text(json.dumps(card))
