@@ -12,9 +12,10 @@ protects the big job and costs every small one. Whether it pays depends on the
 workload: on the held-out small-heavy family first-fit, which never reserves,
 waits a third less than frag-aware; on the Alibaba trace, where pods run for
 days, reserving early is what keeps an 8-GPU job from waiting weeks. The guard
-network reads the job and the workload (slurm_mig/policies/rl.py,
-GUARD_FEATURE_NAMES: how long running and queued jobs are limited to, how many
-multi-GPU jobs queue, how busy the cluster is) and picks from when the job's
+network reads the job, the workload and the cluster (slurm_mig/policies/rl.py,
+GUARD_FEATURE_NAMES: how long running and queued jobs are limited to, node and
+cluster size; never what the option itself changes, such as the queue's length)
+and picks from when the job's
 reservation holds: one of GUARD_OPTIONS_H after its submission (0 h =
 frag-aware's rule). Until then jobs that end in time may still use the reserved
 GPUs; jobs that would outlast that moment may not, so the node drains by then.
@@ -64,7 +65,8 @@ from slurm_mig.sim.engine import ClusterSpec
 from slurm_mig.sim.workloads import poisson_workload
 from training.evaluate import run_case
 from training.splits import (
-    ALIBABA_NODES, ALIBABA_TRAIN_TO, Case, _prefix, _random_mix, alibaba_cached, validation_cases,
+    ALIBABA_NODES, ALIBABA_TRAIN_TO, VALIDATION_SEEDS, Case, _prefix, _random_mix, alibaba_cached,
+    validation_cases,
 )
 
 GUARD_FILE = "guard.onnx"
@@ -106,15 +108,16 @@ def guard_case(rng: random.Random, smoke: bool = False) -> Case:
         w = _prefix(full, share, "train:alibaba-early")
         return Case(w.name, w, ClusterSpec(ALIBABA_NODES, 8, w.model), seed, 0.4, 1.0)
     seed = 1000 + rng.randrange(10**6)
-    nodes = rng.choice((1, 2, 2, 3, 4))
-    gpus = 8 * nodes
-    n = 120 if smoke else rng.randint(500, 1500)
+    per_node = rng.choice((8, 8, 4))  # 8-GPU nodes, and the 4-GPU boxes many A100 sites have
+    nodes = rng.choice((1, 2, 2, 3, 4, 6, 8)) * (8 // per_node)
+    gpus = per_node * nodes
+    n = 120 if smoke else min(3000, rng.randint(40, 90) * gpus)  # about the same hours whatever the size
     mix = _random_mix(rng)
     mix["7g"] = max(mix["7g"], rng.uniform(0.05, 0.3))  # enough 7g jobs that some ask for several GPUs
-    w = poisson_workload(n, gpus=gpus, load=rng.uniform(0.8, 1.0), mix=mix, seed=seed,
+    w = poisson_workload(n, gpus=gpus, gpus_per_node=per_node, load=rng.uniform(0.7, 1.0), mix=mix, seed=seed,
                          mean_duration_s=rng.uniform(900, 3600), sigma=rng.uniform(0.6, 1.4),
                          multi_gpu_share=rng.choice((0.05, 0.1, 0.2, 0.3)), name="train:poisson-multi")
-    return Case(w.name, w, ClusterSpec(nodes, 8, w.model), seed)
+    return Case(w.name, w, ClusterSpec(nodes, per_node, w.model), seed)
 
 
 ARGS_ALIBABA_SHARE = [0.25]  # set from Args in main (worker processes are forked after)
@@ -186,8 +189,19 @@ def greedy_chooser(model: GuardNet):
 # ---------------------------------------------------------------------------
 
 
+SMALL_HEAVY_MIX = {"1g": .35, "2g": .25, "3g": .2, "4g": .1, "7g": .1}
+
+
 def validation_set(smoke: bool) -> list[Case]:
+    """The validation workloads with multi-GPU jobs, plus small-heavy-like streams on 4 nodes of 4 GPUs
+    (validation seeds 500-501), so the checkpoint must also hold on 4-GPU nodes."""
     cases = [c for c in validation_cases(small=smoke) if "poisson" in c.name or "alibaba" in c.name]
+    if smoke:
+        return cases
+    for seed in VALIDATION_SEEDS:
+        w = poisson_workload(1200, gpus=16, gpus_per_node=4, load=0.9, mix=SMALL_HEAVY_MIX, multi_gpu_share=0.1,
+                             seed=seed, name="valid:multi-4x4")
+        cases.append(Case(w.name, w, ClusterSpec(4, 4, w.model), seed))
     return cases
 
 
@@ -354,7 +368,8 @@ def train(args: Args, log=print) -> dict:
     card_extra = {"version": time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + f"-g{args.seed}",
                   "algorithm": "PPO (clipped surrogate) on whole-episode counterfactual advantages",
                   "training_data": {"episodes": len(played), "states": len(rows),
-                                    "families": ["poisson with 5-30 % multi-GPU 7g jobs, seeds >= 1000",
+                                    "families": ["poisson with 5-30 % multi-GPU 7g jobs on 1-8 nodes of 8 GPUs or "
+                                                 "2-16 nodes of 4, loads 0.7-1.0, seeds >= 1000",
                                                  "alibaba trace first 55 %, time-limit seeds 1000-1006"]},
                   "seed": args.seed, "iterations": args.iterations, "wall_time_s": round(wall, 1),
                   "data_wall_time_s": round(t_data, 1), "best_iteration": best[2],

@@ -113,20 +113,22 @@ N_CONTEXT = 13  # the first 13 features describe the job and the queue, not the 
 # protects the big job and costs every small one; whether that pays depends on the
 # workload (docs/rl-policy.md, "The reservation guard"), which is what the network
 # reads. 0 h is frag-aware's rule; the largest option bounds how late the hold starts.
-GUARD_SCHEMA = "rl-guard/1"
+GUARD_SCHEMA = "rl-guard/2"
 GUARD_OPTIONS_H: tuple[float, ...] = (0.0, 2.0, 6.0, 12.0, 24.0, 48.0)
+# Only what the workload and the cluster are, not what the policy did to the queue: the
+# guard is trained with one option held for a whole episode, so it must pick (nearly)
+# the same option at every decision of a workload. rl-guard/1 also read the queue's
+# multi-GPU share, its length and how busy the cluster was; those move with the
+# option itself, and that guard switched between 0 h and 48 h within one workload
+# (docs/rl-policy.md, "The reservation guard").
 GUARD_FEATURE_NAMES: tuple[str, ...] = (
     "job_node_share",      # GPUs the job asks for / GPUs of the largest node
     "job_limit_h",         # log1p(the job's time limit in hours); 0: none
     "running_left_h",      # median over busy GPUs of log1p(hours until the GPU's last job ends), capped at 6
     "running_no_end",      # share of busy GPUs where some job has no time limit
     "pending_limit_h",     # median over the look-ahead of log1p(time limit in hours), capped at 6 (none: 6)
-    "pending_multi",       # share of the look-ahead's jobs that ask for several GPUs
-    "queue_per_gpu",       # log1p(pending jobs / GPUs)
-    "cluster_busy",        # share of the cluster's compute slices locked
-    "idle_gpus",           # share of GPUs with nothing locked
+    "node_gpus",           # GPUs of the largest node / 8
     "nodes",               # log2(nodes) / 8
-    "multi_weight",        # frag-aware's multi-GPU demand weight
 )
 N_GUARD_FEATURES = len(GUARD_FEATURE_NAMES)
 
@@ -262,7 +264,7 @@ def _session(ort, so, path: Path, what: str, input_name: str, width: int, schema
 class OnnxScorer:
     """An ONNX model that maps candidate features [N, F] to logits [N] (onnxruntime, one thread)."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, *, guard: bool = True) -> None:
         path = Path(path)
         if not path.is_file():
             raise PolicyModelError(f"RL model {path} does not exist")
@@ -295,7 +297,7 @@ class OnnxScorer:
         self.output = self.session.get_outputs()[0].name
         self.guard_session = None
         self.guard_options: tuple[float, ...] = ()
-        if card.get("guard") is not None:
+        if guard and card.get("guard") is not None:
             self._load_guard(path, card["guard"], ort, so)
 
     def _load_guard(self, path: Path, g, ort, so) -> None:
@@ -395,7 +397,8 @@ class RLPolicy(FragAwarePolicy):
             path = resolve_model_path(self.model_path, candidate=self.candidate)
             key = self._file_key(path)
             if self._scorer is None or key != self._loaded_key:
-                self._scorer = OnnxScorer(path)
+                # a training guard_chooser stands in for the model's guard: do not load (or check) that one
+                self._scorer = OnnxScorer(path, guard=self.guard_chooser is None)
                 self._loaded_key = key
                 self.version = self._scorer.version
             self._error = None
@@ -480,7 +483,8 @@ class RLPolicy(FragAwarePolicy):
             base = self._guard_ctx = self._guard_context(ctx)
         tl = job.time_limit_s
         per_node = max(self._node_sizes(ctx.idx), default=1)
-        return [min(2.0, job.count / per_node), math.log1p(tl / 3600.0) if tl else 0.0, *base]
+        return [min(2.0, job.count / per_node), math.log1p(tl / 3600.0) if tl else 0.0, *base,
+                per_node / 8.0, math.log2(max(len(self._node_sizes(ctx.idx)), 1)) / 8.0]
 
     @staticmethod
     def _node_sizes(idx) -> list[int]:
@@ -491,11 +495,9 @@ class RLPolicy(FragAwarePolicy):
         now = ctx.now
         left: list[float] = []
         no_end = 0
-        idle = 0
         for g in range(len(idx.infos)):
             info = ctx.info(g)
             if not info.locked:
-                idle += 1
                 continue
             end = info.busy_end
             if end == INF:
@@ -506,18 +508,7 @@ class RLPolicy(FragAwarePolicy):
         busy = len(left)
         look = self._state.pending[: self.lookahead]
         limits = sorted(min(6.0, math.log1p(j.time_limit_s / 3600.0)) if j.time_limit_s else 6.0 for j in look)
-        n_gpus = max(len(idx.infos), 1)
-        return [
-            _median(sorted(left)),
-            no_end / busy if busy else 0.0,
-            _median(limits),
-            sum(1 for j in look if j.count > 1) / len(look) if look else 0.0,
-            math.log1p(len(self._state.pending) / n_gpus),
-            self._busy,
-            idle / n_gpus,
-            math.log2(max(len(self._node_sizes(idx)), 1)) / 8.0,
-            self._multi,
-        ]
+        return [_median(sorted(left)), no_end / busy if busy else 0.0, _median(limits)]
 
     def _reservation_rows(self, ctx: Ctx, job: PendingJob, r) -> list[list[float]]:
         info = ctx.idx.infos[next(iter(r.regions))] if r.regions else ctx.idx.infos[0]
