@@ -43,6 +43,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -432,7 +433,7 @@ class RLPolicy(FragAwarePolicy):
         self._busy = self._cluster_busy(ctx.idx)
         self._queue = math.log1p(len(state.pending)) / 5.0
         self._state = state
-        self._guard_ctx: list[float] | None = None
+        self._guard_ctx: tuple[int, list[float]] | None = None
         reserve = ctx.reserve
         ctx.reserve = lambda job: self._reserve(ctx, job, reserve)
 
@@ -478,19 +479,14 @@ class RLPolicy(FragAwarePolicy):
 
     def guard_features(self, ctx: Ctx, job: PendingJob) -> list[float]:
         """One row of GUARD_FEATURE_NAMES for ``job``; the cluster and queue part is computed once per decision."""
-        base = self._guard_ctx
-        if base is None:
-            base = self._guard_ctx = self._guard_context(ctx)
+        if self._guard_ctx is None:
+            self._guard_ctx = self._guard_context(ctx)
+        per_node, rest = self._guard_ctx
         tl = job.time_limit_s
-        per_node = max(self._node_sizes(ctx.idx), default=1)
-        return [min(2.0, job.count / per_node), math.log1p(tl / 3600.0) if tl else 0.0, *base,
-                per_node / 8.0, math.log2(max(len(self._node_sizes(ctx.idx)), 1)) / 8.0]
+        return [min(2.0, job.count / per_node), math.log1p(tl / 3600.0) if tl else 0.0, *rest]
 
-    @staticmethod
-    def _node_sizes(idx) -> list[int]:
-        return [len(v) for v in idx.node_gpus]
-
-    def _guard_context(self, ctx: Ctx) -> list[float]:
+    def _guard_context(self, ctx: Ctx) -> tuple[int, list[float]]:
+        """(GPUs of the largest node, the guard features after the job's own two)."""
         idx = ctx.idx
         now = ctx.now
         left: list[float] = []
@@ -507,8 +503,15 @@ class RLPolicy(FragAwarePolicy):
                 left.append(min(6.0, math.log1p(max(0.0, end - now) / 3600.0)))
         busy = len(left)
         look = self._state.pending[: self.lookahead]
-        limits = sorted(min(6.0, math.log1p(j.time_limit_s / 3600.0)) if j.time_limit_s else 6.0 for j in look)
-        return [_median(sorted(left)), no_end / busy if busy else 0.0, _median(limits)]
+        limits = [min(6.0, math.log1p(j.time_limit_s / 3600.0)) if j.time_limit_s else 6.0 for j in look]
+        per_node = max((len(v) for v in idx.node_gpus), default=1)
+        return per_node, [
+            statistics.median(left) if left else 0.0,
+            no_end / busy if busy else 0.0,
+            statistics.median(limits) if limits else 0.0,
+            per_node / 8.0,
+            math.log2(max(len(idx.node_gpus), 1)) / 8.0,
+        ]
 
     def _reservation_rows(self, ctx: Ctx, job: PendingJob, r) -> list[list[float]]:
         info = ctx.idx.infos[next(iter(r.regions))] if r.regions else ctx.idx.infos[0]
@@ -745,14 +748,6 @@ class RLPolicy(FragAwarePolicy):
             w.carve(opt, pi, end)
         ctx.commit({g: w})
         return PLACED, self.assignment(job, ctx, [(g, slot)], "carved" if opt else "free instance")
-
-
-def _median(xs: list[float]) -> float:
-    """Median of a sorted list (0 for an empty one)."""
-    n = len(xs)
-    if not n:
-        return 0.0
-    return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
 
 
 def _order_key(o: tuple) -> tuple:
