@@ -54,7 +54,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torch import nn
 
 from slurm_mig.policies.frag_aware import FragAwarePolicy
 from slurm_mig.policies.rl import (
@@ -64,6 +63,7 @@ from slurm_mig.policies.rl import (
 from slurm_mig.sim.engine import ClusterSpec
 from slurm_mig.sim.workloads import poisson_workload
 from training.evaluate import run_case
+from training.model import Scorer
 from training.splits import (
     ALIBABA_NODES, ALIBABA_TRAIN_TO, VALIDATION_SEEDS, Case, _prefix, _random_mix, alibaba_cached,
     validation_cases,
@@ -158,22 +158,15 @@ def advantages(waits: list[float]) -> list[float]:
 # ---------------------------------------------------------------------------
 
 
-class GuardNet(nn.Module):
-    """MLP over the guard features, normalisation baked in (so the ONNX file is self-contained)."""
+class GuardNet(Scorer):
+    """training/model.py's MLP (normalisation baked in, so the ONNX file is self-contained) over the guard
+    features, with one logit per option instead of one per row."""
 
     def __init__(self, n_features: int = N_GUARD_FEATURES, n_options: int = len(GUARD_OPTIONS_H),
                  hidden: int = 32) -> None:
-        super().__init__()
-        self.register_buffer("mean", torch.zeros(n_features))
-        self.register_buffer("std", torch.ones(n_features))
-        self.net = nn.Sequential(nn.Linear(n_features, hidden), nn.Tanh(), nn.Linear(hidden, hidden), nn.Tanh(),
-                                 nn.Linear(hidden, n_options))
-        nn.init.zeros_(self.net[-1].weight)
+        super().__init__(n_features, hidden, n_outputs=n_options)
         with torch.no_grad():  # start at frag-aware's rule: option 0 (reserve at once) a little ahead
             self.net[-1].bias.copy_(torch.tensor([1.0] + [0.0] * (n_options - 1)))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net((x - self.mean) / self.std)
 
 
 def greedy_chooser(model: GuardNet):
@@ -234,7 +227,7 @@ def export_guard(model: GuardNet, out: Path, placement: str, card_extra: dict) -
     example = torch.randn(3, N_GUARD_FEATURES)
     prog = torch.onnx.export(
         model, (example,), dynamo=True, input_names=["guard_features"], output_names=["logits"],
-        dynamic_shapes={"x": {0: torch.export.Dim("rows", min=1, max=100_000)}},
+        dynamic_shapes={"features": {0: torch.export.Dim("rows", min=1, max=100_000)}},
         external_data=False, verbose=False,
     )
     prog.save(str(out / GUARD_FILE), external_data=False)

@@ -15,21 +15,26 @@ from slurm_mig.policies.rl import N_FEATURES
 
 
 class Scorer(nn.Module):
-    def __init__(self, n_features: int = N_FEATURES, hidden: int = 64) -> None:
+    """The MLP with its feature normalisation; ``n_outputs`` > 1 gives a row of logits per input row
+    (the reservation guard's options, training/guard.py)."""
+
+    def __init__(self, n_features: int = N_FEATURES, hidden: int = 64, n_outputs: int = 1) -> None:
         super().__init__()
+        self.n_outputs = n_outputs
         self.register_buffer("mean", torch.zeros(n_features))
         self.register_buffer("std", torch.ones(n_features))
         self.net = nn.Sequential(
             nn.Linear(n_features, hidden), nn.Tanh(),
             nn.Linear(hidden, hidden), nn.Tanh(),
-            nn.Linear(hidden, 1),
+            nn.Linear(hidden, n_outputs),
         )
         nn.init.zeros_(self.net[-1].weight)
         nn.init.zeros_(self.net[-1].bias)
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
-        """features [..., N, F] -> logits [..., N]."""
-        return self.net((features - self.mean) / self.std).squeeze(-1)
+        """features [..., N, F] -> logits [..., N] (one output) or [..., N, n_outputs]."""
+        out = self.net((features - self.mean) / self.std)
+        return out.squeeze(-1) if self.n_outputs == 1 else out
 
     def set_normalisation(self, feats: np.ndarray) -> None:
         m = feats.mean(axis=0)
