@@ -98,10 +98,10 @@ class Args:
 # ---------------------------------------------------------------------------
 
 
-def guard_case(rng: random.Random, smoke: bool = False) -> Case:
+def guard_case(rng: random.Random, alibaba_share: float = 0.25, smoke: bool = False) -> Case:
     """A training episode: a Poisson stream with multi-GPU jobs (seeds >= 1000), or the Alibaba
     trace's first 55 % with time-limit seeds 1000-1006 (scored on its later part)."""
-    if not smoke and rng.random() < ARGS_ALIBABA_SHARE[0]:
+    if not smoke and rng.random() < alibaba_share:
         seed = 1000 + rng.randrange(7)
         full = alibaba_cached(seed)
         share = rng.uniform(0.35, 1.0) * ALIBABA_TRAIN_TO
@@ -118,9 +118,6 @@ def guard_case(rng: random.Random, smoke: bool = False) -> Case:
                          mean_duration_s=rng.uniform(900, 3600), sigma=rng.uniform(0.6, 1.4),
                          multi_gpu_share=rng.choice((0.05, 0.1, 0.2, 0.3)), name="train:poisson-multi")
     return Case(w.name, w, ClusterSpec(nodes, per_node, w.model), seed)
-
-
-ARGS_ALIBABA_SHARE = [0.25]  # set from Args in main (worker processes are forked after)
 
 
 # ---------------------------------------------------------------------------
@@ -277,14 +274,14 @@ def train(args: Args, log=print) -> dict:
     random.seed(args.seed)
     torch.manual_seed(args.seed)
     torch.set_num_threads(1)
-    ARGS_ALIBABA_SHARE[0] = args.alibaba_share
     if args.smoke:
         args.episodes, args.iterations, args.eval_every, args.batch = 4, 4, 4, 64
     rng = random.Random(args.seed)
     out = Path(args.out)
 
     # (a) the data: every option of every episode, played to its end
-    jobs = [(guard_case(rng, args.smoke), args.placement, args.contexts_per_run) for _ in range(args.episodes)]
+    jobs = [(guard_case(rng, args.alibaba_share, args.smoke), args.placement, args.contexts_per_run)
+            for _ in range(args.episodes)]
     if args.played:  # the data of an earlier run (its played.json): try other PPO settings without replaying
         played = json.loads(Path(args.played).read_text())
     elif args.workers > 1 and len(jobs) > 1:
