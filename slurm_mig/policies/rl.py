@@ -41,6 +41,7 @@ would decide without acting on it.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import statistics
@@ -134,6 +135,14 @@ GUARD_FEATURE_NAMES: tuple[str, ...] = (
 N_GUARD_FEATURES = len(GUARD_FEATURE_NAMES)
 
 DEFAULT_STORE = Path("/var/lib/slurm-mig/policies")
+log = logging.getLogger("slurm_mig.policies.rl")
+
+# A choice whose feature rows fall outside the range the network was trained on (the card's
+# ``feature_range``, widened by this share of each feature's span) is decided by frag-aware's
+# rule instead: a network says nothing useful about inputs it never saw (measured: on streams
+# where 30 % of jobs have no time limit, which no training workload had, the placement network
+# left frag-aware's choice in over half its placements and waited 1.5-2.6x longer).
+RANGE_SLACK = 0.05
 
 
 def _shipped_model() -> Path:
@@ -247,6 +256,27 @@ def resolve_model_path(explicit: str | Path | None = None, *, candidate: bool = 
     return active if active is not None else SHIPPED_MODEL
 
 
+def _feature_range(entry, names: tuple[str, ...], what: str):
+    """The card's optional ``feature_range`` ({"lo": [...], "hi": [...]}, one number per feature): the
+    values the network was trained on. None when the card has none (older models: no range check)."""
+    if entry is None:
+        return None
+    lo = entry.get("lo") if isinstance(entry, dict) else None
+    hi = entry.get("hi") if isinstance(entry, dict) else None
+    ok = (isinstance(lo, list) and isinstance(hi, list) and len(lo) == len(hi) == len(names)
+          and all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in lo + hi)
+          and all(a <= b for a, b in zip(lo, hi)))
+    if not ok:
+        raise PolicyModelError(f"{what}: the card's feature_range must give lo <= hi, {len(names)} finite numbers each")
+    import numpy as np
+
+    lo, hi = np.asarray(lo, dtype=np.float64), np.asarray(hi, dtype=np.float64)
+    # float32 rounding, and a little room on features that varied in training; none where a feature was
+    # constant there (a job without a time limit when every training job had one: the network never saw it)
+    slack = RANGE_SLACK * (hi - lo) + 1e-5
+    return lo - slack, hi + slack
+
+
 def _session(ort, so, path: Path, what: str, input_name: str, width: int, schema: str):
     """An onnxruntime session for ``path`` whose one input is ``input_name`` with ``width`` features per row."""
     try:
@@ -296,7 +326,9 @@ class OnnxScorer:
         self.card = card
         self.version = str(card.get("version", path.parent.name))
         self.output = self.session.get_outputs()[0].name
+        self.range = _feature_range(card.get("feature_range"), FEATURE_NAMES, f"model {path}")
         self.guard_session = None
+        self.guard_range = None
         self.guard_options: tuple[float, ...] = ()
         if guard and card.get("guard") is not None:
             self._load_guard(path, card["guard"], ort, so)
@@ -325,6 +357,7 @@ class OnnxScorer:
         out_w = outputs[0].shape[-1]
         if isinstance(out_w, int) and out_w != len(opts):
             raise PolicyModelError(f"guard {gp} scores {out_w} options; its card lists {len(opts)}")
+        self.guard_range = _feature_range(g.get("feature_range"), GUARD_FEATURE_NAMES, f"model {path}'s guard")
         self.guard_session = sess
         self.guard_output = outputs[0].name
         self.guard_options = tuple(float(o) for o in opts)
@@ -339,6 +372,17 @@ class OnnxScorer:
 
     def pick(self, features: list[list[float]]) -> int:
         return int(self.logits(features).argmax())
+
+    def outside(self, rows, guard: bool = False) -> list[str]:
+        """Names of the features of ``rows`` (a list of rows) outside the training range; [] when inside
+        or when the card gives no range."""
+        rng = self.guard_range if guard else self.range
+        if rng is None:
+            return []
+        x = self.np.asarray(rows, dtype=self.np.float64)
+        bad = ((x < rng[0]) | (x > rng[1])).any(axis=0)
+        names = GUARD_FEATURE_NAMES if guard else FEATURE_NAMES
+        return [names[i] for i in self.np.flatnonzero(bad)]
 
 
 # ---------------------------------------------------------------------------
@@ -376,6 +420,9 @@ class RLPolicy(FragAwarePolicy):
         self._locked: list[int] | None = None
         self._locked_sum = 0
         self._cap_sum = 0
+        # choices the heuristic made because the features left the training range: feature -> count
+        self.out_of_range: dict[str, int] = {}
+        self._fallbacks = 0
 
     # -- model -------------------------------------------------------------------
     def _file_key(self, path: Path) -> tuple:
@@ -420,10 +467,32 @@ class RLPolicy(FragAwarePolicy):
         :meth:`place` choosing by the model."""
         if self.chooser is None:
             self.scorer()  # raises PolicyModelError (the controller falls back) before anything is decided
-        return super().decide(state)
+        self._fallbacks = 0
+        d = super().decide(state)
+        if self._fallbacks:
+            d.extra["rl_outside_training_range"] = self._fallbacks
+        return d
+
+    def _inside(self, sc: OnnxScorer, rows, guard: bool = False) -> bool:
+        """Whether the network may decide on ``rows``; counts (and logs once per feature) when not."""
+        bad = sc.outside(rows, guard)
+        if not bad:
+            return True
+        self._fallbacks += 1
+        for name in bad:
+            n = self.out_of_range.get(name, 0)
+            self.out_of_range[name] = n + 1
+            if n == 0:
+                log.warning("rl: feature %s%s is outside the range model %s was trained on; frag-aware's rule "
+                            "decides such choices", "guard " if guard else "", name, sc.version)
+        return False
 
     def choose(self, choice: Choice) -> int:
-        k = self.chooser(choice) if self.chooser is not None else self.scorer().pick(choice.features)
+        if self.chooser is not None:
+            k = self.chooser(choice)
+        else:
+            sc = self.scorer()
+            k = sc.pick(choice.features) if self._inside(sc, choice.features) else 0
         if not 0 <= k < len(choice.options):
             raise PolicyModelError(f"chooser picked candidate {k} of {len(choice.options)}")
         return k
@@ -474,7 +543,10 @@ class RLPolicy(FragAwarePolicy):
         sc = self.scorer() if self.chooser is None else None
         if sc is None or sc.guard_session is None:
             return None
-        logits = sc.guard_logits(self.guard_features(ctx, job))
+        row = self.guard_features(ctx, job)
+        if not self._inside(sc, [row], guard=True):
+            return None
+        logits = sc.guard_logits(row)
         return sc.guard_options[int(logits.argmax())]
 
     def guard_features(self, ctx: Ctx, job: PendingJob) -> list[float]:
