@@ -22,7 +22,9 @@ if str(ROOT) not in sys.path:  # training/ is a folder of the checkout, not an i
 try:
     import torch
 
-    from slurm_mig.policies.rl import FEATURE_SCHEMA, N_FEATURES, OnnxScorer, RLPolicy, frag_aware_chooser
+    from slurm_mig.policies.rl import (
+        FEATURE_NAMES, FEATURE_SCHEMA, N_FEATURES, OnnxScorer, RLPolicy, frag_aware_chooser,
+    )
     from slurm_mig.sim.engine import ClusterSpec, SimConfig, simulate
     from slurm_mig.sim.workloads import poisson_workload
     from training.env import MigPlacementEnv
@@ -102,7 +104,11 @@ def test_smoke_training_exports_a_model_the_runtime_accepts(tmp_path):
     written = json.loads((tmp_path / "run" / "model_card.json").read_text())
     assert written["feature_schema"] == FEATURE_SCHEMA and written["version"] == card["version"]
     assert not (tmp_path / "run" / "model.onnx.data").exists()  # one self-contained file
+    rng_ = written["feature_range"]  # the rows trained on: the runtime lets the network decide only inside
+    assert len(rng_["lo"]) == len(rng_["hi"]) == N_FEATURES and all(a <= b for a, b in zip(rng_["lo"], rng_["hi"]))
+    assert rng_["hi"][FEATURE_NAMES.index("job_no_limit")] == 0.0  # no training job lacks a time limit
     scorer = OnnxScorer(onnx)
+    assert scorer.range is not None
     x = np.random.default_rng(0).standard_normal((7, N_FEATURES)).astype(np.float32)
     with torch.no_grad():
         ref = model(torch.from_numpy(x)).numpy()
@@ -121,6 +127,8 @@ def test_guard_smoke_training_exports_a_guard_the_runtime_accepts(tmp_path):
     assert time.time() - t0 < 45
     sc = OnnxScorer(r["model"])
     assert sc.guard_session is not None and sc.guard_options == GUARD_OPTIONS_H
+    g_range = json.loads((tmp_path / "g" / "model_card.json").read_text())["guard"]["feature_range"]
+    assert len(g_range["lo"]) == N_GUARD_FEATURES and sc.guard_range is not None
     ck = torch.load(str(tmp_path / "g" / "guard.pt"), map_location="cpu", weights_only=False)
     net = GuardNet(hidden=ck["hidden"])
     net.load_state_dict(ck["state_dict"])
@@ -176,6 +184,9 @@ def test_retrain_on_a_db_gives_a_candidate_an_evaluation_and_a_decision(tmp_path
     shipped_guard = json.loads((ROOT / "policy" / "model_card.json").read_text())["guard"]
     cand_card = json.loads((Path(r["candidate"]["path"]).parent / "model_card.json").read_text())
     assert cand_card["guard"] == shipped_guard  # retraining fine-tunes placement; the guard is carried over
+    parent = json.loads((ROOT / "policy" / "model_card.json").read_text())["feature_range"]
+    got = cand_card["feature_range"]  # the parent's range widened by the rows fine-tuned on, never narrower
+    assert all(a <= b for a, b in zip(got["lo"], parent["lo"])) and all(a >= b for a, b in zip(got["hi"], parent["hi"]))
     stored = (tmp_path / "store").is_dir() and any((tmp_path / "store").iterdir())
     assert stored == (r["decision"] == "stored")
     assert "decision:" in format_report(r)

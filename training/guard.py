@@ -64,6 +64,7 @@ from slurm_mig.sim.engine import ClusterSpec
 from slurm_mig.sim.workloads import poisson_workload
 from training.evaluate import run_case
 from training.model import Scorer
+from training.ranges import feature_range
 from training.splits import (
     ALIBABA_NODES, ALIBABA_TRAIN_TO, VALIDATION_SEEDS, Case, _prefix, _random_mix, alibaba_cached,
     validation_cases,
@@ -364,6 +365,8 @@ def train(args: Args, log=print) -> dict:
                   "seed": args.seed, "iterations": args.iterations, "wall_time_s": round(wall, 1),
                   "data_wall_time_s": round(t_data, 1), "best_iteration": best[2],
                   "validation": {"ratio_to_frag_aware": best[0], "waits_s": best[3], "frag_aware_s": baseline},
+                  # the served policy lets the guard decide only inside the values it was trained on
+                  "feature_range": {**feature_range(rows), "source": "every guard feature row trained on"},
                   "history": history, "args": asdict(args)}
     path = export_guard(model, out, args.placement, card_extra)
     torch.save({"state_dict": model.state_dict(), "hidden": args.hidden, "args": asdict(args)}, out / "guard.pt")

@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 
 from slurm_mig.errors import ConfigError
-from slurm_mig.policies.rl import SHIPPED_MODEL, RLPolicy, resolve_model_path
+from slurm_mig.policies.rl import SHIPPED_MODEL, RLPolicy, read_card, resolve_model_path
 from slurm_mig.policy_registry import DEFAULT, PolicyStore
 from slurm_mig.sim.engine import ClusterSpec
 from slurm_mig.sim.workloads import Workload, load_outcomes_db
@@ -127,9 +127,10 @@ def retrain(db: str | Path, *, store: str | Path | None = None, holdout: float =
     args = Args(out=str(work), seed=seed, iterations=iterations, time_budget_min=minutes, eval_every=max(1, iterations // 6),
                 bc_episodes=8, bc_epochs=10, episodes_per_iteration=2, episode_jobs=(150, 300))
     t0 = time.time()
+    parent_range = read_card(cur_path).get("feature_range") if init is not None else None
     _model, card = train(args, sample_case=sample_case, init=init, vcases=vcases,
                          card_extra={"source": "retrain", "source_db": str(db), "parent_version": version},
-                         echo=False)
+                         echo=False, init_range=parent_range and {k: parent_range[k] for k in ("lo", "hi")})
     wall = time.time() - t0
     cand_path = work / "model.onnx"
     if carry_guard(cur_path, work):

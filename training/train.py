@@ -58,6 +58,7 @@ from slurm_mig.sim.engine import SimConfig, Simulator
 from training.env import MigPlacementEnv
 from training.evaluate import run_case
 from training.export import export_onnx
+from training.ranges import feature_range, merge_ranges
 from training.model import Scorer
 from training.splits import TRAIN_FAMILIES, Case, train_case, validation_cases
 
@@ -341,10 +342,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def train(args: Args, *, sample_case=None, init: dict | None = None, vcases: list[Case] | None = None,
-          card_extra: dict | None = None, echo: bool = True) -> tuple[Scorer, dict]:
+          card_extra: dict | None = None, echo: bool = True, init_range: dict | None = None) -> tuple[Scorer, dict]:
     """The whole run; returns the best model and its card. training/retrain.py passes its own episode
-    sampler (``sample_case(rng) -> Case``), the current model's weights (``init``: BC is skipped) and
-    validation cases."""
+    sampler (``sample_case(rng) -> Case``), the current model's weights (``init``: BC is skipped), its
+    training range (``init_range``) and validation cases."""
     t_start = time.time()
     torch.set_num_threads(args.threads)
     random.seed(args.seed)
@@ -378,8 +379,11 @@ def train(args: Args, *, sample_case=None, init: dict | None = None, vcases: lis
     bc_feats: list[np.ndarray] = []
     for _ in range(args.bc_episodes if init is None else 0):
         bc_feats += play(env, new_case(), teacher)["feats"]
+    # the feature values trained on: the served policy lets the network decide only inside them
+    seen = init_range
     if bc_feats:
         model.set_normalisation(np.concatenate(bc_feats))
+        seen = merge_ranges(seen, feature_range(np.concatenate(bc_feats)))
     opt = torch.optim.Adam(model.parameters(), lr=args.bc_lr)
     for epoch in range(args.bc_epochs if bc_feats else 0):
         perm = np.random.permutation(len(bc_feats))
@@ -426,6 +430,7 @@ def train(args: Args, *, sample_case=None, init: dict | None = None, vcases: lis
             continue
         steps += len(batch)
         feats = [b[0] for b in batch]
+        seen = merge_ranges(seen, feature_range(np.concatenate(feats)))
         acts = torch.as_tensor([b[1] for b in batch], dtype=torch.long)
         old_logp = torch.as_tensor([b[2] for b in batch], dtype=torch.float32)
         raw = np.array([b[3] for b in batch])
@@ -474,6 +479,9 @@ def train(args: Args, *, sample_case=None, init: dict | None = None, vcases: lis
         "metrics": {},
         **(card_extra or {}),
     }
+    if seen is not None:
+        card["feature_range"] = {**seen, "source": "every feature row trained on"
+                                 + (" and the parent model's range" if init_range else "")}
     torch.save({"state_dict": model.state_dict(), "n_features": N_FEATURES, "hidden": args.hidden,
                 "feature_schema": FEATURE_SCHEMA, "card": card}, out / "model.pt")
     export_onnx(model, out / "model.onnx", card)
