@@ -27,13 +27,7 @@ def export_onnx(model: Scorer, path: str | Path, card: dict, *, check: bool = Tr
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     model = model.eval()
-    example = torch.randn(5, N_FEATURES)
-    onnx_program = torch.onnx.export(
-        model, (example,), dynamo=True, input_names=["features"], output_names=["logits"],
-        dynamic_shapes={"features": {0: torch.export.Dim("candidates", min=1, max=100_000)}},
-        external_data=False, verbose=False,
-    )
-    onnx_program.save(str(path), external_data=False)
+    save_onnx(model, path, N_FEATURES, "features", "candidates")
     import onnx
 
     m = onnx.load(str(path))
@@ -52,6 +46,17 @@ def export_onnx(model: Scorer, path: str | Path, card: dict, *, check: bool = Tr
         if agree < 1.0:
             raise RuntimeError(f"ONNX and torch disagree on {1 - agree:.1%} of argmax checks")
     return cp
+
+
+def save_onnx(model: torch.nn.Module, path: str | Path, n_features: int, input_name: str, rows: str) -> None:
+    """``model`` (rows [N, n_features] -> logits) as one self-contained ONNX file; N is dynamic (``rows``)."""
+    example = torch.randn(3, n_features)
+    prog = torch.onnx.export(
+        model, (example,), dynamo=True, input_names=[input_name], output_names=["logits"],
+        dynamic_shapes={"features": {0: torch.export.Dim(rows, min=1, max=100_000)}},  # forward's argument
+        external_data=False, verbose=False,
+    )
+    prog.save(str(path), external_data=False)
 
 
 def check_export(model: Scorer, path: str | Path, trials: int = 200) -> float:

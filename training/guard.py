@@ -63,6 +63,7 @@ from slurm_mig.policies.rl import (
 from slurm_mig.sim.engine import ClusterSpec
 from slurm_mig.sim.workloads import poisson_workload
 from training.evaluate import run_case
+from training.export import save_onnx
 from training.model import Scorer
 from training.ranges import feature_range
 from training.splits import (
@@ -222,13 +223,7 @@ def export_guard(model: GuardNet, out: Path, placement: str, card_extra: dict) -
         if pt.is_file():
             shutil.copy2(pt, out / "model.pt")
     model = model.eval()
-    example = torch.randn(3, N_GUARD_FEATURES)
-    prog = torch.onnx.export(
-        model, (example,), dynamo=True, input_names=["guard_features"], output_names=["logits"],
-        dynamic_shapes={"features": {0: torch.export.Dim("rows", min=1, max=100_000)}},
-        external_data=False, verbose=False,
-    )
-    prog.save(str(out / GUARD_FILE), external_data=False)
+    save_onnx(model, out / GUARD_FILE, N_GUARD_FEATURES, "guard_features", "rows")
     check_guard_export(model, out / GUARD_FILE)
     card["guard"] = {"file": GUARD_FILE, "feature_schema": GUARD_SCHEMA, "features": list(GUARD_FEATURE_NAMES),
                      "options_h": list(GUARD_OPTIONS_H), "input": "guard_features", "output": "logits",
