@@ -379,7 +379,7 @@ class OnnxScorer:
         rng = self.guard_range if guard else self.range
         if rng is None:
             return []
-        x = self.np.asarray(rows, dtype=self.np.float64)
+        x = self.np.asarray(rows, dtype=self.np.float32)  # what the network reads; the slack covers the rounding
         bad = ((x < rng[0]) | (x > rng[1])).any(axis=0)
         names = GUARD_FEATURE_NAMES if guard else FEATURE_NAMES
         return [names[i] for i in self.np.flatnonzero(bad)]
@@ -492,7 +492,8 @@ class RLPolicy(FragAwarePolicy):
             k = self.chooser(choice)
         else:
             sc = self.scorer()
-            k = sc.pick(choice.features) if self._inside(sc, choice.features) else 0
+            x = sc.np.asarray(choice.features, dtype=sc.np.float32)  # once: checked, then scored
+            k = sc.pick(x) if self._inside(sc, x) else 0
         if not 0 <= k < len(choice.options):
             raise PolicyModelError(f"chooser picked candidate {k} of {len(choice.options)}")
         return k
