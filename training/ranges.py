@@ -1,6 +1,6 @@
 """Write a model's training range into its card: the feature values its networks were trained on.
 
-    .venv/bin/python -m training.ranges policy/default.onnx --played runs/guard3/played.json
+    .venv/bin/python -m training.ranges policy/default.onnx
 
 The rl policy lets a network decide only choices whose feature rows lie inside the
 card's ``feature_range`` (slurm_mig/policies/rl.py, ``RANGE_SLACK``); outside it,
@@ -9,8 +9,7 @@ of the rows they train on. This command gives a model trained before that its
 range: it plays training episodes (training/splits.py's ``train_case``, the guard's
 ``guard_case``; never a validation or test workload), half with the model's own
 choices and half with frag-aware's, as training did, and takes each feature's
-minimum and maximum over every row seen. ``--played`` takes the guard's rows from
-the ``played.json`` of its training run instead (the exact rows it was trained on).
+minimum and maximum over every row seen.
 """
 
 from __future__ import annotations
@@ -59,10 +58,8 @@ def placement_rows(model: Path, episodes: int, seed: int) -> list:
     return rows
 
 
-def guard_rows(model: Path, episodes: int, seed: int, played: str = "") -> list:
-    """Guard feature rows: those of a training run's played.json, else of ``episodes`` guard episodes."""
-    if played:
-        return [x for ep in json.loads(Path(played).read_text()) for x in ep["contexts"]]
+def guard_rows(model: Path, episodes: int, seed: int) -> list:
+    """Guard feature rows of ``episodes`` guard training episodes, each holding one option in turn."""
     from training.guard import GUARD_OPTIONS_H, guard_case
 
     sc = OnnxScorer(model)
@@ -84,8 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("model", help="model.onnx whose card gets the range")
     ap.add_argument("--episodes", type=int, default=200, help="training episodes for the placement range")
-    ap.add_argument("--guard-episodes", type=int, default=48, help="guard episodes, without --played")
-    ap.add_argument("--played", default="", help="the guard training run's played.json")
+    ap.add_argument("--guard-episodes", type=int, default=48, help="training episodes for the guard's range")
     ap.add_argument("--seed", type=int, default=7)
     a = ap.parse_args(argv)
     model = Path(a.model)
@@ -98,10 +94,9 @@ def main(argv: list[str] | None = None) -> int:
                                        "the model's choices, half with frag-aware's"}
     print(f"placement: {len(rows)} rows from {a.episodes} episodes")
     if isinstance(card.get("guard"), dict):
-        g = guard_rows(model, a.guard_episodes, a.seed, a.played)
-        src = f"the guard training run's rows ({Path(a.played).name})" if a.played else \
-            f"{a.guard_episodes} guard training episodes (guard_case, seed {a.seed}), each option in turn"
-        card["guard"]["feature_range"] = {**feature_range(g), "rows": len(g), "source": src}
+        g = guard_rows(model, a.guard_episodes, a.seed)
+        card["guard"]["feature_range"] = {**feature_range(g), "rows": len(g), "source": (
+            f"{a.guard_episodes} guard training episodes (guard_case, seed {a.seed}), each option in turn")}
         print(f"guard: {len(g)} rows")
     cp.write_text(json.dumps(card, indent=2) + "\n")
     print(f"wrote the ranges into {cp} ({time.time() - t0:.0f} s)")

@@ -58,8 +58,8 @@ from slurm_mig.sim.engine import SimConfig, Simulator
 from training.env import MigPlacementEnv
 from training.evaluate import run_case
 from training.export import export_onnx
-from training.ranges import feature_range, merge_ranges
 from training.model import Scorer
+from training.ranges import feature_range, merge_ranges
 from training.splits import TRAIN_FAMILIES, Case, train_case, validation_cases
 
 
@@ -382,8 +382,9 @@ def train(args: Args, *, sample_case=None, init: dict | None = None, vcases: lis
     # the feature values trained on: the served policy lets the network decide only inside them
     seen = init_range
     if bc_feats:
-        model.set_normalisation(np.concatenate(bc_feats))
-        seen = merge_ranges(seen, feature_range(np.concatenate(bc_feats)))
+        rows = np.concatenate(bc_feats)
+        model.set_normalisation(rows)
+        seen = merge_ranges(seen, feature_range(rows))
     opt = torch.optim.Adam(model.parameters(), lr=args.bc_lr)
     for epoch in range(args.bc_epochs if bc_feats else 0):
         perm = np.random.permutation(len(bc_feats))
