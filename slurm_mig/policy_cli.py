@@ -44,15 +44,19 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     q = ps.add_parser("retrain", help="fine-tune on the state DB's outcomes; keep the result only if it is better",
                       description="Build a trace from the outcomes table, fine-tune the active model on the older "
-                                  "part, compare candidate and current policy on the most recent part (held out), "
-                                  "and write the candidate to the store only if it waits less. Needs the training "
-                                  "extra.")
+                                  "part, compare candidate and current policy on the most recent part (held out) "
+                                  "over several replays, and write the candidate to the store only if it reliably "
+                                  "waits less. Needs the training extra.")
     common(q)
     q.add_argument("--db", metavar="PATH", help="state DB (default: [controller].db_path of the config)")
     q.add_argument("--holdout", type=float, default=0.3, help="most recent share of jobs held out (default 0.3)")
     q.add_argument("--minutes", type=float, default=5.0, help="fine-tuning time budget (default 5)")
     q.add_argument("--iterations", type=int, default=60, help="fine-tuning iterations at most (default 60)")
     q.add_argument("--seed", type=int, default=0)
+    q.add_argument("--replays", type=int, default=5,
+                   help="replays of the recent history the comparison is paired over (default 5, at least 2)")
+    q.add_argument("--jitter", type=float, default=0.05,
+                   help="run times move by up to this share from the second replay on (default 0.05)")
     q.add_argument("--install", action="store_true", help="also make the candidate active when it is better")
     q.add_argument("--out", metavar="DIR", help="working folder (default: a temporary one)")
     q.set_defaults(func=_retrain)
@@ -162,7 +166,8 @@ def _retrain(args) -> int:
         raise ConfigError(f"state DB {db} does not exist")
     mod = _training_module("retrain")
     report = mod.retrain(db, store=args.store, holdout=args.holdout, minutes=args.minutes,
-                         iterations=args.iterations, seed=args.seed, install=args.install, out=args.out,
+                         iterations=args.iterations, seed=args.seed, replays=args.replays, jitter=args.jitter,
+                         install=args.install, out=args.out,
                          log=None if args.json else (lambda m: print(m, file=sys.stderr, flush=True)))
     if args.json:
         print(json.dumps(report, default=str))

@@ -180,6 +180,9 @@ def test_retrain_on_a_db_gives_a_candidate_an_evaluation_and_a_decision(tmp_path
     assert r["cluster"] == {"nodes": 1, "gpus_per_node": 2, "model": "H100-80GB"}
     assert Path(r["candidate"]["path"]).is_file()
     assert set(r["evaluation"]) == {"candidate", "current", "frag-aware", "first-fit"}
+    assert r["replays"] == 5 and len(r["paired"]["wait_diffs_s"]) == 5
+    assert r["paired"]["wait_diff_s"] == pytest.approx(
+        r["evaluation"]["candidate"]["mean_wait_s"] - r["evaluation"]["current"]["mean_wait_s"])
     assert r["decision"] in ("stored", "kept current")
     shipped_guard = json.loads((ROOT / "policy" / "model_card.json").read_text())["guard"]
     cand_card = json.loads((Path(r["candidate"]["path"]).parent / "model_card.json").read_text())
@@ -190,3 +193,52 @@ def test_retrain_on_a_db_gives_a_candidate_an_evaluation_and_a_decision(tmp_path
     stored = (tmp_path / "store").is_dir() and any((tmp_path / "store").iterdir())
     assert stored == (r["decision"] == "stored")
     assert "decision:" in format_report(r)
+
+
+def _m(waits, jcts=None):
+    return [{"mean_wait_s": w, "mean_jct_s": j} for w, j in zip(waits, jcts or [w + 1000 for w in waits])]
+
+
+def test_retrain_judges_by_the_paired_interval_not_one_replay():
+    from training.retrain import judge
+
+    ok, why, p = judge(_m([100, 101, 99, 100, 98]), _m([110, 111, 109, 112, 108]), 0.005)
+    assert ok and why == "" and p["wait_diff_s"] == pytest.approx(-10.4) and p["wait_diff_ci95_s"] < 10.4
+    # lower on average, but the replays disagree: the interval reaches zero
+    ok, why, p = judge(_m([100, 130, 80, 95, 90]), _m([110, 100, 105, 100, 104]), 0.005)
+    assert not ok and "interval" in why and p["wait_diff_s"] < 0
+    assert p["wait_diffs_s"][0] < 0  # the first replay alone would have said "better"
+    ok, why, _ = judge(_m([100, 100]), _m([100, 100]), 0.005)  # identical decisions
+    assert not ok and why == "waits no less"
+    ok, why, _ = judge(_m([99.8, 99.9, 99.7]), _m([100, 100, 100]), 0.005)  # below the margin
+    assert not ok and why == "waits no less"
+    ok, why, _ = judge(_m([90, 91, 89], [2000, 2000, 2000]), _m([100, 100, 100], [1900, 1900, 1900]), 0.005)
+    assert not ok and "JCT" in why
+    ok, why, p = judge(_m([90]), _m([100]), 0.005)  # one replay: no interval, never enough
+    assert not ok and p["wait_diff_ci95_s"] is None
+
+
+def test_replays_move_run_times_within_limits_and_keep_the_jobs():
+    from training.retrain import replay_of
+
+    w = poisson_workload(200, gpus=4, seed=3)
+    assert replay_of(w, 0, 0.05) is w
+    r1, r1b, r2 = replay_of(w, 1, 0.05), replay_of(w, 1, 0.05), replay_of(w, 2, 0.05)
+    assert [j.duration_s for j in r1.jobs] == [j.duration_s for j in r1b.jobs]  # deterministic
+    assert [j.duration_s for j in r1.jobs] != [j.duration_s for j in r2.jobs]
+    for a, b in zip(w.jobs, r1.jobs):
+        assert (a.job_id, a.submit_time, a.profile, a.count, a.time_limit_s) == (
+            b.job_id, b.submit_time, b.profile, b.count, b.time_limit_s)
+        assert b.duration_s <= b.time_limit_s
+        assert abs(b.duration_s - a.duration_s) <= 0.05 * a.duration_s + 1e-9 or b.duration_s == b.time_limit_s
+    assert sum(a.duration_s != b.duration_s for a, b in zip(w.jobs, r1.jobs)) > 150
+
+
+def test_retrain_refuses_one_replay(tmp_path):
+    from slurm_mig.errors import ConfigError
+    from training.retrain import retrain
+
+    db = tmp_path / "state.db"
+    _fill_db(db)
+    with pytest.raises(ConfigError, match="replays"):
+        retrain(db, store=tmp_path / "store", minutes=0.1, iterations=1, replays=1, out=tmp_path / "work")

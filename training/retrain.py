@@ -13,18 +13,25 @@
    policy/default.onnx; their torch weights ``model.pt`` sit beside them) with
    training/train.py's PPO; without weights, train from behaviour cloning.
 4. Compare candidate, current and the heuristics on the held-out recent jobs
-   (the whole history is replayed, only the recent jobs are scored).
+   (the whole history is replayed, only the recent jobs are scored), ``replays``
+   times: the history as recorded, then with each job's run time moved by up to
+   ``jitter`` (a rerun of the same jobs never takes exactly as long). One replay
+   decides nothing: a policy that changes a single placement in two hundred moves
+   a queue's mean wait by 10 % or more either way (docs/rl-policy.md, "Learning
+   from the cluster"), so the comparison is paired, replay by replay.
 5. Decide: the candidate is written to the policy store only if its mean wait is
-   lower than the current policy's (by more than ``margin``) and its mean JCT is
-   not higher; with ``install`` it also becomes active. The report says which,
-   and why.
+   lower than the current policy's by more than ``margin``, the paired 95 %
+   interval of the difference lies below zero, and its mean JCT is not higher;
+   with ``install`` it also becomes active. The report says which, and why.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
+import statistics
 import sqlite3
 import sys
 import tempfile
@@ -40,7 +47,7 @@ from slurm_mig.policy_registry import DEFAULT, PolicyStore
 from slurm_mig.sim.engine import ClusterSpec
 from slurm_mig.sim.workloads import Workload, load_outcomes_db
 
-from training.evaluate import run_case
+from training.evaluate import ci, run_case
 from training.guard import carry_guard
 from training.splits import Case, train_case, validation_cases
 from training.train import Args, train
@@ -73,6 +80,48 @@ def _window(w: Workload, lo: int, hi: int, name: str) -> Workload:
                     w.gpus_per_node, dict(w.meta))
 
 
+def replay_of(w: Workload, k: int, jitter: float, seed: int = 0) -> Workload:
+    """Replay ``k`` of a recorded history: 0 is as recorded; k >= 1 moves each job's run time by a
+    factor in [1 - jitter, 1 + jitter] (never past its time limit), deterministically for (k, seed).
+    Job ids, order, submit times and limits stay, so the same jobs are scored in every replay."""
+    if k == 0 or jitter <= 0:
+        return w
+    from dataclasses import replace
+
+    rng = random.Random(f"replay:{seed}:{k}")
+    jobs = []
+    for j in w.jobs:
+        d = j.duration_s * (1.0 + rng.uniform(-jitter, jitter))
+        if j.time_limit_s:
+            d = min(d, j.time_limit_s)
+        jobs.append(replace(j, duration_s=max(1.0, d)))
+    return Workload(w.name, jobs, w.model, w.nodes, w.gpus_per_node, dict(w.meta))
+
+
+def judge(candidate: list[dict], current: list[dict], margin: float) -> tuple[bool, str, dict]:
+    """Whether the candidate is better, from paired per-replay metrics; (better, why not, paired stats).
+
+    Better = mean wait lower by more than ``margin`` (a share of the current mean wait), the paired
+    95 % t-interval of (candidate - current) wait entirely below zero, and mean JCT not higher.
+    """
+    dw = [a["mean_wait_s"] - b["mean_wait_s"] for a, b in zip(candidate, current)]
+    dj = [a["mean_jct_s"] - b["mean_jct_s"] for a, b in zip(candidate, current)]
+    cur_w = statistics.fmean(b["mean_wait_s"] for b in current)
+    mw, hw = ci(dw)
+    mj, _ = ci(dj)
+    if len(dw) < 2 or math.isnan(hw):
+        hw = math.inf  # one replay gives no interval: never enough evidence
+    paired = {"replays": len(dw), "wait_diff_s": mw, "wait_diff_ci95_s": hw if math.isfinite(hw) else None,
+              "jct_diff_s": mj, "wait_diffs_s": dw}
+    if not mw < -max(margin * cur_w, 1e-6):
+        return False, "waits no less", paired
+    if not mw + hw < 0:
+        return False, "is not reliably better (the paired 95 % interval reaches zero)", paired
+    if mj > 1e-6:
+        return False, "has a higher mean JCT", paired
+    return True, "", paired
+
+
 def current_model() -> tuple[str, Path, Path | None]:
     """(version, .onnx, model.pt or None) of the model the rl policy uses now."""
     path = resolve_model_path()
@@ -84,7 +133,7 @@ def current_model() -> tuple[str, Path, Path | None]:
 
 def retrain(db: str | Path, *, store: str | Path | None = None, holdout: float = 0.3, minutes: float = 5.0,
             iterations: int = 60, seed: int = 0, install: bool = False, out: str | Path | None = None,
-            margin: float = 0.005, log=None) -> dict:
+            margin: float = 0.005, replays: int = 5, jitter: float = 0.05, log=None) -> dict:
     torch.set_num_threads(1)
     say = log or (lambda m: None)
     if store is not None:
@@ -99,6 +148,10 @@ def retrain(db: str | Path, *, store: str | Path | None = None, holdout: float =
         raise ConfigError(f"{db} holds {n} usable outcome(s); retraining needs at least {MIN_JOBS}")
     if not 0.05 <= holdout <= 0.8:
         raise ConfigError(f"--holdout must be between 0.05 and 0.8, got {holdout}")
+    if not 2 <= replays <= 100:
+        raise ConfigError(f"--replays must be between 2 and 100 (one replay gives no interval), got {replays}")
+    if not 0.0 <= jitter <= 0.5:
+        raise ConfigError(f"--jitter must be between 0 and 0.5, got {jitter}")
     spec = ClusterSpec(nodes, per_node, model_name)
     n_hold = max(1, int(round(holdout * n)))
     cut = n - n_hold
@@ -137,30 +190,37 @@ def retrain(db: str | Path, *, store: str | Path | None = None, holdout: float =
         say("the candidate keeps the current model's reservation guard (retraining fine-tunes placement only)")
     say(f"candidate trained in {wall:.0f} s ({card.get('ppo_iterations')} iterations); evaluating on the recent jobs")
 
-    evaluation = {}
-    for label, pol in (("candidate", lambda: RLPolicy(model_path=str(cand_path)).load()),
-                       ("current", lambda: RLPolicy(model_path=str(cur_path)).load()),
-                       ("frag-aware", "frag-aware"), ("first-fit", "first-fit")):
-        evaluation[label] = run_case(recent, pol() if callable(pol) else pol)
+    say(f"judging on {replays} replays of the history (run times moved by up to {jitter:.0%} from the second on)")
+    runs: dict[str, list[dict]] = {}
+    # one instance per policy for all replays: decide() is pure, and each logs a feature outside its range once
+    pols = (("candidate", RLPolicy(model_path=str(cand_path)).load()),
+            ("current", RLPolicy(model_path=str(cur_path)).load()), ("frag-aware", "frag-aware"), ("first-fit", "first-fit"))
+    for k in range(replays):
+        case = Case("recent", replay_of(w, k, jitter, seed), spec, seed, cut / n, 1.0)
+        for label, pol in pols:
+            runs.setdefault(label, []).append(run_case(case, pol))
+    evaluation = {label: {m: statistics.fmean(r[m] for r in rs) for m in ("mean_wait_s", "mean_jct_s", "max_wait_s")}
+                  for label, rs in runs.items()}
+    better, why, paired = judge(runs["candidate"], runs["current"], margin)
     cw, cj = evaluation["candidate"]["mean_wait_s"], evaluation["candidate"]["mean_jct_s"]
     uw, uj = evaluation["current"]["mean_wait_s"], evaluation["current"]["mean_jct_s"]
-    better = cw < uw - max(margin * uw, 1e-6) and cj <= uj + 1e-6
+    diff = f"paired difference {paired['wait_diff_s']:+.1f} +- {paired['wait_diff_ci95_s']:.1f} s, {replays} replays"
     if better:
         metrics = {"candidate_mean_wait_s": cw, "current_mean_wait_s": uw, "candidate_mean_jct_s": cj,
                    "current_mean_jct_s": uj, "frag_aware_mean_wait_s": evaluation["frag-aware"]["mean_wait_s"],
-                   "heldout_jobs": n_hold, "source_db": str(db)}
+                   "wait_diff_s": paired["wait_diff_s"], "wait_diff_ci95_s": paired["wait_diff_ci95_s"],
+                   "replays": replays, "heldout_jobs": n_hold, "source_db": str(db)}
         v = st.add(cand_path, extra_card={"metrics": metrics, "source": "retrain", "parent_version": version})
         decision = "installed" if install else "stored"
         if install:
             st.install(v.version)
         reason = (f"candidate waits {cw:.1f} s on the {n_hold} most recent jobs vs {uw:.1f} s for {version} "
-                  f"(JCT {cj:.1f} vs {uj:.1f} s)")
+                  f"({diff}; JCT {cj:.1f} vs {uj:.1f} s)")
         new_version = v.version
     else:
         decision = "kept current"
-        why = "waits no less" if cw >= uw - max(margin * uw, 1e-6) else "has a higher mean JCT"
-        reason = (f"candidate {why}: {cw:.1f} s vs {uw:.1f} s mean wait, {cj:.1f} vs {uj:.1f} s mean JCT on the "
-                  f"{n_hold} most recent jobs; nothing written")
+        reason = (f"candidate {why}: {cw:.1f} s vs {uw:.1f} s mean wait ({diff}), {cj:.1f} vs {uj:.1f} s mean JCT "
+                  f"on the {n_hold} most recent jobs; nothing written")
         new_version = None
     caution = (f"only {n_hold} held-out jobs: weak evidence either way; let more history accumulate"
                if n_hold < 50 else "")
@@ -172,7 +232,8 @@ def retrain(db: str | Path, *, store: str | Path | None = None, holdout: float =
                                                   "iterations": card.get("ppo_iterations"),
                                                   "validation_wait_ratio_vs_frag_aware":
                                                       card.get("validation_wait_ratio_vs_frag_aware")},
-        "evaluation": evaluation, "decision": decision, "new_version": new_version, "reason": reason,
+        "evaluation": evaluation, "paired": paired, "replays": replays, "jitter": jitter,
+        "decision": decision, "new_version": new_version, "reason": reason,
         "store": str(st.root),
     }
 
@@ -182,9 +243,14 @@ def format_report(r: dict) -> str:
              f"{r['heldout_jobs']} most recent held out), cluster {r['cluster']['nodes']} x "
              f"{r['cluster']['gpus_per_node']} {r['cluster']['model']}",
              f"candidate: {r['candidate']['path']} ({r['candidate']['iterations']} iterations, "
-             f"{r['candidate']['wall_s']} s)", "evaluation on the held-out recent jobs:"]
+             f"{r['candidate']['wall_s']} s)",
+             f"evaluation on the held-out recent jobs (mean of {r['replays']} replays):"]
     for label, m in r["evaluation"].items():
         lines.append(f"  {label:11s} mean wait {m['mean_wait_s']:10.1f} s   mean JCT {m['mean_jct_s']:10.1f} s")
+    p = r["paired"]
+    if p.get("wait_diff_ci95_s") is not None:
+        lines.append(f"  candidate - current, paired: {p['wait_diff_s']:+.1f} +- {p['wait_diff_ci95_s']:.1f} s "
+                     f"mean wait (95 %); per replay: " + ", ".join(f"{d:+.1f}" for d in p["wait_diffs_s"]))
     lines.append(f"decision: {r['decision']}" + (f" as version {r['new_version']}" if r["new_version"] else ""))
     lines.append(f"  {r['reason']}")
     if r.get("caution"):
@@ -200,12 +266,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--minutes", type=float, default=5.0)
     ap.add_argument("--iterations", type=int, default=60)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--replays", type=int, default=5)
+    ap.add_argument("--jitter", type=float, default=0.05)
     ap.add_argument("--install", action="store_true")
     ap.add_argument("--out", default=None)
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     r = retrain(a.db, store=a.store, holdout=a.holdout, minutes=a.minutes, iterations=a.iterations, seed=a.seed,
-                install=a.install, out=a.out, log=None if a.json else (lambda m: print(m, file=sys.stderr)))
+                replays=a.replays, jitter=a.jitter, install=a.install, out=a.out,
+                log=None if a.json else (lambda m: print(m, file=sys.stderr)))
     print(json.dumps(r, default=str) if a.json else format_report(r))
     return 0
 
