@@ -99,7 +99,9 @@ def _list(args) -> int:
         created = v.card.get("created")
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(created)) if created else "-"
         mark = "*" if v.active else " "
-        print(f" {mark} {v.version:28s} {when:16s} {v.card.get('feature_schema', '?'):18s} {_metric_line(v.card)}")
+        places = f"places: {v.card.get('placement', 'network')}"
+        print(f" {mark} {v.version:28s} {when:16s} {v.card.get('feature_schema', '?'):18s} {places:20s} "
+              f"{_metric_line(v.card)}")
     return 0
 
 

@@ -207,3 +207,50 @@ def test_controller_runs_rl_and_shadows_a_candidate(tmp_path, monkeypatch):
     live = store.recent_decisions(5, shadow=False)
     assert shadow and shadow[0].policy == "rl-candidate" and shadow[0].version == "cand-1"
     assert live and live[0].policy == "rl"
+
+
+def _card_with(tmp_path: Path, **changes) -> Path:
+    m = _copy_model(tmp_path)
+    card = json.loads((m.parent / "model_card.json").read_text())
+    for k, v in changes.items():
+        if v is None:
+            card.pop(k, None)
+        else:
+            card[k] = v
+    (m.parent / "model_card.json").write_text(json.dumps(card))
+    return m
+
+
+def test_the_shipped_card_leaves_placement_to_frag_aware():
+    """Measured no better on dev workloads, the network does not place; on single-GPU jobs (no guard) rl is
+    frag-aware decision for decision, and the network is never asked."""
+    card = json.loads((SHIPPED_MODEL.parent / "model_card.json").read_text())
+    assert card["placement"] == "frag-aware" and "dev" in card["placement_note"]
+    w, spec = small_workload(seed=11, n=300, multi=0.0), ClusterSpec(2, 8)
+    pol = RLPolicy()
+    asked = []
+    logits = pol.scorer().logits
+    pol.scorer().logits = lambda x: (asked.append(1), logits(x))[1]
+    rl = compute_metrics(simulate(w, pol, spec, SimConfig(check=True)))
+    fa = compute_metrics(simulate(w, FragAwarePolicy(), spec))
+    assert (rl.mean_wait_s, rl.reconfigurations, rl.makespan_s) == (fa.mean_wait_s, fa.reconfigurations, fa.makespan_s)
+    assert asked == []
+
+
+def test_a_card_that_lets_the_network_place_differs_from_frag_aware(tmp_path):
+    """The same files with placement "network" (as a retrained candidate's card says) leave frag-aware's
+    choices; so does a card from before the key existed."""
+    w, spec = small_workload(seed=11, n=300, multi=0.0), ClusterSpec(2, 8)
+    fa = compute_metrics(simulate(w, FragAwarePolicy(), spec))
+    for i, placement in enumerate(("network", None)):
+        (tmp_path / str(i)).mkdir()
+        m = _card_with(tmp_path / str(i), placement=placement)
+        assert OnnxScorer(m).placement == "network"
+        rl = compute_metrics(simulate(w, RLPolicy(model_path=str(m)), spec, SimConfig(check=True)))
+        assert (rl.mean_wait_s, rl.reconfigurations) != (fa.mean_wait_s, fa.reconfigurations)
+
+
+@pytest.mark.parametrize("bad", ["Network", "first-fit", "", 1, ["network"]])
+def test_an_unknown_placement_refuses_the_model(tmp_path, bad):
+    with pytest.raises(PolicyModelError, match="placement must be one of network, frag-aware"):
+        OnnxScorer(_card_with(tmp_path, placement=bad))

@@ -74,12 +74,16 @@ def test_a_broken_range_refuses_the_model(tmp_path, where, bad, match):
         OnnxScorer(_copy_model(tmp_path, edit))
 
 
-def test_jobs_without_time_limits_are_frag_awares_to_place(caplog):
+def _network_places(card: dict) -> None:
+    card["placement"] = "network"  # as a retrained candidate's card says; the shipped card leaves it to frag-aware
+
+
+def test_jobs_without_time_limits_are_frag_awares_to_place(caplog, tmp_path):
     """No training workload had a job without a time limit; on a queue of only such jobs every choice
     is outside the range, so rl is frag-aware, decision for decision, and says so."""
     w, spec = _without_limits(_small_heavy(), 1.0), ClusterSpec(2, 8)
     fa = compute_metrics(simulate(w, FragAwarePolicy(), spec))
-    pol = RLPolicy()
+    pol = RLPolicy(model_path=str(_copy_model(tmp_path, _network_places)))
     extras: list[int] = []
     decide = pol.decide
     pol.decide = lambda st: (d := decide(st), extras.append(d.extra.get("rl_outside_training_range", 0)))[0]
@@ -96,6 +100,7 @@ def test_without_a_range_the_network_decides_everything(tmp_path):
     """The check is what makes the difference: a card without ranges (older models) lets the networks
     decide on the same queue, and they leave frag-aware's choices."""
     def drop(card: dict) -> None:
+        _network_places(card)
         card.pop("feature_range")
         card["guard"].pop("feature_range")
 
@@ -112,12 +117,14 @@ def test_without_a_range_the_network_decides_everything(tmp_path):
 def test_inside_the_range_nothing_changes(tmp_path):
     """With time limits on every job the shipped ranges hold: same decisions as with no range at all."""
     def drop(card: dict) -> None:
+        _network_places(card)
         card.pop("feature_range")
         card["guard"].pop("feature_range")
 
     m = _copy_model(tmp_path, drop)
     w, spec = poisson_workload(400, gpus=16, load=0.95, seed=32), ClusterSpec(2, 8)
-    ranged = RLPolicy()
+    (tmp_path / "r").mkdir()
+    ranged = RLPolicy(model_path=str(_copy_model(tmp_path / "r", _network_places)))
     a = compute_metrics(simulate(w, ranged, spec))
     b = compute_metrics(simulate(w, RLPolicy(model_path=str(m)), spec))
     assert (a.mean_wait_s, a.reconfigurations) == (b.mean_wait_s, b.reconfigurations)

@@ -103,6 +103,7 @@ def test_smoke_training_exports_a_model_the_runtime_accepts(tmp_path):
     onnx = tmp_path / "run" / "model.onnx"
     written = json.loads((tmp_path / "run" / "model_card.json").read_text())
     assert written["feature_schema"] == FEATURE_SCHEMA and written["version"] == card["version"]
+    assert written["placement"] == "network"  # a trained network places; the shipped card is the exception
     assert not (tmp_path / "run" / "model.onnx.data").exists()  # one self-contained file
     rng_ = written["feature_range"]  # the rows trained on: the runtime lets the network decide only inside
     assert len(rng_["lo"]) == len(rng_["hi"]) == N_FEATURES and all(a <= b for a, b in zip(rng_["lo"], rng_["hi"]))
@@ -187,6 +188,7 @@ def test_retrain_on_a_db_gives_a_candidate_an_evaluation_and_a_decision(tmp_path
     shipped_guard = json.loads((ROOT / "policy" / "model_card.json").read_text())["guard"]
     cand_card = json.loads((Path(r["candidate"]["path"]).parent / "model_card.json").read_text())
     assert cand_card["guard"] == shipped_guard  # retraining fine-tunes placement; the guard is carried over
+    assert cand_card["placement"] == "network"  # the candidate's network places: that is what the replays judge
     parent = json.loads((ROOT / "policy" / "model_card.json").read_text())["feature_range"]
     got = cand_card["feature_range"]  # the parent's range widened by the rows fine-tuned on, never narrower
     assert all(a <= b for a, b in zip(got["lo"], parent["lo"])) and all(a >= b for a, b in zip(got["hi"], parent["hi"]))

@@ -44,7 +44,7 @@ def test_list_install_rollback(tmp_path, capsys):
     assert resolve_model_path() == SHIPPED_MODEL
 
     run_json(capsys, "policy", "install", str(model_dir(tmp_path, "a", version="v1", created=1.0)), "--json")
-    run_json(capsys, "policy", "install", str(model_dir(tmp_path, "b", version="v2", created=2.0)), "--json")
+    run_json(capsys, "policy", "install", str(model_dir(tmp_path, "b", version="v2", created=2.0, placement="network")), "--json")
     out = run_json(capsys, "policy", "list", "--json")
     assert out["active"] == "v2"
     assert [(v["version"], v["active"]) for v in out["versions"]] == [("default", False), ("v1", False), ("v2", True)]
@@ -62,6 +62,9 @@ def test_list_install_rollback(tmp_path, capsys):
     assert main(["policy", "list"]) == 0
     text = capsys.readouterr().out
     assert "* v2" in text and "default" in text
+    # who places single-instance jobs: the shipped card says frag-aware; v2's card, the network
+    assert [ln for ln in text.splitlines() if " default " in ln][0].count("places: frag-aware") == 1
+    assert "places: network" in [ln for ln in text.splitlines() if "* v2" in ln][0]
 
 
 def test_install_refuses_a_model_for_other_features(tmp_path, capsys):

@@ -292,6 +292,11 @@ def _session(ort, so, path: Path, what: str, input_name: str, width: int, schema
     return sess
 
 
+PLACEMENT_NETWORK = "network"
+PLACEMENT_FRAG_AWARE = "frag-aware"
+PLACEMENTS = (PLACEMENT_NETWORK, PLACEMENT_FRAG_AWARE)
+
+
 class OnnxScorer:
     """An ONNX model that maps candidate features [N, F] to logits [N] (onnxruntime, one thread)."""
 
@@ -327,6 +332,12 @@ class OnnxScorer:
         self.version = str(card.get("version", path.parent.name))
         self.output = self.session.get_outputs()[0].name
         self.range = _feature_range(card.get("feature_range"), FEATURE_NAMES, f"model {path}")
+        # Who places single-instance jobs: the network, or frag-aware (candidate 0) while the network has not
+        # been shown to do better (docs/rl-policy.md, "Who places"). Cards from before this key: the network.
+        self.placement = card.get("placement", PLACEMENT_NETWORK)
+        if self.placement not in PLACEMENTS:
+            raise PolicyModelError(f"model {path}: the card's placement must be one of {', '.join(PLACEMENTS)}, "
+                                   f"got {self.placement!r}")
         self.guard_session = None
         self.guard_range = None
         self.guard_options: tuple[float, ...] = ()
@@ -492,6 +503,8 @@ class RLPolicy(FragAwarePolicy):
             k = self.chooser(choice)
         else:
             sc = self.scorer()
+            if sc.placement == PLACEMENT_FRAG_AWARE:
+                return 0  # the card says the network does not place: frag-aware's choice; the guard still acts
             x = sc.np.asarray(choice.features, dtype=sc.np.float32)  # once: checked, then scored
             k = sc.pick(x) if self._inside(sc, x) else 0
         if not 0 <= k < len(choice.options):
