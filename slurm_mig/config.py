@@ -90,6 +90,7 @@ class PolicyConfig:
     shadow: str = ""  # a second policy run on the same state, logged, never acted on
     model_path: str = ""  # trained model (ONNX) for a learned policy
     fallback: str = "first-fit"  # used when the policy fails or returns an unsafe decision
+    rl_max_hold_h: float = 48.0  # rl: a whole-node reservation holds at most this long after submission
 
 
 @dataclass(frozen=True)
@@ -308,6 +309,7 @@ RULES: dict[str, dict[str, Callable]] = {
         "shadow": _policy_name(allow_empty=True),
         "model_path": _path(),
         "fallback": _policy_name(allow_empty=False),
+        "rl_max_hold_h": _number(0, exclusive=False, maximum=720),
     },
     "log": {
         "level": _choice(*LOG_LEVELS, fold=str.upper),

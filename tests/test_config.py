@@ -143,6 +143,8 @@ def test_bad_value_names_the_key_and_the_expectation(tmp_path):
     ('[slurm]\npartitions = "gpu"\n', '[slurm].partitions: expected an array of non-empty strings, got "gpu"'),
     ('[slurm]\ngres_name = "mig:3g"\n', '[slurm].gres_name: expected a GRES name'),
     ('[policy]\nname = ""\n', '[policy].name: expected a policy name'),
+    ('[policy]\nrl_max_hold_h = -1\n', '[policy].rl_max_hold_h: expected a number >= 0 and <= 720, got -1'),
+    ('[policy]\nrl_max_hold_h = "12h"\n', '[policy].rl_max_hold_h: expected a number >= 0 and <= 720, got "12h"'),
     ('[log]\nlevel = "loud"\n', '[log].level: expected one of "DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"'),
     ('controller = 1\n', "[controller] must be a table (a [controller] section), got 1"),
     ('port = 1\n', "unknown top-level key 'port'; keys belong in a section: [controller]"),

@@ -166,3 +166,43 @@ def test_store_copies_the_guard(tmp_path):
     assert (v.path.parent / _shipped_card()["guard"]["file"]).is_file()
     st.install("v1")
     assert OnnxScorer(v.path).guard_session is not None
+
+
+def _run(w, spec, **kw):
+    r = simulate(w, RLPolicy(**kw), spec, SimConfig(check=True))
+    return [(x.job.job_id, x.start) for x in r.jobs]
+
+
+def test_the_admins_cap_bounds_the_guards_hold():
+    """[policy].rl_max_hold_h: a guard asking for 48 h under a 6 h cap holds exactly as a 6 h guard does;
+    a 0 h cap is frag-aware's rule; the default (48 h) changes nothing."""
+    w, spec = multi_workload(seed=8, n=400), ClusterSpec(2, 8)
+    held48 = _run(w, spec, chooser=frag_aware_chooser, guard_chooser=lambda f: 48.0)
+    assert _run(w, spec, chooser=frag_aware_chooser, guard_chooser=lambda f: 48.0, max_hold_h=48.0) == held48
+    capped = _run(w, spec, chooser=frag_aware_chooser, guard_chooser=lambda f: 48.0, max_hold_h=6.0)
+    assert capped == _run(w, spec, chooser=frag_aware_chooser, guard_chooser=lambda f: 6.0)
+    assert capped != held48
+    fa = simulate(w, FragAwarePolicy(), spec)
+    zero = _run(w, spec, chooser=frag_aware_chooser, guard_chooser=lambda f: 48.0, max_hold_h=0.0)
+    assert zero == [(x.job.job_id, x.start) for x in fa.jobs]
+
+
+@pytest.mark.parametrize("bad", [-1, 721, "12", True, math.nan])
+def test_a_bad_cap_is_a_config_error(bad):
+    from slurm_mig.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="max_hold_h"):
+        RLPolicy(max_hold_h=bad)
+
+
+def test_the_controller_gives_rl_the_configured_cap(tmp_path):
+    from dataclasses import replace
+
+    from slurm_mig.config import Config, PolicyConfig
+    from slurm_mig.controller.service import _make_policy
+
+    cfg = replace(Config(), policy=PolicyConfig(name="rl", rl_max_hold_h=12.0))
+    assert _make_policy(cfg, "rl").max_hold_h == 12.0
+    assert _make_policy(cfg, "rl-candidate").max_hold_h == 12.0
+    assert _make_policy(Config(), "rl").max_hold_h == 48.0
+    assert not hasattr(_make_policy(cfg, "frag-aware"), "max_hold_h")

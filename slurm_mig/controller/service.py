@@ -135,9 +135,13 @@ def _gres_counts(layouts: dict[int, Layout]) -> dict[str, int] | None:
 
 
 def _make_policy(cfg, name: str):
-    """A policy by name; learned ones get the configured model file (they load it lazily, on first use)."""
-    if name.startswith("rl") and cfg.policy.model_path:
-        return get_policy(name, model_path=cfg.policy.model_path)
+    """A policy by name; learned ones get the configured model file (they load it lazily, on first use)
+    and the cap on how long their guard may hold a whole-node reservation back."""
+    if name.startswith("rl"):
+        opts = {"max_hold_h": cfg.policy.rl_max_hold_h}
+        if cfg.policy.model_path:
+            opts["model_path"] = cfg.policy.model_path
+        return get_policy(name, **opts)
     return get_policy(name)
 
 

@@ -51,7 +51,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from slurm_mig.errors import SlurmMigError
+from slurm_mig.errors import ConfigError, SlurmMigError
 from slurm_mig.policies._core import CONFLICT, INF, NO_ROOM, PLACED, Ctx, GpuInfo, carve_memo
 from slurm_mig.policies.base import ClusterState, Decision, PendingJob
 from slurm_mig.policies.frag_aware import SIZES, FragAwarePolicy
@@ -410,9 +410,14 @@ class RLPolicy(FragAwarePolicy):
     def __init__(self, *, model_path: str | None = None, max_candidates: int = 32,
                  chooser: Callable[[Choice], int] | None = None, candidate: bool = False,
                  learn_reservations: bool = True, reserve_guard_s: float = 2 * 3600.0,
-                 guard_chooser: Callable[[list[float]], float] | None = None,
+                 guard_chooser: Callable[[list[float]], float] | None = None, max_hold_h: float = 48.0,
                  explain_waiting: bool = True, **frag) -> None:
         super().__init__(explain_waiting=explain_waiting, **frag)
+        if isinstance(max_hold_h, bool) or not (isinstance(max_hold_h, (int, float)) and 0 <= max_hold_h <= 720):
+            raise ConfigError(f"rl: max_hold_h must be between 0 and 720 hours, got {max_hold_h!r}")
+        # the admin's bound on the guard: no whole-node reservation is held back longer than this after
+        # submission ([policy].rl_max_hold_h; 0 = frag-aware's reservations for multi-GPU jobs)
+        self.max_hold_h = float(max_hold_h)
         self.learn_reservations = learn_reservations
         # training: features -> guard hours (e.g. one option held for a whole episode); serving: None -> the
         # model's guard, if it has one
@@ -530,6 +535,7 @@ class RLPolicy(FragAwarePolicy):
         if job.count > 1:
             hours = self._guard_hours(ctx, job)
             if hours is not None:
+                hours = min(hours, self.max_hold_h)
                 r = reserve(job)
                 if r is not None:
                     # The node is held from `hours` after submission: until then any job that ends in time
