@@ -31,12 +31,13 @@ import argparse
 import json
 import math
 import random
-import statistics
 import sqlite3
+import statistics
 import sys
 import tempfile
 import time
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -49,7 +50,7 @@ from slurm_mig.sim.workloads import Workload, load_outcomes_db
 
 from training.evaluate import ci, run_case
 from training.guard import carry_guard
-from training.splits import Case, train_case, validation_cases
+from training.splits import Case, _window, train_case, validation_cases
 from training.train import Args, train
 
 MIN_JOBS = 10
@@ -71,23 +72,12 @@ def cluster_of(db: str | Path) -> tuple[int, int, str]:
     return len(per), max(per.values()), (models.most_common(1)[0][0] if models else "H100-80GB")
 
 
-def _window(w: Workload, lo: int, hi: int, name: str) -> Workload:
-    from dataclasses import replace
-
-    jobs = w.jobs[lo:hi]
-    t0 = jobs[0].submit_time if jobs else 0.0
-    return Workload(name, [replace(j, submit_time=j.submit_time - t0) for j in jobs], w.model, w.nodes,
-                    w.gpus_per_node, dict(w.meta))
-
-
 def replay_of(w: Workload, k: int, jitter: float, seed: int = 0) -> Workload:
     """Replay ``k`` of a recorded history: 0 is as recorded; k >= 1 moves each job's run time by a
     factor in [1 - jitter, 1 + jitter] (never past its time limit), deterministically for (k, seed).
     Job ids, order, submit times and limits stay, so the same jobs are scored in every replay."""
     if k == 0 or jitter <= 0:
         return w
-    from dataclasses import replace
-
     rng = random.Random(f"replay:{seed}:{k}")
     jobs = []
     for j in w.jobs:
@@ -194,7 +184,8 @@ def retrain(db: str | Path, *, store: str | Path | None = None, holdout: float =
     runs: dict[str, list[dict]] = {}
     # one instance per policy for all replays: decide() is pure, and each logs a feature outside its range once
     pols = (("candidate", RLPolicy(model_path=str(cand_path)).load()),
-            ("current", RLPolicy(model_path=str(cur_path)).load()), ("frag-aware", "frag-aware"), ("first-fit", "first-fit"))
+            ("current", RLPolicy(model_path=str(cur_path)).load()),
+            ("frag-aware", "frag-aware"), ("first-fit", "first-fit"))
     for k in range(replays):
         case = Case("recent", replay_of(w, k, jitter, seed), spec, seed, cut / n, 1.0)
         for label, pol in pols:
