@@ -53,7 +53,7 @@ import numpy as np
 import torch
 
 from slurm_mig.mig.profiles import GpuModel, get_model
-from slurm_mig.policies.rl import FEATURE_NAMES, FEATURE_SCHEMA, N_FEATURES, RLPolicy
+from slurm_mig.policies.rl import FEATURE_NAMES, FEATURE_SCHEMA, N_FEATURES, PLACEMENT_NETWORK, RLPolicy
 from slurm_mig.sim.engine import SimConfig, Simulator
 from training.env import MigPlacementEnv
 from training.evaluate import run_case
@@ -467,7 +467,7 @@ def train(args: Args, *, sample_case=None, init: dict | None = None, vcases: lis
         "version": time.strftime("%Y%m%d-%H%M%S") + f"-s{args.seed}",
         "algorithm": "behaviour cloning of frag-aware + PPO with counterfactual advantages, training/train.py",
         "network": f"shared MLP {N_FEATURES}-{args.hidden}-{args.hidden}-1 (tanh) per candidate, softmax over candidates",
-        "placement": "network",  # a freshly trained network places; the shipped card may say frag-aware (rl.py)
+        "placement": PLACEMENT_NETWORK,  # a freshly trained network places; the shipped card may say frag-aware
         "policy_options": {"max_candidates": args.max_candidates, "reservations": "frag-aware's",
                            "learn_reservations": True, "reserve_guard_s": RLPolicy().reserve_guard_s},
         "training_data": {"families": list(args.families), "seeds": ">= 1000 (python random, training/splits.py)",
