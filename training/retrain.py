@@ -99,13 +99,12 @@ def judge(candidate: list[dict], current: list[dict], margin: float) -> tuple[bo
     cur_w = statistics.fmean(b["mean_wait_s"] for b in current)
     mw, hw = ci(dw)
     mj, _ = ci(dj)
-    if len(dw) < 2 or math.isnan(hw):
-        hw = math.inf  # one replay gives no interval: never enough evidence
-    paired = {"replays": len(dw), "wait_diff_s": mw, "wait_diff_ci95_s": hw if math.isfinite(hw) else None,
+    interval = len(dw) >= 2 and math.isfinite(hw)  # one replay gives no interval: never enough evidence
+    paired = {"replays": len(dw), "wait_diff_s": mw, "wait_diff_ci95_s": hw if interval else None,
               "jct_diff_s": mj, "wait_diffs_s": dw}
     if not mw < -max(margin * cur_w, 1e-6):
         return False, "waits no less", paired
-    if not mw + hw < 0:
+    if not interval or mw + hw >= 0:
         return False, "is not reliably better (the paired 95 % interval reaches zero)", paired
     if mj > 1e-6:
         return False, "has a higher mean JCT", paired
@@ -195,7 +194,8 @@ def retrain(db: str | Path, *, store: str | Path | None = None, holdout: float =
     better, why, paired = judge(runs["candidate"], runs["current"], margin)
     cw, cj = evaluation["candidate"]["mean_wait_s"], evaluation["candidate"]["mean_jct_s"]
     uw, uj = evaluation["current"]["mean_wait_s"], evaluation["current"]["mean_jct_s"]
-    diff = f"paired difference {paired['wait_diff_s']:+.1f} +- {paired['wait_diff_ci95_s']:.1f} s, {replays} replays"
+    hw = paired["wait_diff_ci95_s"]
+    diff = f"paired difference {paired['wait_diff_s']:+.1f} +- {'?' if hw is None else f'{hw:.1f}'} s, {replays} replays"
     if better:
         metrics = {"candidate_mean_wait_s": cw, "current_mean_wait_s": uw, "candidate_mean_jct_s": cj,
                    "current_mean_jct_s": uj, "frag_aware_mean_wait_s": evaluation["frag-aware"]["mean_wait_s"],
