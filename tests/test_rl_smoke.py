@@ -94,6 +94,40 @@ def test_snapshot_branches_replay_exactly():
     assert branch["cost"] == pytest.approx(window_cost(main["timeline"], d, t + 3 * 3600), rel=1e-12)
 
 
+def test_probe_futures_hide_nothing_the_policy_sees_and_change_only_run_times():
+    import pickle
+
+    from training.probe import jittered
+    from training.train import run_greedy
+
+    fa = lambda x: -np.arange(len(x), dtype=np.float32)  # noqa: E731 - frag-aware's choice
+    c = train_case(random.Random(7), jobs=(200, 250), families=("poisson",))
+    main = run_greedy(c, fa, 32, record=True)
+    ds = sorted({p[0] for p in main["points"]})
+    d = ds[len(ds) // 2]
+    snap = run_greedy(c, fa, 32, snap_at={d})["snaps"][d]
+    t = next(t0 for dd, t0, *_ in main["timeline"] if dd == d)
+    assert jittered(snap, 0, 0.05) is snap
+    same = run_greedy(c, fa, 32, start=jittered(snap, 1, 0.0), t_end=t + 3 * 3600)["cost"]
+    assert same == pytest.approx(run_greedy(c, fa, 32, start=snap, t_end=t + 3 * 3600)["cost"], rel=1e-12)
+    sim0, state0, _ = pickle.loads(snap)
+    costs = set()
+    for redraw in (False, True):
+        sim, state, _ = pickle.loads(jittered(snap, 1, 0.05, redraw))
+        assert state == state0  # what the policy sees at the choice is the same
+        running = [r for r in sim.records.values() if r.start <= sim.now < r.end]
+        assert running
+        moved = 0
+        for r in running:
+            r0 = sim0.records[r.job.job_id]
+            assert sim.now < r.end <= r.start + max(r.job.time_limit_s, r0.duration) + 1e-6
+            moved += r.end != r0.end
+            assert (r.end, 0) in {(e[0], e[1]) for e in sim.events if e[3] == r.job.job_id}
+        assert moved  # the hidden run times did change
+        costs.add(run_greedy(c, fa, 32, start=jittered(snap, 1, 0.05, redraw), t_end=t + 3 * 3600)["cost"])
+    assert len(costs) == 2
+
+
 def test_smoke_training_exports_a_model_the_runtime_accepts(tmp_path):
     from training.train import parse_args, train
 
