@@ -178,6 +178,30 @@ def test_index_is_pure(name, first, second):
     assert _plain(used.decide(second)) == _plain(get_policy(name).decide(second))
 
 
+def test_reservation_heaps_name_gpu_infos_by_a_serial_that_never_repeats():
+    """The heaps' lazy deletion must tell a replaced GpuInfo from its successor. CPython gives a freed
+    object's address to the next one, so id() repeats at once (a reused policy then reserved by stale
+    facts, unlike a fresh one); the serial must not repeat."""
+    from slurm_mig.policies._core import ClusterIndex, GpuInfo, ModelTable
+
+    gs = GpuState("n0", 0, H100, parse_layout("3g@0,3g@4", H100))
+    t = ModelTable.of(H100)
+    addresses, serials = set(), set()
+    for _ in range(200):
+        info = GpuInfo(gs, t)
+        addresses.add(id(info))
+        serials.add(info.serial)
+        del info
+    assert len(serials) == 200
+    assert len(addresses) < 200  # what made id() unsafe here
+    idx = ClusterIndex()
+    idx.sync(ClusterState(0.0, (gs,), ()))
+    ki = idx.key("3g")
+    ki.build_heap(idx)
+    assert [e[-1] for e in ki.heap] == [idx.infos[0].serial]
+    assert idx.infos[0].clone().serial == -1  # working copies never enter a heap
+
+
 def _plain(d: Decision):
     return (tuple((c.key, c.target.slots) for c in d.changes), tuple((a.job_id, a.node, a.instances) for a in d.assignments))
 

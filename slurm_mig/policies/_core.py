@@ -22,7 +22,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import math
-from itertools import compress
+from itertools import compress, count
 from operator import is_not
 from typing import Iterable, Iterator
 
@@ -35,6 +35,7 @@ from slurm_mig.policies.base import (
 )
 
 INF = math.inf
+_SERIALS = count()  # GpuInfo.serial
 
 
 # ---------------------------------------------------------------------------
@@ -136,12 +137,16 @@ class GpuInfo:
     """What the dispatch loop needs to know about one GPU; a clone is a working copy."""
 
     __slots__ = ("gs", "t", "gidx", "node", "avail", "layout", "locked", "locked_mask", "locked_compute",
-                 "same", "ends", "busy_end", "free", "_cap", "_earliest", "_steps", "_sig")
+                 "same", "ends", "busy_end", "free", "_cap", "_earliest", "_steps", "_sig", "serial")
 
     def __init__(self, gs: GpuState | None, t: ModelTable | None = None, gidx: int = 0, node: int = 0,
                  now: float = 0.0) -> None:
         if gs is None:  # clone() fills the fields
             return
+        # Names this GpuInfo in the reservation heaps. Not id(): CPython hands a freed object's address
+        # to the next one, so an entry for a replaced GpuInfo could pass for the new one's and order
+        # GPUs by stale facts (measured: a reused policy then reserved differently from a fresh one).
+        self.serial = next(_SERIALS)
         self.gs = gs
         self.t = t
         self.gidx = gidx
@@ -205,6 +210,7 @@ class GpuInfo:
         c.free = {k: list(v) for k, v in self.free.items()}
         c._cap, c._earliest, c._steps = {}, {}, {}
         c._sig = self._sig
+        c.serial = -1  # working copies never enter the heaps
         return c
 
     # -- queries -------------------------------------------------------------
@@ -399,7 +405,7 @@ class KeyIndex:
             return
         e = info.earliest(pi, idx.carve)
         self.earliest[gidx] = e
-        heapq.heappush(self.heap, (e, info.locked_compute, idx.rank[gidx], gidx, id(info)))
+        heapq.heappush(self.heap, (e, info.locked_compute, idx.rank[gidx], gidx, info.serial))
 
     def build_heap(self, idx: "ClusterIndex") -> None:
         self.heap = []
@@ -634,7 +640,7 @@ class Ctx:
             while heap:
                 e, lc, rank, g, ident = heap[0]
                 info = idx.infos[g]
-                if id(info) != ident or ki.earliest.get(g) != e:
+                if info.serial != ident or ki.earliest.get(g) != e:
                     heapq.heappop(heap)
                     continue
                 if g in self.work or g in taken:
