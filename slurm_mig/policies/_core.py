@@ -186,7 +186,9 @@ class GpuInfo:
         """What decides which instances could still be carved here: GPUs with equal sigs are alike."""
         s = self._sig
         if s is None:
-            s = self._sig = (id(self.t), self.locked_mask, self.locked_compute, tuple(sorted(self.same.items())))
+            # the model's name, not id(self.t): a replaced table's address can be reused (see serial)
+            s = self._sig = (self.t.model.name, self.locked_mask, self.locked_compute,
+                             tuple(sorted(self.same.items())))
         return s
 
     def _refresh_free(self) -> None:
