@@ -76,6 +76,20 @@ def test_training_and_test_workloads_never_overlap():
         assert c.seed >= 1000 and c.name not in TEST_FAMILIES
 
 
+def _mid_snapshot(f):
+    """A small training case played greedily by ``f``: (case, recorded run, a middle decision, its
+    snapshot, its time)."""
+    from training.train import run_greedy
+
+    c = train_case(random.Random(7), jobs=(200, 250), families=("poisson",))
+    main = run_greedy(c, f, 32, record=True)
+    ds = sorted({p[0] for p in main["points"]})
+    d = ds[len(ds) // 2]
+    snap = run_greedy(c, f, 32, snap_at={d})["snaps"][d]
+    t = next(t0 for dd, t0, *_ in main["timeline"] if dd == d)
+    return c, main, d, snap, t
+
+
 def test_snapshot_branches_replay_exactly():
     from training.model import Scorer
     from training.train import run_greedy, window_cost
@@ -84,12 +98,7 @@ def test_snapshot_branches_replay_exactly():
     for p in m.parameters():
         torch.nn.init.normal_(p, std=0.3)
     f = m.numpy_forward()
-    c = train_case(random.Random(7), jobs=(200, 250), families=("poisson",))
-    main = run_greedy(c, f, 32, record=True)
-    ds = sorted({p[0] for p in main["points"]})
-    d = ds[len(ds) // 2]
-    snap = run_greedy(c, f, 32, snap_at={d})["snaps"][d]
-    t = next(t0 for dd, t0, *_ in main["timeline"] if dd == d)
+    c, main, d, snap, t = _mid_snapshot(f)
     branch = run_greedy(c, f, 32, start=snap, t_end=t + 3 * 3600)
     assert branch["cost"] == pytest.approx(window_cost(main["timeline"], d, t + 3 * 3600), rel=1e-12)
 
@@ -101,12 +110,7 @@ def test_probe_futures_hide_nothing_the_policy_sees_and_change_only_run_times():
     from training.train import run_greedy
 
     fa = lambda x: -np.arange(len(x), dtype=np.float32)  # noqa: E731 - frag-aware's choice
-    c = train_case(random.Random(7), jobs=(200, 250), families=("poisson",))
-    main = run_greedy(c, fa, 32, record=True)
-    ds = sorted({p[0] for p in main["points"]})
-    d = ds[len(ds) // 2]
-    snap = run_greedy(c, fa, 32, snap_at={d})["snaps"][d]
-    t = next(t0 for dd, t0, *_ in main["timeline"] if dd == d)
+    c, _main, _d, snap, t = _mid_snapshot(fa)
     assert jittered(snap, 0, 0.05) is snap
     same = run_greedy(c, fa, 32, start=jittered(snap, 1, 0.0), t_end=t + 3 * 3600)["cost"]
     assert same == pytest.approx(run_greedy(c, fa, 32, start=snap, t_end=t + 3 * 3600)["cost"], rel=1e-12)
