@@ -57,6 +57,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="replays of the recent history the comparison is paired over (default 5, at least 2)")
     q.add_argument("--jitter", type=float, default=0.05,
                    help="run times move by up to this share from the second replay on (default 0.05)")
+    q.add_argument("--hold-caps", default="0,6,12,24,48", metavar="H,H,...",
+                   help="also replay the current policy under these [policy].rl_max_hold_h values and show mean "
+                        "and longest wait for each (default 0,6,12,24,48; \"\" for none)")
     q.add_argument("--install", action="store_true", help="also make the candidate active when it is better")
     q.add_argument("--out", metavar="DIR", help="working folder (default: a temporary one)")
     q.set_defaults(func=_retrain)
@@ -169,7 +172,7 @@ def _retrain(args) -> int:
     mod = _training_module("retrain")
     report = mod.retrain(db, store=args.store, holdout=args.holdout, minutes=args.minutes,
                          iterations=args.iterations, seed=args.seed, replays=args.replays, jitter=args.jitter,
-                         install=args.install, out=args.out,
+                         hold_caps=args.hold_caps, install=args.install, out=args.out,
                          log=None if args.json else (lambda m: print(m, file=sys.stderr, flush=True)))
     if args.json:
         print(json.dumps(report, default=str))

@@ -233,6 +233,25 @@ def test_retrain_on_a_db_gives_a_candidate_an_evaluation_and_a_decision(tmp_path
     stored = (tmp_path / "store").is_dir() and any((tmp_path / "store").iterdir())
     assert stored == (r["decision"] == "stored")
     assert "decision:" in format_report(r)
+    caps = r["hold_caps"]["rows"]  # what [policy].rl_max_hold_h would have done, on the same replays
+    assert [c["cap_h"] for c in caps] == [0, 6, 12, 24, 48]
+    assert caps[0]["mean_wait_s"] == pytest.approx(r["evaluation"]["frag-aware"]["mean_wait_s"])  # 0 h: frag-aware
+    assert caps[-1]["mean_wait_s"] == pytest.approx(r["evaluation"]["current"]["mean_wait_s"])  # 48 h: as shipped
+    assert "rl_max_hold_h with the current policy" in format_report(r)
+
+
+@pytest.mark.parametrize("caps, message", [("6,x", "hours separated by commas"), ("-1", "between 0 and 720"),
+                                           ("800", "between 0 and 720"), ("nan", "between 0 and 720")])
+def test_retrain_refuses_bad_hold_caps_before_training(tmp_path, caps, message):
+    from slurm_mig.errors import ConfigError
+    from training.retrain import check_hold_caps, retrain
+
+    db = tmp_path / "state.db"
+    _fill_db(db)
+    with pytest.raises(ConfigError, match=message):
+        retrain(db, store=tmp_path / "store", minutes=0.1, iterations=1, out=tmp_path / "work", hold_caps=caps)
+    assert not (tmp_path / "work").exists()  # refused before anything was trained
+    assert check_hold_caps("48, 0,12,") == (0.0, 12.0, 48.0) and check_hold_caps("") == ()
 
 
 def _m(waits, jcts=None):

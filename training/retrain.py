@@ -55,6 +55,10 @@ from training.train import Args, train
 
 MIN_JOBS = 10
 
+# What [policy].rl_max_hold_h would have done on the site's own history: the trade-off between mean and
+# longest wait is the site's to choose (docs/rl-policy.md, "Bounding the hold"), so retrain shows it.
+HOLD_CAPS_H = (0.0, 6.0, 12.0, 24.0, 48.0)
+
 
 def cluster_of(db: str | Path) -> tuple[int, int, str]:
     """(nodes, GPUs per node, GPU model) from the DB's gpus table; (1, 8, H100-80GB) when it is empty."""
@@ -122,7 +126,8 @@ def current_model() -> tuple[str, Path, Path | None]:
 
 def retrain(db: str | Path, *, store: str | Path | None = None, holdout: float = 0.3, minutes: float = 5.0,
             iterations: int = 60, seed: int = 0, install: bool = False, out: str | Path | None = None,
-            margin: float = 0.005, replays: int = 5, jitter: float = 0.05, log=None) -> dict:
+            margin: float = 0.005, replays: int = 5, jitter: float = 0.05,
+            hold_caps: tuple[float, ...] = HOLD_CAPS_H, log=None) -> dict:
     torch.set_num_threads(1)
     say = log or (lambda m: None)
     if store is not None:
@@ -141,6 +146,7 @@ def retrain(db: str | Path, *, store: str | Path | None = None, holdout: float =
         raise ConfigError(f"--replays must be between 2 and 100 (one replay gives no interval), got {replays}")
     if not 0.0 <= jitter <= 0.5:
         raise ConfigError(f"--jitter must be between 0 and 0.5, got {jitter}")
+    hold_caps = check_hold_caps(hold_caps)
     spec = ClusterSpec(nodes, per_node, model_name)
     n_hold = max(1, int(round(holdout * n)))
     cut = n - n_hold
@@ -185,8 +191,8 @@ def retrain(db: str | Path, *, store: str | Path | None = None, holdout: float =
     pols = (("candidate", RLPolicy(model_path=str(cand_path)).load()),
             ("current", RLPolicy(model_path=str(cur_path)).load()),
             ("frag-aware", "frag-aware"), ("first-fit", "first-fit"))
-    for k in range(replays):
-        case = Case("recent", replay_of(w, k, jitter, seed), spec, seed, cut / n, 1.0)
+    cases = [Case("recent", replay_of(w, k, jitter, seed), spec, seed, cut / n, 1.0) for k in range(replays)]
+    for case in cases:
         for label, pol in pols:
             runs.setdefault(label, []).append(run_case(case, pol))
     evaluation = {label: {m: statistics.fmean(r[m] for r in rs) for m in ("mean_wait_s", "mean_jct_s", "max_wait_s")}
@@ -213,6 +219,7 @@ def retrain(db: str | Path, *, store: str | Path | None = None, holdout: float =
         reason = (f"candidate {why}: {cw:.1f} s vs {uw:.1f} s mean wait ({diff}), {cj:.1f} vs {uj:.1f} s mean JCT "
                   f"on the {n_hold} most recent jobs; nothing written")
         new_version = None
+    caps = _hold_caps_on(cases, cur_path, hold_caps, say)
     caution = (f"only {n_hold} held-out jobs: weak evidence either way; let more history accumulate"
                if n_hold < 50 else "")
     return {
@@ -225,8 +232,40 @@ def retrain(db: str | Path, *, store: str | Path | None = None, holdout: float =
                                                       card.get("validation_wait_ratio_vs_frag_aware")},
         "evaluation": evaluation, "paired": paired, "replays": replays, "jitter": jitter,
         "decision": decision, "new_version": new_version, "reason": reason,
-        "store": str(st.root),
+        "hold_caps": caps, "store": str(st.root),
     }
+
+
+def check_hold_caps(caps) -> tuple[float, ...]:
+    """The caps to replay, each 0..720 h like [policy].rl_max_hold_h; a string is comma-separated
+    ("" for none)."""
+    if isinstance(caps, str):
+        try:
+            caps = [float(c) for c in caps.split(",") if c.strip()]
+        except ValueError:
+            raise ConfigError(f"--hold-caps must be hours separated by commas (e.g. 0,12,48), got {caps!r}") from None
+    out = tuple(sorted({float(c) for c in caps}))
+    bad = [c for c in out if not (math.isfinite(c) and 0 <= c <= 720)]
+    if bad:
+        raise ConfigError(f"--hold-caps must lie between 0 and 720 hours, got {bad[0]:g}")
+    return out
+
+
+def _hold_caps_on(cases: list[Case], cur_path: Path, caps: tuple[float, ...], say) -> dict:
+    """The current policy under each cap, over the same replays: mean and longest wait."""
+    if not caps:
+        return {"skipped": "no caps asked for", "rows": []}
+    if not read_card(cur_path).get("guard"):
+        return {"skipped": "the current model has no reservation guard, so rl_max_hold_h changes nothing",
+                "rows": []}
+    say(f"replaying the current policy under rl_max_hold_h = {', '.join(f'{c:g}' for c in caps)} h")
+    rows = []
+    for cap in caps:
+        pol = RLPolicy(model_path=str(cur_path), max_hold_h=cap).load()
+        ms = [run_case(case, pol) for case in cases]
+        rows.append({"cap_h": cap, "mean_wait_s": statistics.fmean(m["mean_wait_s"] for m in ms),
+                     "max_wait_s": statistics.fmean(m["max_wait_s"] for m in ms)})
+    return {"skipped": "", "rows": rows}
 
 
 def format_report(r: dict) -> str:
@@ -246,6 +285,15 @@ def format_report(r: dict) -> str:
     lines.append(f"  {r['reason']}")
     if r.get("caution"):
         lines.append(f"  note: {r['caution']}")
+    caps = r.get("hold_caps") or {}
+    if caps.get("rows"):
+        lines.append(f"[policy].rl_max_hold_h with the current policy on the same replays (mean of {r['replays']}):")
+        for row in caps["rows"]:
+            what = " (frag-aware's reservations)" if row["cap_h"] == 0 else ""
+            lines.append(f"  {row['cap_h']:5g} h{what:28s} mean wait {row['mean_wait_s']:10.1f} s   "
+                         f"longest wait {row['max_wait_s'] / 3600:8.2f} h")
+    elif caps.get("skipped"):
+        lines.append(f"rl_max_hold_h: not replayed ({caps['skipped']})")
     return "\n".join(lines)
 
 
@@ -259,12 +307,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--replays", type=int, default=5)
     ap.add_argument("--jitter", type=float, default=0.05)
+    ap.add_argument("--hold-caps", default=",".join(f"{c:g}" for c in HOLD_CAPS_H))
     ap.add_argument("--install", action="store_true")
     ap.add_argument("--out", default=None)
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     r = retrain(a.db, store=a.store, holdout=a.holdout, minutes=a.minutes, iterations=a.iterations, seed=a.seed,
-                replays=a.replays, jitter=a.jitter, install=a.install, out=a.out,
+                replays=a.replays, jitter=a.jitter, hold_caps=a.hold_caps, install=a.install, out=a.out,
                 log=None if a.json else (lambda m: print(m, file=sys.stderr)))
     print(json.dumps(r, default=str) if a.json else format_report(r))
     return 0
