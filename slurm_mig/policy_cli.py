@@ -90,6 +90,8 @@ def _metric_line(card: dict) -> str:
 
 
 def _list(args) -> int:
+    from slurm_mig.policies.rl import PLACEMENT_NETWORK  # what a card without the key means
+
     st = _store(args)
     vs = st.versions()
     if args.json:
@@ -102,7 +104,7 @@ def _list(args) -> int:
         created = v.card.get("created")
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(created)) if created else "-"
         mark = "*" if v.active else " "
-        places = f"places: {v.card.get('placement', 'network')}"
+        places = f"places: {v.card.get('placement', PLACEMENT_NETWORK)}"
         print(f" {mark} {v.version:28s} {when:16s} {v.card.get('feature_schema', '?'):18s} {places:20s} "
               f"{_metric_line(v.card)}")
     return 0
