@@ -111,6 +111,7 @@ def futures_probe(a) -> int:
     fa = lambda x: -np.arange(len(x), dtype=np.float32)  # noqa: E731 - candidate 0, frag-aware's choice
     K, horizon = 32, a.horizon_h * 3600
     gains = []  # per choice: array [alternatives, futures] of job-hours saved against the greedy choice
+    rows, greedy_rows = [], []  # per choice: the alternatives' feature rows, and the greedy choice's (repeated)
     t0, episodes = time.time(), 0
     while time.time() - t0 < a.minutes * 60:
         case = train_case(rng)
@@ -132,11 +133,16 @@ def futures_probe(a) -> int:
                     r = run_greedy(case, fa, K, start=start, forced={(d, pos): alt}, t_end=t + horizon)
                     g[i, k] = (base - r["cost"]) / 3600.0
             gains.append(g)
+            rows.append(x[alts])
+            greedy_rows.append(np.repeat(x[:1], len(alts), axis=0))
             if time.time() - t0 >= a.minutes * 60:
                 break
     if len(gains) < 10:
         print(f"only {len(gains)} choices; run longer")
         return 1
+    if a.save:  # for a learner's look at the same data (docs/rl-policy.md, "Is a placement's gain ...")
+        np.savez(a.save, gains=np.concatenate(gains), rows=np.concatenate(rows), base=np.concatenate(greedy_rows),
+                 choice=np.concatenate([np.full(len(g), i) for i, g in enumerate(gains)]))
     G = np.concatenate(gains)  # [alternatives over all choices, futures]
     n = len(G)
     print(f"{a.kind}: {len(gains)} choices, {n} alternatives to frag-aware's choice, {episodes} episodes, "
@@ -177,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jitter", type=float, default=0.05, help="run-time jitter of the futures 1..N-1")
     ap.add_argument("--redraw", action="store_true",
                     help="futures 1..N-1 redraw run times from the limits (what the policy knows), not a jitter")
+    ap.add_argument("--save", default="", help="with --futures: write the gains and feature rows to this .npz")
     ap.add_argument("--points", type=int, default=4, help="choices per episode with --futures")
     ap.add_argument("--alternatives", type=int, default=3, help="alternatives per choice with --futures")
     a = ap.parse_args(argv)
