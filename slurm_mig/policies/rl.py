@@ -514,14 +514,12 @@ class RLPolicy(FragAwarePolicy):
             raise PolicyModelError(f"chooser picked candidate {k} of {len(choice.options)}")
         return k
 
-    def _network_places(self) -> bool:
-        """Whether placements (and the reserve-now-or-not choice) are the network's: a training chooser, or a
-        card whose ``placement`` is "network". Otherwise frag-aware's own code decides them, and the candidate
-        features are never computed; the guard still acts."""
-        return self.chooser is not None or self.scorer().placement == PLACEMENT_NETWORK
-
     def begin(self, ctx: Ctx, state: ClusterState) -> None:
         super().begin(ctx, state)
+        # Whether placements (and the reserve-now-or-not choice) are the network's this decision: a training
+        # chooser, or a card whose ``placement`` is "network". Otherwise frag-aware's own code decides them
+        # and the candidate features are never computed; the guard still acts.
+        self._network_places = self.chooser is not None or self.scorer().placement == PLACEMENT_NETWORK
         self._busy = self._cluster_busy(ctx.idx)
         self._queue = math.log1p(len(state.pending)) / 5.0
         self._state = state
@@ -546,7 +544,7 @@ class RLPolicy(FragAwarePolicy):
                     # may still start there; one that would outlast it may not, so the node drains by then.
                     r.t = max(r.t, job.submit_time + hours * 3600.0)
                 return r
-        if not self.learn_reservations or not self._network_places():
+        if not self.learn_reservations or not self._network_places:
             return reserve(job)
         if ctx.reservations or ctx.now - job.submit_time >= self.reserve_guard_s:
             return reserve(job)
@@ -828,7 +826,7 @@ class RLPolicy(FragAwarePolicy):
         return rows
 
     def place(self, ctx: Ctx, job: PendingJob, end: float):
-        if job.count != 1 or not self._network_places():  # several instances: frag-aware's node search
+        if job.count != 1 or not self._network_places:  # several instances: frag-aware's node search
             return super().place(ctx, job, end)
         options, conflicted = self.candidates(ctx, job, end)
         if not options:
