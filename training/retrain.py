@@ -43,7 +43,7 @@ from pathlib import Path
 import torch
 
 from slurm_mig.errors import ConfigError
-from slurm_mig.policies.rl import SHIPPED_MODEL, RLPolicy, read_card, resolve_model_path
+from slurm_mig.policies.rl import MAX_HOLD_H, SHIPPED_MODEL, RLPolicy, read_card, resolve_model_path
 from slurm_mig.policy_registry import DEFAULT, PolicyStore
 from slurm_mig.sim.engine import ClusterSpec
 from slurm_mig.sim.workloads import Workload, load_outcomes_db
@@ -237,7 +237,7 @@ def retrain(db: str | Path, *, store: str | Path | None = None, holdout: float =
 
 
 def check_hold_caps(caps) -> tuple[float, ...]:
-    """The caps to replay, each 0..720 h like [policy].rl_max_hold_h; a string is comma-separated
+    """The caps to replay, each 0..MAX_HOLD_H h like [policy].rl_max_hold_h; a string is comma-separated
     ("" for none)."""
     if isinstance(caps, str):
         try:
@@ -245,9 +245,9 @@ def check_hold_caps(caps) -> tuple[float, ...]:
         except ValueError:
             raise ConfigError(f"--hold-caps must be hours separated by commas (e.g. 0,12,48), got {caps!r}") from None
     out = tuple(sorted({float(c) for c in caps}))
-    bad = [c for c in out if not (math.isfinite(c) and 0 <= c <= 720)]
+    bad = [c for c in out if not (math.isfinite(c) and 0 <= c <= MAX_HOLD_H)]
     if bad:
-        raise ConfigError(f"--hold-caps must lie between 0 and 720 hours, got {bad[0]:g}")
+        raise ConfigError(f"--hold-caps must lie between 0 and {MAX_HOLD_H:g} hours, got {bad[0]:g}")
     return out
 
 

@@ -292,6 +292,8 @@ def _session(ort, so, path: Path, what: str, input_name: str, width: int, schema
     return sess
 
 
+MAX_HOLD_H = 720.0  # 30 days: the longest a guard option or [policy].rl_max_hold_h may hold (config.py: the same)
+
 PLACEMENT_NETWORK = "network"
 PLACEMENT_FRAG_AWARE = "frag-aware"
 PLACEMENTS = (PLACEMENT_NETWORK, PLACEMENT_FRAG_AWARE)
@@ -355,8 +357,8 @@ class OnnxScorer:
             raise PolicyModelError(f"model {path}: the guard's feature list differs from this slurm-mig's")
         opts = g.get("options_h")
         if (not isinstance(opts, list) or not opts
-                or not all(isinstance(o, (int, float)) and 0 <= o <= 24 * 30 for o in opts)):
-            raise PolicyModelError(f"model {path}: the guard's options_h must be a list of hours (0-720)")
+                or not all(isinstance(o, (int, float)) and 0 <= o <= MAX_HOLD_H for o in opts)):
+            raise PolicyModelError(f"model {path}: the guard's options_h must be a list of hours (0-{MAX_HOLD_H:g})")
         name = g.get("file")
         if not isinstance(name, str) or not name or "/" in name or name.startswith("."):
             raise PolicyModelError(f"model {path}: the guard's file must be a plain file name beside the model")
@@ -413,8 +415,8 @@ class RLPolicy(FragAwarePolicy):
                  guard_chooser: Callable[[list[float]], float] | None = None, max_hold_h: float = 48.0,
                  explain_waiting: bool = True, **frag) -> None:
         super().__init__(explain_waiting=explain_waiting, **frag)
-        if isinstance(max_hold_h, bool) or not (isinstance(max_hold_h, (int, float)) and 0 <= max_hold_h <= 720):
-            raise ConfigError(f"rl: max_hold_h must be between 0 and 720 hours, got {max_hold_h!r}")
+        if isinstance(max_hold_h, bool) or not (isinstance(max_hold_h, (int, float)) and 0 <= max_hold_h <= MAX_HOLD_H):
+            raise ConfigError(f"rl: max_hold_h must be between 0 and {MAX_HOLD_H:g} hours, got {max_hold_h!r}")
         # the admin's bound on the guard: no whole-node reservation is held back longer than this after
         # submission ([policy].rl_max_hold_h; 0 = frag-aware's reservations for multi-GPU jobs)
         self.max_hold_h = float(max_hold_h)
