@@ -41,6 +41,7 @@ from slurm_mig.policies.rl import FEATURE_NAMES
 from slurm_mig.sim.engine import _END, INF, base_kind
 from training.env import MigPlacementEnv
 from training.model import Scorer
+from training.retrain import moved
 from training.splits import train_case
 from training.train import (RES, counterfactual_batch, distinct, masked_log_softmax, pad, play, run_greedy,
                             soft_teacher, teacher)
@@ -85,12 +86,9 @@ def jittered(snap: bytes, k: int, jitter: float, redraw: bool = False) -> bytes:
         run_kind = base_kind(rec.instances[0][1].profile) if rec.instances else rec.run_profile
         for _ in range(50):
             if redraw and j.time_limit_s:
-                dur = j.time_limit_s / math.exp(rng.uniform(0.0, math.log(4.0)))
+                new = replace(j, duration_s=max(1.0, j.time_limit_s / math.exp(rng.uniform(0.0, math.log(4.0)))))
             else:
-                dur = j.duration_s * (1.0 + rng.uniform(-jitter, jitter))
-                if j.time_limit_s:
-                    dur = min(dur, j.time_limit_s)
-            new = replace(j, duration_s=max(1.0, dur))
+                new = moved(j, rng, jitter)  # as retrain's replays move run times
             if rec.start == INF or rec.start + new.duration_on(run_kind) > now:
                 break
         else:

@@ -46,7 +46,7 @@ from slurm_mig.errors import ConfigError
 from slurm_mig.policies.rl import MAX_HOLD_H, SHIPPED_MODEL, RLPolicy, read_card, resolve_model_path
 from slurm_mig.policy_registry import DEFAULT, PolicyStore
 from slurm_mig.sim.engine import ClusterSpec
-from slurm_mig.sim.workloads import Workload, load_outcomes_db
+from slurm_mig.sim.workloads import Job, Workload, load_outcomes_db
 
 from training.evaluate import ci, run_case
 from training.guard import carry_guard
@@ -83,13 +83,17 @@ def replay_of(w: Workload, k: int, jitter: float, seed: int = 0) -> Workload:
     if k == 0 or jitter <= 0:
         return w
     rng = random.Random(f"replay:{seed}:{k}")
-    jobs = []
-    for j in w.jobs:
-        d = j.duration_s * (1.0 + rng.uniform(-jitter, jitter))
-        if j.time_limit_s:
-            d = min(d, j.time_limit_s)
-        jobs.append(replace(j, duration_s=max(1.0, d)))
-    return Workload(w.name, jobs, w.model, w.nodes, w.gpus_per_node, dict(w.meta))
+    return Workload(w.name, [moved(j, rng, jitter) for j in w.jobs], w.model, w.nodes, w.gpus_per_node,
+                    dict(w.meta))
+
+
+def moved(j: Job, rng: random.Random, jitter: float) -> Job:
+    """``j`` with its run time moved by a factor in [1 - jitter, 1 + jitter], never past its time limit
+    (one draw from ``rng``)."""
+    d = j.duration_s * (1.0 + rng.uniform(-jitter, jitter))
+    if j.time_limit_s:
+        d = min(d, j.time_limit_s)
+    return replace(j, duration_s=max(1.0, d))
 
 
 def judge(candidate: list[dict], current: list[dict], margin: float) -> tuple[bool, str, dict]:
