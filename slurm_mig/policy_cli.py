@@ -57,7 +57,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="replays of the recent history the comparison is paired over (default 5, at least 2)")
     q.add_argument("--jitter", type=float, default=0.05,
                    help="run times move by up to this share from the second replay on (default 0.05)")
-    q.add_argument("--hold-caps", default="0,6,12,24,48", metavar="H,H,...",
+    q.add_argument("--hold-caps", default=None, metavar="H,H,...",
                    help="also replay the current policy under these [policy].rl_max_hold_h values and show mean "
                         "and longest wait for each (default 0,6,12,24,48; \"\" for none)")
     q.add_argument("--install", action="store_true", help="also make the candidate active when it is better")

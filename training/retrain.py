@@ -131,7 +131,7 @@ def current_model() -> tuple[str, Path, Path | None]:
 def retrain(db: str | Path, *, store: str | Path | None = None, holdout: float = 0.3, minutes: float = 5.0,
             iterations: int = 60, seed: int = 0, install: bool = False, out: str | Path | None = None,
             margin: float = 0.005, replays: int = 5, jitter: float = 0.05,
-            hold_caps: tuple[float, ...] = HOLD_CAPS_H, log=None) -> dict:
+            hold_caps: tuple[float, ...] | str | None = None, log=None) -> dict:
     torch.set_num_threads(1)
     say = log or (lambda m: None)
     if store is not None:
@@ -150,7 +150,7 @@ def retrain(db: str | Path, *, store: str | Path | None = None, holdout: float =
         raise ConfigError(f"--replays must be between 2 and 100 (one replay gives no interval), got {replays}")
     if not 0.0 <= jitter <= 0.5:
         raise ConfigError(f"--jitter must be between 0 and 0.5, got {jitter}")
-    hold_caps = check_hold_caps(hold_caps)
+    hold_caps = check_hold_caps(HOLD_CAPS_H if hold_caps is None else hold_caps)
     spec = ClusterSpec(nodes, per_node, model_name)
     n_hold = max(1, int(round(holdout * n)))
     cut = n - n_hold
@@ -223,7 +223,8 @@ def retrain(db: str | Path, *, store: str | Path | None = None, holdout: float =
         reason = (f"candidate {why}: {cw:.1f} s vs {uw:.1f} s mean wait ({diff}), {cj:.1f} vs {uj:.1f} s mean JCT "
                   f"on the {n_hold} most recent jobs; nothing written")
         new_version = None
-    caps = _hold_caps_on(cases, cur_path, hold_caps, say)
+    cur_pol = pols[1][1]  # its runs above are the row of its own cap
+    caps = _hold_caps_on(cases, cur_path, hold_caps, say, known={cur_pol.max_hold_h: runs["current"]})
     caution = (f"only {n_hold} held-out jobs: weak evidence either way; let more history accumulate"
                if n_hold < 50 else "")
     return {
@@ -255,8 +256,10 @@ def check_hold_caps(caps) -> tuple[float, ...]:
     return out
 
 
-def _hold_caps_on(cases: list[Case], cur_path: Path, caps: tuple[float, ...], say) -> dict:
-    """The current policy under each cap, over the same replays: mean and longest wait."""
+def _hold_caps_on(cases: list[Case], cur_path: Path, caps: tuple[float, ...], say,
+                  known: dict[float, list[dict]] | None = None) -> dict:
+    """The current policy under each cap, over the same replays: mean and longest wait. ``known``: the
+    runs already made under some cap (not replayed again)."""
     if not caps:
         return {"skipped": "no caps asked for", "rows": []}
     if not read_card(cur_path).get("guard"):
@@ -265,8 +268,10 @@ def _hold_caps_on(cases: list[Case], cur_path: Path, caps: tuple[float, ...], sa
     say(f"replaying the current policy under rl_max_hold_h = {', '.join(f'{c:g}' for c in caps)} h")
     rows = []
     for cap in caps:
-        pol = RLPolicy(model_path=str(cur_path), max_hold_h=cap).load()
-        ms = [run_case(case, pol) for case in cases]
+        ms = (known or {}).get(cap)
+        if ms is None:
+            pol = RLPolicy(model_path=str(cur_path), max_hold_h=cap).load()
+            ms = [run_case(case, pol) for case in cases]
         rows.append({"cap_h": cap, "mean_wait_s": statistics.fmean(m["mean_wait_s"] for m in ms),
                      "max_wait_s": statistics.fmean(m["max_wait_s"] for m in ms)})
     return {"skipped": "", "rows": rows}
@@ -311,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--replays", type=int, default=5)
     ap.add_argument("--jitter", type=float, default=0.05)
-    ap.add_argument("--hold-caps", default=",".join(f"{c:g}" for c in HOLD_CAPS_H))
+    ap.add_argument("--hold-caps", default=None)
     ap.add_argument("--install", action="store_true")
     ap.add_argument("--out", default=None)
     ap.add_argument("--json", action="store_true")
