@@ -455,3 +455,75 @@ def test_a_mig_job_running_without_its_prolog_is_requeued(rig, caplog):
                                submit_time=int(t[0]) - 300, start_time=int(t[0]) - 200, priority=1)]
     rig.fake.calls.clear()
     assert rig.tick()["requeued_unbound"] == 0 and all(c[0] != "requeue" for c in rig.fake.calls)
+
+
+# -- Slurm starting jobs while the controller changes a node's counts -----------------------------
+
+def _race_rig(rig, *, slip: bool):
+    """n1 (one H100) holds two idle 3g instances and Slurm advertises mig:3g:2; a 7g job waits, so the
+    policy re-carves the GPU to 7g@0. With ``slip``, Slurm starts a 3g job on n1 under the old counts
+    at the moment the controller's first Gres update arrives: after its squeue, before the new counts."""
+    now = time.time()
+    rig.store.replace_observed("n1", H100, [{"gpu": 0, "profile": "3g.40gb", "start": s, "uuid": f"MIG-{s}",
+                                              "in_use": False} for s in (0, 4)], now=now)
+    rig.fake.queue = [SlurmJob(job_id=2, name="b", user="bob", state="PENDING", mig={"7g": 1},
+                               tres_per_node="gres:mig:7g:1", submit_time=int(now) - 60, priority=5)]
+    gres = {"3g": 2, "pad": 5}
+    rig.fake.nodes = lambda: [SlurmNode(name="n1", state="idle", gres=dict(gres), gres_used={})]
+    orig = rig.fake.update_node_gres
+
+    def update(node, counts, **kw):
+        if slip and not any(j.job_id == 3 for j in rig.fake.queue):
+            rig.fake.queue.append(SlurmJob(job_id=3, name="c", user="carol", state="RUNNING", nodes=["n1"],
+                                           mig={"3g": 1}, tres_per_node="gres:mig:3g:1", submit_time=int(now),
+                                           start_time=int(now), priority=1))
+        gres.clear()
+        gres.update(counts)
+        return orig(node, counts, **kw)
+
+    rig.fake.update_node_gres = update
+    return [c for c in rig.fake.calls if c[0] == "gres"]
+
+
+def test_counts_drop_before_a_recarve_is_committed_and_rise_after(rig):
+    """Without a race the tick withdraws the 3g instances from Slurm first (nothing new advertised yet),
+    checks squeue, then commits the 7g layout and advertises it: one tick, two Gres updates in that order."""
+    _race_rig(rig, slip=False)
+    summary = rig.tick()
+    gres = [c[2] for c in rig.fake.calls if c[0] == "gres"]
+    assert gres[0].get("3g", 0) == 0 and gres[0].get("7g", 0) == 0, gres
+    assert gres[-1].get("7g") == 1 and gres[-1].get("3g", 0) == 0, gres
+    assert str(rig.store.desired("n1")[0].spec) == "7g@0" and summary["changes"] == 1
+    assert rig.metrics.counters.get(("slurm_mig_gres_races_total", ()), 0) == 0
+
+
+def test_a_job_slurm_starts_under_the_old_counts_keeps_its_instance(rig):
+    """Seen on the demo cluster: Slurm's backfill started 14 jobs 20-500 ms after the controller's squeue,
+    under the old counts, and the re-carve decided without them destroyed their instances: 2-5 of 24
+    jobs requeued. Now the tick sees the 3g job after withdrawing, decides again with it, and the 3g it
+    was given survives: no 7g@0, Slurm keeps advertising a 3g, the job's Prolog binds an existing one."""
+    _race_rig(rig, slip=True)
+    rig.tick()
+    desired = rig.store.desired("n1").get(0)
+    assert desired is None or "3g@" in desired.spec, desired
+    last = [c[2] for c in rig.fake.calls if c[0] == "gres"][-1]
+    assert last.get("3g", 0) >= 1 and last.get("7g", 0) == 0, rig.fake.calls
+    assert rig.metrics.counters[("slurm_mig_gres_races_total", ())] == 1
+    assert any("job(s) 3 on n1" in e.message for e in rig.store.recent_events(20, kind="gres"))
+    status, resp = post(rig, "/v1/prolog", {"job_id": "3", "node": "n1", "observed": OBSERVED, "bindings": {}})
+    assert status == 200 and resp["action"] == "bind", resp
+    assert resp["instances"][0]["profile"] == "3g.40gb" and not resp["targets"], resp
+
+
+def test_a_failed_squeue_after_withdrawing_holds_the_recarve_back(rig):
+    """If squeue fails right after the counts were lowered, the controller cannot know whether Slurm
+    started a job there: the re-carve waits for the next tick and Slurm gets the old counts back."""
+    _race_rig(rig, slip=False)
+    answers = iter([list(rig.fake.queue), None])
+    rig.fake.jobs = lambda: next(answers, list(rig.fake.queue))
+    summary = rig.tick()
+    assert summary["changes"] == 0 and 0 not in rig.store.desired("n1")
+    last = [c[2] for c in rig.fake.calls if c[0] == "gres"][-1]
+    assert last.get("3g") == 2 and last.get("7g", 0) == 0, rig.fake.calls
+    rig.tick()
+    assert str(rig.store.desired("n1")[0].spec) == "7g@0"

@@ -2,9 +2,11 @@
 
 Each tick (apscheduler, every ``[controller].tick_interval_s``):
   1. read jobs and nodes from Slurm (a failed query is stale data: that part is skipped, not a crash);
-  2. in ONE store transaction: sync jobs, build the ClusterState, ask the policy (falling back to the
-     configured heuristic on error or an unsafe decision), record desired layouts, the decision and
-     planned journal entries;
+  2. in one store transaction: sync jobs, build the ClusterState, ask the policy (falling back to the
+     configured heuristic on error or an unsafe decision);
+  2b. where the decision lowers a node's counts, lower them in Slurm first and ask squeue again: a job
+     Slurm started meanwhile under the old counts makes the tick decide again with it (_withdraw_first);
+  2c. in a second transaction: record desired layouts, the decision and planned journal entries;
   3. keep each node's GRES counts equal to the instances that exist or are about to exist,
      re-asserting them after a slurmctld restart or `scontrol reconfigure`, and nudging Slurm when
      pending jobs could run but are stuck (FACTS §4: a type that came back is not reconsidered).
@@ -41,6 +43,8 @@ JOURNAL_TIMEOUT_S = 600.0
 # A job that ended in Slurm without an Epilog report for this long (at least two health-check intervals)
 # gets its outcome from Slurm's own record.
 EPILOG_GRACE_S = 60.0
+# How often one tick decides again when Slurm keeps starting jobs on nodes whose counts it is lowering.
+WITHDRAW_ROUNDS = 3
 
 
 @dataclass
@@ -199,9 +203,15 @@ class Controller:
                 if nodes is not None:
                     self._sync_nodes(nodes)
                 self._expire_journal(now)
-                summary.update(self._decide(now))
+                plan = self._plan(now)
+            gres_now = {n.name: {t: n.gres.get(t, 0) for t in GRES_TYPES} for n in nodes or []}
+            held_back: set[str] = set()
+            if jobs is not None and nodes is not None:
+                plan, jobs, now, held_back = self._withdraw_first(plan, jobs, nodes, gres_now, now)
+            with self.store.transaction():
+                summary.update(self._commit(plan, now, held_back))
             if nodes is not None:
-                summary["gres_updates"] = self._assert_gres(nodes, jobs or [], now)
+                summary["gres_updates"] = self._assert_gres(nodes, jobs or [], now, gres_now)
             if jobs is not None:
                 summary["requeued_unbound"] = self._requeue_unbound(jobs, now)
             self._update_gauges()
@@ -376,7 +386,8 @@ class Controller:
                 self.store.add_event("journal", f"reconfiguration {e.id} of {e.node}/{e.gpu} abandoned",
                                      node=e.node, now=now)
 
-    def _decide(self, now: float) -> dict:
+    def _plan(self, now: float) -> "_Plan":
+        """Ask the policy (or the fallback) about the stored state; nothing is written but metrics."""
         state = self.store.cluster_state(now, stale_after_s=self.cfg.controller.node_stale_after_s)
         self.metrics.clear_gauge("slurm_mig_queue_depth")
         depth: dict[str, int] = {kind_of_gres(t): 0 for t in GRES_TYPES}
@@ -385,7 +396,7 @@ class Controller:
         for p, n in depth.items():
             self.metrics.set("slurm_mig_queue_depth", (("profile", p),), n)
         if not state.gpus:
-            return {"pending": len(state.pending), "changes": 0}
+            return _Plan(state)
         t0 = time.perf_counter()
         decision, used = None, self.policy
         try:
@@ -404,8 +415,23 @@ class Controller:
         latency = (time.perf_counter() - t0) * 1000
         self.metrics.observe("slurm_mig_policy_latency_seconds", latency / 1000, (0.001, 0.01, 0.1, 0.5, 1, 5))
         if decision is None:
-            return {"pending": len(state.pending), "changes": 0}
+            return _Plan(state)
         busy_gpus = {(e.node, e.gpu) for e in self.store.open_journal_entries()}
+        changes = []
+        for ch in decision.changes:
+            if (ch.node, ch.gpu) in busy_gpus:
+                continue  # one reconfiguration at a time per GPU
+            g = state.gpu(ch.key)
+            steps = plan_transition(g.layout, ch.target, g.locked)
+            if steps:
+                changes.append((ch, g.layout, steps))
+        return _Plan(state, decision, used, latency, changes)
+
+    def _commit(self, plan: "_Plan", now: float, held_back: set[str] = frozenset()) -> dict:
+        """Record the plan's decision and its desired layouts, except on nodes in ``held_back``."""
+        state, decision, used = plan.state, plan.decision, plan.used
+        if decision is None:
+            return {"pending": len(state.pending), "changes": 0}
         if not state.pending and not decision.changes:
             return {"pending": 0, "changes": 0, "policy": used.name}  # nothing to explain: keep the DB small
         signature = (tuple((c.key, str(c.target)) for c in decision.changes),
@@ -414,19 +440,15 @@ class Controller:
         if signature != self._last_signature:
             # The same decision tick after tick (jobs waiting for the same reason) is recorded once.
             self._last_signature = signature
-            decision_id = self.store.record_decision(decision, state=state, latency_ms=latency, now=now)
+            decision_id = self.store.record_decision(decision, state=state, latency_ms=plan.latency, now=now)
         applied = 0
-        for ch in decision.changes:
-            if (ch.node, ch.gpu) in busy_gpus:
-                continue  # one reconfiguration at a time per GPU
-            g = state.gpu(ch.key)
-            steps = plan_transition(g.layout, ch.target, g.locked)
-            if not steps:
+        for ch, layout, steps in plan.changes:
+            if ch.node in held_back:
                 continue
             self.store.set_desired(ch.node, ch.gpu, ch.target, used.name, ch.reason, now=now)
-            self.store.journal_begin(ch.node, ch.gpu, g.layout, ch.target, steps, decision_id=decision_id,
+            self.store.journal_begin(ch.node, ch.gpu, layout, ch.target, steps, decision_id=decision_id,
                                      started=False, now=now)
-            self.store.add_event("layout", f"{ch.key}: {g.layout} -> {ch.target} ({ch.reason})", node=ch.node,
+            self.store.add_event("layout", f"{ch.key}: {layout} -> {ch.target} ({ch.reason})", node=ch.node,
                                  details={"decision": decision_id}, now=now)
             applied += 1
         self.store.set_meta("reservations", {a.job_id: {"node": a.node, "instances": [[gi, s.profile, s.start]
@@ -440,6 +462,81 @@ class Controller:
                 log.warning("shadow policy %s failed: %s", self.shadow.name, exc)
         return {"pending": len(state.pending), "changes": applied, "assignments": len(decision.assignments),
                 "policy": used.name}
+
+    def _withdraw_first(self, plan: "_Plan", jobs, nodes, gres_now: dict, now: float):
+        """Take instances a plan destroys out of Slurm's counts before the plan is committed.
+
+        Slurm allocates jobs against the counts it has until the new ones arrive. A job it starts
+        between our squeue and our Gres update holds an instance the plan is about to destroy, and
+        its Prolog then finds no room (or takes another job's) and requeues it: seen on the demo
+        cluster, where one backfill pass started 14 jobs 20-500 ms after the squeue. So a node
+        whose counts would drop first gets the lower of old and new counts per type (nothing new
+        is advertised yet), then squeue is asked again: if Slurm started a MIG job on such a node
+        meanwhile, the tick decides again with it; after WITHDRAW_ROUNDS such rounds, or if a
+        step fails, that node's changes wait for the next tick. Returns the plan to commit, the
+        jobs and time it saw, and the nodes held back.
+        """
+        by_name = {n.name: n for n in nodes}
+        held_back: set[str] = set()
+        for rounds in range(1, WITHDRAW_ROUNDS + 1):
+            shrinking = self._shrinking(plan, by_name, gres_now)
+            if not shrinking:
+                return plan, jobs, now, held_back
+            held_back = set()
+            for node, low in shrinking.items():
+                try:
+                    pad_to = self._pad_total(by_name[node], low, len(self.intended_layouts(node)), now)
+                    value = self.slurm.update_node_gres(node, low, pad_to=pad_to)
+                except SlurmMigError as exc:
+                    self.metrics.inc("slurm_mig_gres_update_failures_total")
+                    log.warning("GRES update of %s failed: %s; its re-carve waits", node, exc)
+                    held_back.add(node)
+                    continue
+                self._gres_set[node] = (value, now)
+                gres_now[node] = low
+            fresh = self.slurm.jobs()
+            if fresh is None:
+                log.warning("Slurm query failed after withdrawing instances on %s: their re-carve waits",
+                            ", ".join(sorted(shrinking)))
+                return plan, jobs, now, set(shrinking)
+            slipped = _started_since(jobs, fresh, set(shrinking) - held_back)
+            jobs, now = fresh, self.clock()
+            if not slipped:
+                return plan, jobs, now, held_back
+            self.metrics.inc("slurm_mig_gres_races_total", by=len(slipped))
+            msg = (f"Slurm started job(s) {', '.join(j for j, _n in slipped)} on "
+                   f"{', '.join(sorted({n for _j, n in slipped}))} while their counts were being changed; "
+                   f"deciding again with them")
+            log.info("%s", msg)
+            if rounds == WITHDRAW_ROUNDS:
+                held_back |= set(shrinking)
+                msg += f"; still changing after {rounds} rounds, so those nodes keep their layouts this tick"
+            with self.store.transaction():
+                self.store.add_event("gres", msg, node=slipped[0][1], now=now)
+                if rounds < WITHDRAW_ROUNDS:
+                    self._sync_jobs(fresh, now, now)
+                    plan = self._plan(now)
+        return plan, jobs, now, held_back
+
+    def _shrinking(self, plan: "_Plan", by_name: dict, gres_now: dict) -> dict[str, dict[str, int]]:
+        """Nodes whose Slurm counts the plan lowers: node -> per type the lower of now and after the plan."""
+        targets: dict[str, dict[int, Layout]] = {}
+        for ch, _layout, _steps in plan.changes:
+            targets.setdefault(ch.node, {})[ch.gpu] = ch.target
+        out = {}
+        for node, changed in targets.items():
+            if node not in by_name or node not in gres_now:
+                continue
+            layouts = self.intended_layouts(node)
+            layouts.update({gi: lay for gi, lay in changed.items() if gi in layouts})
+            after = _gres_counts(layouts)
+            if after is None:
+                continue
+            cur = {t: gres_now[node].get(t, 0) for t in GRES_TYPES}
+            low = {t: min(cur[t], after.get(t, 0)) for t in GRES_TYPES}
+            if low != cur:
+                out[node] = low
+        return out
 
     def intended_layouts(self, node: str) -> dict[int, Layout]:
         """Each GPU's layout that exists or is about to exist: the desired one when set, else observed."""
@@ -458,8 +555,11 @@ class Controller:
         """GRES type -> instances the node's intended layouts hold; None when it has no MIG GPU."""
         return _gres_counts(self.intended_layouts(node))
 
-    def _assert_gres(self, nodes, jobs, now: float) -> int:
-        """Make Slurm's GRES match the intended layouts; nudge nodes that pending jobs could use."""
+    def _assert_gres(self, nodes, jobs, now: float, gres_now: dict | None = None) -> int:
+        """Make Slurm's GRES match the intended layouts; nudge nodes that pending jobs could use.
+
+        ``gres_now``: node -> counts set since ``nodes`` was read (by the withdrawal step).
+        """
         updates = 0
         pending_types = {t for j in jobs if j.pending and j.wants_mig for t in j.mig}
         for n in nodes:
@@ -467,7 +567,7 @@ class Controller:
             expected = _gres_counts(layouts)
             if expected is None:
                 continue
-            current = {t: n.gres.get(t, 0) for t in GRES_TYPES}
+            current = {t: (gres_now or {}).get(n.name, n.gres).get(t, 0) for t in GRES_TYPES}
             pad_to = self._pad_total(n, expected, len(layouts), now)
             last = self._gres_set.get(n.name)
             stale = current != expected or (pad_to is not None and n.gres.get(PAD_TYPE) != pad_to - sum(expected.values()))
@@ -868,6 +968,25 @@ class Controller:
                 self.store.add_event("applied", f"{node}/{gi}: {r['before']} -> {r['after']}"
                                      + ("" if ok else f" FAILED: {r['error']}"), node=node, now=now)
         return {"ok": True}
+
+
+@dataclass
+class _Plan:
+    """What the policy decided on one state, before anything is recorded."""
+
+    state: object
+    decision: object = None
+    used: object = None
+    latency: float = 0.0
+    changes: list = field(default_factory=list)  # (LayoutChange, layout now, steps) that change something
+
+
+def _started_since(before, after, nodes: set[str]) -> list[tuple[str, str]]:
+    """(job, node) of MIG jobs running on ``nodes`` in ``after`` that ``before`` did not have running there."""
+    def running(jobs):
+        return {(str(j.job_id), n) for j in jobs if j.wants_mig and not j.pending and j.state not in TERMINAL
+                for n in j.nodes if n in nodes}
+    return sorted(running(after) - running(before))
 
 
 def _slurm_end(detail, state: str, now: float) -> tuple[str, int | None, float]:
