@@ -186,6 +186,50 @@ def test_a_job_without_faults_binds_runs_and_records_once(rig):
     assert len(rig.store.outcomes()) == 1
 
 
+# -- the controller plans from the layout a node has just made ---------------------------------
+
+def _sim_layout(rig, gpu: int) -> str:
+    return ",".join(f"{i.slot.profile.split('.')[0]}@{i.slot.start}"
+                    for i in sorted(rig.gpu.instances(gpu), key=lambda i: i.slot.start))
+
+
+def test_a_health_check_recarve_is_seen_by_the_next_tick_not_the_next_report(rig):
+    """The health check applies a desired layout and says so (/v1/applied), which closes the journal
+    entry. The controller used to keep the report it got before the apply for up to a health-check
+    interval (30 s by default): the policy saw the old instances and planned re-carves from them that
+    failed on the node ("would destroy busy instance(s)", seen 4 times in a row in a demo run)."""
+    rig.store.set_desired("n1", 1, "1g@0,1g@1,1g@2,1g@3,1g@4,1g@5,1g@6", "test")
+    assert rig.report() == 0
+    assert _sim_layout(rig, 1) == "1g@0,1g@1,1g@2,1g@3,1g@4,1g@5,1g@6"  # the node did it
+    assert str(rig.store.observed_layout("n1", 1)) == "1g@0,1g@1,1g@2,1g@3,1g@4,1g@5,1g@6"
+    g = next(g for g in rig.store.cluster_state().gpus if g.node == "n1" and g.index == 1)
+    assert str(g.layout) == "1g@0,1g@1,1g@2,1g@3,1g@4,1g@5,1g@6" and not g.busy
+
+
+def test_a_prolog_recarve_is_stored_with_its_binding(rig):
+    """A Prolog that re-carves for its job (here 4g@0 out of 3g@0, leaving the rest of the GPU as the
+    controller's target has it) reports the layout it made with /v1/bound."""
+    rig.job("1", "4g")
+    assert rig.hook("prolog", "1") == 0 and rig.requeues == []
+    (b,) = rig.live("1")
+    assert str(rig.store.observed_layout("n1", b.gpu)) == _sim_layout(rig, b.gpu)
+    assert "4g@0" in _sim_layout(rig, b.gpu) and "3g@0" not in _sim_layout(rig, b.gpu)
+
+
+def test_an_older_gpu_report_arriving_later_does_not_undo_a_newer_one(rig):
+    """A Prolog looks at the GPUs before another Prolog re-carves, and its request arrives after that
+    re-carve was stored (or an outbox message is delivered late): the older view is not stored."""
+    rig.store.set_desired("n1", 1, "7g@0", "test")
+    assert rig.report() == 0 and str(rig.store.observed_layout("n1", 1)) == "7g@0"
+    newest = rig.ctl._observed_at["n1"]
+    stale = [{"index": 1, "uuid": "GPU-x", "name": "H100", "model": "H100-80GB", "mig_enabled": True,
+              "instances": [{"profile": "3g.40gb", "start": 0, "uuid": "MIG-old", "in_use": False}]}]
+    rig.ctl.on_report({"node": "n1", "observed": stale, "observed_at": newest - 1, "bindings": {}}, "n1")
+    assert str(rig.store.observed_layout("n1", 1)) == "7g@0"
+    rig.ctl.on_report({"node": "n1", "observed": stale, "observed_at": newest + 1, "bindings": {}}, "n1")
+    assert str(rig.store.observed_layout("n1", 1)) == "3g@0"
+
+
 # -- NVML faults during a Prolog's re-carve ---------------------------------------------------
 
 @pytest.mark.parametrize("op,error,expect", [

@@ -162,6 +162,9 @@ class Controller:
         self.shadow = _make_policy(cfg, cfg.policy.shadow) if cfg.policy.shadow else None
         self.metrics = Metrics()
         self._gres_set: dict[str, tuple[str, float]] = {}  # node -> (value, when) last written
+        # node -> when (node's clock) the freshest GPU report stored was observed: an older one arriving
+        # later (a Prolog that looked before another re-carved, an outbox message) must not undo it.
+        self._observed_at: dict[str, float] = {}
         self._last_slurm_ok = 0.0
         self._tick_lock = threading.Lock()
         self._ticks = 0
@@ -675,9 +678,14 @@ class Controller:
             raise RequestRejected(f"bad job id {job_id!r}")
         return job_id
 
-    def _store_observed(self, node: str, observed) -> None:
+    def _store_observed(self, node: str, observed, observed_at: float | None = None) -> None:
+        """Store a node's GPU report, unless the node had already sent one it observed later."""
         if not isinstance(observed, list):
             return
+        if observed_at is not None:
+            if observed_at < self._observed_at.get(node, float("-inf")):
+                return
+            self._observed_at[node] = observed_at
         gpus, insts = [], []
         for g in observed:
             gpus.append({"gpu": g["index"], "uuid": g.get("uuid"), "model": g.get("model"),
@@ -704,10 +712,11 @@ class Controller:
         node = self._check_node(payload, principal)
         job_id = self._check_job(payload)
         observed, node_bindings = _v_observed(payload.get("observed")), _v_bindings(payload.get("bindings"))
+        observed_at = _v_time(payload.get("observed_at"), "observed_at")
         now = self.clock()
         requeue_reason = None
         with self.store.transaction():
-            self._store_observed(node, observed)
+            self._store_observed(node, observed, observed_at)
             req = self._job_request(job_id)
             if req is None:
                 return {"action": "skip"}
@@ -797,6 +806,8 @@ class Controller:
         job_id = self._check_job(payload)
         insts = _v_instances(payload.get("instances"), "instances")
         local = _v_bool(payload.get("local"), "local")
+        observed = _v_observed(payload.get("observed"))
+        observed_at = _v_time(payload.get("observed_at"), "observed_at")
         if local and not insts:
             raise _rejected("instances: a binding made by the node alone must list its instances")
         now = self.clock()
@@ -828,6 +839,9 @@ class Controller:
             for e in self.store.open_journal_entries(node):
                 if e.state == "in_progress":
                     self._finish_reconfig(e.id, "done", outcome=f"applied by the prolog of job {job_id}", now=now)
+            # What the Prolog's re-carve made: without it the policy saw the GPU as it was before until the
+            # next health check, and planned from there (re-carves failing with "would destroy busy").
+            self._store_observed(node, observed, observed_at)
             self.store.add_event("start", f"job {job_id} started on {node} with "
                                  + ", ".join(f"{i['profile']}@{i['gpu']}:{i['start']}" for i in insts),
                                  node=node, job_id=job_id, now=now)
@@ -899,9 +913,10 @@ class Controller:
     def on_report(self, payload: dict, principal) -> dict:
         node = self._check_node(payload, principal)
         observed, node_bindings = _v_observed(payload.get("observed")), _v_bindings(payload.get("bindings"))
+        observed_at = _v_time(payload.get("observed_at"), "observed_at")
         now = self.clock()
         with self.store.transaction():
-            self._store_observed(node, observed)
+            self._store_observed(node, observed, observed_at)
             self._reconcile_bindings(node, node_bindings, now)
             # Binding files of jobs that ended long ago (their Epilog was lost: node crash, reboot):
             # the node drops them once it has checked their instances are idle.
@@ -955,8 +970,13 @@ class Controller:
     def on_applied(self, payload: dict, principal) -> dict:
         node = self._check_node(payload, principal)
         results = _v_results(payload.get("results"), need_gpu=True)
+        observed = _v_observed(payload.get("observed"))
+        observed_at = _v_time(payload.get("observed_at"), "observed_at")
         now = self.clock()
         with self.store.transaction():
+            # The GPUs as the apply left them: the journal entries close below, and without this the policy
+            # would see the layout from before the change until the next health check (30 s by default).
+            self._store_observed(node, observed, observed_at)
             for r in results:
                 gi = r["gpu"]
                 ok = r["ok"] and r["reached"]

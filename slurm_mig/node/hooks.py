@@ -345,7 +345,9 @@ def prolog(env: dict, node: Node) -> int:
     node.state.ensure()
     node.state.note_attempt(job_id, _int(env.get("SLURM_JOB_RESTART_COUNT")))
     node.flush_outbox()
-    payload = {"job_id": job_id, "node": node.name, "observed": node.observe(), "bindings": node.bindings_json()}
+    observed_at = time.time()  # before looking: a re-carve made while we look has a later time
+    payload = {"job_id": job_id, "node": node.name, "observed": node.observe(), "observed_at": observed_at,
+               "bindings": node.bindings_json()}
     try:
         resp = node.client.call("/v1/prolog", payload)
     except ControllerRefused as exc:
@@ -395,8 +397,13 @@ def prolog(env: dict, node: Node) -> int:
                                  attempt=_int(env.get("SLURM_JOB_RESTART_COUNT")))
         for b in bound:
             node.mark_in_use(b.gpu, b.profile, b.start, f"job {job_id}")
-    node.send_or_queue("/v1/bound", {"job_id": job_id, "node": node.name, "instances": [b.to_json() for b in bound],
-                                     "bound_at": time.time(), "local": bool(resp.get("local"))})
+        message = {"job_id": job_id, "node": node.name, "instances": [b.to_json() for b in bound],
+                   "bound_at": time.time(), "local": bool(resp.get("local"))}
+        if results:
+            # The layout this Prolog made, seen under the lock, so the controller plans from it at once.
+            message["observed_at"] = time.time()
+            message["observed"] = node.observe()
+    node.send_or_queue("/v1/bound", message)
     # One line per bound job: `slurm-mig demo` and benchmarks/prolog_latency.py read these.
     log.info("prolog job %s bound %s in %.1f ms (reconfigured=%s)", job_id,
              ",".join(f"{b.profile}@{b.gpu}:{b.start}" for b in bound), (time.time() - started) * 1000,
@@ -538,7 +545,9 @@ def healthcheck(env: dict, node: Node) -> int:
 
     node.state.ensure()
     node.flush_outbox()
-    report = {"node": node.name, "observed": node.observe(), "bindings": node.bindings_json(), "time": time.time()}
+    observed_at = time.time()
+    report = {"node": node.name, "observed": node.observe(), "observed_at": observed_at,
+              "bindings": node.bindings_json(), "time": time.time()}
     try:
         resp = node.client.call("/v1/report", report)
     except (ControllerUnavailable, ControllerRefused) as exc:
@@ -554,7 +563,9 @@ def healthcheck(env: dict, node: Node) -> int:
         results = node.apply_targets(targets)
         changed = [r for r in results if r.get("plan") or r.get("error")]
         if changed:
-            node.send_or_queue("/v1/applied", {"node": node.name, "results": changed, "time": time.time()})
+            observed_at = time.time()
+            node.send_or_queue("/v1/applied", {"node": node.name, "results": changed, "observed": node.observe(),
+                                               "observed_at": observed_at, "time": time.time()})
     return 0
 
 
