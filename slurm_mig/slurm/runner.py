@@ -305,29 +305,18 @@ class SlurmClient:
         argv = ["scancel"] + ([f"--signal={signal}"] if signal else []) + [str(i) for i in ids]
         self.check(argv)
 
-    def scontrol_requeue(self, job_id: int | str, *, hold: bool = False, eligible_now: bool = False,
-                         wait: float = 5.0) -> None:
+    def scontrol_requeue(self, job_id: int | str, *, hold: bool = False) -> None:
         """Requeue a job (``requeuehold`` when ``hold``).
 
-        Slurm 22.05 facts: a requeued batch job gets EligibleTime = now + ~120 s
-        (it pends with Reason=BeginTime); ``eligible_now`` waits up to ``wait``
-        seconds for it to be PENDING and sets ``StartTime=now`` so it can run at
-        once. Also, ``scontrol requeue`` of a job that already COMPLETED exits 0
-        and runs it again, so only requeue jobs you know are running.
+        Slurm 22.05 facts: a requeued batch job pends with Reason=BeginTime until
+        cred_expire after the requeue (120 s by default). Do not shorten that with
+        ``StartTime=now``: restarted at once on the node that still caches its
+        credential, the job fails at launch (RunTime 0, seen on the local cluster
+        in 2 of 6 runs); the hooks hold it back longer instead (hooks._hold_back).
+        Also, ``scontrol requeue`` of a job that already COMPLETED exits 0 and runs
+        it again, so only requeue jobs you know are running.
         """
         self.check(["scontrol", "requeuehold" if hold else "requeue", str(job_id)])
-        if not eligible_now:
-            return
-        deadline = time.monotonic() + wait
-        while True:
-            detail = self.scontrol_show_job(job_id)
-            if detail is not None and detail.state == "PENDING":
-                break
-            if time.monotonic() > deadline:
-                raise SlurmCommandError(f"job {job_id} not PENDING {wait:.0f}s after requeue "
-                                        f"(state {detail.state if detail else 'unknown'})")
-            time.sleep(0.1)
-        self.check(["scontrol", "update", f"JobId={job_id}", "StartTime=now"])
 
     def scontrol_release(self, job_id: int | str) -> None:
         """Release a held job."""
@@ -384,9 +373,9 @@ def scancel(job_ids: int | str | Sequence[int | str], *, signal: str | None = No
     _default.scancel(job_ids, signal=signal)
 
 
-def scontrol_requeue(job_id: int | str, *, hold: bool = False, eligible_now: bool = False) -> None:
+def scontrol_requeue(job_id: int | str, *, hold: bool = False) -> None:
     """Requeue a job via the default client (see SlurmClient.scontrol_requeue)."""
-    _default.scontrol_requeue(job_id, hold=hold, eligible_now=eligible_now)
+    _default.scontrol_requeue(job_id, hold=hold)
 
 
 def scontrol_reconfigure() -> None:

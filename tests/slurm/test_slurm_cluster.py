@@ -203,15 +203,20 @@ def test_requeue_and_cancel(slurm, job_dir, wait_for):
     wait_for(lambda: slurm.scontrol_show_job(job_id).state == "CANCELLED", what="cancelled")
 
 
-def test_requeue_eligible_now_runs_again_at_once(slurm, job_dir, wait_for):
+def test_a_requeued_job_is_held_back_for_cred_expire(slurm, job_dir, wait_for):
+    """What the hooks' hold-back builds on: Slurm itself keeps a requeued job pending (BeginTime) until
+    cred_expire (10 s on this cluster) after the requeue. Forcing StartTime=now instead restarted the
+    job at once on the node that still cached its credential, where it failed at launch (RunTime 0):
+    2 of 6 runs of this file, when this test still did that."""
     job_id = slurm.sbatch(wrap="sleep 30", gres="mig:1g", args=["-o", str(job_dir / "e.out")])
     _job(slurm, job_id, wait_for, states=("RUNNING",))
-    slurm.scontrol_requeue(job_id, eligible_now=True)
-    # Without eligible_now it would pend ~120 s with Reason=BeginTime. With it, Slurm still holds a
-    # requeued job back for cred_expire (10 s on this cluster), so 10 s was a coin toss on a loaded box.
-    d = wait_for(lambda: (d := slurm.scontrol_show_job(job_id)) and d.state == "RUNNING" and d,
-                 timeout=40, what="requeued job running again")
-    assert d.fields["Restarts"] == "1"
+    requeued_at = time.time()
+    slurm.scontrol_requeue(job_id)
+    d = wait_for(lambda: (d := slurm.scontrol_show_job(job_id)) and d.state == "PENDING" and d,
+                 what="requeued job pending")
+    assert d.fields["Reason"] == "BeginTime" and d.fields["Restarts"] == "1", d.fields
+    eligible = time.mktime(time.strptime(d.fields["EligibleTime"], "%Y-%m-%dT%H:%M:%S"))
+    assert eligible >= int(requeued_at) + 10, (d.fields["EligibleTime"], requeued_at)
     slurm.scancel(job_id)
 
 
