@@ -527,3 +527,18 @@ def test_a_failed_squeue_after_withdrawing_holds_the_recarve_back(rig):
     assert last.get("3g") == 2 and last.get("7g", 0) == 0, rig.fake.calls
     rig.tick()
     assert str(rig.store.desired("n1")[0].spec) == "7g@0"
+
+
+def test_a_recarve_that_takes_instances_away_waits_while_slurm_cannot_be_asked(rig, caplog):
+    """sinfo fails (squeue answers): the controller cannot lower n1's counts first, so the re-carve
+    that would destroy the two advertised 3g instances waits; it goes ahead once Slurm answers."""
+    _race_rig(rig, slip=False)
+    answer = rig.fake.nodes
+    rig.fake.nodes = lambda: None
+    with caplog.at_level(logging.WARNING):
+        summary = rig.tick()
+    assert summary["changes"] == 0 and 0 not in rig.store.desired("n1")
+    assert any("re-carves that take instances away on n1 wait" in r.getMessage() for r in caplog.records)
+    rig.fake.nodes = answer
+    rig.tick()
+    assert rig.store.desired("n1")[0].spec == "7g@0"

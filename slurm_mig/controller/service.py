@@ -211,6 +211,8 @@ class Controller:
             held_back: set[str] = set()
             if jobs is not None and nodes is not None:
                 plan, jobs, now, held_back = self._withdraw_first(plan, jobs, nodes, gres_now, now)
+            else:
+                held_back = self._cannot_withdraw(plan)
             with self.store.transaction():
                 summary.update(self._commit(plan, now, held_back))
             if nodes is not None:
@@ -520,6 +522,19 @@ class Controller:
                     self._sync_jobs(fresh, now, now)
                     plan = self._plan(now)
         return plan, jobs, now, held_back
+
+    def _cannot_withdraw(self, plan: "_Plan") -> set[str]:
+        """Nodes whose re-carve would lower their counts, on a tick Slurm could not be asked: held back.
+
+        Committed, the re-carve would destroy instances Slurm still advertises and may hand out.
+        """
+        told = {ch.node: self.expected_gres(ch.node) for ch, _layout, _steps in plan.changes}
+        told = {node: counts for node, counts in told.items() if counts is not None}
+        held = set(self._shrinking(plan, dict.fromkeys(told), told))
+        if held:
+            log.warning("Slurm could not be asked this tick: re-carves that take instances away on %s wait",
+                        ", ".join(sorted(held)))
+        return held
 
     def _shrinking(self, plan: "_Plan", by_name: dict, gres_now: dict) -> dict[str, dict[str, int]]:
         """Nodes whose Slurm counts the plan lowers: node -> per type the lower of now and after the plan."""
