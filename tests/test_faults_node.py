@@ -230,6 +230,48 @@ def test_an_older_gpu_report_arriving_later_does_not_undo_a_newer_one(rig):
     assert str(rig.store.observed_layout("n1", 1)) == "3g@0"
 
 
+def _journal(rig) -> list[tuple[int, int, str, str, str]]:
+    return [(r["id"], r["gpu"], r["to_layout"], r["state"], r["outcome"] or r["error"] or "")
+            for r in rig.store._q("SELECT * FROM reconfig_journal ORDER BY id")]
+
+
+def test_a_prolog_carrying_out_the_planned_recarve_takes_up_its_journal_entry(rig):
+    """The tick planned 3g@0 -> 4g@0 on GPU 0 and the 4g job's Prolog got there before the health check:
+    one journal entry, done by the Prolog. It used to be closed as "abandoned, superseded by job 1" and
+    copied into a second entry (10 of 18 entries in one demo run; 17 of 48 in a crash-benchmark run)."""
+    from slurm_mig.mig.layout import parse_layout
+    from slurm_mig.mig.profiles import get_model
+    from slurm_mig.mig.transitions import plan_transition
+
+    h100 = get_model("H100-80GB")
+    before, after = parse_layout(LAYOUT, h100), parse_layout("4g@0,2g@4,1g@6", h100)
+    rig.store.set_desired("n1", 0, after, "frag-aware")
+    rig.store.journal_begin("n1", 0, before, after, plan_transition(before, after, set()), started=False)
+    rig.job("1", "4g")
+    assert rig.hook("prolog", "1") == 0 and rig.requeues == []
+    assert _journal(rig) == [(1, 0, "4g@0,2g@4,1g@6", "done", "applied by the prolog of job 1")]
+
+
+def test_a_prologs_report_closes_its_own_journal_entries_only(rig):
+    """Two Prologs re-carve two GPUs of one node at once: the first one's /v1/bound used to close every
+    in-progress entry of the node as its own (the second's too, before it had done anything), and a
+    /v1/bind-failed failed them all."""
+    rig.job("1", "4g")
+    rig.job("2", "4g")
+    a = rig.ctl.on_prolog({"job_id": "1", "node": "n1", "bindings": {}}, "n1")
+    b = rig.ctl.on_prolog({"job_id": "2", "node": "n1", "bindings": {}}, "n1")
+    assert a["action"] == b["action"] == "bind" and a["targets"] and b["targets"]
+    (ia,), (ib,) = a["instances"], b["instances"]
+    assert ia["gpu"] != ib["gpu"]
+    rig.ctl.on_bound({"job_id": "1", "node": "n1", "instances": [{**ia, "uuid": "MIG-a"}]}, "n1")
+    states = {gpu: state for _id, gpu, _to, state, _why in _journal(rig)}
+    assert states == {ia["gpu"]: "done", ib["gpu"]: "in_progress"}, _journal(rig)
+    rig.ctl.on_bind_failed({"job_id": "2", "node": "n1", "results": [{"gpu": ib["gpu"], "ok": False,
+                                                                      "error": "InsufficientResources"}]}, "n1")
+    states = {gpu: state for _id, gpu, _to, state, _why in _journal(rig)}
+    assert states == {ia["gpu"]: "done", ib["gpu"]: "failed"}, _journal(rig)
+
+
 # -- NVML faults during a Prolog's re-carve ---------------------------------------------------
 
 @pytest.mark.parametrize("op,error,expect", [

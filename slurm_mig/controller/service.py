@@ -165,6 +165,9 @@ class Controller:
         # node -> when (node's clock) the freshest GPU report stored was observed: an older one arriving
         # later (a Prolog that looked before another re-carved, an outbox message) must not undo it.
         self._observed_at: dict[str, float] = {}
+        # (node, job) -> journal entries its Prolog's re-carve carries: closed by that job's /v1/bound or
+        # /v1/bind-failed, not every open entry of the node (another Prolog's or the health check's).
+        self._prolog_entries: dict[tuple[str, str], list[int]] = {}
         self._last_slurm_ok = 0.0
         self._tick_lock = threading.Lock()
         self._ticks = 0
@@ -658,6 +661,18 @@ class Controller:
             for n in nodes:
                 self.metrics.set("slurm_mig_node_up", (("node", n.name),), 1.0 if n.state == "up" else 0.0)
 
+    def _entries_of(self, node: str, job_id: str, gpus: set[int]) -> list:
+        """The open journal entries job ``job_id``'s Prolog took up on ``node``.
+
+        Known from its /v1/prolog; after a controller restart, the in-progress ones on the GPUs the
+        message names (all of the node's when it names none, as before).
+        """
+        ids = self._prolog_entries.pop((node, job_id), None)
+        open_entries = [e for e in self.store.open_journal_entries(node) if e.state == "in_progress"]
+        if ids is not None:
+            return [e for e in open_entries if e.id in ids]
+        return [e for e in open_entries if not gpus or e.gpu in gpus]
+
     def _finish_reconfig(self, entry_id: int, state: str, **kw):
         """journal_finish(), and the reconfiguration's duration (start -> finish) into
         slurm_mig_reconfiguration_seconds (done and failed ones; abandoned ones never ran)."""
@@ -752,14 +767,29 @@ class Controller:
                 self.store.set_job_state(job_id, "REQUEUED", now=now, reason=requeue_reason)
                 self.store.add_event("requeue", f"job {job_id}: {requeue_reason}", node=node, job_id=job_id, now=now)
             else:
+                entries = []
                 for gi, target in plan.targets.items():
                     g = next(x for x in gpus if x.index == gi)
                     steps = plan_transition(g.observed, target, g.bound)
                     self.store.set_desired(node, gi, target, "bind", f"job {job_id}: {plan.reason}", now=now)
+                    taken = None
                     for e in self.store.open_journal_entries(node):
-                        if e.gpu == gi:
+                        if e.gpu != gi:
+                            continue
+                        if taken is None and e.to_layout == str(target) and e.from_layout == str(g.observed):
+                            # The tick planned this very change: the Prolog carries it out (one entry, not
+                            # an "abandoned" one plus a copy).
+                            taken = e.id
+                            self.store.journal_started(e.id, now=now)
+                        else:
                             self.store.journal_finish(e.id, "abandoned", error=f"superseded by job {job_id}", now=now)
-                    self.store.journal_begin(node, gi, g.observed, target, steps, started=True, now=now)
+                    if taken is None:
+                        taken = self.store.journal_begin(node, gi, g.observed, target, steps, started=True, now=now)
+                    entries.append(taken)
+                if len(self._prolog_entries) > 1000:  # Prologs killed before they reported: forget them
+                    still = {e.id for e in self.store.open_journal_entries()}
+                    self._prolog_entries = {k: v for k, v in self._prolog_entries.items() if still & set(v)}
+                self._prolog_entries[(node, job_id)] = entries
                 try:
                     self.store.bind(job_id, node, plan.instances, now=now)
                 except SlurmMigError as exc:  # BindingConflict: a safety net that must never fire
@@ -851,9 +881,8 @@ class Controller:
             for i in insts:
                 self.store._x("UPDATE bindings SET uuid = ? WHERE job_id = ? AND node = ? AND gpu = ? AND start = ? "
                               "AND released_at IS NULL", (i.get("uuid"), job_id, node, int(i["gpu"]), int(i["start"])))
-            for e in self.store.open_journal_entries(node):
-                if e.state == "in_progress":
-                    self._finish_reconfig(e.id, "done", outcome=f"applied by the prolog of job {job_id}", now=now)
+            for e in self._entries_of(node, job_id, {int(i["gpu"]) for i in insts}):
+                self._finish_reconfig(e.id, "done", outcome=f"applied by the prolog of job {job_id}", now=now)
             # What the Prolog's re-carve made: without it the policy saw the GPU as it was before until the
             # next health check, and planned from there (re-carves failing with "would destroy busy").
             self._store_observed(node, observed, observed_at)
@@ -873,9 +902,9 @@ class Controller:
             job = self.store.get_job(job_id)
             if job is not None and job.node in (None, node) and job.state not in TERMINAL:
                 self.store.set_job_state(job_id, "REQUEUED", now=now, reason="reconfiguration failed on the node")
-            for e in self.store.open_journal_entries(node):
-                if e.state == "in_progress":
-                    self._finish_reconfig(e.id, "failed", error=str(results)[:2000], now=now)
+            gpus = {r["gpu"] for r in results if r["gpu"] is not None}
+            for e in self._entries_of(node, job_id, gpus):
+                self._finish_reconfig(e.id, "failed", error=str(results)[:2000], now=now)
             self.store.add_event("bind-failed", f"job {job_id} on {node}: {results}"[:2000],
                                  node=node, job_id=job_id, now=now)
         self.metrics.inc("slurm_mig_hook_errors_total", (("kind", "bind_failed"),))
