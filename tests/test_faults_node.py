@@ -467,6 +467,27 @@ def test_lost_epilog_outcome_survives_slurm_forgetting_the_job(rig):
     assert o is not None and o.state == "COMPLETED" and o.exit_code == 256
 
 
+def test_lost_epilog_outcome_survives_a_controller_restart_too(rig):
+    """Crash benchmark, seed 503: the Epilog was killed, the controller saw the job end, was killed 8.6 s
+    later, and came back after Slurm had forgotten the job (MinJobAge 10 s): the outcome was recorded
+    FAILED without an exit status, because Slurm's record was only in the dead controller's memory."""
+    from slurm_mig.slurm.parsers import JobDetail, SlurmJob
+
+    rig.job("26", "2g")
+    assert rig.hook("prolog", "26") == 0
+    rig.slurm.queue = [SlurmJob(job_id=26, state="COMPLETED", mig={"2g": 1}, tres_per_node="gres:mig:2g:1")]
+    rig.slurm.details["26"] = JobDetail(job_id=26, state="COMPLETED", fields={"ExitCode": "1:0"})
+    t = [time.time()]
+    rig.ctl.clock = lambda: t[0]
+    rig.ctl.tick()
+    restarted = Controller(Config(), rig.store, rig.slurm, clock=lambda: t[0])  # the old one was killed
+    rig.slurm.queue, rig.slurm.details = [], {}  # purged
+    t[0] += 61
+    restarted.tick()
+    o = rig.store.outcome("26")
+    assert o is not None and o.state == "COMPLETED" and o.exit_code == 256
+
+
 def test_epilog_killed_after_queueing_its_outcome_is_delivered_later(rig):
     rig.job("13", "1g")
     assert rig.hook("prolog", "13") == 0

@@ -172,8 +172,11 @@ class Controller:
         self._tick_lock = threading.Lock()
         self._ticks = 0
         self._last_signature: tuple | None = None
-        # job -> (when Slurm was first seen to have ended it, its record then: state, exit status, end time)
-        self._ended_since: dict[str, tuple[float, tuple | None]] = {}
+        # job -> (when Slurm was first seen to have ended it, its record then: state, exit status, end time).
+        # Kept in the database too: Slurm may forget the job (MinJobAge) before the grace period ends, and
+        # a controller restarted in between would otherwise record the outcome without its exit status.
+        self._ended_since: dict[str, tuple[float, tuple | None]] = _load_ended(store)
+        self._ended_saved = dict(self._ended_since)
         self._gres_warned: set[str] = set()
         self._gres_checked: set[str] = set()  # nodes told once about missing or too little mig:pad
         self._invalid_reg: set[str] = set()  # nodes Slurm drained for a mig GRES count below the layout's
@@ -206,6 +209,11 @@ class Controller:
                 if jobs is not None:
                     self._sync_jobs(jobs, now, queried_at)
                     self._settle_lost_epilogs(lost, now)
+                    if self._ended_since != self._ended_saved:
+                        self.store.set_meta("ended_since", {j: [first, list(rec) if rec else None]
+                                                            for j, (first, rec) in self._ended_since.items()},
+                                            now=now)
+                        self._ended_saved = dict(self._ended_since)
                 if nodes is not None:
                     self._sync_nodes(nodes)
                 self._expire_journal(now)
@@ -1043,6 +1051,16 @@ class _Plan:
     used: object = None
     latency: float = 0.0
     changes: list = field(default_factory=list)  # (LayoutChange, layout now, steps) that change something
+
+
+def _load_ended(store) -> dict[str, tuple[float, tuple | None]]:
+    """The controller's notes on jobs that ended without an Epilog report, as the last run left them."""
+    try:
+        saved = store.get_meta("ended_since") or {}
+        return {str(j): (float(first), tuple(rec) if rec else None) for j, (first, rec) in saved.items()}
+    except Exception as exc:  # a damaged note costs at most some exit statuses, never the start
+        log.warning("ignoring the saved notes on ended jobs: %s", exc)
+        return {}
 
 
 def _started_since(before, after, nodes: set[str]) -> list[tuple[str, str]]:
