@@ -252,6 +252,27 @@ def test_a_prolog_carrying_out_the_planned_recarve_takes_up_its_journal_entry(ri
     assert _journal(rig) == [(1, 0, "4g@0,2g@4,1g@6", "done", "applied by the prolog of job 1")]
 
 
+def test_a_prolog_that_makes_only_its_own_instance_leaves_the_rest_of_the_recarve_open(rig):
+    """The 1g job's instance exists, so its Prolog changes nothing, while the GPU's planned re-carve
+    (3g@0 -> 4g@0) is still to be done by the health check. Closing the entry as done at /v1/bound let
+    the next tick plan another re-carve from the old layout, which the node then refused four times
+    ("would destroy busy instance(s)") while two jobs Slurm sent there were requeued (a CI demo run)."""
+    from slurm_mig.mig.layout import parse_layout
+    from slurm_mig.mig.profiles import get_model
+    from slurm_mig.mig.transitions import plan_transition
+
+    h100 = get_model("H100-80GB")
+    before, after = parse_layout(LAYOUT, h100), parse_layout("4g@0,2g@4,1g@6", h100)
+    rig.store.set_desired("n1", 0, after, "frag-aware")
+    rig.store.journal_begin("n1", 0, before, after, plan_transition(before, after, set()), started=False)
+    rig.job("1", "1g")
+    assert rig.hook("prolog", "1") == 0 and rig.requeues == []
+    assert rig.live("1")[0].gpu == 0 and _sim_layout(rig, 0) == "3g@0,2g@4,1g@6"
+    assert [j[3] for j in _journal(rig)] == ["in_progress"]  # open: the tick plans nothing on GPU 0
+    assert rig.report() == 0  # the health check makes the rest
+    assert _sim_layout(rig, 0) == "4g@0,2g@4,1g@6" and [j[3] for j in _journal(rig)] == ["done"]
+
+
 def test_a_prologs_report_closes_its_own_journal_entries_only(rig):
     """Two Prologs re-carve two GPUs of one node at once: the first one's /v1/bound used to close every
     in-progress entry of the node as its own (the second's too, before it had done anything), and a
@@ -263,7 +284,19 @@ def test_a_prologs_report_closes_its_own_journal_entries_only(rig):
     assert a["action"] == b["action"] == "bind" and a["targets"] and b["targets"]
     (ia,), (ib,) = a["instances"], b["instances"]
     assert ia["gpu"] != ib["gpu"]
-    rig.ctl.on_bound({"job_id": "1", "node": "n1", "instances": [{**ia, "uuid": "MIG-a"}]}, "n1")
+    from slurm_mig.mig.layout import parse_layout
+    from slurm_mig.mig.profiles import get_model
+
+    def gpu_report(gpu: int, layout) -> dict:
+        lay = parse_layout(str(layout), get_model("H100-80GB"))
+        return {"index": gpu, "uuid": f"GPU-{gpu}", "name": "H100", "model": "H100-80GB", "mig_enabled": True,
+                "instances": [{"profile": sl.profile, "start": sl.start} for sl in sorted(lay.slots)]}
+
+    # Job 1's Prolog reached its target; job 2's GPU is as it was.
+    observed = [gpu_report(ia["gpu"], a["targets"][str(ia["gpu"])]),
+                gpu_report(ib["gpu"], rig.store.observed_layout("n1", ib["gpu"]))]
+    rig.ctl.on_bound({"job_id": "1", "node": "n1", "instances": [{**ia, "uuid": "MIG-a"}], "observed": observed,
+                      "observed_at": time.time()}, "n1")
     states = {gpu: state for _id, gpu, _to, state, _why in _journal(rig)}
     assert states == {ia["gpu"]: "done", ib["gpu"]: "in_progress"}, _journal(rig)
     rig.ctl.on_bind_failed({"job_id": "2", "node": "n1", "results": [{"gpu": ib["gpu"], "ok": False,

@@ -889,11 +889,16 @@ class Controller:
             for i in insts:
                 self.store._x("UPDATE bindings SET uuid = ? WHERE job_id = ? AND node = ? AND gpu = ? AND start = ? "
                               "AND released_at IS NULL", (i.get("uuid"), job_id, node, int(i["gpu"]), int(i["start"])))
-            for e in self._entries_of(node, job_id, {int(i["gpu"]) for i in insts}):
-                self._finish_reconfig(e.id, "done", outcome=f"applied by the prolog of job {job_id}", now=now)
             # What the Prolog's re-carve made: without it the policy saw the GPU as it was before until the
             # next health check, and planned from there (re-carves failing with "would destroy busy").
             self._store_observed(node, observed, observed_at)
+            for e in self._entries_of(node, job_id, {int(i["gpu"]) for i in insts}):
+                # The Prolog makes only its job's instances; the rest of the target is the health check's.
+                # Until the GPU shows the whole target the entry stays open, so no tick plans from the old
+                # layout meanwhile (seen: "would destroy busy instance(s)" four times, and two requeues).
+                now_layout = self.store.observed_layout(node, e.gpu)
+                if now_layout is not None and str(now_layout) == e.to_layout:
+                    self._finish_reconfig(e.id, "done", outcome=f"applied by the prolog of job {job_id}", now=now)
             self.store.add_event("start", f"job {job_id} started on {node} with "
                                  + ", ".join(f"{i['profile']}@{i['gpu']}:{i['start']}" for i in insts),
                                  node=node, job_id=job_id, now=now)
