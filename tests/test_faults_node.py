@@ -235,18 +235,23 @@ def _journal(rig) -> list[tuple[int, int, str, str, str]]:
             for r in rig.store._q("SELECT * FROM reconfig_journal ORDER BY id")]
 
 
-def test_a_prolog_carrying_out_the_planned_recarve_takes_up_its_journal_entry(rig):
-    """The tick planned 3g@0 -> 4g@0 on GPU 0 and the 4g job's Prolog got there before the health check:
-    one journal entry, done by the Prolog. It used to be closed as "abandoned, superseded by job 1" and
-    copied into a second entry (10 of 18 entries in one demo run; 17 of 48 in a crash-benchmark run)."""
+def _plan_recarve(rig, gpu: int, target: str) -> None:
+    """What a tick leaves for a re-carve of ``gpu`` from LAYOUT: the desired layout and a planned entry."""
     from slurm_mig.mig.layout import parse_layout
     from slurm_mig.mig.profiles import get_model
     from slurm_mig.mig.transitions import plan_transition
 
     h100 = get_model("H100-80GB")
-    before, after = parse_layout(LAYOUT, h100), parse_layout("4g@0,2g@4,1g@6", h100)
-    rig.store.set_desired("n1", 0, after, "frag-aware")
-    rig.store.journal_begin("n1", 0, before, after, plan_transition(before, after, set()), started=False)
+    before, after = parse_layout(LAYOUT, h100), parse_layout(target, h100)
+    rig.store.set_desired("n1", gpu, after, "frag-aware")
+    rig.store.journal_begin("n1", gpu, before, after, plan_transition(before, after, set()), started=False)
+
+
+def test_a_prolog_carrying_out_the_planned_recarve_takes_up_its_journal_entry(rig):
+    """The tick planned 3g@0 -> 4g@0 on GPU 0 and the 4g job's Prolog got there before the health check:
+    one journal entry, done by the Prolog. It used to be closed as "abandoned, superseded by job 1" and
+    copied into a second entry (10 of 18 entries in one demo run; 17 of 48 in a crash-benchmark run)."""
+    _plan_recarve(rig, 0, "4g@0,2g@4,1g@6")
     rig.job("1", "4g")
     assert rig.hook("prolog", "1") == 0 and rig.requeues == []
     assert _journal(rig) == [(1, 0, "4g@0,2g@4,1g@6", "done", "applied by the prolog of job 1")]
@@ -257,14 +262,7 @@ def test_a_prolog_that_makes_only_its_own_instance_leaves_the_rest_of_the_recarv
     (3g@0 -> 4g@0) is still to be done by the health check. Closing the entry as done at /v1/bound let
     the next tick plan another re-carve from the old layout, which the node then refused four times
     ("would destroy busy instance(s)") while two jobs Slurm sent there were requeued (a CI demo run)."""
-    from slurm_mig.mig.layout import parse_layout
-    from slurm_mig.mig.profiles import get_model
-    from slurm_mig.mig.transitions import plan_transition
-
-    h100 = get_model("H100-80GB")
-    before, after = parse_layout(LAYOUT, h100), parse_layout("4g@0,2g@4,1g@6", h100)
-    rig.store.set_desired("n1", 0, after, "frag-aware")
-    rig.store.journal_begin("n1", 0, before, after, plan_transition(before, after, set()), started=False)
+    _plan_recarve(rig, 0, "4g@0,2g@4,1g@6")
     rig.job("1", "1g")
     assert rig.hook("prolog", "1") == 0 and rig.requeues == []
     assert rig.live("1")[0].gpu == 0 and _sim_layout(rig, 0) == "3g@0,2g@4,1g@6"
