@@ -219,7 +219,6 @@ class Controller:
                 self._expire_journal(now)
                 plan = self._plan(now)
             gres_now = {n.name: {t: n.gres.get(t, 0) for t in GRES_TYPES} for n in nodes or []}
-            held_back: set[str] = set()
             if jobs is not None and nodes is not None:
                 plan, jobs, now, held_back = self._withdraw_first(plan, jobs, nodes, gres_now, now)
             else:
@@ -500,16 +499,11 @@ class Controller:
                 return plan, jobs, now, held_back
             held_back = set()
             for node, low in shrinking.items():
-                try:
-                    pad_to = self._pad_total(by_name[node], low, len(self.intended_layouts(node)), now)
-                    value = self.slurm.update_node_gres(node, low, pad_to=pad_to)
-                except SlurmMigError as exc:
-                    self.metrics.inc("slurm_mig_gres_update_failures_total")
-                    log.warning("GRES update of %s failed: %s; its re-carve waits", node, exc)
+                pad_to = self._pad_total(by_name[node], low, len(self.intended_layouts(node)), now)
+                if self._write_gres(node, low, pad_to, now, "; its re-carve waits"):
+                    gres_now[node] = low
+                else:
                     held_back.add(node)
-                    continue
-                self._gres_set[node] = (value, now)
-                gres_now[node] = low
             fresh = self.slurm.jobs()
             if fresh is None:
                 log.warning("Slurm query failed after withdrawing instances on %s: their re-carve waits",
@@ -606,19 +600,25 @@ class Controller:
             nudge = could_help and (last is None or now - last[1] > 3 * self.cfg.controller.tick_interval_s)
             if not stale and not nudge:
                 continue
-            try:
-                value = self.slurm.update_node_gres(n.name, expected, pad_to=pad_to)
-            except SlurmMigError as exc:
-                self.metrics.inc("slurm_mig_gres_update_failures_total")
-                log.warning("GRES update of %s failed: %s", n.name, exc)
+            if not self._write_gres(n.name, expected, pad_to, now):
                 continue
-            self._gres_set[n.name] = (value, now)
             updates += 1
             if stale:
                 self.metrics.inc("slurm_mig_gres_reasserted_total", (("node", n.name),))
                 self.store.add_event("gres", f"{n.name}: Slurm had {_fmt(current)}, set {_fmt(expected)}",
                                      node=n.name, now=now)
         return updates
+
+    def _write_gres(self, node: str, counts: dict[str, int], pad_to: int | None, now: float, why: str = "") -> bool:
+        """Set ``node``'s mig counts in Slurm; False, logged and counted, when scontrol failed."""
+        try:
+            value = self.slurm.update_node_gres(node, counts, pad_to=pad_to)
+        except SlurmMigError as exc:
+            self.metrics.inc("slurm_mig_gres_update_failures_total")
+            log.warning("GRES update of %s failed: %s%s", node, exc, why)
+            return False
+        self._gres_set[node] = (value, now)
+        return True
 
     def _pad_total(self, n, expected: dict[str, int], gpus: int, now: float) -> int | None:
         """The constant mig total to keep on node ``n`` (7 per GPU), or None when its Gres has no ``mig:pad``.
@@ -996,8 +996,7 @@ class Controller:
                             self._finish_reconfig(e.id, "done", outcome="observed in place", now=now)
             for e in self.store.open_journal_entries(node):
                 if e.state == "planned" and str(e.gpu) in desired:
-                    self.store._x("UPDATE reconfig_journal SET state = 'in_progress', started_at = ? WHERE id = ?",
-                                  (now, e.id))
+                    self.store.journal_started(e.id, now=now)
         return {"desired": desired, "release": release}
 
     def _reconcile_bindings(self, node: str, node_bindings: dict, now: float) -> None:

@@ -1055,10 +1055,9 @@ class Store:
             return self.journal_entry(entry_id)
 
     def journal_started(self, entry_id: int, *, now: float | None = None) -> None:
-        """Mark a planned entry as taken up (``in_progress``); its start time is kept if it had one."""
-        t = _now(now)
-        self._x("UPDATE reconfig_journal SET state = 'in_progress', started_at = COALESCE(started_at, ?), "
-                "updated_at = ? WHERE id = ? AND state IN ('planned', 'in_progress')", (t, t, int(entry_id)))
+        """Mark an open entry as taken up by a node (``in_progress``); its start time is kept if it had one."""
+        self._x("UPDATE reconfig_journal SET state = 'in_progress', started_at = COALESCE(started_at, ?) "
+                "WHERE id = ? AND state IN ('planned', 'in_progress')", (_now(now), int(entry_id)))
 
     def open_journal_entries(self, node: str | None = None) -> list[JournalEntry]:
         """Entries still planned or in progress (after a crash: what to resume or undo), oldest first."""
