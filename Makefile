@@ -3,10 +3,10 @@ PY := .venv/bin/python
 
 .PHONY: demo test bench clean
 
-.venv/.installed: pyproject.toml scripts/bootstrap.sh
+.venv/.installed: pyproject.toml constraints.txt scripts/bootstrap.sh
 	bash scripts/bootstrap.sh
 
-.venv/.installed-training: pyproject.toml scripts/bootstrap.sh
+.venv/.installed-training: pyproject.toml constraints.txt scripts/bootstrap.sh
 	bash scripts/bootstrap.sh --training
 
 demo: .venv/.installed

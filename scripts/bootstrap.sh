@@ -11,7 +11,8 @@ cd "$(dirname "$0")/.."
 if [ ! -x .venv/bin/python ]; then
     python3 -m venv .venv
 fi
-pip=(.venv/bin/python -m pip install -q --disable-pip-version-check)
+# -c constraints.txt: the tested versions of every package (pyproject.toml keeps the ranges).
+pip=(.venv/bin/python -m pip install -q --disable-pip-version-check -c constraints.txt)
 if [ "${1:-}" = "--training" ]; then
     # torch first and pinned: the CPU wheel; an unpinned torch would pull several GB of CUDA packages.
     "${pip[@]}" torch==2.13.0
