@@ -156,6 +156,36 @@ def test_slurmctld_slow_does_not_block_node_requests(rig):
     assert status == 200 and took < 0.8, f"a node request waited {took:.1f} s behind a slow Slurm query"
 
 
+@pytest.mark.parametrize("every_s, warnings", [(600.0, 1), (0.0, None)])
+def test_ticks_that_outlast_the_interval_never_overlap_and_are_said_in_our_words(caplog, every_s, warnings):
+    # The 500-job demo on 2 cores: ticks of 1-3 s against a 1 s interval gave 110 lines of
+    # apscheduler's "maximum number of running instances reached" and no count anywhere.
+    from apscheduler.schedulers.background import BackgroundScheduler
+
+    from slurm_mig.controller.cli import schedule_ticks
+    from slurm_mig.controller.service import Metrics
+
+    metrics, runs, busy = Metrics(), [], threading.Lock()
+
+    def slow_tick():
+        assert busy.acquire(blocking=False), "two ticks ran at once"
+        runs.append(time.monotonic())
+        time.sleep(0.45)
+        busy.release()
+
+    with caplog.at_level(logging.WARNING):
+        sched = schedule_ticks(BackgroundScheduler(), slow_tick, 0.1, metrics, logging.getLogger("test.ticks"),
+                               every_s=every_s)
+        sched.start()
+        time.sleep(1.7)
+        sched.shutdown(wait=True)
+    skipped = metrics.counters.get(("slurm_mig_ticks_skipped_total", ()), 0)
+    ours = [r.getMessage() for r in caplog.records if "still running when the next was due" in r.getMessage()]
+    assert len(runs) >= 3 and skipped >= 3
+    assert not [r for r in caplog.records if "maximum number of running instances" in r.getMessage()]
+    assert len(ours) == (warnings or skipped)
+    assert "tick_interval_s 0.1 s" in ours[0]
+
 def test_scontrol_failing_is_logged_and_counted_never_fatal(rig, caplog):
     rig.fake.scontrol_fails = True
     rig.tick()  # plans a layout change, then fails to set GRES

@@ -7,6 +7,11 @@ import json
 import logging
 import signal
 import threading
+import time
+
+# A tick still running when the next is due is said at most this often (a slow slurmctld can keep
+# every tick late for hours; one line per tick would bury the rest of the log).
+OVERRUN_LOG_EVERY_S = 600.0
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -44,6 +49,43 @@ def serve(cfg, controller):
                                                                        (("kind", kind),))).start()
 
 
+class _NoOverrunLines(logging.Filter):
+    """Drops apscheduler's own line for a skipped run; schedule_ticks says it in our words instead."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "maximum number of running instances reached" not in record.getMessage()
+
+
+def schedule_ticks(sched, tick, interval_s: float, metrics, log: logging.Logger,
+                   every_s: float = OVERRUN_LOG_EVERY_S):
+    """Add ``tick`` to the (not yet started) apscheduler ``sched`` every ``interval_s``, one at a time.
+
+    A tick that outlasts the interval makes the next one wait (``max_instances=1``, ``coalesce``):
+    each skipped run is counted in ``slurm_mig_ticks_skipped_total`` and said in one warning at most
+    every ``every_s`` seconds, with the count since the last warning."""
+    from apscheduler.events import EVENT_JOB_MAX_INSTANCES
+
+    aps = logging.getLogger("apscheduler.scheduler")
+    if not any(isinstance(f, _NoOverrunLines) for f in aps.filters):
+        aps.addFilter(_NoOverrunLines())
+    said = {"at": None, "since": 0}
+
+    def skipped(_event) -> None:
+        metrics.inc("slurm_mig_ticks_skipped_total")
+        said["since"] += 1
+        now = time.monotonic()
+        if said["at"] is None or now - said["at"] >= every_s:
+            log.warning("a tick was still running when the next was due (tick_interval_s %g s): %d tick(s) "
+                        "skipped since the last such warning; ticks run back to back until they catch up. A slow "
+                        "slurmctld or an overloaded head node does this; slurm_mig_tick_seconds shows how long "
+                        "ticks take (this warning at most every %g s)", interval_s, said["since"], every_s)
+            said["at"], said["since"] = now, 0
+
+    sched.add_listener(skipped, EVENT_JOB_MAX_INSTANCES)
+    sched.add_job(tick, "interval", seconds=interval_s, max_instances=1, coalesce=True, id="tick")
+    return sched
+
+
 def _run(args: argparse.Namespace) -> int:
     from slurm_mig.config import load_config
 
@@ -75,9 +117,7 @@ def _run(args: argparse.Namespace) -> int:
             log.exception("tick failed")
             controller.metrics.inc("slurm_mig_tick_failures_total")
 
-    sched = BackgroundScheduler()
-    sched.add_job(safe_tick, "interval", seconds=cfg.controller.tick_interval_s, max_instances=1, coalesce=True,
-                  id="tick")
+    sched = schedule_ticks(BackgroundScheduler(), safe_tick, cfg.controller.tick_interval_s, controller.metrics, log)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
