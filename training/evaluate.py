@@ -27,11 +27,18 @@ from training.splits import TEST_FAMILIES, TEST_SEEDS, Case, heldout_cases
 
 HEURISTICS = ("no-mig", "best-static", "first-fit", "greedy", "frag-aware")
 # Two-sided 95 % Student t quantiles by degrees of freedom.
-_T95 = {1: 12.71, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
+_T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
 
 
 def t95(n: int) -> float:
-    return _T95.get(n - 1, 1.96)
+    """The two-sided 95 % Student t quantile for ``n`` values (n - 1 degrees of freedom)."""
+    df = n - 1
+    if df in _T95:
+        return _T95[df]
+    # Beyond the table, the Cornish-Fisher expansion around the normal quantile: within 0.002 of
+    # the exact quantile from 11 degrees of freedom on (1.96 alone understates 20 seeds' interval by 7 %).
+    z = 1.959964
+    return z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
 
 
 def ci(values: list[float]) -> tuple[float, float]:
