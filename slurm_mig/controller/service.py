@@ -494,7 +494,7 @@ class Controller:
         by_name = {n.name: n for n in nodes}
         held_back: set[str] = set()
         for rounds in range(1, WITHDRAW_ROUNDS + 1):
-            shrinking = self._shrinking(plan, by_name, gres_now)
+            shrinking = self._shrinking(plan, gres_now)
             if not shrinking:
                 return plan, jobs, now, held_back
             held_back = set()
@@ -533,22 +533,27 @@ class Controller:
 
         Committed, the re-carve would destroy instances Slurm still advertises and may hand out.
         """
-        told = {ch.node: self.expected_gres(ch.node) for ch, _layout, _steps in plan.changes}
-        told = {node: counts for node, counts in told.items() if counts is not None}
-        held = set(self._shrinking(plan, dict.fromkeys(told), told))
+        told = {}
+        for node in {ch.node for ch, _layout, _steps in plan.changes}:
+            counts = self.expected_gres(node)
+            if counts is not None:
+                told[node] = counts
+        held = set(self._shrinking(plan, told))
         if held:
             log.warning("Slurm could not be asked this tick: re-carves that take instances away on %s wait",
                         ", ".join(sorted(held)))
         return held
 
-    def _shrinking(self, plan: "_Plan", by_name: dict, gres_now: dict) -> dict[str, dict[str, int]]:
-        """Nodes whose Slurm counts the plan lowers: node -> per type the lower of now and after the plan."""
+    def _shrinking(self, plan: "_Plan", gres_now: dict) -> dict[str, dict[str, int]]:
+        """Nodes whose Slurm counts the plan lowers: node -> per type the lower of now and after the plan.
+
+        ``gres_now``: node -> the counts Slurm has; nodes not in it are left out."""
         targets: dict[str, dict[int, Layout]] = {}
         for ch, _layout, _steps in plan.changes:
             targets.setdefault(ch.node, {})[ch.gpu] = ch.target
         out = {}
         for node, changed in targets.items():
-            if node not in by_name or node not in gres_now:
+            if node not in gres_now:
                 continue
             layouts = self.intended_layouts(node)
             layouts.update({gi: lay for gi, lay in changed.items() if gi in layouts})
