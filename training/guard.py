@@ -41,7 +41,6 @@ exported as ``guard.onnx`` beside a copy of the placement model.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import multiprocessing
@@ -49,7 +48,7 @@ import random
 import shutil
 import sys
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -62,6 +61,7 @@ from slurm_mig.policies.rl import (
 )
 from slurm_mig.sim.engine import ClusterSpec
 from slurm_mig.sim.workloads import poisson_workload
+from training.args import parse_args as dataclass_args
 from training.evaluate import run_case
 from training.export import save_onnx
 from training.model import Scorer
@@ -371,13 +371,7 @@ def train(args: Args, log=print) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    for f in fields(Args):
-        if f.type in ("bool", bool):
-            ap.add_argument(f"--{f.name.replace('_', '-')}", action="store_true")
-        else:
-            ap.add_argument(f"--{f.name.replace('_', '-')}", type=type(f.default), default=f.default)
-    args = Args(**vars(ap.parse_args(argv)))
+    args = dataclass_args(Args, argv, __doc__.split("\n\n")[0])
     train(args, log=lambda m: print(m, flush=True))
     return 0
 

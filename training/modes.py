@@ -39,7 +39,7 @@ import pickle
 import random
 import sys
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -50,6 +50,7 @@ from slurm_mig.policies._core import INF, Ctx
 from slurm_mig.policies.base import ClusterState, PendingJob
 from slurm_mig.policies.frag_aware import _SIZE, FragAwarePolicy, _kind
 from slurm_mig.sim.engine import SimConfig, Simulator
+from training.args import parse_args as dataclass_args
 from training.evaluate import evaluate as evaluate_cases
 from training.evaluate import HEURISTICS, markdown, run_case, summarize
 from training.model import Scorer
@@ -264,28 +265,7 @@ class Args:
 
 
 def parse_args(argv: list[str] | None = None) -> Args:
-    import argparse
-
-    ap = argparse.ArgumentParser(description="train the reservation-mode experiment (training/modes.py)")
-    for f in fields(Args):
-        name = "--" + f.name.replace("_", "-")
-        if f.type in ("bool", bool):
-            ap.add_argument(name, action="store_true", default=f.default)
-        elif "tuple" in str(f.type):
-            ap.add_argument(name, default=None, help=f"comma-separated (default {f.default})")
-        else:
-            ap.add_argument(name, type=type(f.default), default=f.default)
-    ns = vars(ap.parse_args(argv))
-    a = Args()
-    for f in fields(Args):
-        v = ns[f.name]
-        if v is None:
-            continue
-        if isinstance(f.default, tuple):
-            parts = [p for p in str(v).split(",") if p]
-            v = (tuple(int(p) for p in parts) if f.name == "episode_jobs" else
-                 tuple(float(p) for p in parts) if f.name == "multi_shares" else tuple(parts))
-        setattr(a, f.name, v)
+    a = dataclass_args(Args, argv, "train the reservation-mode experiment (training/modes.py)")
     if a.smoke:
         a.norm_episodes, a.iterations, a.episodes_per_iteration = 2, 2, 1
         a.episode_jobs, a.eval_every, a.epochs, a.points_per_episode = (80, 120), 2, 1, 2

@@ -46,7 +46,7 @@ import pickle
 import random
 import sys
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -55,6 +55,7 @@ import torch
 from slurm_mig.mig.profiles import GpuModel, get_model
 from slurm_mig.policies.rl import FEATURE_NAMES, FEATURE_SCHEMA, N_FEATURES, PLACEMENT_NETWORK, RLPolicy
 from slurm_mig.sim.engine import SimConfig, Simulator
+from training.args import parse_args as dataclass_args
 from training.env import MigPlacementEnv
 from training.evaluate import run_case
 from training.export import export_onnx
@@ -99,27 +100,7 @@ class Args:
 
 
 def parse_args(argv: list[str] | None = None) -> Args:
-    import argparse
-
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    for f in fields(Args):
-        name = "--" + f.name.replace("_", "-")
-        if f.type in ("bool", bool):
-            ap.add_argument(name, action="store_true", default=f.default)
-        elif "tuple" in str(f.type):
-            ap.add_argument(name, default=None, help=f"comma-separated (default {f.default})")
-        else:
-            ap.add_argument(name, type=type(f.default), default=f.default)
-    ns = vars(ap.parse_args(argv))
-    a = Args()
-    for f in fields(Args):
-        v = ns[f.name]
-        if v is None:
-            continue
-        if isinstance(f.default, tuple):
-            parts = [p for p in str(v).split(",") if p]
-            v = tuple(int(p) for p in parts) if f.name == "episode_jobs" else tuple(parts)
-        setattr(a, f.name, v)
+    a = dataclass_args(Args, argv, __doc__.split("\n\n")[0])
     if a.smoke:
         a.bc_episodes, a.bc_epochs, a.iterations, a.episodes_per_iteration = 2, 3, 2, 1
         a.episode_jobs, a.eval_every, a.epochs, a.points_per_episode = (60, 90), 2, 1, 2
