@@ -71,6 +71,9 @@ class AuthConfig:
     hmac_key_file: str = "/etc/slurm-mig/hmac.key"
     max_clock_skew_s: float = 30.0
     replay_window_s: float = 300.0
+    # munge: is a request for node N encoded on N's host (Slurm's NodeAddr)? "warn" counts and logs a
+    # mismatch, "enforce" refuses it (403), "off" does not look (slurm_mig/api/origin.py)
+    node_origin: str = "warn"
 
 
 @dataclass(frozen=True)
@@ -298,6 +301,7 @@ RULES: dict[str, dict[str, Callable]] = {
         "hmac_key_file": _path(),
         "max_clock_skew_s": _number(0),
         "replay_window_s": _number(0),
+        "node_origin": _choice("off", "warn", "enforce"),
     },
     "slurm": {
         "command_timeout_s": _number(0),

@@ -338,6 +338,7 @@ def test_sinfo_json_nodes():
     assert n1.gres_used == {**ALL_TYPES_0, "1g": 2, "3g": 1}
     assert n1.gres_free == {**ALL_TYPES_0, "1g": 2, "2g": 2, "3g": 1}
     assert n1.partitions == ["debug"] and n1.cpus == 8 and n1.alloc_cpus == 3
+    assert (n1.address, n1.hostname) == ("127.0.0.1", "localhost")  # NodeAddr: where a node's requests come from
     n3 = nodes["n3"]
     assert n3.state == "idle" and n3.drained and not n3.available
     assert n3.reason == "mig reconfig in progress"
@@ -355,6 +356,9 @@ def test_scontrol_nodes_multiline_oneline_and_detail():
                                                         "mig reconfig in progress")
     (n1,) = parsers.parse_scontrol_nodes(SCONTROL_NODE_N1_D)
     assert n1.gres_used == {**ALL_TYPES_0, "1g": 2, "3g": 1}
+    assert all((n.address, n.hostname) == ("127.0.0.1", "localhost") for n in [*nodes, n3, n1])
+    (bare,) = parsers.parse_scontrol_nodes("NodeName=gpu7 NodeAddr=(null) State=IDLE")
+    assert bare.address == "" and bare.hostname == ""  # the origin check then resolves the node's name
 
 
 @pytest.mark.parametrize("state,flags,base,expect", [

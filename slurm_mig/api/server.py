@@ -31,6 +31,14 @@ GetRoute = Callable[[], tuple[str, bytes]]  # -> (content type, body)
 class RequestRejected(SlurmMigError):
     """The request was understood and refused (bad field, impossible action); HTTP 422."""
 
+    http_status = 422
+
+
+class RequestForbidden(RequestRejected):
+    """The sender may not make this request (a node speaking for another node); HTTP 403."""
+
+    http_status = 403
+
 
 class _Server(ThreadingHTTPServer):
     # socketserver's default listen backlog is 5: when many nodes connect at once (every health check
@@ -175,7 +183,7 @@ class ApiServer:
                         server._error("busy", f"{self.path}: {exc}")
                         return self._json(503, {"error": str(exc), "kind": type(exc).__name__})
                     server._error("rejected", f"{self.path}: {exc}")
-                    return self._json(422, {"error": str(exc), "kind": type(exc).__name__})
+                    return self._json(getattr(exc, "http_status", 422), {"error": str(exc), "kind": type(exc).__name__})
                 except Exception as exc:
                     log.exception("POST %s failed", self.path)
                     server._error("internal", f"{self.path}: {exc}")

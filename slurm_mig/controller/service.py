@@ -23,6 +23,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from slurm_mig.api.origin import NodeOrigins
 from slurm_mig.controller.binding import NodeGpu, choose_binding
 from slurm_mig.errors import SlurmMigError
 from slurm_mig.mig.layout import Layout, Slot, parse_layout
@@ -180,12 +181,18 @@ class Controller:
         self._gres_warned: set[str] = set()
         self._gres_checked: set[str] = set()  # nodes told once about missing or too little mig:pad
         self._invalid_reg: set[str] = set()  # nodes Slurm drained for a mig GRES count below the layout's
+        # Is a node's request encoded on its own host? (MUNGE only; [auth].node_origin)
+        self.origins = NodeOrigins()
+        self._origin_said: dict[str, float] = {}  # node -> when its last origin line was logged
         # Error series exist from the start, at 0, so dashboards and alerts see them before the first error.
         for kind in ("auth", "bad_request", "rejected", "internal", "busy"):
             self.metrics.inc("slurm_mig_api_errors_total", (("kind", kind),), 0)
         self.metrics.inc("slurm_mig_hook_errors_total", (("kind", "bind_failed"),), 0)
         for result in ("ok", "failed"):
             self.metrics.inc("slurm_mig_reconfigurations_total", (("result", result),), 0)
+        if cfg.auth.node_origin != "off" and cfg.auth.method == "munge":
+            for result in ("match", "mismatch", "unchecked"):
+                self.metrics.inc("slurm_mig_node_origin_checks_total", (("result", result),), 0)
 
     # ------------------------------------------------------------------ tick
     def tick(self) -> dict:
@@ -202,6 +209,8 @@ class Controller:
                             jobs is not None, nodes is not None)
             else:
                 self._last_slurm_ok = now
+            if nodes is not None and self.cfg.auth.node_origin != "off":
+                self.origins.update(nodes)  # resolves NodeAddrs here, never while a request waits
             summary: dict = {"time": now, "slurm_ok": jobs is not None and nodes is not None}
             # Asked before the transaction: a slow scontrol must not hold the store lock.
             lost = self._lost_epilogs(jobs, now) if jobs is not None else {}
@@ -711,7 +720,36 @@ class Controller:
         node = payload.get("node")
         if not isinstance(node, str) or not NODE_NAME.match(node):
             raise RequestRejected(f"bad node name {node!r}")
+        mode = self.cfg.auth.node_origin
+        if mode != "off" and getattr(principal, "scheme", "") == "munge":
+            self._check_origin(node, principal.host, mode)
         return node
+
+    def _check_origin(self, node: str, encode_host: str, mode: str) -> None:
+        """A request for ``node`` encoded on another host: counted and logged ("warn"), or refused with
+        403 ("enforce"). One line per node per 10 minutes, however many requests."""
+        from slurm_mig.api.server import RequestForbidden
+
+        verdict = self.origins.check(node, encode_host)
+        result = "unchecked" if not verdict.checked else "match" if verdict.ok else "mismatch"
+        self.metrics.inc("slurm_mig_node_origin_checks_total", (("result", result),))
+        if result == "match":
+            return
+        now = self.clock()
+        say = now - self._origin_said.get(node, float("-inf")) >= 600.0
+        if not verdict.checked:
+            if say and not verdict.quiet:
+                self._origin_said[node] = now
+                log.info("cannot check where requests for node %s come from: %s", node, verdict.why)
+            return
+        self.metrics.inc("slurm_mig_node_origin_mismatches_total", (("node", node),))
+        if say:
+            self._origin_said[node] = now
+            log.warning("request for node %s from another host: %s (%s)", node, verdict.why,
+                        "refused: [auth] node_origin = \"enforce\"" if mode == "enforce" else
+                        "served: [auth] node_origin = \"warn\"; see docs/security.md §7")
+        if mode == "enforce":
+            raise RequestForbidden(f"requests for node {node} must come from its own host: {verdict.why}")
 
     def _check_job(self, payload: dict) -> str:
         from slurm_mig.api.server import RequestRejected

@@ -209,6 +209,8 @@ class SlurmNode:
     partitions: list[str] = field(default_factory=list)
     cpus: int | None = None
     alloc_cpus: int | None = None
+    address: str = ""  # NodeAddr: where slurmctld reaches the node (an address or a host name)
+    hostname: str = ""  # NodeHostname
 
     @property
     def drained(self) -> bool:
@@ -353,6 +355,7 @@ def parse_sinfo_json(doc: dict) -> list[SlurmNode]:
             reason=_str(n.get("reason")),
             partitions=[str(p) for p in (n.get("partitions") or [])],
             cpus=_num(n.get("cpus")), alloc_cpus=_num(n.get("alloc_cpus")),
+            address=_str(n.get("address")), hostname=_str(n.get("hostname")),
         ))
     return nodes
 
@@ -409,6 +412,7 @@ def parse_scontrol_nodes(text: str) -> list[SlurmNode]:
             reason=reason,
             partitions=[p for p in _null(kv.get("Partitions")).split(",") if p],
             cpus=_num(kv.get("CPUTot")), alloc_cpus=_num(kv.get("CPUAlloc")),
+            address=_null(kv.get("NodeAddr")), hostname=_null(kv.get("NodeHostName")),
         ))
     return nodes
 

@@ -125,6 +125,10 @@ def test_metrics_scrape_has_the_documented_series_with_live_values(slurm_install
     # errors by kind
     assert one('slurm_mig_hook_errors_total{kind="bind_failed"}') >= 1
     assert one('slurm_mig_api_errors_total{kind="auth"}') >= 1
+    # every node's hooks spoke for their own node, through the cluster's munged: no origin mismatch
+    assert not series(m, "slurm_mig_node_origin_mismatches_total")
+    assert one('slurm_mig_node_origin_checks_total{result="match"}') >= len(ids)
+    assert one('slurm_mig_node_origin_checks_total{result="mismatch"}') == 0
     # the cluster
     for node in dc.nodes:
         assert one(f'slurm_mig_node_up{{node="{node}"}}') == 1
