@@ -25,7 +25,7 @@ import os
 import string
 
 import pytest
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 from slurm_mig.errors import ConfigError, GeometryError, SlurmMigError
@@ -410,6 +410,42 @@ def test_hostile_job_fields_survive_the_tick_and_the_store(names, users):
     finally:
         store.close()
 
+
+
+# -- where a node's request comes from ([auth].node_origin) ------------------------------------
+
+def _literal_ipv4(name: str) -> frozenset[str]:
+    """DNS for the fuzzer: IPv4 literals resolve to themselves, nothing else does (no network)."""
+    import ipaddress
+
+    try:
+        return frozenset({str(ipaddress.IPv4Address(name))})
+    except ValueError:
+        return frozenset()
+
+
+ipv4_ish = st.from_regex(r"\A[0-9]{1,3}(\.[0-9]{1,3}){3}\Z") | st.ip_addresses(v=4).map(str)
+
+
+@FUZZ
+@given(st.lists(st.tuples(any_text, ipv4_ish | any_text), max_size=4), any_text, st.integers(0, 7),
+       ipv4_ish | any_text | st.builds("{} ({})".format, any_text, ipv4_ish))
+def test_node_origin_check_never_fails(nodes, other, pick, encode_host):
+    from slurm_mig.api.origin import NodeOrigins, encode_address
+
+    claimed = nodes[pick][0] if pick < len(nodes) else other  # mostly a node Slurm listed
+
+    addr = encode_address(encode_host)
+    assert addr == "" or _literal_ipv4(addr) == {addr}
+    o = NodeOrigins(resolver=_literal_ipv4, local_names=("192.0.2.2",))
+    o.update([parsers.SlurmNode(name=n, state="idle", address=a) for n, a in nodes])
+    v = o.check(claimed, encode_host)
+    event("match" if v.ok and v.checked else "mismatch" if v.checked else "unchecked")
+    assert isinstance(v.ok, bool) and isinstance(v.why, str)
+    if v.checked and not v.ok:  # a refusal always names who sent it
+        assert addr and addr in v.why
+    if not addr:  # a credential without an address is never refused
+        assert v.ok
 
 def test_slurm_mig_error_hierarchy_is_what_the_fuzzers_rely_on():
     assert issubclass(GeometryError, SlurmMigError) and issubclass(ConfigError, SlurmMigError)
