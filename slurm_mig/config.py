@@ -31,6 +31,8 @@ ENV_VAR = "SLURM_MIG_CONFIG"
 SYSTEM_PATH = Path("/etc/slurm-mig/slurm-mig.toml")
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+#: 30 days: the longest [policy].rl_max_hold_h, and the longest hold an rl guard option may name.
+MAX_HOLD_H = 720.0
 
 
 @dataclass(frozen=True)
@@ -313,7 +315,7 @@ RULES: dict[str, dict[str, Callable]] = {
         "shadow": _policy_name(allow_empty=True),
         "model_path": _path(),
         "fallback": _policy_name(allow_empty=False),
-        "rl_max_hold_h": _number(0, exclusive=False, maximum=720),
+        "rl_max_hold_h": _number(0, exclusive=False, maximum=MAX_HOLD_H),
     },
     "log": {
         "level": _choice(*LOG_LEVELS, fold=str.upper),

@@ -51,6 +51,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from slurm_mig.config import MAX_HOLD_H  # 30 days: the longest guard option, and [policy].rl_max_hold_h's bound
 from slurm_mig.errors import ConfigError, SlurmMigError
 from slurm_mig.policies._core import CONFLICT, INF, NO_ROOM, PLACED, Ctx, GpuInfo, carve_memo
 from slurm_mig.policies.base import ClusterState, Decision, PendingJob
@@ -291,8 +292,6 @@ def _session(ort, so, path: Path, what: str, input_name: str, width: int, schema
         raise PolicyModelError(f"{what} {path} takes {got} features per row; schema {schema} has {width}")
     return sess
 
-
-MAX_HOLD_H = 720.0  # 30 days: the longest a guard option or [policy].rl_max_hold_h may hold (config.py: the same)
 
 PLACEMENT_NETWORK = "network"
 PLACEMENT_FRAG_AWARE = "frag-aware"
