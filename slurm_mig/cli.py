@@ -21,6 +21,7 @@ COMMAND_MODULES = [
     "slurm_mig.nvml.cli",
     "slurm_mig.slurm.cli",
     "slurm_mig.controller.cli",
+    "slurm_mig.api.cli",
     "slurm_mig.node.cli",
     "slurm_mig.ops.cli",
     "slurm_mig.sim.cli",

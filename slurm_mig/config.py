@@ -71,6 +71,9 @@ class AuthConfig:
     method: str = "munge"  # "munge" | "hmac"
     munge_socket: str = "/run/munge/munge.socket.2"
     hmac_key_file: str = "/etc/slurm-mig/hmac.key"
+    # controller, method = "hmac": a folder of one key per node (<node>.key); a request is verified with
+    # the key of the node it names, hmac_key_file only for nodes without one. "" = the shared key only
+    hmac_node_keys_dir: str = ""
     max_clock_skew_s: float = 30.0
     replay_window_s: float = 300.0
     # munge: is a request for node N encoded on N's host (Slurm's NodeAddr)? "warn" counts and logs a
@@ -301,6 +304,7 @@ RULES: dict[str, dict[str, Callable]] = {
         "method": _choice("munge", "hmac"),
         "munge_socket": _path(allow_empty=False),
         "hmac_key_file": _path(),
+        "hmac_node_keys_dir": _path(),
         "max_clock_skew_s": _number(0),
         "replay_window_s": _number(0),
         "node_origin": _choice("off", "warn", "enforce"),

@@ -323,33 +323,96 @@ def create_key(path: str) -> None:
         fh.write(secrets.token_hex(32) + "\n")
 
 
+#: A node name that may name a key file: no "/", no leading ".", so never a path outside the folder.
+KEY_NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")  # the controller's NODE_NAME
+
+
+class NodeKeys:
+    """The controller's folder of one HMAC key per node (``<node>.key``, 0600 like any key file).
+
+    With it a node holds only its own key, so it cannot sign a request for another node: the shared
+    key lets any node's root speak for every node (docs/security.md §7). A key file is re-read when it
+    changes (a rotated key takes effect at once, without a restart).
+    """
+
+    def __init__(self, folder: str):
+        self.folder = folder
+        self._cache: dict[str, tuple[tuple, bytes]] = {}
+        self._lock = threading.Lock()
+
+    def path(self, node: str) -> str | None:
+        """The key file of ``node``; None for a name that cannot name one."""
+        if not KEY_NODE_NAME.fullmatch(node or "") or ".." in node:
+            return None
+        return os.path.join(self.folder, node + ".key")
+
+    def get(self, node: str) -> bytes | None:
+        """``node``'s key; None when it has no key file. AuthError for a key file that is unsafe or short."""
+        path = self.path(node)
+        if path is None:
+            return None
+        try:
+            st = os.stat(path, follow_symlinks=False)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise AuthError(f"cannot read node key file {path}: {exc.strerror}") from exc
+        stamp = (st.st_ino, st.st_mtime_ns, st.st_size, st.st_mode)
+        with self._lock:
+            hit = self._cache.get(node)
+        if hit is not None and hit[0] == stamp:
+            return hit[1]
+        key = load_key(path)
+        with self._lock:
+            self._cache[node] = (stamp, key)
+        return key
+
+
 class HmacAuth:
     """HMAC-SHA256 request signatures with a shared key, a clock-skew limit and a nonce cache."""
 
     scheme = "hmac"
 
-    def __init__(self, key: bytes, *, max_skew_s: float = 60.0, uid: int = 0):
+    def __init__(self, key: bytes | None, *, max_skew_s: float = 60.0, uid: int = 0,
+                 node_keys: NodeKeys | None = None):
+        """``key``: the shared key (a node: its own key). ``node_keys`` (the controller): verify each
+        request with the key of the node it names, and fall back to ``key`` (if any) for a node that
+        has no key file yet, so that keys can be rolled out node by node."""
+        if key is None and node_keys is None:
+            raise AuthError("HMAC needs a key file, or a folder of node keys")
         self.key = key
+        self.node_keys = node_keys
         self.max_skew_s = max_skew_s
         self.uid = uid
         self.replay = ReplayCache(window_s=2 * max_skew_s)
 
-    def _mac(self, ts: str, nonce: str, node: str, body: bytes) -> str:
+    def _key_for(self, node: str) -> bytes:
+        key = self.node_keys.get(node) if self.node_keys is not None else None
+        if key is None:
+            key = self.key
+        if key is None:
+            raise AuthError(f"no key for node {node!r} in {self.node_keys.folder}" if self.node_keys is not None
+                            else "no HMAC key")
+        return key
+
+    @staticmethod
+    def _mac(key: bytes, ts: str, nonce: str, node: str, body: bytes) -> str:
         msg = "\n".join(["slurm-mig/1", ts, nonce, node, _digest(body)]).encode()
-        return hmac.new(self.key, msg, hashlib.sha256).hexdigest()
+        return hmac.new(key, msg, hashlib.sha256).hexdigest()
 
     def sign(self, body: bytes, node: str = "", now: float | None = None) -> str:
         ts = f"{time.time() if now is None else now:.3f}"
         nonce = secrets.token_hex(16)
-        return f"hmac {ts} {nonce} {node} {self._mac(ts, nonce, node, body)}"
+        return f"hmac {ts} {nonce} {node} {self._mac(self._key_for(node), ts, nonce, node, body)}"
 
     def verify(self, header: str, body: bytes, now: float | None = None) -> Principal:
         parts = (header or "").split(" ")
         if len(parts) != 5 or parts[0] != "hmac":
             raise AuthError("request has no HMAC credential")
         _, ts, nonce, node, mac = parts
+        key = self._key_for(node)
         # compare_digest takes ASCII only (TypeError otherwise): a MAC is 64 hex digits, anything else is forged.
-        if not _HEX64.fullmatch(mac) or not hmac.compare_digest(mac, self._mac(ts, nonce, node, body)):
+        if not _HEX64.fullmatch(mac) or not hmac.compare_digest(mac, self._mac(key, ts, nonce, node, body)):
             raise AuthError("request signature does not match (wrong key or altered request)")
         now = time.time() if now is None else now
         try:
@@ -363,8 +426,11 @@ class HmacAuth:
 
 
     def sign_response(self, request_header: str, status: int, body: bytes) -> str:
-        """The controller's MAC over its answer, bound to the request's credential."""
-        return "hmac " + hmac.new(self.key, _response_digest(request_header, status, body).encode(),
+        """The controller's MAC over its answer, bound to the request's credential, with the key the
+        request was verified with (the node's own, with node keys)."""
+        parts = (request_header or "").split(" ")
+        key = self._key_for(parts[3] if len(parts) == 5 else "")
+        return "hmac " + hmac.new(key, _response_digest(request_header, status, body).encode(),
                                   hashlib.sha256).hexdigest()
 
     def verify_response(self, request_header: str, status: int, header: str | None, body: bytes) -> None:
@@ -372,17 +438,27 @@ class HmacAuth:
         scheme, _, mac = (header or "").partition(" ")
         if scheme != "hmac" or not _HEX64.fullmatch(mac):
             raise AuthError("answer has no HMAC signature")
-        want = hmac.new(self.key, _response_digest(request_header, status, body).encode(), hashlib.sha256).hexdigest()
+        parts = (request_header or "").split(" ")
+        key = self._key_for(parts[3] if len(parts) == 5 else "")
+        want = hmac.new(key, _response_digest(request_header, status, body).encode(), hashlib.sha256).hexdigest()
         if not hmac.compare_digest(mac, want):
             raise AuthError("answer's signature does not match (wrong key, altered or replayed answer)")
 
 
 def auth_from_settings(method: str, *, munge_socket: str | None = None, key_file: str | None = None,
-                       max_skew_s: float = 60.0, allowed_uids: tuple[int, ...] = (0,)):
-    """Build the authenticator a config names ("munge" or "hmac")."""
+                       max_skew_s: float = 60.0, allowed_uids: tuple[int, ...] = (0,),
+                       node_keys_dir: str | None = None):
+    """Build the authenticator a config names ("munge" or "hmac"). ``node_keys_dir``: the controller's
+    folder of per-node keys (then ``key_file``, the shared key, is optional: the fallback for nodes
+    without a key file)."""
     if method == "munge":
         return MungeAuth(munge_socket, allowed_uids=allowed_uids, ttl_s=int(max(max_skew_s, 10)))
     if method == "hmac":
+        if node_keys_dir:
+            if not os.path.isdir(node_keys_dir):
+                raise AuthError(f"node key folder {node_keys_dir} does not exist (create it with `slurm-mig keys`)")
+            shared = load_key(key_file) if key_file and os.path.exists(key_file) else None
+            return HmacAuth(shared, max_skew_s=max_skew_s, node_keys=NodeKeys(node_keys_dir))
         if not key_file:
             raise AuthError("auth method hmac needs a key_file")
         return HmacAuth(load_key(key_file), max_skew_s=max_skew_s)

@@ -720,8 +720,15 @@ class Controller:
         node = payload.get("node")
         if not isinstance(node, str) or not NODE_NAME.match(node):
             raise RequestRejected(f"bad node name {node!r}")
+        scheme = getattr(principal, "scheme", "")
+        if scheme == "hmac" and principal.host and principal.host != node:
+            # The credential names the node whose key signed it: with a key per node that is who sent it.
+            from slurm_mig.api.server import RequestForbidden
+
+            self.metrics.inc("slurm_mig_node_origin_mismatches_total", (("node", node),))
+            raise RequestForbidden(f"a request signed for node {principal.host} cannot speak for node {node}")
         mode = self.cfg.auth.node_origin
-        if mode != "off" and getattr(principal, "scheme", "") == "munge":
+        if mode != "off" and scheme == "munge":
             self._check_origin(node, principal.host, mode)
         return node
 

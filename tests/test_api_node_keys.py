@@ -1,0 +1,163 @@
+"""[auth].hmac_node_keys_dir: one HMAC key per node, so that a node can sign only for itself.
+Real key files, a real Controller behind a real ApiServer, the real ControllerClient."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+import pytest
+
+from slurm_mig.api.auth import AuthError, HmacAuth, NodeKeys, auth_from_settings, create_key, load_key
+from slurm_mig.api.cli import create_node_keys
+from slurm_mig.api.client import ControllerClient, ControllerRefused, ControllerUnavailable
+from slurm_mig.api.server import ApiServer
+from slurm_mig.cli import main
+from slurm_mig.config import Config
+from slurm_mig.controller.service import Controller
+from slurm_mig.errors import SlurmMigError
+from slurm_mig.store import open_store
+
+
+@pytest.fixture
+def keys(tmp_path):
+    folder = tmp_path / "node-keys"
+    create_node_keys(str(folder), ["n1", "n2"])
+    return folder
+
+
+def node_auth(folder, node: str) -> HmacAuth:
+    """What a node has: its own key, nothing else."""
+    return HmacAuth(load_key(str(folder / f"{node}.key")))
+
+
+def test_keys_are_created_once_0600_in_a_0700_folder(tmp_path):
+    folder = tmp_path / "k"
+    got = create_node_keys(str(folder), ["gpu01", "gpu02", "gpu01"])
+    assert [(n, c) for n, _p, c in got] == [("gpu01", True), ("gpu02", True)]
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+    assert all(stat.S_IMODE((folder / f"{n}.key").stat().st_mode) == 0o600 for n in ("gpu01", "gpu02"))
+    before = (folder / "gpu01.key").read_bytes()
+    assert [c for _n, _p, c in create_node_keys(str(folder), ["gpu01", "gpu03"])] == [False, True]
+    assert (folder / "gpu01.key").read_bytes() == before  # never overwritten
+    assert load_key(str(folder / "gpu01.key")) != load_key(str(folder / "gpu02.key"))
+
+
+@pytest.mark.parametrize("bad", ["../etc/passwd", ".hidden", "a/b", "", "x" * 65, "a..b", "n1 n2"])
+def test_a_name_that_is_not_a_node_names_no_key_file(tmp_path, bad):
+    with pytest.raises(SlurmMigError, match="not a node name"):
+        create_node_keys(str(tmp_path / "k"), ["n1", bad])
+    assert not (tmp_path / "k").exists()  # refused before anything was written
+    assert NodeKeys(str(tmp_path)).get(bad) is None
+
+
+def test_unsafe_folders_and_key_files_are_refused(tmp_path):
+    folder = tmp_path / "k"
+    folder.mkdir(mode=0o755)
+    os.chmod(folder, 0o755)
+    with pytest.raises(SlurmMigError, match="must be 0700"):
+        create_node_keys(str(folder), ["n1"])
+    os.chmod(folder, 0o700)
+    create_node_keys(str(folder), ["n1"])
+    os.chmod(folder / "n1.key", 0o644)
+    with pytest.raises(AuthError, match="must be 0600"):
+        NodeKeys(str(folder)).get("n1")
+    with pytest.raises(SlurmMigError, match="0600"):
+        create_node_keys(str(folder), ["n1"])  # an existing key is checked, not silently kept
+
+
+def test_a_node_signs_for_itself_only(keys):
+    ctl = HmacAuth(None, node_keys=NodeKeys(str(keys)))
+    body = b'{"node": "n1"}'
+    assert ctl.verify(node_auth(keys, "n1").sign(body, "n1"), body).host == "n1"
+    with pytest.raises(AuthError, match="does not match"):
+        ctl.verify(node_auth(keys, "n1").sign(body, "n2"), body)  # n1's key, claiming to be n2
+    with pytest.raises(AuthError, match="no key for node 'n3'"):
+        ctl.verify(HmacAuth(b"s" * 64).sign(body, "n3"), body)  # no key file, no shared key
+
+
+def test_the_shared_key_covers_only_nodes_without_a_key_file(keys):
+    shared = b"s" * 64
+    ctl = HmacAuth(shared, node_keys=NodeKeys(str(keys)))
+    body = b"{}"
+    assert ctl.verify(HmacAuth(shared).sign(body, "n3"), body).host == "n3"  # not rolled out yet
+    with pytest.raises(AuthError):
+        ctl.verify(HmacAuth(shared).sign(body, "n1"), body)  # n1 has its own key now: the shared one is out
+
+
+def test_answers_are_signed_with_the_asking_nodes_key(keys):
+    ctl = HmacAuth(None, node_keys=NodeKeys(str(keys)))
+    body, answer = b"{}", b'{"ok": true}'
+    request = node_auth(keys, "n1").sign(body, "n1")
+    signed = ctl.sign_response(request, 200, answer)
+    node_auth(keys, "n1").verify_response(request, 200, signed, answer)
+    with pytest.raises(AuthError):
+        node_auth(keys, "n2").verify_response(request, 200, signed, answer)
+
+
+def test_a_rotated_key_takes_effect_without_a_restart(keys):
+    ctl = HmacAuth(None, node_keys=NodeKeys(str(keys)))
+    old = node_auth(keys, "n1")
+    body = b"{}"
+    ctl.verify(old.sign(body, "n1"), body)
+    (keys / "n1.key").unlink()
+    create_key(str(keys / "n1.key"))
+    with pytest.raises(AuthError):
+        ctl.verify(old.sign(body, "n1"), body)
+    assert ctl.verify(node_auth(keys, "n1").sign(body, "n1"), body).host == "n1"
+
+
+def test_the_controller_config_builds_it_and_says_what_is_missing(tmp_path, keys):
+    a = auth_from_settings("hmac", key_file=str(tmp_path / "absent.key"), node_keys_dir=str(keys))
+    assert a.key is None and a.node_keys.folder == str(keys)
+    with pytest.raises(AuthError, match="does not exist"):
+        auth_from_settings("hmac", key_file="", node_keys_dir=str(tmp_path / "nope"))
+
+
+class NoSlurm:
+    def jobs(self):
+        return []
+
+    def nodes(self):
+        return []
+
+    def update_node_gres(self, node, counts, **kw):
+        return ""
+
+    def run(self, argv, **kw):
+        return None
+
+
+def test_through_the_api_a_node_cannot_speak_for_another(keys, tmp_path):
+    store = open_store(tmp_path / "state.db")
+    ctl = Controller(Config(), store, NoSlurm())
+    srv = ApiServer("127.0.0.1", 0, HmacAuth(None, node_keys=NodeKeys(str(keys))), ctl.routes(),
+                    ctl.get_routes()).start()
+    url = "http://%s:%d" % srv.address
+    try:
+        def report(key_of: str, signs_as: str, about: str) -> dict:
+            client = ControllerClient(url, node_auth(keys, key_of), signs_as, timeout_s=5)
+            return client.call("/v1/report", {"node": about, "observed": [], "bindings": {}})
+
+        assert "desired" in report("n1", "n1", "n1")
+        assert "desired" in report("n2", "n2", "n2")
+        with pytest.raises(ControllerRefused) as e:
+            report("n1", "n1", "n2")  # signed as itself, about another node
+        assert e.value.status == 403 and "cannot speak for node n2" in str(e.value)
+        with pytest.raises(ControllerUnavailable):
+            report("n1", "n2", "n2")  # claims n2's name: 401, and the answer cannot be verified
+    finally:
+        srv.stop()
+        store.close()
+    assert 'slurm_mig_node_origin_mismatches_total{node="n2"} 1' in ctl.metrics.render().decode()
+
+
+def test_keys_command(tmp_path, capsys):
+    assert main(["keys", "--dir", str(tmp_path / "k"), "gpu[01-03]", "head"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert [line.split("\t")[0] for line in out] == ["gpu01", "gpu02", "gpu03", "head"]
+    assert all(line.endswith("created") for line in out)
+    assert main(["keys", "--dir", str(tmp_path / "k"), "gpu01"]) == 0
+    assert capsys.readouterr().out.strip().endswith("kept")
+    assert main(["keys", "--dir", str(tmp_path / "k"), "../x"]) != 0
+    assert "not a node name" in capsys.readouterr().err
