@@ -61,7 +61,7 @@ def serve(args) -> int:
     from slurm_mig.api.server import ApiServer
     from slurm_mig.config import Config
     from slurm_mig.controller.service import Controller
-    from slurm_mig.slurm.parsers import SlurmJob
+    from slurm_mig.slurm.parsers import SlurmJob, SlurmNode
     from slurm_mig.store import open_store
 
     logging.basicConfig(level=logging.WARNING, filename=args.log, format="%(asctime)s %(levelname)s %(message)s")
@@ -94,6 +94,9 @@ def serve(args) -> int:
             return ""
 
     ctl = Controller(Config(), store, Slurm())
+    # The node-origin check ([auth].node_origin, "warn" by default) on every request: every node's NodeAddr
+    # is this host, as on the local cluster. (The stand-in Slurm lists no nodes, so the tick does not.)
+    ctl.origins.update([SlurmNode(name=node_name(i), state="idle", address="127.0.0.1") for i in range(args.nodes)])
     auth = auth_from_settings(args.auth, munge_socket=args.munge_socket, key_file=args.key, max_skew_s=300)
     errors: list[str] = []
     srv = ApiServer("127.0.0.1", 0, auth, ctl.routes(), ctl.get_routes(),
@@ -118,6 +121,8 @@ def serve(args) -> int:
     live = store._q("SELECT COUNT(*) AS n FROM bindings WHERE released_at IS NULL")[0]["n"]
     summary = {"outcomes": len(store.outcomes()), "live_bindings": live, "controller_errors": errors[:20],
                "controller_error_count": len(errors), "ticks": len(ticks),
+               "origin_checks": {r: ctl.metrics.counters.get(("slurm_mig_node_origin_checks_total", (("result", r),)), 0.0)
+                                 for r in ("match", "mismatch", "unchecked")},
                "tick_max_s": round(max(ticks), 3) if ticks else None}
     Path(args.port_file).with_suffix(".done").write_text(json.dumps(summary))
     store.close()
@@ -263,6 +268,7 @@ def run(args) -> dict:
             "outcomes_recorded": done["outcomes"], "live_bindings_after": done["live_bindings"],
             "controller_errors": done["controller_error_count"], "controller_error_samples": done["controller_errors"],
             "ticks_during_run": done["ticks"], "tick_max_s": done["tick_max_s"],
+            "origin_checks": done.get("origin_checks"),
             "mean_ms": round(statistics.fmean(every) * 1000, 1) if every else None,
         }
         result["passed"] = (result["errors"] == 0 and result["controller_errors"] == 0
@@ -306,6 +312,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"outcomes recorded {result['outcomes_recorded']}/{result['nodes']}, live bindings after "
           f"{result['live_bindings_after']}, controller errors {result['controller_errors']}, "
           f"ticks during the run {result['ticks_during_run']} (slowest {result['tick_max_s']} s)")
+    if result.get("origin_checks"):
+        print("node-origin checks:", ", ".join(f"{k} {v:g}" for k, v in result["origin_checks"].items()))
     if result["error_samples"] or result["controller_error_samples"]:
         print("errors:", *(result["error_samples"] + result["controller_error_samples"])[:10], sep="\n  ")
     print("PASS" if result["passed"] else "FAIL")
