@@ -7,16 +7,18 @@ of the host that *encoded* a credential into it (``ENCODE_HOST``: the host's own
 ``munged --origin``), and the munge client cannot choose it. So the controller compares that
 address with the claimed node's ``NodeAddr`` from Slurm.
 
-What it stops: a node that claims another node's name through munged (our hooks, the ``munge``
-command, libmunge), and a node that is misconfigured or misrouted. What it does not: a node's root
-that builds MUNGE credentials itself with the key, which is the same on every host. Only a key per
-node would stop that (docs/security.md §8).
+What it catches: a node that sends for another node through its own host's munged (a misconfigured
+or misrouted node, a hook run with the wrong ``--node``, a careless intruder). What it cannot stop:
+a node's root, who can start a munged of its own with ``--origin`` set to another node's address
+(the tests do exactly that) or build credentials with the key, which is the same on every host.
+So it is a tripwire, not a boundary; a key per node is the boundary (``[auth].hmac_node_keys_dir``,
+docs/security.md §7).
 
 Three modes (``[auth].node_origin``): ``off``; ``warn`` (the default: a mismatch is counted and
 logged, the request is served), so that a site can see what its nodes send before it enforces;
 ``enforce``: a mismatch is refused (403). A node whose address is not known yet, or does not
-resolve, cannot be checked: it is served, and said once. Nodes whose NodeAddr is this host (the
-local test cluster: every node is 127.0.0.1) may send from any of this host's addresses.
+resolve, cannot be checked: it is served and counted as unchecked. Nodes whose NodeAddr is this
+host (the local test cluster: every node is 127.0.0.1) may send from any of this host's addresses.
 
 Addresses are resolved in the controller's tick (``update``), never while a request waits.
 """
@@ -115,7 +117,10 @@ class NodeOrigins:
         for a in todo:
             if time.monotonic() - t0 > self.budget_s:
                 break
-            fresh[a] = (self.resolver(a), now)
+            got = self.resolver(a)
+            if not got and a in self._resolved:  # a DNS hiccup does not forget what a node's address was
+                got = self._resolved[a][0]
+            fresh[a] = (got, now)
         with self._lock:
             self._addr.update(addrs)
             self._resolved.update(fresh)
