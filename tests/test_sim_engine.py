@@ -155,3 +155,25 @@ def test_timeline_and_reasons_are_recorded():
     assert "b" in r.waiting_reasons and "reserved" in r.waiting_reasons["b"]
     assert any(s.kind == "job" and s.job_id == "b" for s in r.timeline)
     assert r.queue and max(n for _, n in r.queue) >= 1
+
+
+def test_after_apply_sees_each_decision_in_place_before_time_moves():
+    w = poisson_workload(60, gpus=2, load=0.9, seed=3)
+    sim = Simulator(w, get_policy("frag-aware"), ClusterSpec(1, 2))
+    seen = []
+
+    def look(s: Simulator) -> None:
+        seen.append((s.now, s.decisions, sum(len(g.busy) + len(g.reconf) for g in s.gpus)))
+
+    state, steps = sim.reset(), 0
+    while state is not None:
+        decision = sim.policy.decide(state)
+        t = state.now
+        state = sim.step(decision, after_apply=look)
+        steps += 1
+        now, n, in_use = seen[-1]
+        assert now == t and n == steps  # applied, counted, and the clock not yet moved
+        if decision.assignments:  # the jobs it started already hold their instances
+            assert in_use >= 1 and all(sim.records[a.job_id].start >= t for a in decision.assignments)
+    assert len(seen) == steps and steps > 10
+    assert sim.result(0.0).jobs and all(r.end < math.inf for r in sim.result(0.0).jobs)

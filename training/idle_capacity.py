@@ -39,26 +39,30 @@ def idle_while_waiting(family: str, seed: int, policy: str) -> dict:
     state = sim.reset()
     while state is not None:
         decision = sim.policy.decide(state)
-        sim.apply(decision)
-        sim.decisions += 1
-        t = sim.now
         held = {k for r in decision.extra.get("reservations", []) for k in r[2]}
-        profiles = {sim.records[p.job_id].run_profile for p in sim.pending}
-        free = fit = fit_held = 0
-        for g in sim.gpus:
-            m = g.model
-            used_mask = used_c = 0
-            for s in (*g.busy, *g.reconf):
-                p = m.profile(s.profile)
-                used_mask |= p.mask(s.start)
-                used_c += p.compute_slices
-            c = m.compute_slices - used_c
-            free += c
-            if c and any(p.compute_slices <= c and any(not p.mask(st) & used_mask for st in p.starts)
-                         for p in (m.profile(k) for k in profiles)):
-                fit += c
-                fit_held += c if g.key in held else 0
-        state = sim._next_state()
+        seen: dict = {}
+
+        def measure(sim: Simulator) -> None:
+            """After the decision is applied, before time moves: idle slices, and those a waiting job fits."""
+            profiles = {sim.records[p.job_id].run_profile for p in sim.pending}
+            free = fit = fit_held = 0
+            for g in sim.gpus:
+                m = g.model
+                used_mask = used_c = 0
+                for s in (*g.busy, *g.reconf):
+                    p = m.profile(s.profile)
+                    used_mask |= p.mask(s.start)
+                    used_c += p.compute_slices
+                c = m.compute_slices - used_c
+                free += c
+                if c and any(p.compute_slices <= c and any(not p.mask(st) & used_mask for st in p.starts)
+                             for p in (m.profile(k) for k in profiles)):
+                    fit += c
+                    fit_held += c if g.key in held else 0
+            seen.update(t=sim.now, profiles=profiles, free=free, fit=fit, fit_held=fit_held)
+
+        state = sim.step(decision, after_apply=measure)
+        t, profiles, free, fit, fit_held = (seen[k] for k in ("t", "profiles", "free", "fit", "fit_held"))
         dt = sim.now - t
         total += sum(g.model.compute_slices for g in sim.gpus) * dt
         if profiles:

@@ -379,10 +379,16 @@ class Simulator:
                 return self.state()
         return None
 
-    def step(self, decision: Decision) -> ClusterState | None:
-        """Apply ``decision`` to the current state; the next state needing one (None: done)."""
+    def step(self, decision: Decision,
+             after_apply: Callable[["Simulator"], None] | None = None) -> ClusterState | None:
+        """Apply ``decision`` to the current state; the next state needing one (None: done).
+
+        ``after_apply(sim)`` runs between the two, when the decision's starts and re-carves are in
+        place and time has not moved yet (what training/idle_capacity.py measures)."""
         self.apply(decision)
         self.decisions += 1
+        if after_apply is not None:
+            after_apply(self)
         if self.config.record:
             self.queue_trace.append((self.now, len(self.pending)))
         limit = self.config.max_decisions or 50 * (len(self.records) + len(self.gpus)) + 10_000
