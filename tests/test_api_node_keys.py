@@ -59,9 +59,15 @@ def test_unsafe_folders_and_key_files_are_refused(tmp_path):
         create_node_keys(str(folder), ["n1"])
     os.chmod(folder, 0o700)
     create_node_keys(str(folder), ["n1"])
+    n1 = HmacAuth(load_key(str(folder / "n1.key")))
     os.chmod(folder / "n1.key", 0o644)
     with pytest.raises(AuthError, match="must be 0600"):
         NodeKeys(str(folder)).get("n1")
+    body = b"{}"
+    signed = n1.sign(body, "n1")
+    with pytest.raises(AuthError) as refused:  # the sender is told nothing about paths or modes
+        HmacAuth(None, node_keys=NodeKeys(str(folder))).verify(signed, body)
+    assert "n1" in str(refused.value) and str(folder) not in str(refused.value) and "0600" not in str(refused.value)
     with pytest.raises(SlurmMigError, match="0600"):
         create_node_keys(str(folder), ["n1"])  # an existing key is checked, not silently kept
 

@@ -22,6 +22,7 @@ import ctypes
 import ctypes.util
 import hashlib
 import hmac
+import logging
 import math
 import os
 import re
@@ -34,6 +35,8 @@ import time
 from dataclasses import dataclass
 
 from slurm_mig.errors import SlurmMigError
+
+log = logging.getLogger("slurm_mig.api.auth")
 
 HEADER = "X-Slurm-Mig-Auth"
 #: The controller's signature on its answer, bound to the request it answers (see _response_digest).
@@ -387,7 +390,13 @@ class HmacAuth:
         self.replay = ReplayCache(window_s=2 * max_skew_s)
 
     def _key_for(self, node: str) -> bytes:
-        key = self.node_keys.get(node) if self.node_keys is not None else None
+        try:
+            key = self.node_keys.get(node) if self.node_keys is not None else None
+        except AuthError as exc:
+            # An unsafe or short key file: the admin reads why in the controller's log; the sender, who is
+            # not authenticated yet, learns no path or file mode.
+            log.error("%s", exc)
+            raise AuthError(f"the controller cannot use node {node}'s key file (see its log)") from None
         if key is None:
             key = self.key
         if key is None:
