@@ -156,6 +156,14 @@ def test_warn_serves_counts_and_logs_once_per_node(controller, caplog):
     assert 'slurm_mig_node_origin_mismatches_total{node="n1"} 3' in ctl.metrics.render().decode()
 
 
+def test_under_hmac_the_tick_resolves_nothing(tmp_path):
+    ctl = Controller(Config(auth=AuthConfig(method="hmac", node_origin="enforce")), open_store(tmp_path / "h.db"),
+                     QuietSlurm())
+    ctl.origins = NodeOrigins(resolver=(r := Resolver()), local_names=("head",))
+    ctl.tick()
+    assert r.asked == [] and ctl.origin_mode == "off"  # HMAC credentials say nothing about the host
+
+
 def test_off_and_hmac_do_not_look(controller):
     report(controller("off"), "n1", munge("10.0.0.2"))
     ctl = controller("enforce")

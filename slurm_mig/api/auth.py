@@ -404,6 +404,13 @@ class HmacAuth:
                             else "no HMAC key")
         return key
 
+    def _response_mac(self, request_header: str, status: int, body: bytes) -> str:
+        """The MAC of an answer: the request's credential, the status and the body, under the key the
+        request was signed with (its node's own, with node keys; the node name is the header's 4th field)."""
+        parts = (request_header or "").split(" ")
+        key = self._key_for(parts[3] if len(parts) == 5 else "")
+        return hmac.new(key, _response_digest(request_header, status, body).encode(), hashlib.sha256).hexdigest()
+
     @staticmethod
     def _mac(key: bytes, ts: str, nonce: str, node: str, body: bytes) -> str:
         msg = "\n".join(["slurm-mig/1", ts, nonce, node, _digest(body)]).encode()
@@ -437,20 +444,14 @@ class HmacAuth:
     def sign_response(self, request_header: str, status: int, body: bytes) -> str:
         """The controller's MAC over its answer, bound to the request's credential, with the key the
         request was verified with (the node's own, with node keys)."""
-        parts = (request_header or "").split(" ")
-        key = self._key_for(parts[3] if len(parts) == 5 else "")
-        return "hmac " + hmac.new(key, _response_digest(request_header, status, body).encode(),
-                                  hashlib.sha256).hexdigest()
+        return "hmac " + self._response_mac(request_header, status, body)
 
     def verify_response(self, request_header: str, status: int, header: str | None, body: bytes) -> None:
         """Check the answer's MAC (the key, this request, this status and body). Raises AuthError."""
         scheme, _, mac = (header or "").partition(" ")
         if scheme != "hmac" or not _HEX64.fullmatch(mac):
             raise AuthError("answer has no HMAC signature")
-        parts = (request_header or "").split(" ")
-        key = self._key_for(parts[3] if len(parts) == 5 else "")
-        want = hmac.new(key, _response_digest(request_header, status, body).encode(), hashlib.sha256).hexdigest()
-        if not hmac.compare_digest(mac, want):
+        if not hmac.compare_digest(mac, self._response_mac(request_header, status, body)):
             raise AuthError("answer's signature does not match (wrong key, altered or replayed answer)")
 
 

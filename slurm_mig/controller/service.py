@@ -181,7 +181,9 @@ class Controller:
         self._gres_warned: set[str] = set()
         self._gres_checked: set[str] = set()  # nodes told once about missing or too little mig:pad
         self._invalid_reg: set[str] = set()  # nodes Slurm drained for a mig GRES count below the layout's
-        # Is a node's request encoded on its own host? (MUNGE only; [auth].node_origin)
+        # Is a node's request encoded on its own host? Only MUNGE credentials say where they were made, so
+        # under HMAC the check is off whatever [auth].node_origin says.
+        self.origin_mode = cfg.auth.node_origin if cfg.auth.method == "munge" else "off"
         self.origins = NodeOrigins()
         self._origin_said: dict[str, float] = {}  # node -> when its last origin line was logged
         # Error series exist from the start, at 0, so dashboards and alerts see them before the first error.
@@ -190,7 +192,7 @@ class Controller:
         self.metrics.inc("slurm_mig_hook_errors_total", (("kind", "bind_failed"),), 0)
         for result in ("ok", "failed"):
             self.metrics.inc("slurm_mig_reconfigurations_total", (("result", result),), 0)
-        if cfg.auth.node_origin != "off" and cfg.auth.method == "munge":
+        if self.origin_mode != "off":
             for result in ("match", "mismatch", "unchecked"):
                 self.metrics.inc("slurm_mig_node_origin_checks_total", (("result", result),), 0)
 
@@ -209,7 +211,7 @@ class Controller:
                             jobs is not None, nodes is not None)
             else:
                 self._last_slurm_ok = now
-            if nodes is not None and self.cfg.auth.node_origin != "off":
+            if nodes is not None and self.origin_mode != "off":
                 self.origins.update(nodes)  # resolves NodeAddrs here, never while a request waits
             summary: dict = {"time": now, "slurm_ok": jobs is not None and nodes is not None}
             # Asked before the transaction: a slow scontrol must not hold the store lock.
@@ -727,9 +729,8 @@ class Controller:
 
             self.metrics.inc("slurm_mig_node_origin_mismatches_total", (("node", node),))
             raise RequestForbidden(f"a request signed for node {principal.host} cannot speak for node {node}")
-        mode = self.cfg.auth.node_origin
-        if mode != "off" and scheme == "munge":
-            self._check_origin(node, principal.host, mode)
+        if self.origin_mode != "off" and scheme == "munge":
+            self._check_origin(node, principal.host, self.origin_mode)
         return node
 
     def _check_origin(self, node: str, encode_host: str, mode: str) -> None:
