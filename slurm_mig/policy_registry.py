@@ -30,7 +30,7 @@ from slurm_mig.errors import ConfigError
 from slurm_mig.policies.rl import CARD_NAME, SHIPPED_MODEL, OnnxScorer, PolicyModelError, read_card, store_dir
 
 DEFAULT = "default"
-VERSION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+VERSION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")  # use with fullmatch ("$" lets "v1\n" through)
 
 
 @dataclass
@@ -108,7 +108,7 @@ class PolicyStore:
         card = read_card(onnx)
         OnnxScorer(onnx)  # refuses a model this slurm-mig cannot run
         version = version or str(card.get("version") or time.strftime("%Y%m%d-%H%M%S"))
-        if not VERSION_RE.match(version) or version == DEFAULT:
+        if not VERSION_RE.fullmatch(version) or version == DEFAULT:
             raise ConfigError(f"bad policy version name {version!r}")
         dest = self.root / version
         if dest.exists():

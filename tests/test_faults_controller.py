@@ -572,3 +572,11 @@ def test_a_recarve_that_takes_instances_away_waits_while_slurm_cannot_be_asked(r
     rig.fake.nodes = answer
     rig.tick()
     assert rig.store.desired("n1")[0].spec == "7g@0"
+
+
+@pytest.mark.parametrize("field, value", [("node", "n1\n"), ("job_id", "1\n"), ("node", "n1\nINFO forged line")])
+def test_a_trailing_newline_is_not_a_name(rig, field, value):
+    # "$" in a pattern also matches before a final newline: the checks must hold for the whole string.
+    payload = {"node": "n1", "job_id": "1", "observed": OBSERVED, "bindings": {}, field: value}
+    status, doc = post(rig, "/v1/prolog" if field == "job_id" else "/v1/report", payload)
+    assert status == 422 and f"bad {'node name' if field == 'node' else 'job id'}" in doc["error"]

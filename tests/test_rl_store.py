@@ -83,6 +83,8 @@ def test_unknown_version_and_duplicates(tmp_path):
         st.add(model_dir(tmp_path, "b", version="v1"))
     with pytest.raises(ConfigError, match="bad policy version"):
         st.add(model_dir(tmp_path, "c"), version="../evil")
+    with pytest.raises(ConfigError, match="bad policy version"):
+        st.add(model_dir(tmp_path, "d"), version="v2\n")  # a folder name with a newline in it
 
 
 def test_retrain_without_a_db_is_a_clear_error(tmp_path, capsys):

@@ -326,8 +326,9 @@ def create_key(path: str) -> None:
         fh.write(secrets.token_hex(32) + "\n")
 
 
-#: A node name that may name a key file: no "/", no leading ".", so never a path outside the folder.
-KEY_NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")  # the controller's NODE_NAME
+#: A node name on the channel (a request's ``node``; a key file's name): no "/", no leading ".", so never
+#: a path outside a folder. Use with ``fullmatch``.
+NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
 class NodeKeys:
@@ -345,7 +346,7 @@ class NodeKeys:
 
     def path(self, node: str) -> str | None:
         """The key file of ``node``; None for a name that cannot name one."""
-        if not KEY_NODE_NAME.fullmatch(node or "") or ".." in node:
+        if not NODE_NAME.fullmatch(node or "") or ".." in node:
             return None
         return os.path.join(self.folder, node + ".key")
 

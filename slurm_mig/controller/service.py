@@ -23,6 +23,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from slurm_mig.api.auth import NODE_NAME
 from slurm_mig.api.origin import NodeOrigins
 from slurm_mig.controller.binding import NodeGpu, choose_binding
 from slurm_mig.errors import SlurmMigError
@@ -36,8 +37,7 @@ log = logging.getLogger("slurm_mig.controller")
 
 TERMINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
             "BOOT_FAIL", "DEADLINE")
-NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-JOB_ID = re.compile(r"^[0-9]{1,12}(_[0-9]{1,9})?$")
+JOB_ID = re.compile(r"[0-9]{1,12}(_[0-9]{1,9})?")  # use with fullmatch: "$" would let "12\n" through
 # A planned reconfiguration that no node carried out within this time is abandoned, so the GPU is not
 # locked forever by a node that went away.
 JOURNAL_TIMEOUT_S = 600.0
@@ -720,7 +720,7 @@ class Controller:
         from slurm_mig.api.server import RequestRejected
 
         node = payload.get("node")
-        if not isinstance(node, str) or not NODE_NAME.match(node):
+        if not isinstance(node, str) or not NODE_NAME.fullmatch(node):
             raise RequestRejected(f"bad node name {node!r}")
         scheme = getattr(principal, "scheme", "")
         if scheme == "hmac" and principal.host and principal.host != node:
@@ -763,7 +763,7 @@ class Controller:
         from slurm_mig.api.server import RequestRejected
 
         job_id = str(payload.get("job_id", ""))
-        if not JOB_ID.match(job_id):
+        if not JOB_ID.fullmatch(job_id):
             raise RequestRejected(f"bad job id {job_id!r}")
         return job_id
 
@@ -1030,7 +1030,7 @@ class Controller:
             # the node drops them once it has checked their instances are idle.
             release = []
             for job_id in node_bindings:
-                job = self.store.get_job(str(job_id)) if JOB_ID.match(str(job_id)) else None
+                job = self.store.get_job(str(job_id)) if JOB_ID.fullmatch(str(job_id)) else None
                 if job is not None and job.state in TERMINAL and now - (job.end_time or job.updated_at) > 30:
                     release.append(str(job_id))
             desired = {}
@@ -1064,7 +1064,7 @@ class Controller:
                                      node=node, job_id=job_id, now=now)
         for job_id, insts in node_bindings.items():
             # An empty list is a binding file the node could not read: nothing to adopt.
-            if insts and str(job_id) not in live and JOB_ID.match(str(job_id)):
+            if insts and str(job_id) not in live and JOB_ID.fullmatch(str(job_id)):
                 job = self.store.get_job(str(job_id))
                 if job is not None and job.state not in ("COMPLETED", "FAILED", "CANCELLED"):
                     try:
