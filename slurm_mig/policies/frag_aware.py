@@ -172,6 +172,13 @@ class FragAwarePolicy(DispatchPolicy):
 
     def _score(self, ctx: Ctx, info: GpuInfo, pi: PInfo, start: int, end: float,
                node: tuple[int, int, float, float], steps: int) -> float:
+        return self.score_terms(ctx, info, pi, start, end, node, steps)[0]
+
+    def score_terms(self, ctx: Ctx, info: GpuInfo, pi: PInfo, start: int, end: float,
+                    node: tuple[int, int, float, float], steps: int) -> tuple:
+        """A candidate's score (lower is better) and its parts: (total, fragmentation loss,
+        end-time term, node term, postponement of the GPU's last end, of the node's last end,
+        create/destroy steps). The rl policy's features are these parts."""
         node_idle, node_size, node_free, node_end = node
         C = info.t.compute
         loss = self._frag_loss(info, pi.mask(start), pi.compute, pi)
@@ -183,17 +190,20 @@ class FragAwarePolicy(DispatchPolicy):
             if q.compute > free_after:
                 big += wq
         # ... is held back until this GPU's last job ends: align end times.
-        t_cost = self.w_time * big * C * self._ext(end, info.busy_end, now)
+        ext = self._ext(end, info.busy_end, now)
+        t_cost = self.w_time * big * C * ext
         # Multi-GPU jobs need a whole node: align end times per node, and keep idle nodes idle.
         multi = self._multi
         n_cost = 0.0
+        node_ext = self._ext(end, node_end, now)
         if multi > 0:
-            n_cost = self.w_node_time * multi * C * node_size * self._ext(end, node_end, now) / self._ext_day
+            n_cost = self.w_node_time * multi * C * node_size * node_ext / self._ext_day
             if info.locked_mask == 0:
                 n_cost += self.w_node * multi * C * node_idle / max(node_size, 1)
         # Node best fit: fill busy nodes first.
         n_cost += self.w_pack * C * node_free
-        return loss + t_cost + n_cost + self.w_reconf * steps
+        total = loss + t_cost + n_cost + self.w_reconf * steps
+        return (total, loss, t_cost, n_cost, ext, node_ext, steps)
 
     def _options(self, ctx: Ctx, g: int, info: GpuInfo, pi: PInfo, end: float,
                  node: tuple[int, int, float, float], out: list, conflicted: list) -> None:

@@ -720,7 +720,7 @@ class RLPolicy(FragAwarePolicy):
                 conflicted[0] = True
                 continue
             seen.add(slot.start)
-            parts = self._parts(ctx, info, pi, slot.start, end, node, 0)
+            parts = self.score_terms(ctx, info, pi, slot.start, end, node, 0)
             out.append((parts[0], rank, 0, seq, g, slot, None, parts, node))
             seq += 1
         if not ctx.idx.carve:
@@ -732,34 +732,9 @@ class RLPolicy(FragAwarePolicy):
             if ctx.reservations and ctx.conflicts(g, pi.mask(st), end):
                 conflicted[0] = True
                 continue
-            parts = self._parts(ctx, info, pi, st, end, node, 1 + len(opt.destroyed))
+            parts = self.score_terms(ctx, info, pi, st, end, node, 1 + len(opt.destroyed))
             out.append((parts[0], rank, 1, seq, g, opt.slot, opt, parts, node))
             seq += 1
-
-    def _parts(self, ctx: Ctx, info: GpuInfo, pi, start: int, end: float, node: tuple, steps: int) -> tuple:
-        """frag-aware's score split into its terms: (total, loss, time, node, postpone, node postpone).
-        The same arithmetic as FragAwarePolicy._score, so the totals order candidates identically."""
-        node_idle, node_size, node_free, node_end = node
-        C = info.t.compute
-        loss = self._frag_loss(info, pi.mask(start), pi.compute, pi)
-        now = ctx.now
-        free_after = C - info.locked_compute - pi.compute
-        big = 0.0
-        for q, wq in self._wlist(info):
-            if q.compute > free_after:
-                big += wq
-        ext = self._ext(end, info.busy_end, now)
-        t_cost = self.w_time * big * C * ext
-        multi = self._multi
-        n_cost = 0.0
-        node_ext = self._ext(end, node_end, now)
-        if multi > 0:
-            n_cost = self.w_node_time * multi * C * node_size * node_ext / self._ext_day
-            if info.locked_mask == 0:
-                n_cost += self.w_node * multi * C * node_idle / max(node_size, 1)
-        n_cost += self.w_pack * C * node_free
-        total = loss + t_cost + n_cost + self.w_reconf * steps
-        return (total, loss, t_cost, n_cost, ext, node_ext, steps)
 
     def features(self, ctx: Ctx, job: PendingJob, end: float, options: list) -> list[list[float]]:
         """One row of FEATURE_NAMES per option (see the tuple's comments for each)."""
