@@ -3,12 +3,14 @@ Real key files, a real Controller behind a real ApiServer, the real ControllerCl
 
 from __future__ import annotations
 
+import http.client
+import json
 import os
 import stat
 
 import pytest
 
-from slurm_mig.api.auth import AuthError, HmacAuth, NodeKeys, auth_from_settings, create_key, load_key
+from slurm_mig.api.auth import HEADER, AuthError, HmacAuth, NodeKeys, auth_from_settings, create_key, load_key
 from slurm_mig.api.cli import create_node_keys
 from slurm_mig.api.client import ControllerClient, ControllerRefused, ControllerUnavailable
 from slurm_mig.api.server import ApiServer
@@ -89,6 +91,29 @@ def test_the_shared_key_covers_only_nodes_without_a_key_file(keys):
     assert ctl.verify(HmacAuth(shared).sign(body, "n3"), body).host == "n3"  # not rolled out yet
     with pytest.raises(AuthError):
         ctl.verify(HmacAuth(shared).sign(body, "n1"), body)  # n1 has its own key now: the shared one is out
+
+
+@pytest.mark.parametrize("name", ["", ".n1", "n1\n", "a" * 65])
+def test_a_credential_must_name_a_node(keys, tmp_path, name):
+    """A holder of the shared key (a node not rolled out yet) who signs with an empty or odd node name
+    would fall back to the shared key and name no node to hold it to: refused with 401, nothing stored."""
+    shared = b"s" * 64
+    ctl_auth = HmacAuth(shared, node_keys=NodeKeys(str(keys)))
+    body = json.dumps({"node": "n1", "observed": [], "bindings": {}}).encode()
+    with pytest.raises(AuthError, match="names no valid node"):
+        ctl_auth.verify(HmacAuth(shared).sign(body, name), body)
+    store = open_store(tmp_path / "state.db")
+    ctl = Controller(Config(), store, NoSlurm())
+    srv = ApiServer("127.0.0.1", 0, ctl_auth, ctl.routes(), ctl.get_routes()).start()
+    try:
+        conn = http.client.HTTPConnection(*srv.address, timeout=5)
+        conn.request("POST", "/v1/report", body=body, headers={HEADER: HmacAuth(shared).sign(body, name)})
+        assert conn.getresponse().status == 401
+        conn.close()
+    finally:
+        srv.stop()
+    assert store.node("n1") is None
+    store.close()
 
 
 def test_answers_are_signed_with_the_asking_nodes_key(keys):

@@ -427,6 +427,10 @@ class HmacAuth:
         if len(parts) != 5 or parts[0] != "hmac":
             raise AuthError("request has no HMAC credential")
         _, ts, nonce, node, mac = parts
+        # Every request comes from a node and names it: an empty or odd name would have no key file, fall
+        # back to the shared key, and then name no node the controller could hold it to.
+        if not NODE_NAME.fullmatch(node):
+            raise AuthError("request's credential names no valid node")
         key = self._key_for(node)
         # compare_digest takes ASCII only (TypeError otherwise): a MAC is 64 hex digits, anything else is forged.
         if not _HEX64.fullmatch(mac) or not hmac.compare_digest(mac, self._mac(key, ts, nonce, node, body)):

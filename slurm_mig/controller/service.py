@@ -723,7 +723,7 @@ class Controller:
         if not isinstance(node, str) or not NODE_NAME.fullmatch(node):
             raise RequestRejected(f"bad node name {node!r}")
         scheme = getattr(principal, "scheme", "")
-        if scheme == "hmac" and principal.host and principal.host != node:
+        if scheme == "hmac" and principal.host != node:
             # The credential names the node whose key signed it: with a key per node that is who sent it.
             from slurm_mig.api.server import RequestForbidden
 
