@@ -17,6 +17,7 @@ import os
 import sqlite3
 import threading
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -543,6 +544,43 @@ def test_a_job_slurm_starts_under_the_old_counts_keeps_its_instance(rig):
     status, resp = post(rig, "/v1/prolog", {"job_id": "3", "node": "n1", "observed": OBSERVED, "bindings": {}})
     assert status == 200 and resp["action"] == "bind", resp
     assert resp["instances"][0]["profile"] == "3g.40gb" and not resp["targets"], resp
+
+
+def test_a_job_bound_while_the_second_squeue_runs_keeps_its_binding(rig):
+    """squeue answers with what slurmctld had when it was asked: a job whose Prolog bound it while that
+    squeue ran is PENDING in the answer. Only a binding older than the query means "requeued"; timed
+    from after the query (found in review), the tick released job 4's instance and put it back to
+    PENDING while it ran, and the next Prolog was handed the same instance."""
+    _race_rig(rig, slip=True)
+    t = [time.time()]
+    rig.clock = lambda: t[0]
+    rig.fake.queue.append(SlurmJob(job_id=4, name="d", user="dan", state="PENDING", mig={"3g": 1},
+                                   tres_per_node="gres:mig:3g:1", submit_time=int(t[0]) - 10, priority=1))
+    asked = []
+    plain = rig.fake.jobs
+
+    def jobs():
+        answer = plain()
+        asked.append(len(answer))
+        if len(asked) == 2:  # the squeue after withdrawing: job 4 starts while it runs
+            t[0] += 0.3
+            status, resp = post(rig, "/v1/prolog", {"job_id": "4", "node": "n1", "observed": OBSERVED,
+                                                    "bindings": {}})
+            assert status == 200 and resp["action"] == "bind", resp
+            t[0] += 1.5
+            rig.fake.queue = [replace(j, state="RUNNING", nodes=["n1"], start_time=int(t[0])) if j.job_id == 4
+                              else j for j in rig.fake.queue]
+        return answer
+
+    rig.fake.jobs = jobs
+    rig.tick()
+    assert len(asked) >= 2 and rig.metrics.counters[("slurm_mig_gres_races_total", ())] == 1
+    held = rig.store.bound_instances("4")
+    assert held and rig.store.get_job("4").state == "RUNNING"
+    rig.store.upsert_job("6", profile="3g", submit_time=t[0], now=t[0])
+    status, resp = post(rig, "/v1/prolog", {"job_id": "6", "node": "n1", "observed": OBSERVED, "bindings": {}})
+    assert status == 200 and resp["action"] == "bind"
+    assert (resp["instances"][0]["gpu"], resp["instances"][0]["start"]) != (held[0].gpu, held[0].start)
 
 
 def test_a_failed_squeue_after_withdrawing_holds_the_recarve_back(rig):

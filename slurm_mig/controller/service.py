@@ -515,6 +515,9 @@ class Controller:
                     gres_now[node] = low
                 else:
                     held_back.add(node)
+            # The clock before the query: a job bound while squeue runs is listed PENDING in its answer,
+            # and only a binding older than the query may be read as "requeued" (see _sync_jobs).
+            queried_at = self.clock()
             fresh = self.slurm.jobs()
             if fresh is None:
                 log.warning("Slurm query failed after withdrawing instances on %s: their re-carve waits",
@@ -535,7 +538,7 @@ class Controller:
             with self.store.transaction():
                 self.store.add_event("gres", msg, node=slipped[0][1], now=now)
                 if rounds < WITHDRAW_ROUNDS:
-                    self._sync_jobs(fresh, now, now)
+                    self._sync_jobs(fresh, now, queried_at)
                     plan = self._plan(now)
         return plan, jobs, now, held_back
 
