@@ -21,7 +21,7 @@ from dataclasses import replace
 
 import pytest
 
-from slurm_mig.api.auth import HEADER, HmacAuth
+from slurm_mig.api.auth import HEADER, HmacAuth, Principal
 from slurm_mig.api.server import ApiServer
 from slurm_mig.config import Config
 from slurm_mig.controller.service import Controller
@@ -581,6 +581,32 @@ def test_a_job_bound_while_the_second_squeue_runs_keeps_its_binding(rig):
     status, resp = post(rig, "/v1/prolog", {"job_id": "6", "node": "n1", "observed": OBSERVED, "bindings": {}})
     assert status == 200 and resp["action"] == "bind"
     assert (resp["instances"][0]["gpu"], resp["instances"][0]["start"]) != (held[0].gpu, held[0].start)
+
+
+@pytest.mark.parametrize("requeued", [False, True])
+def test_an_epilog_from_a_node_the_job_is_not_on_ends_nothing(rig, requeued):
+    """Job 10 runs on n2. An Epilog about it from n1 (a stale attempt's, or n1's root speaking beyond
+    itself, which per-node keys otherwise stop) used to end it: outcome recorded, state COMPLETED, and
+    n2's binding released, so its instance went to the next job (found in review)."""
+    observed = [{"gpu": 0, "profile": "3g.40gb", "start": s, "uuid": f"MIG-{s}", "in_use": False} for s in (0, 4)]
+    for node in ("n1", "n2"):
+        rig.store.replace_observed(node, H100, observed, now=time.time())
+    rig.store.upsert_job("10", profile="3g", submit_time=1)
+    bound = rig.on_prolog({"job_id": "10", "node": "n2", "bindings": {}}, Principal(0, 0, "n2", "hmac"))
+    assert bound["action"] == "bind"
+    held = rig.store.live_bindings()
+    answer = rig.on_epilog({"job_id": "10", "node": "n1", "exit_code": 0, "requeued": requeued,
+                            "instances": [{"gpu": 0, "profile": "3g.40gb", "start": 0}]},
+                           Principal(0, 0, "n1", "hmac"))
+    assert answer == {"ok": True, "recorded": False}
+    assert rig.store.get_job("10").state == "RUNNING" and rig.store.outcome("10") is None
+    assert rig.store.live_bindings() == held
+    assert any("Epilog from n1" in e.message for e in rig.store.recent_events(10, job_id="10"))
+    # n2's own Epilog ends it.
+    done = rig.on_epilog({"job_id": "10", "node": "n2", "exit_code": 0,
+                          "instances": [{"gpu": 0, "profile": "3g.40gb", "start": held[0][2].start}]},
+                         Principal(0, 0, "n2", "hmac"))
+    assert done["recorded"] and rig.store.outcome("10").node == "n2" and rig.store.live_bindings() == []
 
 
 def test_a_failed_squeue_after_withdrawing_holds_the_recarve_back(rig):

@@ -995,6 +995,15 @@ class Controller:
             if job is None or not insts:
                 # Not a MIG job, or a run that never got its instances (requeued in its Prolog).
                 return {"ok": True, "recorded": False}
+            bound_on = self.store.bound_nodes(job_id)
+            if node not in bound_on and (bound_on or job.node not in (None, node)):
+                # The job runs (or ran) on another node: this is a stale attempt's Epilog, or a node speaking
+                # beyond itself. It may not end the job there, record its outcome or free its instances.
+                where = ", ".join(sorted(bound_on)) or job.node
+                self.store.add_event("conflict", f"job {job_id}: an Epilog from {node}, where it is not bound "
+                                     f"(it is on {where}); ignored", node=node, job_id=job_id, now=now)
+                log.warning("job %s: Epilog from %s ignored: the job is bound on %s", job_id, node, where)
+                return {"ok": True, "recorded": False}
             if requeued:
                 # This attempt was requeued (by its Prolog's wrapper after a crash, an admin, a node failure):
                 # it is not how the job ended. Its instances are free; the outcome waits for the final run.

@@ -861,6 +861,13 @@ class Store:
                            "ORDER BY gpu, start", (str(job_id),))
         return tuple(BoundInstance(r["gpu"], r["profile"], r["start"], r["uuid"]) for r in rows)
 
+    def bound_nodes(self, job_id: str) -> set[str]:
+        """The nodes on which ``job_id`` holds live bindings."""
+        with self.snapshot():
+            rows = self._q("SELECT DISTINCT node FROM bindings WHERE job_id = ? AND released_at IS NULL",
+                           (str(job_id),))
+        return {r["node"] for r in rows}
+
     def live_bindings(self, node: str | None = None) -> list[tuple[str, str, BoundInstance]]:
         """``(job_id, node, instance)`` for every live binding (optionally on one node)."""
         sql, params = "SELECT * FROM bindings WHERE released_at IS NULL", []
