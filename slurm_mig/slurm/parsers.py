@@ -308,6 +308,8 @@ def parse_squeue_json(doc: dict) -> list[SlurmJob]:
     """Jobs from a decoded ``squeue --json`` document (missing fields tolerated)."""
     jobs = []
     for j in doc.get("jobs") or []:
+        if not isinstance(j, dict):
+            continue
         job_id = _num(j.get("job_id"))
         if job_id is None:
             continue
@@ -342,6 +344,8 @@ def parse_sinfo_json(doc: dict) -> list[SlurmNode]:
     """Nodes from a decoded ``sinfo --json`` document."""
     nodes = []
     for n in doc.get("nodes") or []:
+        if not isinstance(n, dict):
+            continue
         name = _str(n.get("name") or n.get("hostname"))
         if not name:
             continue

@@ -174,7 +174,8 @@ class SlurmClient:
         """Like :func:`check_slurm` with this client's settings."""
         return self.run(argv, **kwargs).check()
 
-    def _json(self, argv: Sequence[str]) -> dict | None:
+    def _json(self, argv: Sequence[str], member: str) -> dict | None:
+        """The decoded document, or None (stale data) unless it is an object whose ``member`` is a list."""
         res = self.query(argv)
         if res is None:
             return None
@@ -186,9 +187,16 @@ class SlurmClient:
         # Slurm 22.05 fact: with slurmctld unreachable, squeue/sinfo --json exit 0
         # and print an empty list plus "errors". Treating that as "no jobs"
         # would be a disaster, so any error makes the answer unusable.
+        if not isinstance(doc, dict):
+            log.warning("`%s` printed JSON that is not an object: ignored", " ".join(argv))
+            return None
         errors = parsers.json_errors(doc)
         if errors:
             log.warning("`%s` reported errors: %s", " ".join(argv), "; ".join(errors))
+            return None
+        # No list at all is not an empty one: read as "no jobs", it would cancel every pending job.
+        if not isinstance(doc.get(member), list):
+            log.warning("`%s` printed no %r list: ignored", " ".join(argv), member)
             return None
         return doc
 
@@ -202,7 +210,7 @@ class SlurmClient:
         argv = ["squeue", "--json"]
         if all_states:
             argv.insert(1, "--states=all")
-        return self._json(argv)
+        return self._json(argv, "jobs")
 
     def jobs(self, *, all_states: bool = False) -> list[parsers.SlurmJob] | None:
         """Parsed jobs from ``squeue --json``, or None when squeue failed."""
@@ -211,7 +219,7 @@ class SlurmClient:
 
     def sinfo_json(self) -> dict | None:
         """Raw ``sinfo --json`` document, or None when sinfo failed."""
-        return self._json(["sinfo", "--json"])
+        return self._json(["sinfo", "--json"], "nodes")
 
     def nodes(self) -> list[parsers.SlurmNode] | None:
         """Parsed nodes from ``sinfo --json``, or None when sinfo failed."""

@@ -66,6 +66,27 @@ def test_json_errors_make_queries_none(fake_bin):
     assert client.nodes() is None
 
 
+@pytest.mark.parametrize("printed", ['{"meta": {}}', '{"jobs": null, "nodes": null}', "null", "[]", '"jobs"',
+                                     '{"jobs": {}, "nodes": 3}'])
+def test_json_without_its_list_is_stale_data_not_an_empty_queue(fake_bin, printed):
+    """Read as "no jobs", a document without its list would cancel every pending job in the store; one
+    that is not an object raised AttributeError inside the tick (found in review)."""
+    fake_bin("squeue", f"echo '{printed}'\n")
+    fake_bin("sinfo", f"echo '{printed}'\n")
+    client = runner.SlurmClient()
+    assert client.jobs() is None and client.nodes() is None
+
+
+def test_entries_that_are_not_objects_are_skipped(fake_bin):
+    fake_bin("squeue", """echo '{"jobs": [7, null, {"job_id": 12, "job_state": "PENDING"}]}'\n""")
+    fake_bin("sinfo", """echo '{"nodes": ["n1", {"name": "n2", "state": "idle"}]}'\n""")
+    client = runner.SlurmClient()
+    assert [j.job_id for j in client.jobs()] == [12]
+    assert [n.name for n in client.nodes()] == ["n2"]
+    fake_bin("squeue", """echo '{"jobs": []}'\n""")
+    assert client.jobs() == []  # an empty list is an empty queue
+
+
 def test_update_node_gres_argv(fake_bin, tmp_path):
     log = tmp_path / "argv.log"
     fake_bin("scontrol", f"""
