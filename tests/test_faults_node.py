@@ -149,7 +149,12 @@ level = "INFO"
         return self.hook("healthcheck")
 
     def binding_file(self, job_id: str):
+        """The TaskProlog's copy of the job's binding."""
         return self.tmp / "node" / "n1" / "bindings" / f"{job_id}.json"
+
+    def record_file(self, job_id: str):
+        """The root-only binding record the root hooks trust."""
+        return self.tmp / "node" / "n1" / "records" / f"{job_id}.json"
 
     def layout(self, gpu: int) -> set[str]:
         return {f"{i.slot.profile}@{i.slot.start}" for i in self.gpu.instances(gpu)}
@@ -394,13 +399,14 @@ def test_one_gpu_failing_to_list_its_instances_does_not_hide_the_other(rig):
 # -- damaged node files -----------------------------------------------------------------------
 
 @pytest.mark.parametrize("content", [b"", b"null", b"[]", b'{"instances": 5}', b'{"instances": [{"gpu": "x"}]}',
-                                     b"\xff\xfe garbage"])
-def test_damaged_binding_file_hides_gpus_and_keeps_the_outcome(rig, capsys, content):
+                                     b"\xff\xfe garbage",
+                                     json.dumps({"instances": [], "pad": "x" * 70_000}).encode()])
+def test_damaged_binding_file_hides_gpus_and_keeps_the_outcome(rig, capsys, caplog, content):
     rig.job("8", "3g")
     assert rig.hook("prolog", "8") == 0
-    path = rig.binding_file("8")
-    path.chmod(0o600)
-    path.write_bytes(content)
+    for path in (rig.binding_file("8"), rig.record_file("8")):
+        path.chmod(0o600)
+        path.write_bytes(content)
     capsys.readouterr()
     assert rig.hook("taskprolog", "8") == 0
     out = capsys.readouterr().out
@@ -409,6 +415,8 @@ def test_damaged_binding_file_hides_gpus_and_keeps_the_outcome(rig, capsys, cont
     assert rig.hook("epilog", "8", SLURM_JOB_EXIT_CODE="0") == 0
     assert rig.store.outcome("8") is not None and rig.store.outcome("8").state == "COMPLETED"
     assert rig.live("8") == ()
+    if len(content) > 65536:  # refused unread, and said so
+        assert any("larger than 65536 bytes" in r.getMessage() for r in caplog.records)
 
 
 @pytest.mark.parametrize("content", [b"null", b"[]", b'{"path": 1}', b"{", b'{"path": "/v1/epilog"}'])
@@ -567,7 +575,7 @@ def test_orphaned_binding_files_are_released_only_when_slurm_says_so(rig):
     assert rig.hook("prolog", "15") == 0
     rig.store.set_job_state("15", "PENDING")  # e.g. a rebuilt database that no longer holds it running
     rig.store.release("15")
-    path = rig.binding_file("15")
+    path = rig.record_file("15")
     uuid = json.loads(path.read_text())["instances"][0]["uuid"]
     assert rig.report() == 0 and path.exists()  # too young
     os.utime(path, (time.time() - 120, time.time() - 120))
@@ -706,10 +714,15 @@ def test_file_modes_and_owners(rig):
     assert mode(root) == 0o711 and mode(root / "bindings") == 0o711
     assert mode(root / "outbox") == 0o700 and mode(root / "attempts") == 0o700
     assert mode(root / "desired.json") == 0o600 and mode(root / "apply.lock") == 0o600
+    assert mode(root / "records") == 0o700 and mode(rig.record_file("24")) == 0o600
     f = rig.binding_file("24")
     if os.geteuid() == 0:
-        assert os.stat(f).st_uid == 65534  # readable by the job's user (its TaskProlog), nobody else
-    assert mode(f) == 0o400
+        # Readable by the job's group (its TaskProlog), owned by root: the user cannot chmod or rewrite it.
+        import pwd
+
+        assert os.stat(rig.record_file("24"))[4:6] == (0, 0)
+        assert os.stat(f)[4:6] == (0, pwd.getpwuid(65534).pw_gid)
+    assert mode(f) == 0o440
     assert mode(rig.sim_path) == 0o600
     assert mode(rig.tmp / "state.db") == 0o600
     rig.srv.stop()

@@ -363,7 +363,7 @@ def test_corrupt_binding_and_outbox_files_are_survived(tmp_path_factory, content
     from slurm_mig.node.localstate import NodeState
 
     state = NodeState(tmp_path_factory.mktemp("node")).ensure()
-    (state.bindings_dir / "7.json").write_bytes(contents)
+    (state.records_dir / "7.json").write_bytes(contents)
     (state.outbox_dir / "0001-1.json").write_bytes(contents)
     held = state.all_bindings()
     assert "7" in held  # a file that cannot be read still counts as a job holding something

@@ -315,6 +315,22 @@ def _requeue(job_id: str, reason: str, slurm_conf: str | None) -> int:
     return 0
 
 
+def _job_gid(env: dict, uid: int) -> int | None:
+    """The job owner's group, which may read the TaskProlog's copy of the binding: Slurm's SLURM_JOB_GID
+    (set by slurmd, not the user), else the user's primary group; None when neither is known."""
+    gid = _int(env.get("SLURM_JOB_GID"))
+    if gid is not None and gid >= 0:
+        return gid
+    if uid < 0:
+        return None
+    import pwd
+
+    try:
+        return pwd.getpwuid(uid).pw_gid
+    except KeyError:
+        return None
+
+
 def _job_request(node: Node, job_id: str) -> tuple[str, int] | None:
     """The job's MIG request from Slurm itself (used when the controller cannot be asked)."""
     from slurm_mig.slurm.runner import SlurmClient
@@ -362,14 +378,7 @@ def prolog(env: dict, node: Node) -> int:
         if resp.get("requeued"):
             return 0
         return node.requeue(job_id, resp.get("reason", "no MIG instance could be made for this job"))
-    gid = None
-    if uid >= 0:
-        try:
-            import pwd
-
-            gid = pwd.getpwuid(uid).pw_gid
-        except KeyError:
-            gid = None
+    gid = _job_gid(env, uid)
     with node.apply_lock():
         clash = node.held_by_others(job_id, resp["instances"])
         if clash:
@@ -446,7 +455,7 @@ def taskprolog(env: dict, node_name: str, state_root: str) -> int:
 
     job_id = env.get("SLURM_JOB_ID", "")
     try:
-        insts = NodeState(Path(state_root) / node_name).read_binding(job_id)
+        insts = NodeState(Path(state_root) / node_name).read_task_binding(job_id)
     except (OSError, ValueError) as exc:
         # The job is bound but we cannot tell to what: it must see no GPU rather than every GPU.
         print(f"print slurm-mig: cannot read this job's MIG binding: {exc}")

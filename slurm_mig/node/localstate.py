@@ -7,19 +7,33 @@ a bound instance even when the controller is unreachable. Messages that could
 not reach the controller (outcomes above all) wait in the outbox and are sent
 by the next hook or health check, so an outcome is never lost.
 
-Permissions: the state directory is root-only (0700) except the bindings
-directory (0711: others may open a file whose name they know, not list);
-each binding file is owned by the job's user and is read-only (0400).
+Permissions: root hooks trust only ``records/<job>.json`` (root, 0600, in a
+0700 folder). The TaskProlog runs as the job's user, so it reads a copy,
+``bindings/<job>.json``, owned by root with the job's group and mode 0440: the
+user can read it but, not owning it, cannot chmod or rewrite it (the folder is
+0711 root: others may open a file whose name they know, not list or replace it).
+Before this split the one binding file belonged to the job's user (0400), who
+could chmod it and claim other jobs' instances; such files are adopted once by
+``ensure`` (a node upgraded with jobs running keeps their bindings).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+log = logging.getLogger("slurm_mig.hooks")
+
+#: The largest binding file root hooks will parse: a binding names a few instances (well under 1 KiB),
+#: so anything bigger is damaged or hostile and is refused rather than read into memory.
+MAX_BINDING_BYTES = 64 * 1024
+#: Outbox messages carry whole GPU observations; the controller refuses bodies over 1 MiB anyway.
+MAX_MESSAGE_BYTES = 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -41,9 +55,19 @@ class BoundInstance:
             raise ValueError(f"not a bound instance: {d!r:.200}") from exc
 
 
-def _read_json_object(path: Path) -> dict:
-    """A JSON object from ``path``; ValueError for any other content (a torn or foreign file), OSError as is."""
-    doc = json.loads(path.read_bytes())
+def _read_bounded(path: Path, limit: int) -> bytes:
+    """The bytes of ``path``; ValueError if it holds more than ``limit`` (never read whole), OSError as is."""
+    with open(path, "rb") as fh:
+        data = fh.read(limit + 1)
+    if len(data) > limit:
+        raise ValueError(f"{path} is larger than {limit} bytes; not read")
+    return data
+
+
+def _read_json_object(path: Path, limit: int = MAX_BINDING_BYTES) -> dict:
+    """A JSON object from ``path``; ValueError for any other content (a torn, foreign or oversized file),
+    OSError as is."""
+    doc = json.loads(_read_bounded(path, limit))
     if not isinstance(doc, dict):
         raise ValueError(f"{path} does not hold a JSON object")
     return doc
@@ -83,49 +107,99 @@ def _atomic_write(path: Path, data: bytes, mode: int, uid: int | None = None, gi
 
 
 class NodeState:
-    """The binding cache and outbox of one node, under ``root`` (one directory per node name)."""
+    """The binding records and outbox of one node, under ``root`` (one directory per node name)."""
 
     def __init__(self, root: str | os.PathLike):
         self.root = Path(root)
-        self.bindings_dir = self.root / "bindings"
+        self.records_dir = self.root / "records"  # what root hooks trust
+        self.bindings_dir = self.root / "bindings"  # the TaskProlog's read-only copies
         self.outbox_dir = self.root / "outbox"
         self.attempts_dir = self.root / "attempts"
 
     def ensure(self) -> "NodeState":
-        for d, mode in ((self.root, 0o711), (self.bindings_dir, 0o711), (self.outbox_dir, 0o700),
-                        (self.attempts_dir, 0o700)):
+        """Create the folders with their modes and adopt binding files an older version left."""
+        for d, mode in ((self.root, 0o711), (self.records_dir, 0o700), (self.bindings_dir, 0o711),
+                        (self.outbox_dir, 0o700), (self.attempts_dir, 0o700)):
             d.mkdir(parents=True, exist_ok=True)
             if os.geteuid() == 0 or d.stat().st_uid == os.geteuid():
                 os.chmod(d, mode)
+        self._adopt_legacy_bindings()
         return self
 
+    def _adopt_legacy_bindings(self) -> None:
+        """Turn each binding file without a record (written by a version that kept only the user-owned
+        file) into a record plus a copy the user cannot change, so running jobs keep their bindings.
+
+        A copy without a record is always such a file: a binding is written record first and removed
+        copy first. Its content cannot be verified (its user could have rewritten it before the
+        upgrade); it is adopted as it is, which is what the old version trusted too.
+        """
+        for copy in sorted(self.bindings_dir.glob("*.json")):
+            record = self.records_dir / copy.name
+            if record.exists():
+                continue
+            try:
+                st = os.stat(copy, follow_symlinks=False)
+                data = _read_bounded(copy, MAX_BINDING_BYTES)
+            except FileNotFoundError:
+                continue
+            except (OSError, ValueError) as exc:
+                # Kept as a damaged record: counted as bound to nothing known, like the old file was.
+                log.error("binding file %s from an older slurm-mig is unreadable (%s); adopted as damaged", copy, exc)
+                st, data = None, b""
+            _atomic_write(record, data, 0o600, 0, 0)
+            _atomic_write(copy, data, 0o440, 0, st.st_gid if st is not None else 0)
+            log.warning("adopted the binding of job %s from an older slurm-mig's user-owned file", copy.stem)
+
     # -- bindings ------------------------------------------------------------
-    def _binding_path(self, job_id: str) -> Path:
+    def _record_path(self, job_id: str) -> Path:
+        return self.records_dir / f"{_safe_job_id(job_id)}.json"
+
+    def _copy_path(self, job_id: str) -> Path:
         return self.bindings_dir / f"{_safe_job_id(job_id)}.json"
 
     def write_binding(self, job_id: str, instances: list[BoundInstance], uid: int | None = None,
                       gid: int | None = None, attempt: int | None = None) -> None:
-        """Record that ``job_id`` holds ``instances`` (readable by the job's user only).
+        """Record that ``job_id`` holds ``instances``: a root-only record, then the TaskProlog's copy
+        (root-owned, group ``gid``, 0440; 0400 root without a gid, which the job then cannot read).
 
+        ``uid``: the job's user, only logged (the user must not own either file).
         ``attempt``: Slurm's SLURM_JOB_RESTART_COUNT when the Prolog ran, so the Epilog can tell the run
         that made this binding from a later one (a requeue raises the count before the Epilog runs).
         """
         doc = {"job_id": str(job_id), "bound_at": time.time(), "instances": [i.to_json() for i in instances],
                "attempt": attempt}
-        _atomic_write(self._binding_path(job_id), json.dumps(doc).encode(), 0o400, uid, gid)
+        data = json.dumps(doc).encode()
+        # Record first, copy second (and removed in the other order): a copy without a record then only
+        # ever comes from an older version, which is what _adopt_legacy_bindings relies on.
+        _atomic_write(self._record_path(job_id), data, 0o600, 0, 0)
+        if gid is None and uid is not None:
+            log.warning("job %s: no group for uid %s; its TaskProlog will not be able to read its binding",
+                        job_id, uid)
+        _atomic_write(self._copy_path(job_id), data, 0o400 if gid is None else 0o440, 0, gid)
 
     def read_binding(self, job_id: str) -> list[BoundInstance] | None:
-        """The job's instances; None without a binding file; ValueError for a file that is not one."""
+        """The job's instances from the root-only record; None without one; ValueError for a file that is
+        not one (damaged, or over MAX_BINDING_BYTES)."""
+        return self._read_instances(self._record_path(job_id))
+
+    def read_task_binding(self, job_id: str) -> list[BoundInstance] | None:
+        """The job's instances from the TaskProlog's copy (the only one the job's user can read). Root
+        hooks never use it."""
+        return self._read_instances(self._copy_path(job_id))
+
+    @staticmethod
+    def _read_instances(path: Path) -> list[BoundInstance] | None:
         try:
-            doc = _read_json_object(self._binding_path(job_id))
+            doc = _read_json_object(path)
         except FileNotFoundError:
             return None
         return _instances(doc)
 
     def binding_attempt(self, job_id: str) -> int | None:
-        """The restart count the binding was made at (None: no file, an unreadable one, or none recorded)."""
+        """The restart count the binding was made at (None: no record, an unreadable one, or none recorded)."""
         try:
-            attempt = _read_json_object(self._binding_path(job_id)).get("attempt")
+            attempt = _read_json_object(self._record_path(job_id)).get("attempt")
         except (OSError, ValueError):
             return None
         return attempt if isinstance(attempt, int) and not isinstance(attempt, bool) else None
@@ -147,28 +221,28 @@ class NodeState:
         return attempt if isinstance(attempt, int) and not isinstance(attempt, bool) else None
 
     def remove_binding(self, job_id: str) -> None:
-        try:
-            self._binding_path(job_id).unlink()
-        except FileNotFoundError:
-            pass
+        """Forget the job's binding: its copy first, then its record (see write_binding)."""
+        for path in (self._copy_path(job_id), self._record_path(job_id)):
+            path.unlink(missing_ok=True)
 
     def all_bindings(self) -> dict[str, list[BoundInstance]]:
-        """Every job bound on this node; unreadable/corrupt files count as bound to nothing known."""
+        """Every job bound on this node; unreadable/corrupt records count as bound to nothing known."""
         out: dict[str, list[BoundInstance]] = {}
-        if not self.bindings_dir.exists():
+        if not self.records_dir.exists():
             return out
-        for path in sorted(self.bindings_dir.glob("*.json")):
+        for path in sorted(self.records_dir.glob("*.json")):
             try:
                 out[path.stem] = _instances(_read_json_object(path))
-            except (OSError, ValueError):
+            except (OSError, ValueError) as exc:
+                log.error("binding record %s unreadable (%s); counted as bound to nothing known", path, exc)
                 out[path.stem] = []
         return out
 
     def binding_times(self) -> dict[str, float]:
-        """Job id -> when its binding file was last written (mtime), for every binding file."""
+        """Job id -> when its binding record was last written (mtime), for every record."""
         out = {}
-        if self.bindings_dir.exists():
-            for path in self.bindings_dir.glob("*.json"):
+        if self.records_dir.exists():
+            for path in self.records_dir.glob("*.json"):
                 try:
                     out[path.stem] = path.stat().st_mtime
                 except OSError:
@@ -197,7 +271,7 @@ class NodeState:
             return out
         for p in sorted(self.outbox_dir.glob("*.json")):
             try:
-                doc = _read_json_object(p)
+                doc = _read_json_object(p, MAX_MESSAGE_BYTES)
                 if not isinstance(doc.get("path"), str) or not isinstance(doc.get("payload"), dict):
                     raise ValueError("not an outbox message")
                 out.append((p, doc["path"], doc["payload"]))

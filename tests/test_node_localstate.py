@@ -1,0 +1,128 @@
+"""The node's binding files on a real file system: who can read and change them, and what root hooks trust.
+
+Run as root these use a real second user (nobody, through setpriv) for what a job's user can do.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pwd
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from slurm_mig.node.localstate import BoundInstance, NodeState
+
+NOBODY = pwd.getpwnam("nobody")
+as_root = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None,
+                             reason="needs root and setpriv to act as another user")
+
+
+def _as_nobody(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["setpriv", f"--reuid={NOBODY.pw_uid}", f"--regid={NOBODY.pw_gid}", "--clear-groups",
+                           sys.executable, "-I", "-c", code], capture_output=True, text=True, timeout=60)
+
+
+@pytest.fixture
+def state():
+    # Not under pytest's tmp_path (0700 root): the job's user must reach the node folder, as under /var/lib.
+    folder = tempfile.mkdtemp(prefix="slurm-mig-node-")
+    os.chmod(folder, 0o755)
+    try:
+        yield NodeState(Path(folder) / "n1").ensure()
+    finally:
+        shutil.rmtree(folder)
+
+
+MINE = [BoundInstance(0, "3g.40gb", 0, "MIG-aaa")]
+
+
+@as_root
+def test_the_jobs_user_can_read_its_copy_but_change_nothing_root_trusts(state):
+    state.write_binding("100", MINE, uid=NOBODY.pw_uid, gid=NOBODY.pw_gid, attempt=0)
+    state.write_binding("200", [BoundInstance(0, "2g.20gb", 4, "MIG-bbb")], uid=0, gid=0, attempt=0)
+    copy, record = state.root / "bindings" / "100.json", state.root / "records" / "100.json"
+    evil = json.dumps({"job_id": "100", "attempt": -5, "instances": [
+        {"gpu": 0, "profile": "2g.20gb", "start": 4, "uuid": "MIG-bbb"}]})
+    attempts = {
+        "read": f"print(open({str(copy)!r}).read())",
+        "chmod": f"import os; os.chmod({str(copy)!r}, 0o600)",
+        "rewrite": f"open({str(copy)!r}, 'w').write({evil!r})",
+        "replace": f"import os; open({str(copy) + '.x'!r}, 'w').write({evil!r}); "
+                   f"os.replace({str(copy) + '.x'!r}, {str(copy)!r})",
+        "record": f"open({str(record)!r}, 'w').write({evil!r})",
+    }
+    done = {what: _as_nobody(code) for what, code in attempts.items()}
+    assert done["read"].returncode == 0 and "MIG-aaa" in done["read"].stdout, done["read"].stderr
+    for what in ("chmod", "rewrite", "replace", "record"):
+        assert done[what].returncode != 0 and "PermissionError" in done[what].stderr, (what, done[what])
+    assert state.all_bindings() == {"100": MINE, "200": [BoundInstance(0, "2g.20gb", 4, "MIG-bbb")]}
+    assert state.binding_attempt("100") == 0
+    assert os.stat(copy)[4:6] == (0, NOBODY.pw_gid) and stat.S_IMODE(os.stat(copy).st_mode) == 0o440
+    assert os.stat(record)[4:6] == (0, 0) and stat.S_IMODE(os.stat(record).st_mode) == 0o600
+
+
+def test_root_hooks_read_the_record_never_the_taskprologs_copy(state):
+    state.write_binding("100", MINE, gid=os.getegid(), attempt=1)
+    copy = state.bindings_dir / "100.json"
+    copy.chmod(0o600)
+    copy.write_text(json.dumps({"instances": [{"gpu": 0, "profile": "7g.80gb", "start": 0, "uuid": "MIG-x"}],
+                                "attempt": 0}))
+    assert state.read_binding("100") == MINE and state.all_bindings() == {"100": MINE}
+    assert state.bound_slots() == {0: {("3g.40gb", 0)}} and state.binding_attempt("100") == 1
+    assert state.read_task_binding("100")[0].uuid == "MIG-x"  # what the TaskProlog alone reads
+    state.remove_binding("100")
+    assert not copy.exists() and state.read_binding("100") is None
+
+
+def test_an_oversized_record_is_refused_unread_with_a_log_line(state, caplog):
+    state.write_binding("100", MINE)
+    big = json.dumps({"instances": [m.to_json() for m in MINE] * 2000}).encode()
+    assert len(big) > 64 * 1024
+    (state.records_dir / "100.json").write_bytes(big)
+    with caplog.at_level(logging.ERROR):
+        assert state.all_bindings() == {"100": []}
+    assert any("larger than 65536 bytes" in r.getMessage() for r in caplog.records)
+    with pytest.raises(ValueError, match="larger than"):
+        state.read_binding("100")
+
+
+def _legacy(state, job_id: str, data: bytes, uid: int, gid: int) -> None:
+    """A binding file as slurm-mig wrote it before records/: owned by the job's user, 0400, no record."""
+    path = state.bindings_dir / f"{job_id}.json"
+    path.write_bytes(data)
+    os.chown(path, uid, gid)
+    path.chmod(0o400)
+
+
+def test_bindings_an_older_version_left_are_adopted_on_upgrade(tmp_path, caplog):
+    """A node upgraded with jobs running: their user-owned binding files become records (root hooks see
+    the jobs bound, the Epilog finds the instances) and copies the user can no longer change."""
+    root = tmp_path / "n1"
+    (root / "bindings").mkdir(parents=True)
+    old = NodeState(root)
+    doc = {"job_id": "100", "bound_at": 1.0, "instances": [m.to_json() for m in MINE], "attempt": 2}
+    uid, gid = (NOBODY.pw_uid, NOBODY.pw_gid) if os.geteuid() == 0 else (os.geteuid(), os.getegid())
+    _legacy(old, "100", json.dumps(doc).encode(), uid, gid)
+    _legacy(old, "101", b"\xff garbage", uid, gid)
+    with caplog.at_level(logging.WARNING):
+        state = NodeState(root).ensure()
+    assert state.all_bindings() == {"100": MINE, "101": []}  # the damaged one still counts as bound
+    assert state.read_binding("100") == MINE and state.binding_attempt("100") == 2
+    assert state.read_task_binding("100") == MINE
+    with pytest.raises(ValueError):
+        state.read_binding("101")
+    copy = root / "bindings" / "100.json"
+    assert stat.S_IMODE(os.stat(copy).st_mode) == 0o440 and os.stat(copy).st_gid == gid
+    if os.geteuid() == 0:
+        assert os.stat(copy).st_uid == 0 and os.stat(root / "records" / "100.json")[4:6] == (0, 0)
+    assert any("adopted the binding of job 100" in r.getMessage() for r in caplog.records)
+    state.ensure()  # adopting is done once: a second pass changes nothing
+    assert state.all_bindings() == {"100": MINE, "101": []}
