@@ -15,7 +15,8 @@ user sees in sbatch/srun/salloc's output.
 Accepted:  mig:<k>g  mig:<k>g:<count>  mig:<type>[:<count>] for the types below
            mig:<profile>[:<count>], e.g. mig:3g.40gb, mig:1g.20gb, mig:1g.10gb:2
 Rejected:  unknown sizes (mig:5g, mig:8g, mig:0g), untyped mig / mig:<count>,
-           counts that are 0, not plain integers or more than a node can hold.
+           counts that are 0, not plain integers or more than a node can hold,
+           and two sizes in one job (mig:3g,mig:1g:2): one job, one size.
 Other GRES items in the same request pass through untouched.
 --]]
 
@@ -35,18 +36,6 @@ local MAX_PER_GPU = {
     ["3g"] = 2,
     ["4g"] = 1,
     ["7g"] = 1,
-}
-
--- Compute slices per instance; a GPU has 7, which bounds mixed requests.
-local COMPUTE_SLICES = {
-    ["1g"] = 1,
-    ["1gme"] = 1,
-    ["1gdm"] = 1,
-    ["2g"] = 2,
-    ["2gme"] = 2,
-    ["3g"] = 3,
-    ["4g"] = 4,
-    ["7g"] = 7,
 }
 
 -- Full NVIDIA profile names -> GRES type. Kept equal to PROFILE_TO_GRES in
@@ -88,7 +77,6 @@ local PROFILE_TO_TYPE = {
     ["7g.80gb"] = "7g",
 }
 
-local TYPE_ORDER = { "1g", "1gme", "1gdm", "2g", "2gme", "3g", "4g", "7g" }
 local USAGE = "use --gres=mig:<size>[:<count>] with size 1g, 2g, 3g, 4g or 7g " ..
     "(also 1gdm, 1gme, 2gme) or a profile name such as mig:3g.40gb"
 
@@ -178,24 +166,27 @@ local function rewrite_tres(tres)
     if not seen_mig then
         return tres, nil
     end
-    local slices = 0
-    for _, gtype in ipairs(TYPE_ORDER) do
-        local n = counts[gtype]
-        if n ~= nil then
-            local most = MAX_PER_GPU[gtype] * MAX_GPUS_PER_NODE
-            if n > most then
-                return nil, string.format(
-                    "%d mig:%s instances per node requested, but a node holds at most %d " ..
-                    "(%d per GPU x %d GPUs); use fewer or larger instances",
-                    n, gtype, most, MAX_PER_GPU[gtype], MAX_GPUS_PER_NODE)
-            end
-            slices = slices + n * COMPUTE_SLICES[gtype]
+    -- One size per job: the controller plans, binds and records a job as one size times a count, so a
+    -- job with two sizes would get only one of them.
+    local sizes = {}
+    for _, it in ipairs(items) do
+        if it.mig then
+            table.insert(sizes, "mig:" .. it.mig)
         end
     end
-    if slices > 7 * MAX_GPUS_PER_NODE then
+    if #sizes > 1 then
         return nil, string.format(
-            "the mig request needs %d compute slices per node, but a node has at most %d " ..
-            "(7 per GPU x %d GPUs)", slices, 7 * MAX_GPUS_PER_NODE, MAX_GPUS_PER_NODE)
+            "a job asks for one MIG size (got %s); submit one job per size", table.concat(sizes, " and "))
+    end
+    -- One size, so the count alone bounds the compute slices: at most 7 per GPU.
+    for gtype, n in pairs(counts) do
+        local most = MAX_PER_GPU[gtype] * MAX_GPUS_PER_NODE
+        if n > most then
+            return nil, string.format(
+                "%d mig:%s instances per node requested, but a node holds at most %d " ..
+                "(%d per GPU x %d GPUs); use fewer or larger instances",
+                n, gtype, most, MAX_PER_GPU[gtype], MAX_GPUS_PER_NODE)
+        end
     end
     local out = {}
     for _, it in ipairs(items) do

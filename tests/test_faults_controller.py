@@ -26,7 +26,7 @@ from slurm_mig.api.server import ApiServer
 from slurm_mig.config import Config
 from slurm_mig.controller.service import Controller
 from slurm_mig.errors import SlurmCommandError, StoreBusy, StoreError
-from slurm_mig.slurm.parsers import SlurmJob, SlurmNode
+from slurm_mig.slurm.parsers import JobDetail, SlurmJob, SlurmNode
 from slurm_mig.store import open_store
 
 KEY = b"c" * 64
@@ -607,6 +607,58 @@ def test_an_epilog_from_a_node_the_job_is_not_on_ends_nothing(rig, requeued):
                           "instances": [{"gpu": 0, "profile": "3g.40gb", "start": held[0][2].start}]},
                          Principal(0, 0, "n2", "hmac"))
     assert done["recorded"] and rig.store.outcome("10").node == "n2" and rig.store.live_bindings() == []
+
+
+UNSERVABLE = [({"3g": 0}, "count must be at least 1"), ({"5g": 1}, "mig:5g, which is not a MIG size"),
+              ({"pad": 1}, "mig:pad, which is not a MIG size"), ({"1g": 1, "3g": 1}, "2 MIG sizes")]
+
+
+@pytest.mark.parametrize("mig,why", UNSERVABLE)
+def test_a_request_slurm_mig_cannot_serve_does_not_stop_the_tick(rig, mig, why):
+    """One such job in squeue (queued before job_submit.lua was installed) used to raise inside every
+    tick, rolling all of it back (found in review). Now it is left alone, said once, and the tick runs."""
+    rig.fake.queue.append(SlurmJob(job_id=9, name="odd", user="eve", state="PENDING", mig=mig,
+                                   tres_per_node="x", submit_time=3, priority=1))
+    for _ in range(2):
+        assert rig.tick()["slurm_ok"]
+    assert rig.store.get_job("1") is not None and rig.store.get_job("9") is None
+    said = [e.message for e in rig.store.recent_events(20, job_id="9")]
+    assert len(said) == 1 and why in said[0], said
+
+
+@pytest.mark.parametrize("mig,why", UNSERVABLE)
+def test_the_prolog_of_a_request_slurm_mig_cannot_serve_holds_the_job(rig, mig, why):
+    """Mixed sizes would get only one size bound; such a job is requeued and held, with the reason in its
+    AdminComment, rather than run without its instances or start again and again."""
+    holds = []
+    rig.fake.scontrol_show_job = lambda job_id: JobDetail(job_id=int(job_id), mig=dict(mig))
+    rig.fake.scontrol_requeue = lambda job_id, **kw: holds.append((str(job_id), kw))
+    status, resp = post(rig, "/v1/prolog", {"job_id": "9", "node": "n1", "observed": OBSERVED, "bindings": {}})
+    assert status == 200 and resp["action"] == "requeue" and resp["requeued"], resp
+    assert why in resp["reason"] and holds == [("9", {"hold": True})]
+    assert ("comment", "JobId=9") in rig.fake.calls
+    assert rig.store.get_job("9") is None and rig.store.live_bindings() == []
+
+
+def test_scontrol_for_an_unseen_job_does_not_hold_the_store_lock(rig):
+    """A Prolog for a job the last tick did not see asks scontrol, which may take up to its timeout. It
+    used to ask inside the store's transaction, so other nodes' requests failed with 503 after the busy
+    timeout (0.5 s here) while it ran (found in review)."""
+    def slow(job_id):
+        time.sleep(1.5)
+        return None
+
+    rig.fake.scontrol_show_job = slow
+    answers = []
+    prolog = threading.Thread(target=lambda: answers.append(
+        post(rig, "/v1/prolog", {"job_id": "77", "node": "n1", "observed": OBSERVED, "bindings": {}})))
+    prolog.start()
+    time.sleep(0.3)
+    t0 = time.monotonic()
+    status, _resp = report(rig)
+    assert status == 200 and time.monotonic() - t0 < 1.0
+    prolog.join()
+    assert answers == [(200, {"action": "skip"})]
 
 
 def test_a_failed_squeue_after_withdrawing_holds_the_recarve_back(rig):

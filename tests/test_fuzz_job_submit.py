@@ -148,7 +148,7 @@ def _check_accepted(old: str, new: str, case: dict) -> None:
         # disagree on "(,gres:mig:1g". Slurm refuses such a string anyway; see docs/reliability.md.
         return
     req = parsers.mig_request(new)
-    assert req, (old, new)
+    assert len(req) == 1, (old, new)  # one size per job
     slices = 0
     for gtype, n in req.items():
         assert gtype in gres.GRES_TYPES, (old, new)

@@ -40,16 +40,6 @@ def test_max_per_gpu_matches_gres_py():
     assert {k: int(v) for k, v in _lua_table("MAX_PER_GPU").items()} == gres.MAX_PER_GPU
 
 
-def test_compute_slices_match_gres_py():
-    assert {k: int(v) for k, v in _lua_table("COMPUTE_SLICES").items()} == gres.COMPUTE_SLICES
-
-
-def test_type_order_matches_gres_py():
-    m = re.search(r"local TYPE_ORDER = \{([^}]*)\}", LUA_TEXT)
-    assert m
-    assert tuple(re.findall(r'"([^"]+)"', m.group(1))) == gres.GRES_TYPES
-
-
 def test_max_gpus_line_is_substitutable():
     # LocalCluster rewrites exactly this line; keep it unique and plain.
     assert len(re.findall(r"(?m)^local MAX_GPUS_PER_NODE = \d+$", LUA_TEXT)) == 1
@@ -131,10 +121,9 @@ ACCEPTED = [
     ("gres:mig:3g,gres:foo:1", "gres:mig:3g:1,gres:foo:1"),
     ("gres:foo:1,gres:mig:2g:2", "gres:foo:1,gres:mig:2g:2"),
     ("gres:gpu:1", "gres:gpu:1"),
-    # the same type twice is merged, different types are kept apart
+    # the same type twice is merged
     ("gres:mig:1g,gres:mig:1g:2", "gres:mig:1g:3"),
-    ("gres:mig:3g,gres:mig:1g:2", "gres:mig:3g:1,gres:mig:1g:2"),
-    ("gres:mig:4g:2,gres:mig:3g:2", "gres:mig:4g:2,gres:mig:3g:2"),  # 14 slices = 2 GPUs
+    ("gres:mig:3g.40gb,gres:foo:1,gres:mig:3g", "gres:mig:3g:2,gres:foo:1"),
 ]
 
 
@@ -170,7 +159,10 @@ REJECTED = [
     ("gres:mig:7g:3", "holds at most 2"),
     ("gres:mig:1gme:3", "holds at most 2"),
     ("gres:mig:1g:15", "holds at most 14"),
-    ("gres:mig:4g:2,gres:mig:3g:2,gres:mig:1g", "15 compute slices per node"),
+    # one size per job: the controller binds a job as one size x a count
+    ("gres:mig:3g,gres:mig:1g:2", "one MIG size (got mig:3g and mig:1g)"),
+    ("gres:mig:4g:2,gres:mig:3g:2", "one MIG size (got mig:4g and mig:3g)"),
+    ("gres:mig:1g.20gb,gres:mig:1g", "one MIG size (got mig:1gdm and mig:1g)"),
     ("gres:foo:1,gres:mig:9g", "unknown MIG size '9g'"),
 ]
 

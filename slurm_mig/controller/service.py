@@ -119,6 +119,24 @@ def kind_of_gres(gtype: str) -> str:
     return GRES_TO_KIND.get(gtype, gtype)
 
 
+def mig_size_request(mig: dict[str, int]) -> tuple[str, int]:
+    """A job's MIG request as (geometry kind, count).
+
+    ValueError, saying why, for a request slurm-mig cannot serve: two sizes (a job is planned, bound
+    and recorded as one size times a count), padding or an unknown type, a count below 1.
+    job_submit.lua refuses these at submission; a job queued before it was installed still comes here.
+    """
+    if len(mig) != 1:
+        raise ValueError(f"asks for {len(mig)} MIG sizes ({', '.join(f'mig:{t}' for t in sorted(mig))}); "
+                         f"slurm-mig serves one size per job")
+    (gtype, count), = mig.items()
+    if gtype not in GRES_TYPES:
+        raise ValueError(f"asks for mig:{gtype}, which is not a MIG size")
+    if not isinstance(count, int) or count < 1:
+        raise ValueError(f"asks for mig:{gtype}:{count}; the count must be at least 1")
+    return kind_of_gres(gtype), count
+
+
 def layout_counts(layout: Layout) -> dict[str, int]:
     """GRES type -> count of instances in ``layout``."""
     out: dict[str, int] = {}
@@ -181,6 +199,7 @@ class Controller:
         self._gres_warned: set[str] = set()
         self._gres_checked: set[str] = set()  # nodes told once about missing or too little mig:pad
         self._invalid_reg: set[str] = set()  # nodes Slurm drained for a mig GRES count below the layout's
+        self._unservable: set[str] = set()  # jobs whose MIG request cannot be served, said once each
         # Is a node's request encoded on its own host? Only MUNGE credentials say where they were made, so
         # under HMAC the check is off whatever [auth].node_origin says.
         self.origin_mode = cfg.auth.node_origin if cfg.auth.method == "munge" else "off"
@@ -257,10 +276,15 @@ class Controller:
             if not j.wants_mig:
                 continue
             job_id = str(j.job_id)
-            gtype, count = next(iter(sorted(j.mig.items())))
             seen.add(job_id)
+            try:
+                kind, count = mig_size_request(j.mig)
+            except ValueError as exc:
+                # One such job must not stop the tick (it used to raise inside it, every tick).
+                self._note_unservable(job_id, str(exc), now)
+                continue
             state = j.state if j.state in ("PENDING", "RUNNING", "COMPLETING", "SUSPENDED") else None
-            self.store.upsert_job(job_id, profile=kind_of_gres(gtype), count=count, user=j.user, name=j.name,
+            self.store.upsert_job(job_id, profile=kind, count=count, user=j.user, name=j.name,
                                   partition=j.partition,
                                   time_limit_s=None if j.time_limit_min is None else j.time_limit_min * 60.0,
                                   submit_time=j.submit_time, now=now)
@@ -787,18 +811,54 @@ class Controller:
                               "uuid": i.get("uuid"), "in_use": bool(i.get("in_use"))})
         self.store.replace_observed(node, gpus, insts, now=self.clock())
 
-    def _job_request(self, job_id: str):
-        """(kind, count) from the store, or straight from Slurm for a job the last sync did not see."""
+    def _slurm_detail(self, job_id: str):
+        """``scontrol show job`` for a job the store does not know yet (None if it does). Asked before the
+        store's transaction: scontrol may take up to its timeout, and other nodes' requests wait on the lock."""
+        job = self.store.get_job(job_id)
+        if job is not None and job.profile:
+            return None
+        return self.slurm.scontrol_show_job(job_id)
+
+    def _job_request(self, job_id: str, detail):
+        """(kind, count) from the store, or from ``detail`` (:meth:`_slurm_detail`) for a job the last sync
+        did not see; None for a job without a MIG request. ValueError for one that cannot be served."""
         job = self.store.get_job(job_id)
         if job is not None and job.profile:
             return job.profile, job.count
-        detail = self.slurm.scontrol_show_job(job_id)
         if detail is None or not detail.mig:
             return None
-        gtype, count = next(iter(sorted(detail.mig.items())))
-        self.store.upsert_job(job_id, profile=kind_of_gres(gtype), count=count, user=detail.user,
+        kind, count = mig_size_request(detail.mig)
+        self.store.upsert_job(job_id, profile=kind, count=count, user=detail.user,
                               name=detail.name, partition=detail.partition, now=self.clock())
-        return kind_of_gres(gtype), count
+        return kind, count
+
+    def _note_unservable(self, job_id: str, why: str, now: float) -> None:
+        """Log and record, once per job, a MIG request slurm-mig leaves alone."""
+        if job_id in self._unservable:
+            return
+        if len(self._unservable) > 10_000:
+            self._unservable.clear()
+        self._unservable.add(job_id)
+        log.warning("job %s %s: slurm-mig does not manage it (job_submit.lua refuses such requests)", job_id, why)
+        self.store.add_event("conflict", f"job {job_id} {why}; not managed", job_id=job_id, now=now)
+
+    def _hold_unservable(self, job_id: str, why: str, now: float) -> dict:
+        """A job that cannot be served reached its Prolog: requeued and held, with the reason in its
+        AdminComment, so that it neither runs without its instances nor starts again and again."""
+        with self.store.transaction():
+            self._note_unservable(job_id, why, now)
+        reason = f"{why}; held (resubmit it with one size)"
+        self.metrics.inc("slurm_mig_requeues_total", (("reason", "unservable"),))
+        try:
+            run = getattr(self.slurm, "run", None)
+            if run is not None:
+                run(["scontrol", "update", f"JobId={job_id}", f"AdminComment=slurm-mig: {reason}"])
+            self.slurm.scontrol_requeue(job_id, hold=True)
+            requeued = True
+        except SlurmMigError as exc:
+            log.warning("requeue-hold of %s failed: %s", job_id, exc)
+            requeued = False
+        return {"action": "requeue", "reason": reason, "requeued": requeued}
 
     def on_prolog(self, payload: dict, principal) -> dict:
         node = self._check_node(payload, principal)
@@ -807,9 +867,15 @@ class Controller:
         observed_at = _v_time(payload.get("observed_at"), "observed_at")
         now = self.clock()
         requeue_reason = None
+        detail = self._slurm_detail(job_id)
+        if detail is not None and detail.mig:
+            try:
+                mig_size_request(detail.mig)
+            except ValueError as exc:
+                return self._hold_unservable(job_id, str(exc), now)
         with self.store.transaction():
             self._store_observed(node, observed, observed_at)
-            req = self._job_request(job_id)
+            req = self._job_request(job_id, detail)
             if req is None:
                 return {"action": "skip"}
             kind, count = req
@@ -920,11 +986,15 @@ class Controller:
         now = self.clock()
         # When the node bound it: a binding it made alone may be delivered long after, from its outbox.
         bound_at = min(_v_time(payload.get("bound_at"), "bound_at") or now, now)
+        detail = self._slurm_detail(job_id) if local else None
         with self.store.transaction():
             if local:
                 # Bound by the node alone while we were down: adopt it.
                 if not self.store.get_job(job_id):
-                    self._job_request(job_id)
+                    try:
+                        self._job_request(job_id, detail)
+                    except ValueError as exc:
+                        self._note_unservable(job_id, str(exc), now)
                 job = self.store.get_job(job_id)
                 if job is not None and job.state in TERMINAL:
                     # Delivered late from the node's outbox, after the job's end was recorded (or after Slurm

@@ -79,6 +79,7 @@ def test_jobs_without_mig_pass_through(slurm, job_dir, wait_for):
     ("mig:3g:0", "at least 1"),
     ("mig", "does not name a MIG size"),
     ("mig:2", "does not name a MIG size"),
+    ("mig:3g,mig:1g:2", "one MIG size (got mig:3g and mig:1g)"),
 ])
 def test_sbatch_rejects_with_readable_message(slurm, request_, message):
     with pytest.raises(SlurmCommandError) as exc:
