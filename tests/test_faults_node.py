@@ -479,10 +479,14 @@ def test_epilog_killed_before_it_reported_outcome_comes_from_slurm(rig, caplog):
     assert o is not None and o.state == "COMPLETED" and o.exit_code == 0
     assert rig.store.get_job("12").state == "COMPLETED" and rig.live("12") == ()
     assert any("never reported" in r.getMessage() for r in caplog.records)
-    # The node's own binding file goes at its next health check (job ended > 30 s ago).
+    # The node's own binding goes at its next health check (job ended > 30 s ago), once the job's
+    # processes are gone: slurmd killed them with the job; on the simulated GPU they are its in-use mark.
     t[0] += 31
+    (b,) = json.loads(rig.record_file("12").read_text())["instances"]
+    assert rig.report() == 0 and rig.record_file("12").exists()
+    rig.gpu.set_in_use(b["gpu"], b["uuid"], None)
     assert rig.report() == 0
-    assert not rig.binding_file("12").exists()
+    assert not rig.binding_file("12").exists() and not rig.record_file("12").exists()
     busy = [i for g in (0, 1) for i in rig.gpu.instances(g) if i.in_use]
     assert busy == []
 
@@ -584,8 +588,51 @@ def test_orphaned_binding_files_are_released_only_when_slurm_says_so(rig):
     rig.squeue = "15\n"  # Slurm runs it here: keep it
     assert rig.report() == 0 and path.exists()
     rig.squeue = "99\n"
+    assert rig.report() == 0 and path.exists()  # its processes (the simulated in-use mark) still run
+    gpu = json.loads(path.read_text())["instances"][0]["gpu"]
+    rig.gpu.set_in_use(gpu, uuid, None)
     assert rig.report() == 0 and not path.exists()
-    assert uuid not in {i.uuid for g in (0, 1) for i in rig.gpu.instances(g) if i.in_use}
+
+
+def _answer_reports_with(rig, monkeypatch, **extra) -> None:
+    """The controller's /v1/report answers carry ``extra`` too (a stale or forged view, signed all the same)."""
+    real = rig.srv.routes["/v1/report"]
+    monkeypatch.setitem(rig.srv.routes, "/v1/report", lambda payload, who: {**real(payload, who), **extra})
+
+
+def test_a_release_never_frees_an_instance_still_in_use(rig, monkeypatch, caplog):
+    """The controller names a job for release while its instance still runs processes, and asks for a layout
+    over it: the binding is kept and the instance survives. The busy check used to come after the binding's
+    instances had been marked idle, so on the simulated GPU it never kept one, and the same health check
+    re-carved over the job."""
+    rig.job("30", "3g")
+    assert rig.hook("prolog", "30") == 0
+    (b,) = json.loads(rig.record_file("30").read_text())["instances"]
+    _answer_reports_with(rig, monkeypatch, release=["30"], desired={str(b["gpu"]): "7g@0"})
+    rig.squeue = ""  # Slurm does not list it here either: only the processes left say it is in use
+    with caplog.at_level(logging.WARNING):
+        assert rig.report() == 0
+    assert rig.record_file("30").exists() and rig.binding_file("30").exists()
+    assert b["uuid"] in {i.uuid for i in rig.gpu.instances(b["gpu"]) if i.in_use}
+    assert any("binding kept until it is idle" in r.getMessage() for r in caplog.records)
+
+
+def test_a_release_the_controller_asks_for_is_confirmed_with_slurm(rig, monkeypatch, caplog):
+    """Before dropping a binding the controller names, the node asks Slurm: kept while Slurm runs the job
+    here or cannot be asked, dropped once Slurm does not list it (and its instance is idle)."""
+    rig.job("31", "2g")
+    assert rig.hook("prolog", "31") == 0
+    (b,) = json.loads(rig.record_file("31").read_text())["instances"]
+    rig.gpu.set_in_use(b["gpu"], b["uuid"], None)  # no process on it: only Slurm can say the job runs
+    _answer_reports_with(rig, monkeypatch, release=["31"])
+    rig.squeue = "31\n"
+    with caplog.at_level(logging.WARNING):
+        assert rig.report() == 0 and rig.record_file("31").exists()
+    assert any("Slurm runs it on n1; binding kept" in r.getMessage() for r in caplog.records)
+    rig.squeue = None  # slurmctld down: stale data is no reason to destroy
+    assert rig.report() == 0 and rig.record_file("31").exists()
+    rig.squeue = "99\n"
+    assert rig.report() == 0 and not rig.record_file("31").exists() and not rig.binding_file("31").exists()
 
 
 def test_epilog_of_a_requeued_attempt_records_no_outcome(rig):

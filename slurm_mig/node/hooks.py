@@ -564,9 +564,7 @@ def healthcheck(env: dict, node: Node) -> int:
         resp = _cached_desired(node)
     else:
         _cache_desired(node, resp)
-    for job_id in resp.get("release") or []:
-        _release_stale_binding(node, str(job_id))
-    _release_orphaned_bindings(node)
+    _release_ended_bindings(node, [str(j) for j in resp.get("release") or []])
     targets = resp.get("desired") or {}
     if targets:
         results = node.apply_targets(targets)
@@ -581,42 +579,69 @@ def healthcheck(env: dict, node: Node) -> int:
 ORPHAN_AGE_S = 60.0
 
 
-def _release_orphaned_bindings(node: Node) -> None:
-    """Drop binding files of jobs Slurm does not run on this node (their Epilog never ran: a node crash or
-    reboot, a Prolog killed after writing it, a controller that lost its database and cannot name them).
-    Only files older than ORPHAN_AGE_S, only when squeue answered, and only once their instances are idle."""
-    old = [job for job, mtime in node.state.binding_times().items()
-           if time.time() - mtime > ORPHAN_AGE_S and job.replace("_", "").isascii() and job.replace("_", "").isdigit()]
-    if not old:
-        return
+def _jobs_slurm_runs_here(node: Node) -> set[str] | None:
+    """Ids of the jobs Slurm runs on this node (starting, running, ending or suspended); None when Slurm
+    cannot be asked."""
     from slurm_mig.slurm.runner import SlurmClient
 
     res = SlurmClient(slurm_conf=node.settings.slurm_conf, timeout=10).run(
         ["squeue", "-h", "-w", node.name, "-t", "CF,R,CG,S,ST", "-o", "%A"])
     if not res.ok:
-        return  # cannot tell which jobs run here: keep every binding
-    running = set(res.stdout.split())
-    for job_id in old:
-        if job_id not in running:
+        log.warning("cannot ask Slurm which jobs run on %s: %s", node.name, res.describe())
+        return None
+    return set(res.stdout.split())
+
+
+def _release_ended_bindings(node: Node, asked: list[str]) -> None:
+    """Drop the bindings of jobs that ended without their Epilog: those the controller names, and files
+    older than ORPHAN_AGE_S (a node crash or reboot, a Prolog killed after writing one, a controller that
+    lost its database and cannot name them).
+
+    Slurm has the last word, not the controller (whose view may be stale, or forged): a binding goes only
+    if squeue answered and does not list its job here, and only once its instances are idle. Done under
+    the apply lock, so no Prolog binds meanwhile; a binding written after squeue was asked is kept.
+    """
+    times = node.state.binding_times()
+    asked = {job for job in asked if job in times}
+    old = {job for job, mtime in times.items()
+           if time.time() - mtime > ORPHAN_AGE_S and job.replace("_", "").isascii() and job.replace("_", "").isdigit()}
+    if not asked and not old:
+        return
+    asked_at = time.time()
+    running = _jobs_slurm_runs_here(node)
+    if running is None:
+        log.warning("binding(s) of job(s) %s kept until Slurm can say whether they run here",
+                    ", ".join(sorted(asked | old)))
+        return
+    with node.apply_lock():
+        for job_id in sorted(asked | old):
+            if job_id in running:
+                if job_id in asked:
+                    log.warning("the controller asked to release job %s, but Slurm runs it on %s; binding kept",
+                                job_id, node.name)
+                continue
+            if node.state.binding_times().get(job_id, asked_at) >= asked_at:
+                continue  # gone, or bound again after Slurm was asked: its answer says nothing about this one
             log.warning("job %s holds a binding on %s but Slurm does not run it here", job_id, node.name)
             _release_stale_binding(node, job_id)
 
 
 def _release_stale_binding(node: Node, job_id: str) -> None:
-    """Drop the binding of a job that ended without its Epilog, once its instances are idle."""
+    """Drop the binding of a job Slurm no longer runs here, unless its instances are still in use
+    (processes that outlived the job: the binding keeps them from being destroyed until they are gone).
+    Call with apply_lock() held."""
     try:
         insts = node.state.read_binding(job_id) or []
     except ValueError:
         insts = []  # damaged: it names nothing we could check or protect
-    for i in insts:
-        node.mark_in_use(i.gpu, i.profile, i.start, None)  # the simulated GPU's stand-in for processes
     try:
         busy = [i for i in insts for x in node.backend.instances(i.gpu) if x.uuid == i.uuid and x.in_use]
     except Exception as exc:  # the GPU cannot be read (lost): keep the binding until it can
         log.warning("job %s ended but its GPU cannot be read (%s); binding kept", job_id, exc)
         return
     if busy:
-        log.warning("job %s ended but processes still run on %s; binding kept", job_id, busy)
+        log.warning("job %s ended but %s still in use; binding kept until it is idle",
+                    job_id, ", ".join(f"{i.profile}@{i.start} on GPU {i.gpu}" for i in busy))
         return
     node.state.remove_binding(job_id)
     log.info("released the stale binding of job %s (it ended without its Epilog)", job_id)
