@@ -157,6 +157,22 @@ def test_replayed_and_altered_requests_refused():
         auth.verify(" ".join(h), body)
 
 
+def test_the_replay_window_setting_is_used_never_below_the_accepted_age(tmp_path):
+    """[auth].replay_window_s was read and then ignored (found in review). A window shorter than the
+    time a credential is accepted would let an accepted one through twice, so it is a floor, not a cap."""
+    from dataclasses import replace
+
+    from slurm_mig.config import Config
+    from slurm_mig.controller.cli import make_auth
+
+    key = tmp_path / "k"
+    create_key(str(key))
+    cfg = Config()
+    for window, want in ((600.0, 600.0), (5.0, 60.0)):
+        auth = replace(cfg.auth, method="hmac", hmac_key_file=str(key), max_clock_skew_s=30.0, replay_window_s=window)
+        assert make_auth(replace(cfg, auth=auth)).replay.window_s == want
+
+
 def test_expired_request_refused():
     auth = HmacAuth(KEY, max_skew_s=30)
     body = b"{}"

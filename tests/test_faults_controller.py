@@ -661,6 +661,17 @@ def test_scontrol_for_an_unseen_job_does_not_hold_the_store_lock(rig):
     assert answers == [(200, {"action": "skip"})]
 
 
+def test_only_the_configured_partitions_are_managed(rig):
+    """[slurm].partitions was read and then ignored (found in review): every partition was managed."""
+    rig.cfg = replace(rig.cfg, slurm=replace(rig.cfg.slurm, partitions=("gpu",)))
+    rig.fake.queue = [replace(j, partition=p) for j, p in zip(rig.fake.queue, ("debug", "debug,gpu"))]
+    rig.tick()
+    assert rig.store.get_job("1") is None and rig.store.get_job("2") is not None
+    rig.fake.scontrol_show_job = lambda job_id: JobDetail(job_id=int(job_id), partition="debug", mig={"3g": 1})
+    status, resp = post(rig, "/v1/prolog", {"job_id": "5", "node": "n1", "observed": OBSERVED, "bindings": {}})
+    assert (status, resp) == (200, {"action": "skip"}) and rig.store.get_job("5") is None
+
+
 def test_a_failed_squeue_after_withdrawing_holds_the_recarve_back(rig):
     """If squeue fails right after the counts were lowered, the controller cannot know whether Slurm
     started a job there: the re-carve waits for the next tick and Slurm gets the old counts back."""

@@ -202,14 +202,14 @@ class MungeAuth:
 
     def __init__(self, socket: str | None = None, *, allowed_uids: tuple[int, ...] = (0,),
                  ttl_s: int = 60, timeout_s: float = 5.0, munge_bin: str = "munge", unmunge_bin: str = "unmunge",
-                 use_library: bool = True):
+                 use_library: bool = True, replay_window_s: float = 0.0):
         self.socket = socket
         self.allowed_uids = allowed_uids
         self.ttl_s = ttl_s
         self.timeout_s = timeout_s
         self.munge_bin = munge_bin
         self.unmunge_bin = unmunge_bin
-        self.replay = ReplayCache(window_s=max(ttl_s * 2, 60))
+        self.replay = ReplayCache(window_s=max(ttl_s * 2, 60, replay_window_s))
         self.lib = _LibMunge.load() if use_library else None
 
     def _argv(self, binary: str) -> list[str]:
@@ -378,17 +378,18 @@ class HmacAuth:
     scheme = "hmac"
 
     def __init__(self, key: bytes | None, *, max_skew_s: float = 60.0, uid: int = 0,
-                 node_keys: NodeKeys | None = None):
+                 node_keys: NodeKeys | None = None, replay_window_s: float = 0.0):
         """``key``: the shared key (a node: its own key). ``node_keys`` (the controller): verify each
         request with the key of the node it names, and fall back to ``key`` (if any) for a node that
-        has no key file yet, so that keys can be rolled out node by node."""
+        has no key file yet, so that keys can be rolled out node by node. ``replay_window_s``: how long
+        a request's nonce is remembered, never less than the 2 x ``max_skew_s`` a timestamp is accepted."""
         if key is None and node_keys is None:
             raise AuthError("HMAC needs a key file, or a folder of node keys")
         self.key = key
         self.node_keys = node_keys
         self.max_skew_s = max_skew_s
         self.uid = uid
-        self.replay = ReplayCache(window_s=2 * max_skew_s)
+        self.replay = ReplayCache(window_s=max(2 * max_skew_s, replay_window_s))
 
     def _key_for(self, node: str) -> bytes:
         try:
@@ -462,19 +463,21 @@ class HmacAuth:
 
 def auth_from_settings(method: str, *, munge_socket: str | None = None, key_file: str | None = None,
                        max_skew_s: float = 60.0, allowed_uids: tuple[int, ...] = (0,),
-                       node_keys_dir: str | None = None):
+                       node_keys_dir: str | None = None, replay_window_s: float = 0.0):
     """Build the authenticator a config names ("munge" or "hmac"). ``node_keys_dir``: the controller's
     folder of per-node keys (then ``key_file``, the shared key, is optional: the fallback for nodes
     without a key file)."""
     if method == "munge":
-        return MungeAuth(munge_socket, allowed_uids=allowed_uids, ttl_s=int(max(max_skew_s, 10)))
+        return MungeAuth(munge_socket, allowed_uids=allowed_uids, ttl_s=int(max(max_skew_s, 10)),
+                         replay_window_s=replay_window_s)
     if method == "hmac":
         if node_keys_dir:
             if not os.path.isdir(node_keys_dir):
                 raise AuthError(f"node key folder {node_keys_dir} does not exist (create it with `slurm-mig keys`)")
             shared = load_key(key_file) if key_file and os.path.exists(key_file) else None
-            return HmacAuth(shared, max_skew_s=max_skew_s, node_keys=NodeKeys(node_keys_dir))
+            return HmacAuth(shared, max_skew_s=max_skew_s, node_keys=NodeKeys(node_keys_dir),
+                            replay_window_s=replay_window_s)
         if not key_file:
             raise AuthError("auth method hmac needs a key_file")
-        return HmacAuth(load_key(key_file), max_skew_s=max_skew_s)
+        return HmacAuth(load_key(key_file), max_skew_s=max_skew_s, replay_window_s=replay_window_s)
     raise AuthError(f"unknown auth method {method!r} (expected 'munge' or 'hmac')")

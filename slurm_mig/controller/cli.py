@@ -36,7 +36,8 @@ def make_auth(cfg):
     from slurm_mig.api.auth import auth_from_settings
 
     return auth_from_settings(cfg.auth.method, munge_socket=cfg.auth.munge_socket, key_file=cfg.auth.hmac_key_file,
-                              max_skew_s=cfg.auth.max_clock_skew_s, node_keys_dir=cfg.auth.hmac_node_keys_dir or None)
+                              max_skew_s=cfg.auth.max_clock_skew_s, node_keys_dir=cfg.auth.hmac_node_keys_dir or None,
+                              replay_window_s=cfg.auth.replay_window_s)
 
 
 def serve(cfg, controller):

@@ -273,7 +273,7 @@ class Controller:
         seen = set()
         order = []
         for j in sorted(jobs, key=lambda j: (-(j.priority or 0), j.submit_time or 0, j.job_id)):
-            if not j.wants_mig:
+            if not j.wants_mig or not self._manages(j.partition):
                 continue
             job_id = str(j.job_id)
             seen.add(job_id)
@@ -825,12 +825,18 @@ class Controller:
         job = self.store.get_job(job_id)
         if job is not None and job.profile:
             return job.profile, job.count
-        if detail is None or not detail.mig:
+        if detail is None or not detail.mig or not self._manages(detail.partition):
             return None
         kind, count = mig_size_request(detail.mig)
         self.store.upsert_job(job_id, profile=kind, count=count, user=detail.user,
                               name=detail.name, partition=detail.partition, now=self.clock())
         return kind, count
+
+    def _manages(self, partition: str) -> bool:
+        """Is a job in ``partition`` slurm-mig's ([slurm].partitions; empty: every partition)? A pending job
+        submitted to several partitions ("gpu,debug") is when any of them is."""
+        wanted = self.cfg.slurm.partitions
+        return not wanted or any(p.strip() in wanted for p in (partition or "").split(","))
 
     def _note_unservable(self, job_id: str, why: str, now: float) -> None:
         """Log and record, once per job, a MIG request slurm-mig leaves alone."""
@@ -868,7 +874,7 @@ class Controller:
         now = self.clock()
         requeue_reason = None
         detail = self._slurm_detail(job_id)
-        if detail is not None and detail.mig:
+        if detail is not None and detail.mig and self._manages(detail.partition):
             try:
                 mig_size_request(detail.mig)
             except ValueError as exc:
