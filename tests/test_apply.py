@@ -51,6 +51,24 @@ def test_apply_does_only_the_differing_steps_and_keeps_shared_instances(sim):
     assert again.plan == [] and again.ok and again.reached
 
 
+def test_an_idle_half_made_instance_is_made_whole_and_a_busy_neighbour_kept(sim):
+    """A GPU instance without its compute instance counts as present in the layout, so a plan that keeps
+    it did nothing and a job was bound to an instance with no UUID."""
+    sim.destroy(0, Slot(4, "2g"))
+    sim.half_make(0, Slot(4, "2g"))
+    sim.set_in_use(0, "3g@0", "job 1")
+    result = apply_layout(sim, 0, L("3g@0,2g@4,1g@6"))
+    assert [str(s) for s in result.done] == ["destroy 2g.20gb@4", "create 2g.20gb@4"] and result.reached
+    assert not any(i.half_made for i in sim.instances(0))
+    # one the target drops is simply destroyed; one a job holds is left alone
+    sim.half_make(1, Slot(0, "7g"))
+    assert [str(s) for s in apply_layout(sim, 1, L("3g@0,3g@4")).done] == [
+        "destroy 7g.80gb@0", "create 3g.40gb@0", "create 3g.40gb@4"]
+    sim.destroy(0, Slot(6, "1g"))
+    sim.half_make(0, Slot(6, "1g"))
+    assert apply_layout(sim, 0, L("3g@0,2g@4,1g@6"), extra_busy=[Slot(6, "1g")]).plan == []
+
+
 def test_dry_run_changes_nothing(sim):
     before = sim.instances(0)
     result = apply_layout(sim, 0, L("7g@0"), dry_run=True)

@@ -709,6 +709,47 @@ def test_prolog_refuses_an_instance_another_job_holds_here(rig, monkeypatch):
     assert json.loads(rig.binding_file("20").read_text())["instances"][0] == held
 
 
+def _half_make(rig, gpu: int, slot: str) -> None:
+    """The instance at ``slot`` loses its compute instance, as a Prolog killed between NVML's two create
+    calls leaves it."""
+    from slurm_mig.mig.layout import Slot
+
+    profile, start = slot.split("@")
+    rig.gpu.destroy(gpu, Slot(int(start), profile))
+    rig.gpu.half_make(gpu, Slot(int(start), profile))
+
+
+def test_a_half_made_instance_is_made_whole_before_it_is_bound(rig, monkeypatch, capsys):
+    """The controller names an instance that has no compute instance (so no UUID): the Prolog re-creates
+    it before binding, and the job's TaskProlog exports a real UUID, not an empty CUDA_VISIBLE_DEVICES."""
+    rig.job("40", "3g")
+    _half_make(rig, 0, "3g@0")
+    monkeypatch.setitem(rig.srv.routes, "/v1/prolog", lambda payload, who: {
+        "action": "bind", "targets": {}, "instances": [{"gpu": 0, "profile": "3g.40gb", "start": 0}]})
+    assert rig.hook("prolog", "40") == 0 and rig.requeues == []
+    (b,) = json.loads(rig.record_file("40").read_text())["instances"]
+    assert b["uuid"].startswith("MIG-") and not any(i.half_made for i in rig.gpu.instances(0))
+    capsys.readouterr()
+    assert rig.hook("taskprolog", "40") == 0
+    assert f"export CUDA_VISIBLE_DEVICES={b['uuid']}\n" in capsys.readouterr().out
+
+
+def test_without_the_controller_a_half_made_instance_is_not_taken_for_a_free_one(rig):
+    rig.job("41", "3g")
+    for gpu in (0, 1):
+        _half_make(rig, gpu, "3g@0")
+    rig.srv.stop()
+    assert rig.hook("prolog", "41") == 0
+    assert not rig.record_file("41").exists()
+    assert rig.requeues == [("41", "controller unreachable and no free 1 x 3g instance exists on n1")]
+
+
+def test_the_health_check_makes_half_made_instances_whole(rig):
+    _half_make(rig, 1, "2g@4")
+    assert rig.report() == 0
+    assert _sim_layout(rig, 1) == "3g@0,2g@4,1g@6" and not any(i.half_made for i in rig.gpu.instances(1))
+
+
 @pytest.mark.parametrize("mode", [0o666, 0o644])
 def test_root_hooks_refuse_a_config_others_can_write(rig, mode):
     import os

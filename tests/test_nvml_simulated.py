@@ -125,6 +125,22 @@ def test_set_in_use_by_slot_text_or_uuid(state):
         b.set_in_use(0, "MIG-00000000-0000-4000-8000-000000000000", "job 3")
 
 
+def test_a_half_made_instance_has_no_uuid_runs_nothing_and_can_be_destroyed(state):
+    """What a creator killed between NVML's GPU-instance and compute-instance calls leaves behind."""
+    from slurm_mig.nvml import InvalidArgument
+
+    b = init_state(state, ["H100-80GB"], layouts={0: "3g@0"})
+    half = b.half_make(0, Slot(4, "3g"))
+    assert (half.uuid, half.ci_id, half.half_made, half.in_use) == ("", -1, True, False)
+    assert [i.half_made for i in b.instances(0)] == [False, True]
+    with pytest.raises(InsufficientResources):  # it holds its slices
+        b.create(0, Slot(4, "3g"))
+    with pytest.raises(InvalidArgument):
+        b.set_in_use(0, "3g@4", "job 1")
+    b.destroy(0, Slot(4, "3g"))
+    assert not b.create(0, Slot(4, "3g")).half_made
+
+
 def test_require_root(state, monkeypatch):
     init_state(state, ["H100-80GB"])
     b = SimulatedBackend(state, require_root=True)

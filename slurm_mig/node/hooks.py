@@ -280,10 +280,39 @@ class Node:
             return {"gpu": gpu, "ok": False, "target": spec, "error": str(exc), "error_type": type(exc).__name__}
 
     def uuid_of(self, gpu: int, profile: str, start: int) -> str | None:
+        """The MIG device UUID of an instance; None if it is missing or half-made (no compute instance)."""
         for i in self.backend.instances(gpu):
             if i.slot.profile == profile and i.slot.start == start:
-                return i.uuid
+                return i.uuid or None
         return None
+
+    def half_made_among(self, wanted: list[dict]) -> bool:
+        """Whether any of ``wanted`` exists without its compute instance (make_instances repairs it)."""
+        for w in wanted:
+            for i in self.backend.instances(int(w["gpu"])):
+                if i.half_made and (i.slot.profile, i.slot.start) == (str(w["profile"]), int(w["start"])):
+                    return True
+        return False
+
+    def repair_half_made(self) -> list[dict]:
+        """Re-create every idle half-made instance on this node (each GPU's layout applied to itself), so
+        none is reported as usable. Call with apply_lock() held."""
+        from slurm_mig.mig.layout import Layout
+
+        results = []
+        for g in self.backend.gpus():
+            if g.model is None or not g.mig_enabled or g.lost:
+                continue
+            try:
+                insts = self.backend.instances(g.index)
+            except Exception:  # noqa: BLE001 - observe() reports this GPU's error; the others go on
+                continue
+            if any(i.half_made for i in insts):
+                result = self._apply_one(g.index, str(Layout(g.model, frozenset(i.slot for i in insts))), g.model)
+                done = result.get("error") or "; ".join(result.get("plan", [])) or "kept, bound to a job"
+                log.warning("GPU %d has half-made MIG instance(s) (no compute instance): %s", g.index, done)
+                results.append(result)
+        return results
 
     def mark_in_use(self, gpu: int, profile: str, start: int, owner: str | None) -> None:
         # Only the simulated GPU needs telling: a real one sees the job's CUDA processes.
@@ -387,7 +416,9 @@ def prolog(env: dict, node: Node) -> int:
             node.send_or_queue("/v1/bind-failed", {"job_id": job_id, "node": node.name,
                                                    "results": [{"error": f"instances held by job(s) {clash}"}]})
             return node.requeue(job_id, f"the instance chosen on {node.name} is held by another job")
-        results = node.make_instances(resp["instances"]) if resp.get("targets") else []
+        # A named instance without its compute instance is made whole here rather than bound useless.
+        remake = resp.get("targets") or node.half_made_among(resp["instances"])
+        results = node.make_instances(resp["instances"]) if remake else []
         failed = [r for r in results if not r.get("ok", False) or r.get("reached") is False]
         if failed:
             reason = "; ".join(str(r.get("error") or f"GPU {r['gpu']} shows {r.get('after')}") for r in failed)
@@ -440,7 +471,7 @@ def _local_choice(node: Node, job_id: str, observed: list[dict]) -> dict:
         except Exception:
             continue
         for i in g["instances"]:
-            if len(chosen) < count and i["profile"] == name and not i["in_use"] \
+            if len(chosen) < count and i["profile"] == name and not i["in_use"] and i["uuid"] \
                     and (i["profile"], i["start"]) not in held.get(g["index"], set()):
                 chosen.append({"gpu": g["index"], "profile": i["profile"], "start": i["start"]})
     if len(chosen) < count:
@@ -554,6 +585,8 @@ def healthcheck(env: dict, node: Node) -> int:
 
     node.state.ensure()
     node.flush_outbox()
+    with node.apply_lock():
+        node.repair_half_made()  # before observing: the report then never offers one as usable
     observed_at = time.time()
     report = {"node": node.name, "observed": node.observe(), "observed_at": observed_at,
               "bindings": node.bindings_json(), "time": time.time()}

@@ -147,7 +147,8 @@ def apply_layout(backend: MigBackend, gpu: int, target: Layout, *, extra_busy: I
 
     Busy = instances NVML reports in use, plus ``extra_busy`` (instances bound
     to jobs that have not started a process yet; they must be on the GPU, or
-    InvalidLayout is raised). Raises TransitionBlocked (with ``.blocking``)
+    InvalidLayout is raised). An idle half-made instance (no compute instance)
+    the target keeps is destroyed and created again. Raises TransitionBlocked (with ``.blocking``)
     before doing anything if a busy instance would have to go, InvalidLayout
     for a bad target or a model mismatch. ``before_step(step)`` runs before
     each step and ``after_step(step, error_or_None)`` after it. A step that
@@ -160,7 +161,10 @@ def apply_layout(backend: MigBackend, gpu: int, target: Layout, *, extra_busy: I
         raise InvalidLayout(f"GPU {gpu} is a {model.name}; the target layout is for a {target.model.name}")
     current, insts = _observe(backend, gpu, model)
     busy = {i.slot for i in insts if i.in_use} | _normalise(model, extra_busy)
-    plan = plan_transition(current, target, busy)
+    # A half-made instance the target keeps would count as present and be bound to a job that then sees
+    # no GPU: destroyed and made again, whole (one the target drops goes in the plan's own destroys).
+    repair = frozenset(i.slot for i in insts if i.half_made and i.slot in target.slots) - busy
+    plan = [Step("destroy", s) for s in sorted(repair)] + plan_transition(current.without(repair), target, busy)
     result = ApplyResult(gpu, current, target, plan, dry_run=dry_run)
     if dry_run:
         return result

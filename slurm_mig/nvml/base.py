@@ -77,18 +77,28 @@ class GpuInfo:
 
 @dataclass(frozen=True)
 class MigInstance:
-    """A MIG device: one GPU instance and its (single, full-size) compute instance."""
+    """A MIG device: one GPU instance and its (single, full-size) compute instance.
+
+    A GPU instance without a compute instance (half-made: the creator was killed between NVML's two
+    create calls, or a cleanup failed) is listed too, with uuid "" and ci_id -1: it holds its slices
+    but nothing can run on it. See ``half_made``.
+    """
 
     gpu_index: int
     slot: Slot
-    uuid: str  # "MIG-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"
+    uuid: str  # "MIG-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"; "" for a half-made instance
     gi_id: int
-    ci_id: int
+    ci_id: int  # -1 for a half-made instance
     in_use: bool  # compute processes are running on it
 
     @property
     def profile(self) -> str:
         return self.slot.profile
+
+    @property
+    def half_made(self) -> bool:
+        """No compute instance, so no MIG device UUID: never bind it; apply_layout re-creates it when idle."""
+        return not self.uuid
 
 
 @runtime_checkable

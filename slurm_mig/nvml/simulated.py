@@ -29,7 +29,7 @@ Locking design
   state, never half of one. Files are created mode 0600.
 
 Sim-only methods (not in MigBackend): set_in_use, owners, set_mig_mode,
-fail_next, lose_gpu, reset.
+fail_next, lose_gpu, reset, half_make.
 """
 
 from __future__ import annotations
@@ -362,6 +362,14 @@ class SimulatedBackend:
         return g, slot
 
     def create(self, gpu: int, slot: Slot) -> MigInstance:
+        return self._create(gpu, slot, compute=True)
+
+    def half_make(self, gpu: int, slot: Slot) -> MigInstance:
+        """Create only the GPU instance at ``slot``, as a creator killed between NVML's GPU-instance and
+        compute-instance calls leaves it: listed with uuid "" and ci_id -1, nothing can run on it."""
+        return self._create(gpu, slot, compute=False)
+
+    def _create(self, gpu: int, slot: Slot, *, compute: bool) -> MigInstance:
         self._check_config_allowed(f"create {slot} on GPU {gpu}")
         with self._gpu_lock(gpu):
             if self.delay_scale > 0:
@@ -376,9 +384,11 @@ class SimulatedBackend:
                     raise NvmlError(f"GPU {gpu} was reset while {slot} was being created", code=999)
                 used = {i["gi_id"] for i in g["instances"]}
                 gi_id = next(n for n in range(1, 64) if n not in used)
-                inst = {"profile": slot.profile, "start": slot.start, "gi_id": gi_id, "ci_id": 0,
-                        "uuid": "MIG-" + _uuid(state["seed"], state["next_uuid"]), "owner": None}
-                state["next_uuid"] += 1
+                inst = {"profile": slot.profile, "start": slot.start, "gi_id": gi_id, "ci_id": -1, "uuid": "",
+                        "owner": None}
+                if compute:
+                    inst.update(ci_id=0, uuid="MIG-" + _uuid(state["seed"], state["next_uuid"]))
+                    state["next_uuid"] += 1
                 g["instances"].append(inst)
                 g["instances"].sort(key=lambda i: (i["start"], i["profile"]))
                 return self._to_instance(gpu, inst)
@@ -419,6 +429,9 @@ class SimulatedBackend:
                 raise err
             self._check_usable(g, gpu)
             inst = self._find(g, gpu, slot_or_uuid)
+            if owner is not None and not inst["uuid"]:
+                raise InvalidArgument(f"GPU {gpu}: {inst['profile']}@{inst['start']} has no compute instance; "
+                                      "no process can run on it")
             inst["owner"] = None if owner is None else str(owner)
             return self._to_instance(gpu, inst)
 
