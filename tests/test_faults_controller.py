@@ -247,6 +247,29 @@ def test_disk_full_writes_nothing_and_recovers(rig, caplog):
     assert rig.store.get_job("3") is not None
 
 
+def test_a_decision_whose_tick_rolled_back_is_recorded_by_the_next(rig):
+    """The same decision tick after tick is recorded once; the 'once' was noted before the tick's
+    transaction committed, so a rolled-back tick's decision was never recorded (found in review)."""
+    rig.tick()
+    count = lambda: rig.store._q("SELECT COUNT(*) AS n FROM decisions")[0]["n"]  # noqa: E731
+    before = count()
+    rig.fake.queue.append(SlurmJob(job_id=3, name="c", user="carol", state="PENDING", mig={"1g": 1},
+                                   tres_per_node="gres:mig:1g:1", submit_time=3, priority=1))
+    record = rig.store.record_decision
+
+    def record_then_fail(*a, **kw):
+        record(*a, **kw)
+        raise StoreError("disk or database full (test)")
+
+    rig.store.record_decision = record_then_fail
+    with pytest.raises(StoreError):
+        rig.tick()
+    assert count() == before
+    rig.store.record_decision = record
+    rig.tick()
+    assert count() == before + 1
+
+
 def test_disk_full_on_a_real_small_filesystem(tmp_path):
     """ENOSPC from the kernel, not a page limit: a 1 MiB tmpfs (root only; skipped otherwise)."""
     import subprocess

@@ -253,8 +253,14 @@ class Controller:
                 plan, jobs, now, held_back = self._withdraw_first(plan, jobs, nodes, gres_now, now)
             else:
                 held_back = self._cannot_withdraw(plan)
-            with self.store.transaction():
-                summary.update(self._commit(plan, now, held_back))
+            signature = self._last_signature
+            try:
+                with self.store.transaction():
+                    summary.update(self._commit(plan, now, held_back))
+            except BaseException:
+                # Rolled back, the decision was not recorded: the next tick's same decision must be.
+                self._last_signature = signature
+                raise
             if nodes is not None:
                 summary["gres_updates"] = self._assert_gres(nodes, jobs or [], now, gres_now)
             if jobs is not None:
