@@ -695,6 +695,31 @@ def test_only_the_configured_partitions_are_managed(rig):
     assert (status, resp) == (200, {"action": "skip"}) and rig.store.get_job("5") is None
 
 
+@pytest.mark.parametrize("slurm_says", ["n2", None, "n1"])
+def test_a_prolog_for_a_job_bound_on_another_node_asks_slurm_first(rig, slurm_says):
+    """Job 10 is bound on n2; a Prolog for it comes from n1. Only if Slurm runs it on n1 (requeued and
+    started there before a tick saw it) are n2's instances released; otherwise (n1 speaking beyond
+    itself, or Slurm not answering) nothing is (found in review)."""
+    from slurm_mig.api.server import RequestRejected
+
+    observed = [{"gpu": 0, "profile": "3g.40gb", "start": s, "uuid": f"MIG-{s}", "in_use": False} for s in (0, 4)]
+    for node in ("n1", "n2"):
+        rig.store.replace_observed(node, H100, observed, now=time.time())
+    rig.store.upsert_job("10", profile="3g", submit_time=1)
+    assert rig.on_prolog({"job_id": "10", "node": "n2", "bindings": {}}, Principal(0, 0, "n2", "hmac"))["action"] == "bind"
+    held = rig.store.live_bindings()
+    rig.fake.scontrol_show_job = lambda job_id: None if slurm_says is None else JobDetail(
+        job_id=int(job_id), nodes=[slurm_says], mig={"3g": 1})
+    ask = lambda: rig.on_prolog({"job_id": "10", "node": "n1", "bindings": {}}, Principal(0, 0, "n1", "hmac"))  # noqa: E731
+    if slurm_says == "n1":
+        assert ask()["action"] == "bind"
+        assert [(j, n) for j, n, _b in rig.store.live_bindings()] == [("10", "n1")]
+    else:
+        with pytest.raises(RequestRejected, match="bound on n2"):
+            ask()
+        assert rig.store.live_bindings() == held
+
+
 def test_a_failed_squeue_after_withdrawing_holds_the_recarve_back(rig):
     """If squeue fails right after the counts were lowered, the controller cannot know whether Slurm
     started a job there: the re-carve waits for the next tick and Slurm gets the old counts back."""

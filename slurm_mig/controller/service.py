@@ -885,6 +885,16 @@ class Controller:
                 mig_size_request(detail.mig)
             except ValueError as exc:
                 return self._hold_unservable(job_id, str(exc), now)
+        elsewhere = self.store.bound_nodes(job_id) - {node}
+        if elsewhere:
+            # Bound on another node: the job was requeued and started here before a tick saw it, or this
+            # node speaks beyond itself. Only Slurm can tell; its bindings there are not released unasked.
+            where = detail or self.slurm.scontrol_show_job(job_id)
+            if where is None or node not in where.nodes:
+                from slurm_mig.api.server import RequestRejected
+
+                raise RequestRejected(f"job {job_id} is bound on {', '.join(sorted(elsewhere))}, and Slurm "
+                                      f"{'cannot be asked' if where is None else 'does not run it on ' + node}")
         with self.store.transaction():
             self._store_observed(node, observed, observed_at)
             req = self._job_request(job_id, detail)
