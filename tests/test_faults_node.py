@@ -27,6 +27,7 @@ from slurm_mig.nvml.simulated import SimulatedBackend, init_state
 from slurm_mig.store import open_store
 
 LAYOUT = "3g@0,2g@4,1g@6"
+_JOB_REQUEST = hooks._job_request  # the real one; the rig answers for it
 
 
 class StubSlurm:
@@ -112,7 +113,7 @@ level = "INFO"
         monkeypatch.setattr(SlurmClient, "run", run)
         # Without the controller, the Prolog reads the job's request from Slurm: answer for it.
         monkeypatch.setattr(hooks, "_job_request", lambda node, job_id: self.requests.get(job_id))
-        self.requests: dict[str, tuple[str, int]] = {}
+        self.requests: dict[str, dict[str, int]] = {}
         self.monkeypatch = monkeypatch
         self.report()
 
@@ -133,7 +134,7 @@ level = "INFO"
 
     def job(self, job_id: str, kind: str, count: int = 1) -> None:
         self.store.upsert_job(job_id, profile=kind, count=count, user="alice", name="fuzz")
-        self.requests[job_id] = (kind, count)
+        self.requests[job_id] = {kind: count}
 
     def hook(self, kind: str, job_id: str | None = None, **env) -> int:
         for k in ("SLURM_JOB_ID", "SLURM_JOB_UID", "SLURM_JOB_EXIT_CODE", "SLURM_JOB_DERIVED_EC"):
@@ -707,6 +708,30 @@ def test_prolog_refuses_an_instance_another_job_holds_here(rig, monkeypatch):
     assert rig.requeues and rig.requeues[-1][0] == "21" and "held by another job" in rig.requeues[-1][1]
     assert not rig.binding_file("21").exists()
     assert json.loads(rig.binding_file("20").read_text())["instances"][0] == held
+
+
+@pytest.mark.parametrize("request_", [{"1g": 1, "3g": 1}, {"1g": 2, "3g": 1}, {"1g": 1, "3g": 3}])
+def test_without_the_controller_a_mixed_request_gets_all_of_it_or_is_requeued(rig, monkeypatch, request_):
+    """job_submit.lua accepts mixes like mig:4g:1,mig:3g:1; the local fallback used to bind only the first
+    size and start the job (rc 0) with part of its request. Each GPU has 3g@0,2g@4,1g@6: two 3g, two 1g.
+    The request comes from Slurm's job record (scontrol show job), as the real Prolog reads it."""
+    from slurm_mig.slurm.parsers import JobDetail
+    from slurm_mig.slurm.runner import SlurmClient
+
+    monkeypatch.setattr(hooks, "_job_request", _JOB_REQUEST)
+    monkeypatch.setattr(SlurmClient, "scontrol_show_job", lambda self, job_id: JobDetail(job_id=50, mig=request_))
+    rig.srv.stop()
+    assert rig.hook("prolog", "50") == 0
+    if request_["3g"] > 2:
+        assert not rig.record_file("50").exists()
+        assert rig.requeues == [("50", "controller unreachable and no free 3 x 3g instance exists on n1")]
+        return
+    insts = json.loads(rig.record_file("50").read_text())["instances"]
+    assert rig.requeues == [] and all(i["uuid"].startswith("MIG-") for i in insts)
+    got = {}
+    for i in insts:
+        got[i["profile"].split(".")[0]] = got.get(i["profile"].split(".")[0], 0) + 1
+    assert got == request_
 
 
 def _half_make(rig, gpu: int, slot: str) -> None:

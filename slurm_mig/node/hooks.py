@@ -360,19 +360,17 @@ def _job_gid(env: dict, uid: int) -> int | None:
         return None
 
 
-def _job_request(node: Node, job_id: str) -> tuple[str, int] | None:
-    """The job's MIG request from Slurm itself (used when the controller cannot be asked)."""
+def _job_request(node: Node, job_id: str) -> dict[str, int] | None:
+    """The job's per-node MIG request from Slurm itself, every type with its count ({"1g": 1, "3g": 1};
+    empty for a job without one), for when the controller cannot be asked; None if Slurm cannot say."""
     from slurm_mig.slurm.runner import SlurmClient
 
     detail = SlurmClient(slurm_conf=node.settings.slurm_conf, timeout=10).scontrol_show_job(job_id)
     if detail is None:
         return None
-    if not detail.mig:
-        return (None, 0)
     from slurm_mig.slurm.gres import GRES_TO_KIND
 
-    gtype, count = next(iter(sorted(detail.mig.items())))
-    return GRES_TO_KIND.get(gtype, gtype), count
+    return {GRES_TO_KIND.get(gtype, gtype): int(count) for gtype, count in sorted(detail.mig.items()) if count > 0}
 
 
 # -- the hooks ---------------------------------------------------------------
@@ -452,31 +450,34 @@ def prolog(env: dict, node: Node) -> int:
 
 
 def _local_choice(node: Node, job_id: str, observed: list[dict]) -> dict:
-    """Without the controller: bind instances that already exist and are free, or requeue."""
+    """Without the controller: bind instances that already exist and are free, every size the job asks
+    for with its count, or requeue it (never start it with part of its request)."""
     req = _job_request(node, job_id)
     if req is None:
         return {"action": "requeue", "reason": "controller unreachable and the job's MIG request unreadable"}
-    profile, count = req
-    if profile is None:
+    if not req:
         return {"action": "skip"}
     from slurm_mig.mig.profiles import get_model
 
     held = node.state.bound_slots()
-    chosen = []
-    for g in observed:
-        if not g.get("model"):
-            continue
-        try:
-            name = get_model(g["model"]).profile(profile).name
-        except Exception:
-            continue
-        for i in g["instances"]:
-            if len(chosen) < count and i["profile"] == name and not i["in_use"] and i["uuid"] \
-                    and (i["profile"], i["start"]) not in held.get(g["index"], set()):
-                chosen.append({"gpu": g["index"], "profile": i["profile"], "start": i["start"]})
-    if len(chosen) < count:
+    chosen, short = [], []
+    for kind, count in req.items():
+        found = []
+        for g in observed:
+            try:
+                name = get_model(g["model"]).profile(kind).name
+            except Exception:  # no model, or one without this size
+                continue
+            for i in g["instances"]:
+                if len(found) < count and i["profile"] == name and not i["in_use"] and i["uuid"] \
+                        and (i["profile"], i["start"]) not in held.get(g["index"], set()):
+                    found.append({"gpu": g["index"], "profile": i["profile"], "start": i["start"]})
+        chosen += found
+        if len(found) < count:
+            short.append(f"{count} x {kind}")
+    if short:
         return {"action": "requeue",
-                "reason": f"controller unreachable and no free {count} x {profile} instance exists on {node.name}"}
+                "reason": f"controller unreachable and no free {', '.join(short)} instance exists on {node.name}"}
     return {"action": "bind", "instances": chosen, "targets": {}, "local": True}
 
 
