@@ -813,6 +813,43 @@ def test_hook_wrappers_do_not_import_code_from_the_current_folder(rig, tmp_path)
     assert "PLANTED" not in out.stdout and "export CUDA_VISIBLE_DEVICES=" in out.stdout, out.stdout
 
 
+def _run_wrapper(path: str, tmp_path, **env) -> "subprocess.CompletedProcess":
+    import subprocess
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    base = {"SLURM_JOB_ID": "60", "SLURMD_NODENAME": "n1", "PATH": str(tmp_path)}  # no scontrol: not run
+    return subprocess.run(["/bin/sh", str(repo / path)], cwd=tmp_path, env={**base, **env},
+                          capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("wrapper", ["prolog/slurm-mig-prolog", "prolog/slurm-mig-taskprolog",
+                                     "epilog/slurm-mig-epilog", "epilog/slurm-mig-healthcheck"])
+def test_hook_wrappers_exit_0_when_python_cannot_start(tmp_path, wrapper):
+    """A broken install must not drain the node or fail the task: the TaskProlog and health check wrappers
+    used to exec Python and so exited 127; the TaskProlog now also hides every GPU from the task."""
+    out = _run_wrapper(wrapper, tmp_path, SLURM_MIG_PYTHON="/nonexistent/python",
+                       CUDA_VISIBLE_DEVICES="MIG-of-another-job")
+    assert out.returncode == 0, (out.returncode, out.stderr)
+    assert "could not run (status 127)" in out.stderr
+    if wrapper.endswith("taskprolog"):
+        assert out.stdout.splitlines() == ["export CUDA_VISIBLE_DEVICES="]
+
+
+@pytest.mark.parametrize("config", ["missing", "broken"])
+def test_taskprolog_with_a_broken_config_hides_every_gpu(tmp_path, config):
+    import sys
+
+    path = tmp_path / "slurm-mig.toml"
+    if config == "broken":
+        path.write_text("[node\ncache_dir = \n")
+    out = _run_wrapper("prolog/slurm-mig-taskprolog", tmp_path, SLURM_MIG_PYTHON=sys.executable,
+                       SLURM_MIG_CONFIG=str(path), CUDA_VISIBLE_DEVICES="MIG-of-another-job")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[-1:] == ["export CUDA_VISIBLE_DEVICES="], (out.stdout, out.stderr)
+    assert "taskprolog hook failed" in out.stderr
+
+
 def test_file_modes_and_owners(rig):
     """What docs/security.md promises about the node's files and the database."""
     import os

@@ -740,6 +740,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"usage: {sys.argv[0]} prolog|taskprolog|epilog|healthcheck", file=sys.stderr)
         return 2
     except Exception as exc:  # noqa: BLE001 - a hook crash must not drain a healthy node
+        if kind == "taskprolog":
+            # Said first (stdout is what Slurm reads): a task whose binding we could not read sees no GPU
+            # rather than every GPU of the node, whatever it inherited.
+            print("export CUDA_VISIBLE_DEVICES=", flush=True)
         _setup_logging(settings)
         log.exception("%s hook failed for job %s: %s", kind, env.get("SLURM_JOB_ID"), exc)
         if kind == "prolog" and env.get("SLURM_JOB_ID"):
