@@ -123,6 +123,26 @@ def test_nvml_name_mapping():
     assert model_from_nvml_name("Tesla V100-SXM2-16GB") is None
 
 
+@pytest.mark.parametrize("name,model", [
+    ("NVIDIA H100 PCIe", "H100-80GB"),
+    ("NVIDIA H100 80GB HBM3", "H100-80GB"),
+    ("NVIDIA A100 80GB PCIe", "A100-80GB"),
+    ("NVIDIA A100-PCIE-40GB", "A100-40GB"),
+    ("NVIDIA B200", "B200-180GB"),
+    # Parts whose MIG geometry is not in our tables: not mislabelled as one whose name they contain.
+    ("NVIDIA GH200 480GB", None),
+    ("NVIDIA H100 NVL", None),
+    ("NVIDIA H100 94GB HBM2e", None),
+    ("NVIDIA H200 NVL", None),
+    ("NVIDIA A100X", None),
+    ("NVIDIA A30X", None),
+    ("NVIDIA GB200", None),
+])
+def test_nvml_names_match_whole_words_not_substrings(name, model):
+    found = model_from_nvml_name(name)
+    assert (found.name if found else None) == model
+
+
 @pytest.mark.parametrize("text,problem", [
     ("3g@0,4g@0", "overlaps"),
     ("4g@0,3g@4,1g@0", "overlaps"),

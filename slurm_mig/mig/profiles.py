@@ -8,6 +8,7 @@ spans 8, as real hardware reports (NVIDIA's go-nvml mocks say 3 and 7: wrong).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from slurm_mig.errors import GeometryError
@@ -59,7 +60,7 @@ class GpuModel:
     memory_slices: int
     compute_slices: int
     profiles: tuple[Profile, ...]
-    # Substrings of nvmlDeviceGetName() that identify this model.
+    # Leading words of nvmlDeviceGetName() (after "NVIDIA") that identify this model: see model_from_nvml_name.
     nvml_names: tuple[str, ...] = field(default=())
 
     def profile(self, name: str) -> Profile:
@@ -165,13 +166,33 @@ def get_model(name: str) -> GpuModel:
     raise GeometryError(f"unknown GPU model {name!r} (known: {', '.join(GPU_MODELS)})")
 
 
-def model_from_nvml_name(device_name: str) -> GpuModel | None:
-    """Map nvmlDeviceGetName() (e.g. 'NVIDIA H100 80GB HBM3') to a model, or None.
+# Words a device name may carry after its model's marker without changing its MIG geometry: form
+# factors and memory types. Anything else (NVL, another memory size, ...) may be another part.
+_NAME_QUALIFIERS = frozenset({"SXM", "SXM2", "SXM4", "SXM5", "PCIE", "HBM2", "HBM2E", "HBM3", "HBM3E"})
 
-    Longest marker first, so 'A100-SXM4-80GB' is not taken for a 40 GB part.
+
+def _name_tokens(text: str) -> list[str]:
+    return [t for t in re.split(r"[\s_-]+", text.upper()) if t]
+
+
+def model_from_nvml_name(device_name: str) -> GpuModel | None:
+    """Map nvmlDeviceGetName() (e.g. 'NVIDIA H100 80GB HBM3') to a model, or None for a part whose MIG
+    geometry is not in our tables (the GPU is then left out of scheduling, never mislabelled).
+
+    Whole words, not substrings: the name (less a leading NVIDIA/Tesla) must start with one of the
+    model's markers, and every word after it must be a form factor or memory type, or the model's own
+    memory size. So 'NVIDIA GH200 480GB' is not an H200 and 'NVIDIA H100 NVL' (94 GB) not an H100-80GB.
+    The longest marker wins, so 'A100-SXM4-80GB' is not taken for a 40 GB part.
     """
-    candidates = [(len(marker), model) for model in GPU_MODELS.values() for marker in model.nvml_names
-                  if marker.lower() in device_name.lower()]
-    if not candidates:
-        return None
-    return max(candidates, key=lambda c: c[0])[1]
+    words = _name_tokens(device_name)
+    while words and words[0] in ("NVIDIA", "TESLA"):
+        words = words[1:]
+    best: tuple[int, GpuModel] | None = None
+    for model in GPU_MODELS.values():
+        size = model.name.rsplit("-", 1)[-1].upper()  # "80GB"
+        for marker in model.nvml_names:
+            m = _name_tokens(marker)
+            if words[:len(m)] == m and all(w in _NAME_QUALIFIERS or w == size for w in words[len(m):]):
+                if best is None or len(m) > best[0]:
+                    best = (len(m), model)
+    return None if best is None else best[1]
