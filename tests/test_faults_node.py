@@ -480,12 +480,9 @@ def test_epilog_killed_before_it_reported_outcome_comes_from_slurm(rig, caplog):
     assert o is not None and o.state == "COMPLETED" and o.exit_code == 0
     assert rig.store.get_job("12").state == "COMPLETED" and rig.live("12") == ()
     assert any("never reported" in r.getMessage() for r in caplog.records)
-    # The node's own binding goes at its next health check (job ended > 30 s ago), once the job's
-    # processes are gone: slurmd killed them with the job; on the simulated GPU they are its in-use mark.
+    # The node's own binding goes at its next health check (job ended > 30 s ago): slurmd killed the
+    # job's processes with it, so on the simulated GPU its "job 12" in-use mark goes once Slurm says so.
     t[0] += 31
-    (b,) = json.loads(rig.record_file("12").read_text())["instances"]
-    assert rig.report() == 0 and rig.record_file("12").exists()
-    rig.gpu.set_in_use(b["gpu"], b["uuid"], None)
     assert rig.report() == 0
     assert not rig.binding_file("12").exists() and not rig.record_file("12").exists()
     busy = [i for g in (0, 1) for i in rig.gpu.instances(g) if i.in_use]
@@ -589,10 +586,12 @@ def test_orphaned_binding_files_are_released_only_when_slurm_says_so(rig):
     rig.squeue = "15\n"  # Slurm runs it here: keep it
     assert rig.report() == 0 and path.exists()
     rig.squeue = "99\n"
-    assert rig.report() == 0 and path.exists()  # its processes (the simulated in-use mark) still run
     gpu = json.loads(path.read_text())["instances"][0]["gpu"]
+    rig.gpu.set_in_use(gpu, uuid, "pid 4242, left by job 15")  # a process that outlived the job: kept
+    assert rig.report() == 0 and path.exists()
     rig.gpu.set_in_use(gpu, uuid, None)
     assert rig.report() == 0 and not path.exists()
+    assert uuid not in {i.uuid for g in (0, 1) for i in rig.gpu.instances(g) if i.in_use}
 
 
 def _answer_reports_with(rig, monkeypatch, **extra) -> None:
@@ -609,6 +608,8 @@ def test_a_release_never_frees_an_instance_still_in_use(rig, monkeypatch, caplog
     rig.job("30", "3g")
     assert rig.hook("prolog", "30") == 0
     (b,) = json.loads(rig.record_file("30").read_text())["instances"]
+    # A process that outlived the job (the simulated GPU clears the job's own "job 30" mark with the job).
+    rig.gpu.set_in_use(b["gpu"], b["uuid"], "pid 4242, left by job 30")
     _answer_reports_with(rig, monkeypatch, release=["30"], desired={str(b["gpu"]): "7g@0"})
     rig.squeue = ""  # Slurm does not list it here either: only the processes left say it is in use
     with caplog.at_level(logging.WARNING):

@@ -314,6 +314,23 @@ class Node:
                 results.append(result)
         return results
 
+    def end_job_processes(self, job_id: str, insts) -> None:
+        """The simulated GPU's stand-in for a job's processes ("job N" marks), cleared once Slurm says the
+        job no longer runs here: a real GPU's die with the job's cgroup. Other marks (processes that
+        outlived a job, set with ``nvml sim-busy``) stay, as leftover processes would on a real GPU."""
+        owners = getattr(self.backend, "owners", None)
+        if owners is None:
+            return
+        from slurm_mig.mig.layout import Slot
+
+        for i in insts:
+            try:
+                mine = owners(i.gpu).get(Slot(i.start, i.profile)) == f"job {job_id}"
+            except Exception:  # the GPU cannot be read: the busy check that follows keeps the binding
+                continue
+            if mine:
+                self.mark_in_use(i.gpu, i.profile, i.start, None)
+
     def mark_in_use(self, gpu: int, profile: str, start: int, owner: str | None) -> None:
         # Only the simulated GPU needs telling: a real one sees the job's CUDA processes.
         setter = getattr(self.backend, "set_in_use", None)
@@ -668,6 +685,7 @@ def _release_stale_binding(node: Node, job_id: str) -> None:
         insts = node.state.read_binding(job_id) or []
     except ValueError:
         insts = []  # damaged: it names nothing we could check or protect
+    node.end_job_processes(job_id, insts)
     try:
         busy = [i for i in insts for x in node.backend.instances(i.gpu) if x.uuid == i.uuid and x.in_use]
     except Exception as exc:  # the GPU cannot be read (lost): keep the binding until it can
