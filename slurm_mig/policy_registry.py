@@ -4,7 +4,7 @@ Layout (default /var/lib/slurm-mig/policies, or $SLURM_MIG_POLICY_STORE, or ``--
 
     <store>/<version>/model.onnx        the scorer the controller runs (onnxruntime)
     <store>/<version>/model_card.json   feature schema, training data, metrics
-    <store>/<version>/model.pt          torch weights, for fine-tuning (optional)
+    <store>/<version>/model.pt          torch weights, for fine-tuning (optional; plain tensors only)
     <store>/active                      the active version ("default" or absent: the shipped model)
     <store>/history.json                every activation, newest last (what rollback walks back)
 
@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import json
 import os
+import pickletools
 import re
 import shutil
 import tempfile
 import time
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +33,41 @@ from slurm_mig.policies.rl import CARD_NAME, SHIPPED_MODEL, OnnxScorer, PolicyMo
 
 DEFAULT = "default"
 VERSION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")  # use with fullmatch ("$" lets "v1\n" through)
+
+# What a torch.save of plain weights names in its pickle: a stricter subset of what
+# torch.load(weights_only=True) accepts, checked without torch (the head node has none).
+_WEIGHT_GLOBALS = {"collections OrderedDict", "torch._utils _rebuild_tensor_v2", "torch._utils _rebuild_parameter"} | {
+    f"torch {t}Storage" for t in ("Float", "Double", "Half", "BFloat16", "Long", "Int", "Short", "Char", "Byte",
+                                  "Bool")}
+# Opcodes that name a callable from the stack or a registry: a static check cannot tell what they call.
+_UNCHECKABLE_OPS = {"STACK_GLOBAL", "INST", "OBJ", "EXT1", "EXT2", "EXT4"}
+
+
+def check_weights(pt: Path) -> None:
+    """Refuse a model.pt that is more than tensors, dicts, lists and numbers.
+
+    ``policy retrain`` fine-tunes from the active version's model.pt as root;
+    a pickle that names any other callable could run code when loaded."""
+    try:
+        with zipfile.ZipFile(pt) as z:
+            pkls = [n for n in z.namelist() if n.endswith("/data.pkl")]
+            if len(pkls) != 1:
+                raise ConfigError(f"{pt}: not a torch checkpoint (no single data.pkl inside); "
+                                  "move it out of the folder or re-save it with torch.save(<dict of tensors>)")
+            data = z.read(pkls[0])
+    except (OSError, zipfile.BadZipFile, RuntimeError) as exc:
+        raise ConfigError(f"{pt}: not a torch checkpoint ({exc}); move it out of the folder or re-save it "
+                          "with torch.save(<dict of tensors>)") from None
+    try:
+        for op, arg, _pos in pickletools.genops(data):
+            bad = op.name if op.name in _UNCHECKABLE_OPS else None
+            if op.name == "GLOBAL" and arg not in _WEIGHT_GLOBALS:
+                bad = str(arg).replace(" ", ".")
+            if bad:
+                raise ConfigError(f"{pt} holds more than plain weights (it names {bad}); refusing it: loading it "
+                                  "could run code. Re-save it with torch.save(<dict of tensors>) or leave it out")
+    except ValueError as exc:  # pickletools' word for a truncated or corrupt pickle
+        raise ConfigError(f"{pt}: corrupt pickle ({exc})") from None
 
 
 @dataclass
@@ -107,6 +144,9 @@ class PolicyStore:
             raise ConfigError(f"{source}: no model.onnx to add")
         card = read_card(onnx)
         OnnxScorer(onnx)  # refuses a model this slurm-mig cannot run
+        pt = onnx.with_name("model.pt")
+        if pt.is_file():
+            check_weights(pt)
         version = version or str(card.get("version") or time.strftime("%Y%m%d-%H%M%S"))
         if not VERSION_RE.fullmatch(version) or version == DEFAULT:
             raise ConfigError(f"bad policy version name {version!r}")
@@ -122,7 +162,6 @@ class PolicyStore:
                 shutil.copy2(onnx.parent / guard["file"], tmp / guard["file"])
             card = {**card, **(extra_card or {}), "version": version}
             (tmp / CARD_NAME).write_text(json.dumps(card, indent=2) + "\n")
-            pt = onnx.with_name("model.pt")
             if pt.is_file():
                 shutil.copy2(pt, tmp / "model.pt")
             os.replace(tmp, dest)

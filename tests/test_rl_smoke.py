@@ -148,6 +148,11 @@ def test_smoke_training_exports_a_model_the_runtime_accepts(tmp_path):
     assert rng_["hi"][FEATURE_NAMES.index("job_no_limit")] == 0.0  # no training job lacks a time limit
     scorer = OnnxScorer(onnx)
     assert scorer.range is not None
+    from slurm_mig.policy_registry import check_weights
+    from training.model import load_weights
+
+    check_weights(tmp_path / "run" / "model.pt")  # what training writes, `policy install` takes
+    assert load_weights(tmp_path / "run" / "model.pt")["card"]["version"] == card["version"]
     x = np.random.default_rng(0).standard_normal((7, N_FEATURES)).astype(np.float32)
     with torch.no_grad():
         ref = model(torch.from_numpy(x)).numpy()
@@ -168,7 +173,7 @@ def test_guard_smoke_training_exports_a_guard_the_runtime_accepts(tmp_path):
     assert sc.guard_session is not None and sc.guard_options == GUARD_OPTIONS_H
     g_range = json.loads((tmp_path / "g" / "model_card.json").read_text())["guard"]["feature_range"]
     assert len(g_range["lo"]) == N_GUARD_FEATURES and sc.guard_range is not None
-    ck = torch.load(str(tmp_path / "g" / "guard.pt"), map_location="cpu", weights_only=False)
+    ck = torch.load(str(tmp_path / "g" / "guard.pt"), map_location="cpu", weights_only=True)
     net = GuardNet(hidden=ck["hidden"])
     net.load_state_dict(ck["state_dict"])
     x = np.random.default_rng(1).standard_normal((5, N_GUARD_FEATURES)).astype(np.float32)
@@ -291,6 +296,39 @@ def test_replays_move_run_times_within_limits_and_keep_the_jobs():
         assert b.duration_s <= b.time_limit_s
         assert abs(b.duration_s - a.duration_s) <= 0.05 * a.duration_s + 1e-9 or b.duration_s == b.time_limit_s
     assert sum(a.duration_s != b.duration_s for a, b in zip(w.jobs, r1.jobs)) > 150
+
+
+class _RunsCode:
+    def __init__(self, mark: Path) -> None:
+        self.mark = mark
+
+    def __reduce__(self):
+        return (Path.touch, (self.mark,))
+
+
+def test_retrain_loads_the_active_model_pt_as_weights_only(tmp_path, monkeypatch):
+    """A model.pt that got into the store some other way than `policy install` still runs nothing."""
+    from slurm_mig.errors import ConfigError
+    from slurm_mig.policy_registry import check_weights
+    from training.model import load_weights
+    from training.retrain import retrain
+
+    for shipped in ("default.pt", "guard.pt"):
+        check_weights(ROOT / "policy" / shipped)
+        assert "state_dict" in load_weights(ROOT / "policy" / shipped)
+    mark = tmp_path / "ran"
+    v1 = tmp_path / "store" / "v1"
+    v1.mkdir(parents=True)
+    for f in ("model_card.json", "guard.onnx"):
+        (v1 / f).write_bytes((ROOT / "policy" / f).read_bytes())
+    (v1 / "model.onnx").write_bytes((ROOT / "policy" / "default.onnx").read_bytes())
+    torch.save({"state_dict": _RunsCode(mark)}, v1 / "model.pt")
+    (tmp_path / "store" / "active").write_text("v1\n")
+    db = tmp_path / "state.db"
+    _fill_db(db)
+    with pytest.raises(ConfigError, match="not a plain torch weights file"):
+        retrain(db, store=tmp_path / "store", minutes=0.1, iterations=1, out=tmp_path / "work")
+    assert not mark.exists()
 
 
 def test_retrain_refuses_one_replay(tmp_path):

@@ -90,3 +90,51 @@ def test_unknown_version_and_duplicates(tmp_path):
 def test_retrain_without_a_db_is_a_clear_error(tmp_path, capsys):
     assert main(["policy", "retrain", "--db", str(tmp_path / "missing.db")]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+class _RunsCode:
+    """Unpickling this touches a file: what a hostile model.pt would do as root during retraining."""
+
+    def __init__(self, mark: Path) -> None:
+        self.mark = mark
+
+    def __reduce__(self):
+        return (Path.touch, (self.mark,))
+
+
+def _torch_zip(path: Path, obj, protocol: int) -> Path:
+    """A file laid out as torch.save writes one (a zip with <name>/data.pkl), built without torch."""
+    import pickle
+    import zipfile
+
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("model/data.pkl", pickle.dumps(obj, protocol=protocol))
+        z.writestr("model/version", "3\n")
+    return path
+
+
+@pytest.mark.parametrize("protocol", [2, 4])  # GLOBAL (torch.save's protocol) and STACK_GLOBAL
+def test_install_refuses_a_model_pt_that_is_more_than_weights(tmp_path, capsys, protocol):
+    mark = tmp_path / "ran"
+    d = model_dir(tmp_path, "evil", version="v1")
+    _torch_zip(d / "model.pt", {"state_dict": _RunsCode(mark)}, protocol)
+    assert main(["policy", "install", str(d)]) == 2
+    err = capsys.readouterr().err
+    assert "refusing it" in err and "Traceback" not in err
+    assert not mark.exists() and not (tmp_path / "store" / "v1").exists()
+    assert PolicyStore().active() == "default"
+
+
+def test_install_refuses_a_model_pt_that_is_no_checkpoint(tmp_path, capsys):
+    d = model_dir(tmp_path, "junk", version="v1")
+    (d / "model.pt").write_bytes(b"\x80\x04K\x01.")  # a bare pickle, not torch's zip
+    assert main(["policy", "install", str(d)]) == 2
+    assert "not a torch checkpoint" in capsys.readouterr().err
+    assert not (tmp_path / "store" / "v1").exists()
+
+
+def test_install_keeps_the_shipped_weights(tmp_path):
+    d = model_dir(tmp_path, "ok", version="v1")
+    shutil.copy(SHIPPED_MODEL.with_name("default.pt"), d / "model.pt")
+    PolicyStore().add(d)
+    assert (tmp_path / "store" / "v1" / "model.pt").read_bytes() == (d / "model.pt").read_bytes()

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from slurm_mig.policies.rl import CARD_NAME, FEATURE_NAMES, FEATURE_SCHEMA, N_FEATURES
-from training.model import Scorer
+from training.model import Scorer, load_weights
 
 
 def export_onnx(model: Scorer, path: str | Path, card: dict, *, check: bool = True) -> Path:
@@ -77,7 +77,7 @@ def check_export(model: Scorer, path: str | Path, trials: int = 200) -> float:
 
 
 def load_checkpoint(path: str | Path) -> tuple[Scorer, dict]:
-    ck = torch.load(str(path), map_location="cpu", weights_only=False)
+    ck = load_weights(path)
     model = Scorer(ck.get("n_features", N_FEATURES), ck.get("hidden", 64))
     model.load_state_dict(ck["state_dict"])
     return model, ck.get("card", {})

@@ -11,7 +11,24 @@ import numpy as np
 import torch
 from torch import nn
 
+from slurm_mig.errors import ConfigError
 from slurm_mig.policies.rl import N_FEATURES
+
+
+def load_weights(path) -> dict:
+    """A checkpoint (model.pt, guard.pt) as plain tensors, dicts, lists and numbers.
+
+    weights_only: a model.pt comes from the policy store, which copies it from
+    any folder given to ``policy install``; a full unpickle would run whatever
+    code it names, as root, during ``policy retrain``."""
+    try:
+        ck = torch.load(str(path), map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch raises UnpicklingError, RuntimeError, EOFError... for a bad file
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigError(f"{path} is not a plain torch weights file ({first}); refusing to load it") from None
+    if not isinstance(ck, dict) or "state_dict" not in ck:
+        raise ConfigError(f"{path} holds no state_dict: not a checkpoint written by training/")
+    return ck
 
 
 class Scorer(nn.Module):

@@ -53,7 +53,7 @@ from slurm_mig.sim.engine import SimConfig, Simulator
 from training.args import parse_args as dataclass_args
 from training.evaluate import evaluate as evaluate_cases
 from training.evaluate import HEURISTICS, markdown, run_case, summarize
-from training.model import Scorer
+from training.model import Scorer, load_weights
 from training.splits import TEST_FAMILIES, TEST_SEEDS, TRAIN_FAMILIES, Case, heldout_cases, train_case, validation_cases
 # The same argmax and cost window as placement training; importing it also registers the GpuModel pickler.
 from training.train import greedy, window_cost
@@ -468,7 +468,7 @@ def train(args: Args, *, vcases: list[Case] | None = None, echo: bool = True) ->
 
 
 def load(path: str | Path) -> tuple[Scorer, dict]:
-    ck = torch.load(str(path), map_location="cpu", weights_only=False)
+    ck = load_weights(path)
     if ck.get("features") != list(FEATURE_NAMES):
         raise ValueError(f"{path} was trained on other features")
     model = Scorer(ck["n_features"], ck["hidden"])

@@ -50,6 +50,7 @@ from slurm_mig.sim.workloads import Job, Workload, load_outcomes_db
 
 from training.evaluate import ci, run_case
 from training.guard import carry_guard
+from training.model import load_weights
 from training.splits import Case, _window, train_case, validation_cases
 from training.train import Args, train
 
@@ -162,8 +163,7 @@ def retrain(db: str | Path, *, store: str | Path | None = None, holdout: float =
     version, cur_path, cur_pt = current_model()
     init = None
     if cur_pt is not None:
-        ck = torch.load(str(cur_pt), map_location="cpu", weights_only=False)
-        init = ck["state_dict"]
+        init = load_weights(cur_pt)["state_dict"]
     say(f"current policy: {version} ({cur_path}); fine-tuning from "
         f"{'its weights' if init is not None else 'scratch (no model.pt beside it)'}")
 
