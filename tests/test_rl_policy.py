@@ -254,3 +254,63 @@ def test_a_card_that_lets_the_network_place_differs_from_frag_aware(tmp_path):
 def test_an_unknown_placement_refuses_the_model(tmp_path, bad):
     with pytest.raises(PolicyModelError, match="placement must be one of network, frag-aware"):
         OnnxScorer(_card_with(tmp_path, placement=bad))
+
+
+def _nan_onnx(path: Path, input_name: str, n_in: int, n_out: int | None) -> None:
+    """A network that scores every row NaN: sqrt(0 * features - 1)."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    out_shape = ["N"] if n_out is None else ["N", n_out]
+    w = np.zeros((n_in,) if n_out is None else (n_in, n_out), np.float32)
+    b = np.full((1,) if n_out is None else (n_out,), -1.0, np.float32)
+    g = helper.make_graph(
+        [helper.make_node("MatMul", [input_name, "W"], ["mm"]), helper.make_node("Add", ["mm", "b"], ["d"]),
+         helper.make_node("Sqrt", ["d"], ["logits"])], "nan",
+        [helper.make_tensor_value_info(input_name, TensorProto.FLOAT, ["N", n_in])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, out_shape)],
+        [numpy_helper.from_array(w, "W"), numpy_helper.from_array(b, "b")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.save(m, str(path))
+
+
+def _nan_model(tmp_path: Path, where: str) -> Path:
+    """A copy of the shipped model whose placement network (``where="model"``) or guard gives NaN."""
+    from slurm_mig.policies.rl import GUARD_OPTIONS_H, N_GUARD_FEATURES
+
+    tmp_path.mkdir(exist_ok=True)
+    m = _copy_model(tmp_path)
+    card = json.loads((m.parent / "model_card.json").read_text())
+    card["placement"] = "network"
+    if where == "model":
+        _nan_onnx(m, "features", N_FEATURES, None)
+        card.pop("feature_range", None)
+    else:
+        _nan_onnx(m.parent / "guard.onnx", "guard_features", N_GUARD_FEATURES, len(GUARD_OPTIONS_H))
+        card["guard"].pop("feature_range", None)
+    (m.parent / "model_card.json").write_text(json.dumps(card))
+    return m
+
+
+def test_nan_scores_are_a_model_error_not_a_choice(tmp_path):
+    """argmax of [nan, nan, ...] is 0: without the check a broken network would be acted on silently."""
+    from slurm_mig.policies.rl import N_GUARD_FEATURES
+
+    pol = RLPolicy(model_path=str(_nan_model(tmp_path / "a", "model"))).load()
+    rows = [[0.0] * N_FEATURES for _ in range(4)]
+    with pytest.raises(PolicyModelError, match="scored 4 of 4 options as NaN"):
+        pol.choose(Choice(None, rows, list(range(4)), 0.0))
+    guard = OnnxScorer(_nan_model(tmp_path / "b", "guard"))
+    with pytest.raises(PolicyModelError, match="the guard of model .* as NaN"):
+        guard.guard_logits([0.0] * N_GUARD_FEATURES)
+
+
+def test_controller_falls_back_with_the_reason_when_the_model_scores_nan(tmp_path, monkeypatch):
+    monkeypatch.setenv("SLURM_MIG_RL_MODEL", str(_nan_model(tmp_path, "model")))
+    ctl, store = _controller(PolicyConfig(name="rl", fallback="frag-aware"), tmp_path)
+    summary = ctl.tick()
+    assert summary.get("policy") == "frag-aware" and summary.get("assignments", 0) > 0
+    events = [e.message for e in store.recent_events(50)]
+    assert any("policy rl failed" in e and "NaN or infinite" in e for e in events), events

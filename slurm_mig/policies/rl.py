@@ -376,11 +376,20 @@ class OnnxScorer:
 
     def guard_logits(self, features: list[float]):
         x = self.np.asarray([features], dtype=self.np.float32)
-        return self.guard_session.run([self.guard_output], {"guard_features": x})[0].reshape(-1)
+        return self._finite(self.guard_session.run([self.guard_output], {"guard_features": x})[0].reshape(-1),
+                            "the guard of model")
 
     def logits(self, features: list[list[float]]):
         x = self.np.asarray(features, dtype=self.np.float32)
-        return self.session.run([self.output], {"features": x})[0].reshape(-1)
+        return self._finite(self.session.run([self.output], {"features": x})[0].reshape(-1), "model")
+
+    def _finite(self, out, what: str):
+        # argmax takes the first NaN as the largest score: a broken network would be obeyed, not noticed
+        bad = ~self.np.isfinite(out)
+        if bad.any():
+            raise PolicyModelError(f"{what} {self.path} (version {self.version}) scored {int(bad.sum())} of "
+                                   f"{out.size} options as NaN or infinite")
+        return out
 
     def pick(self, features: list[list[float]]) -> int:
         return int(self.logits(features).argmax())
