@@ -33,9 +33,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     common(q)
     q.set_defaults(func=_list)
 
-    q = ps.add_parser("install", help="make a version active (or add a model folder/.onnx, then activate it)")
+    q = ps.add_parser("install", help="make a version active (or add a model folder/.onnx, then activate it)",
+                      description="Make a stored version active. An argument with a '/' in it (./v1, /abs/v1) "
+                                  "or ending in .onnx is a model folder or file to add to the store first; "
+                                  "anything else is the name of a stored version, whatever the current "
+                                  "directory holds.")
     common(q)
-    q.add_argument("version", metavar="VERSION|PATH")
+    q.add_argument("version", metavar="VERSION|PATH",
+                   help="a stored version name, or a path (containing '/' or ending in .onnx) to add")
     q.set_defaults(func=_install)
 
     q = ps.add_parser("rollback", help="re-activate the previously active version")
@@ -113,10 +118,15 @@ def _list(args) -> int:
 def _install(args) -> int:
     st = _store(args)
     target = args.version
-    p = Path(target)
-    if target != "default" and (p.suffix == ".onnx" or p.is_dir()) and p.exists():
-        v = st.add(p)
-        target = v.version
+    # A bare name is always a stored version: a folder that happens to share its name in the
+    # current directory must not be installed in its place.
+    if "/" in target or target.endswith(".onnx"):
+        if not Path(target).exists():
+            raise ConfigError(f"{target}: no such model folder or .onnx file")
+        target = st.add(target).version
+    elif target != "default" and target not in {v.version for v in st.versions()} and Path(target).exists():
+        raise ConfigError(f"no policy version {target!r} in {st.root}; to add the folder or file {target!r} "
+                          f"here, name it as a path: ./{target}")
     if target == "default":
         st._set_active("default")
         h = st.history()

@@ -138,3 +138,21 @@ def test_install_keeps_the_shipped_weights(tmp_path):
     shutil.copy(SHIPPED_MODEL.with_name("default.pt"), d / "model.pt")
     PolicyStore().add(d)
     assert (tmp_path / "store" / "v1" / "model.pt").read_bytes() == (d / "model.pt").read_bytes()
+
+
+def test_install_by_name_takes_the_stored_version_not_a_folder_here(tmp_path, monkeypatch, capsys):
+    run_json(capsys, "policy", "install", str(model_dir(tmp_path, "src", version="v1", created=1.0)), "--json")
+    run_json(capsys, "policy", "install", "default", "--json")
+    work = tmp_path / "work"
+    work.mkdir()
+    model_dir(work, "v1", version="experiment-7", created=2.0)  # an unrelated folder that shares the name
+    monkeypatch.chdir(work)
+    assert run_json(capsys, "policy", "install", "v1", "--json")["path"] == str(tmp_path / "store" / "v1" / "model.onnx")
+    assert [v.version for v in PolicyStore().versions()] == ["default", "v1"]
+    # a bare name that is no stored version: refused, with how to add the folder
+    model_dir(work, "new", version="v2")
+    assert main(["policy", "install", "new"]) == 2
+    assert "./new" in capsys.readouterr().err
+    assert run_json(capsys, "policy", "install", "./new", "--json")["version"] == "v2"
+    assert main(["policy", "install", "./missing"]) == 2
+    assert "no such model folder" in capsys.readouterr().err
