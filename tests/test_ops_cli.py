@@ -132,3 +132,31 @@ def test_missing_database_is_a_clear_error(tmp_path, capsys):
 def test_db_flag_reads_a_copy(cfg, tmp_path, capsys):
     rc, out, _ = run(capsys, "status", "--db", str(tmp_path / "state.db"), "--json")
     assert rc == 0 and json.loads(out)["gpus"]["total"] == 5
+
+
+EVIL = "\x1b]0;PWNED\x07\x1b[2J\x9b31m\x7f\rhidden\nfake line"
+
+
+def test_text_output_escapes_control_characters_from_user_fields(cfg, capsys):
+    """`sbatch -J` (and Slurm's reason, the event log) reach the operator's terminal: none may drive it."""
+    import tomllib
+
+    db = tomllib.loads(open(cfg).read())["controller"]["db_path"]
+    with open_store(db) as s:
+        s.upsert_job("204", profile="1g", user="mal" + EVIL, name="n" + EVIL, partition="p" + EVIL,
+                     submit_time=NOW - 5, now=NOW - 5)
+        s.set_job_state("204", "PENDING", reason="r" + EVIL, now=NOW - 4)
+        s.add_event("requeue", "job 204 " + EVIL, now=NOW - 3)
+    outs = {}
+    for argv in (["status", "--no-probe"], ["jobs"], ["nodes"], ["decisions", "--all", "--waiting"],
+                 ["explain", "204"], ["top", "--once", "--width", "120", "--height", "40"]):
+        rc, out, err = run(capsys, "--config", cfg, *argv)
+        assert rc == 0, (argv, err)
+        bad = [c for c in out if (ord(c) < 0x20 and c != "\n") or 0x7F <= ord(c) < 0xA0]
+        assert not bad, (argv, bad)
+        outs[argv[0]] = out
+    assert "n\\x1b]0;PWNED\\x07\\x1b[2J\\x9b31m\\x7f\\x0dhidden\\x0afake line" in outs["explain"]  # nothing lost
+    assert "mal\\x1b]0;" in outs["jobs"]
+    assert "job 204 \\x1b]0;" in outs["top"]
+    rc, out, _ = run(capsys, "--config", cfg, "jobs", "--state", "pending", "--json")
+    assert [j["user"] for j in json.loads(out) if j["job_id"] == "204"] == ["mal" + EVIL]  # JSON keeps the value

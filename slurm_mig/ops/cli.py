@@ -141,6 +141,7 @@ def _status(args) -> int:
     if args.json:
         _print_json(st)
         return 1 if (args.check and trouble) else 0
+    st = R.safe_tree(st)
     c = st["controller"]
     last = c["last_decision"]
     line = f"controller  {c['state']} ({c['detail']}"
@@ -210,6 +211,7 @@ def _jobs(args) -> int:
     if not jobs:
         print("no jobs")
         return 0
+    jobs = R.safe_tree(jobs)
     rows = []
     for j in jobs:
         where = ""
@@ -246,6 +248,7 @@ def _nodes(args) -> int:
     if not nodes:
         print("no nodes match" if (args.node or args.partition) else "no nodes reported yet")
         return 0
+    nodes = R.safe_tree(nodes)
     width = _width(args)
     con = _console(width)
     g = R.Glyphs()
@@ -282,6 +285,7 @@ def _nodes(args) -> int:
 # -- decisions ----------------------------------------------------------------------------------
 
 def _decisions(args) -> int:
+    from slurm_mig.ops import render as R
     from slurm_mig.ops import views as V
 
     cfg, store = _open(args)
@@ -296,7 +300,7 @@ def _decisions(args) -> int:
                                          " that re-carved or placed anything (--waiting, --all show more)"))
         return 0
     width = _width(args)
-    for d in ds:
+    for d in R.safe_tree(ds):
         lat = f" {d['latency_ms']:.1f} ms" if d["latency_ms"] is not None else ""
         print(f"#{d['id']} {V.fmt_when(d['time'], d['time'])} {d['policy']} {d['version']}{lat}: {d['summary']}"[:width])
         for c in d["changes"]:
@@ -418,6 +422,7 @@ def explain_lines(ex: dict, width: int = 100, now: float | None = None) -> list[
 
 
 def _explain(args) -> int:
+    from slurm_mig.ops import render as R
     from slurm_mig.ops import views as V
 
     cfg, store = _open(args)
@@ -437,13 +442,13 @@ def _explain(args) -> int:
         _print_json(ex)
         return 0
     width = _width(args)
-    for line in explain_lines(ex, width):
+    for line in explain_lines(R.safe_tree(ex), width):
         print(line)
     if replay is not None:
         from slurm_mig.ops.replay import replay_lines
 
         print()
-        for line in replay_lines(replay, width):
+        for line in replay_lines(R.safe_tree(replay), width):
             print(line)
     if ex["outcome"] is not None and per_node:
         db = args.db or cfg.controller.db_path

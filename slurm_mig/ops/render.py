@@ -28,6 +28,32 @@ STYLE = {
     "ok": "green",
 }
 
+# C0, DEL and C1: anyone who can name a job (sbatch -J) could otherwise move the cursor, retitle
+# or clear an operator's terminal, or hide lines, through any field we print. Shown as \xNN so
+# nothing is lost (rich keeps ESC in Text, so the dashboard needs this as much as print does).
+_CONTROL = {c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0))}
+
+
+def safe(text: str) -> str:
+    """``text`` with every control character written as a visible ``\\xNN``."""
+    return text.translate(_CONTROL)
+
+
+def safe_tree(value):
+    """A copy of a view (dicts, lists, tuples) whose strings went through :func:`safe`: what the
+    text output of the ops commands renders; the JSON output keeps the stored values."""
+    if isinstance(value, str):
+        return safe(value)
+    if isinstance(value, dict):
+        return {safe_tree(k): safe_tree(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [safe_tree(v) for v in value]
+    if isinstance(value, tuple):
+        items = [safe_tree(v) for v in value]
+        return type(value)(*items) if hasattr(value, "_fields") else tuple(items)
+    return value
+
+
 NODE_STATE_STYLE = {"up": "green", "down": "bold red", "drain": "bold yellow", "unknown": "grey62",
                     "stale": "bold yellow"}
 

@@ -168,12 +168,13 @@ def build_frame(snap: V.Snapshot, opts: TopOptions, *, partition_nodes: set[str]
     W, H = max(40, opts.width), max(12, opts.height)
     g = R.Glyphs(opts.ascii)
     all_nodes = V.node_views(snap, nodes=opts.nodes, only=partition_nodes)
-    nodes = [n for n in all_nodes if n["gpus"]]
     status = V.status_view(snap, tick_interval_s=opts.tick_interval_s, healthz=healthz, nodes=all_nodes)
     pending = [V.job_dict(j, snap.now, snap.reservations.get(j.job_id)) for j in snap.pending]
     if opts.partition:
         pending = [j for j in pending if j["partition"] == opts.partition]
     items = V.recent_activity(snap, limit=H)
+    all_nodes, status, pending, items = R.safe_tree((all_nodes, status, pending, items))
+    nodes = [n for n in all_nodes if n["gpus"]]
     lines = _header(snap, status, all_nodes, opts, g, W)
     footer = Text()
     footer.append("q", style="bold")
