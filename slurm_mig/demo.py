@@ -21,7 +21,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--gpus", type=int, default=2, help="simulated H100-80GB GPUs per node (default 2)")
     p.add_argument("--seed", type=int, default=1, help="workload seed")
     p.add_argument("--policy", default="frag-aware", help="controller policy (default frag-aware)")
-    p.add_argument("--state-dir", help="where the demo keeps its files (default .run/demo)")
+    p.add_argument("--state-dir", help="where the demo keeps its files (default .run/demo); it deletes the state DB "
+                                       "there on every start, so it refuses a directory holding one it did not create")
     p.add_argument("--json", action="store_true", help="print the summary as JSON (no live view)")
     p.add_argument("--timeout", type=float, default=600, help="give up after this many seconds")
     p.set_defaults(func=_run)

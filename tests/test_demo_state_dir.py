@@ -1,0 +1,66 @@
+"""`slurm-mig demo --state-dir DIR` deletes DIR/state.db on every start: only in a directory it made its own."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from slurm_mig.cli import main
+from slurm_mig.democluster import MARKER, DemoCluster
+from slurm_mig.errors import ConfigError
+from slurm_mig.store import open_store
+
+
+@pytest.fixture
+def tmp_path():
+    """A short directory: slurmd's socket paths under the demo's state dir must fit in 107 bytes."""
+    d = Path(tempfile.mkdtemp(prefix="smd", dir="/tmp"))
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def _site_db(d):
+    d.mkdir()
+    with open_store(d / "state.db") as s:
+        s.add_event("test", "a site's history", now=1.0)
+    return (d / "state.db").read_bytes()
+
+
+def test_a_state_db_the_demo_did_not_create_is_kept(tmp_path):
+    d = tmp_path / "site"
+    before = _site_db(d)
+    with pytest.raises(ConfigError, match="did not create"):
+        DemoCluster(d).reset_gpus()
+    assert (d / "state.db").read_bytes() == before
+    assert not (d / MARKER).exists() and not (d / "gpus").exists()
+
+
+def test_the_demo_resets_its_own_state_dir(tmp_path):
+    d = tmp_path / "new" / "demo"
+    dc = DemoCluster(d)
+    dc.reset_gpus()  # a new dir becomes the demo's
+    assert (d / MARKER).is_file()
+    with open_store(d / "state.db") as s:
+        s.add_event("test", "the last demo run", now=1.0)
+    dc.reset_gpus()
+    assert not (d / "state.db").exists()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    DemoCluster(empty).reset_gpus()  # an empty dir holds nothing to lose
+    assert (empty / MARKER).is_file()
+
+
+def test_demo_command_refuses_before_starting_anything(tmp_path, monkeypatch, capsys):
+    def no_slurm(*a, **k):
+        raise AssertionError("the demo went on to start Slurm")
+
+    monkeypatch.setattr("slurm_mig.slurm.localcluster.LocalCluster.ensure_installed", no_slurm)
+    d = tmp_path / "site"
+    before = _site_db(d)
+    assert main(["demo", "--state-dir", str(d)]) == 2
+    err = capsys.readouterr().err
+    assert "choose another --state-dir" in err and "Traceback" not in err
+    assert (d / "state.db").read_bytes() == before and sorted(p.name for p in d.iterdir()) == ["state.db"]
