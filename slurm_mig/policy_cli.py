@@ -96,6 +96,7 @@ def _metric_line(card: dict) -> str:
 
 def _list(args) -> int:
     from slurm_mig.policies.rl import PLACEMENT_NETWORK  # what a card without the key means
+    from slurm_mig.policy_registry import created_time
 
     st = _store(args)
     vs = st.versions()
@@ -106,8 +107,10 @@ def _list(args) -> int:
     if not vs:
         print("  no versions (and no shipped policy/default.onnx)")
     for v in vs:
-        created = v.card.get("created")
-        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(created)) if created else "-"
+        created = created_time(v.card)
+        raw = v.card.get("created")
+        when = (time.strftime("%Y-%m-%d %H:%M", time.localtime(created)) if created is not None
+                else str(raw)[:16] if raw else "-")  # a hand-written date is shown as written
         mark = "*" if v.active else " "
         places = f"places: {v.card.get('placement', PLACEMENT_NETWORK)}"
         print(f" {mark} {v.version:28s} {when:16s} {v.card.get('feature_schema', '?'):18s} {places:20s} "
@@ -128,8 +131,8 @@ def _install(args) -> int:
         raise ConfigError(f"no policy version {target!r} in {st.root}; to add the folder or file {target!r} "
                           f"here, name it as a path: ./{target}")
     if target == "default":
-        st._set_active("default")
         h = st.history()
+        st._set_active("default")
         h.append({"version": "default", "time": time.time()})
         st._write_json("history.json", h)
         v_json = {"version": "default", "active": True}

@@ -70,6 +70,12 @@ def check_weights(pt: Path) -> None:
         raise ConfigError(f"{pt}: corrupt pickle ({exc})") from None
 
 
+def created_time(card: dict) -> float | None:
+    """The card's ``created`` as a Unix time; None when absent or not a number (a hand-written date)."""
+    c = card.get("created")
+    return float(c) if isinstance(c, (int, float)) and not isinstance(c, bool) and c == c else None
+
+
 @dataclass
 class PolicyVersion:
     version: str
@@ -99,11 +105,19 @@ class PolicyStore:
         return v or DEFAULT
 
     def history(self) -> list[dict]:
+        """Every activation, oldest first; a history.json that is not that is an error, not an empty
+        history (rewriting it would lose what it holds)."""
+        self._not_a_file()
+        path = self.root / "history.json"
         try:
-            h = json.loads((self.root / "history.json").read_text())
-            return h if isinstance(h, list) else []
-        except (OSError, ValueError):
+            h = json.loads(path.read_text())
+        except (FileNotFoundError, NotADirectoryError):  # no store yet (or none possible: said when writing)
             return []
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"cannot read {path}: {exc}; fix or remove it") from None
+        if not isinstance(h, list) or not all(isinstance(e, dict) and isinstance(e.get("version"), str) for e in h):
+            raise ConfigError(f"{path} is not a list of {{\"version\": ..., \"time\": ...}} entries; fix or remove it")
+        return h
 
     def versions(self) -> list[PolicyVersion]:
         """The shipped default first, then stored versions oldest first."""
@@ -125,7 +139,7 @@ class PolicyStore:
                     except PolicyModelError:
                         card = {}
                     stored.append(PolicyVersion(d.name, m, card, act == d.name))
-        stored.sort(key=lambda v: (v.card.get("created") or 0, v.version))
+        stored.sort(key=lambda v: (created_time(v.card) or 0, v.version))
         return out + stored
 
     def get(self, version: str) -> PolicyVersion:
@@ -153,7 +167,7 @@ class PolicyStore:
         dest = self.root / version
         if dest.exists():
             raise ConfigError(f"policy version {version} already exists in {self.root}")
-        self.root.mkdir(parents=True, exist_ok=True)
+        self._writable_root()
         tmp = Path(tempfile.mkdtemp(prefix=f".{version}.", dir=self.root))
         try:
             shutil.copy2(onnx, tmp / "model.onnx")
@@ -177,8 +191,8 @@ class PolicyStore:
             OnnxScorer(v.path)
         except PolicyModelError as exc:
             raise ConfigError(f"policy version {version} cannot be used: {exc}") from None
+        h = self.history()  # first: a broken history.json refuses the change instead of half-making it
         self._set_active(version)
-        h = self.history()
         h.append({"version": version, "time": time.time()})
         self._write_json("history.json", h)
         v.active = True
@@ -197,8 +211,23 @@ class PolicyStore:
         self._write_json("history.json", h)
         return prev
 
+    def _writable_root(self) -> None:
+        """The store directory, created if missing; a ConfigError naming it when it cannot be written."""
+        self._not_a_file()
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(f"policy store {self.root} cannot be created: {exc.strerror or exc}") from None
+        if not os.access(self.root, os.W_OK | os.X_OK):
+            raise ConfigError(f"policy store {self.root} is not writable by this user (run as root, or use --store)")
+
+    def _not_a_file(self) -> None:
+        if self.root.exists() and not self.root.is_dir():
+            raise ConfigError(f"policy store {self.root} is not a directory (use --store or $SLURM_MIG_POLICY_STORE "
+                              "to name another)")
+
     def _set_active(self, version: str) -> None:
-        self.root.mkdir(parents=True, exist_ok=True)
+        self._writable_root()
         tmp = self.root / ".active.tmp"
         tmp.write_text(version + "\n")
         os.replace(tmp, self.root / "active")

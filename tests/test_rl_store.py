@@ -156,3 +156,36 @@ def test_install_by_name_takes_the_stored_version_not_a_folder_here(tmp_path, mo
     assert run_json(capsys, "policy", "install", "./new", "--json")["version"] == "v2"
     assert main(["policy", "install", "./missing"]) == 2
     assert "no such model folder" in capsys.readouterr().err
+
+
+def test_a_hand_written_created_date_is_listed_not_a_crash(tmp_path, capsys):
+    PolicyStore().add(model_dir(tmp_path, "a", version="v1", created="2026-01-01"))
+    PolicyStore().add(model_dir(tmp_path, "b", version="v2", created=2.0))
+    assert main(["policy", "list"]) == 0
+    out = capsys.readouterr().out
+    assert [ln for ln in out.splitlines() if " v1 " in ln][0].split()[1] == "2026-01-01"
+    assert [v["created"] for v in run_json(capsys, "policy", "list", "--json")["versions"][1:]] == ["2026-01-01", 2.0]
+
+
+@pytest.mark.parametrize("history", ['[{"v": "x"}]', '["v1"]', '{"version": "v1"}', "[{"])
+def test_a_malformed_history_is_refused_and_kept(tmp_path, capsys, history):
+    PolicyStore().add(model_dir(tmp_path, "a", version="v1"))
+    hist = tmp_path / "store" / "history.json"
+    hist.write_text(history)
+    for argv in (["policy", "rollback"], ["policy", "install", "v1"], ["policy", "install", "default"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert "history.json" in err and "fix or remove it" in err and "Traceback" not in err
+    assert hist.read_text() == history and PolicyStore().active() == "default"
+
+
+def test_a_store_that_is_no_directory_is_a_clear_error(tmp_path, capsys):
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    src = model_dir(tmp_path, "a", version="v1")
+    for store in (afile, afile / "sub"):
+        for argv in (["install", str(src)], ["install", "default"], ["rollback"]):
+            assert main(["policy", *argv, "--store", str(store)]) == 2
+            err = capsys.readouterr().err
+            assert "policy store" in err and "Traceback" not in err, err
+    assert afile.read_text() == ""

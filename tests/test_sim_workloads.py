@@ -135,7 +135,7 @@ def test_replay_of_recorded_outcomes(tmp_path):
     con.commit()
     con.close()
     w = load_outcomes_db(db)
-    assert w.meta["skipped"] == {"no_run_time": 1, "unknown_profile": 1}
+    assert w.meta["skipped"] == {"no_run_time": 1, "unknown_profile": 1, "not_a_number": 0}
     got = {j.job_id: (j.profile, j.count, j.submit_time, j.duration_s, j.time_limit_s) for j in w.jobs}
     assert got == {"10": ("3g", 1, 0.0, 100.0, 600.0), "11": ("1g", 2, 5.0, 60.0, None),
                    "14": ("7g", 1, 100.0, 100.0, None)}
@@ -148,6 +148,41 @@ def test_replay_errors_are_clear(tmp_path):
     sqlite3.connect(db).close()
     with pytest.raises(ConfigError, match="no 'outcomes' table"):
         load_outcomes_db(db)
+
+
+def test_replay_skips_and_counts_rows_with_text_in_a_number_column(tmp_path):
+    """SQLite stores whatever a column is given: a hand-edited or imported DB can hold a date as text."""
+    store_mod = pytest.importorskip("slurm_mig.store")
+    path = tmp_path / "slurm-mig.db"
+    store = store_mod.open_store(path)
+    try:
+        for i in range(4):
+            store.record_outcome(str(100 + i), state="COMPLETED", profile="2g", count=1, submit_time=50.0 + i,
+                                 start_time=60.0 + i, end_time=360.0, now=400.0)
+    finally:
+        store.close()
+    con = sqlite3.connect(path)
+    con.execute("UPDATE outcomes SET start_time = '2026-01-01 10:00' WHERE job_id = '101'")
+    con.execute("UPDATE outcomes SET end_time = 'soon' WHERE job_id = '102'")
+    con.execute("UPDATE outcomes SET submit_time = x'00' WHERE job_id = '103'")
+    con.commit()
+    con.close()
+    w = load_outcomes_db(path)
+    assert [j.job_id for j in w.jobs] == ["100"]
+    assert w.meta["skipped"]["not_a_number"] == 3 and w.meta["rows"] == 4
+
+
+def test_synthetic_workloads_need_a_gpu(capsys):
+    from slurm_mig.cli import main
+
+    with pytest.raises(ConfigError, match="at least one GPU"):
+        poisson_workload(10, gpus=0)
+    for argv in (["--gpus-per-node", "0"], ["--nodes", "-1"], ["--nodes", "two"]):
+        with pytest.raises(SystemExit) as exc:
+            main(["simulate", "--workload", "poisson-mix", "--jobs", "20", *argv])
+        err = capsys.readouterr().err
+        assert exc.value.code == 2 and "Traceback" not in err
+        assert f"argument {argv[0]}:" in err.splitlines()[-1]
 
 
 def test_replay_of_a_real_state_store(tmp_path):

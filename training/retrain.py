@@ -157,8 +157,10 @@ def retrain(db: str | Path, *, store: str | Path | None = None, holdout: float =
     cut = n - n_hold
     history = _window(w, 0, cut, "replay:history")
     recent = Case("recent", w, spec, seed, cut / n, 1.0)
+    skipped = {k: v for k, v in w.meta.get("skipped", {}).items() if v}
     say(f"{n} outcomes from {db}: training on the oldest {cut}, judging on the most recent {n_hold}; "
-        f"cluster {nodes} x {per_node} {model_name}")
+        f"cluster {nodes} x {per_node} {model_name}"
+        + (f"; skipped {sum(skipped.values())} unusable row(s): {skipped}" if skipped else ""))
 
     version, cur_path, cur_pt = current_model()
     init = None

@@ -14,6 +14,17 @@ SYNTHETIC = ("poisson-mix", "small-heavy", "rl-good_scaling", "rl-bad_scaling", 
              "rl-wide_times", "miso-models")
 
 
+def _positive(text: str) -> int:
+    """An argparse type: a whole number of at least 1 (0 GPUs or -1 nodes is no cluster to simulate)."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
+    return n
+
+
 def register(subparsers) -> None:
     b = subparsers.add_parser(
         "bench", help="every policy on a fixed set of workloads (and traces) vs baselines and lower bounds",
@@ -25,7 +36,7 @@ def register(subparsers) -> None:
     b.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     b.add_argument("--speed", action="store_true",
                    help="run the speed benchmarks (100k jobs on 1,000 GPUs; a decision over 10k jobs x 8k GPUs)")
-    b.add_argument("--nodes", type=int, default=None, help="nodes of 8 GPUs for trace workloads (default 5)")
+    b.add_argument("--nodes", type=_positive, default=None, help="nodes of 8 GPUs for trace workloads (default 5)")
     b.add_argument("--no-synthetic", action="store_true", help="only the traces")
     b.add_argument("--policies", default=None, help="comma-separated subset of policies")
     b.add_argument("--verbose", "-v", action="store_true", help="log each simulation to stderr")
@@ -41,21 +52,21 @@ def register(subparsers) -> None:
     src.add_argument("--workload", choices=SYNTHETIC, help="a synthetic workload")
     s.add_argument("--policy", default="frag-aware", help="policy name (see `slurm-mig bench`); best-static "
                                                           "searches a static plan first")
-    s.add_argument("--nodes", type=int, default=None, help="nodes (default: 5 for traces, 2 for synthetic)")
-    s.add_argument("--gpus-per-node", type=int, default=8)
+    s.add_argument("--nodes", type=_positive, default=None, help="nodes (default: 5 for traces, 2 for synthetic)")
+    s.add_argument("--gpus-per-node", type=_positive, default=8)
     s.add_argument("--model", default="H100-80GB", help="GPU model (default H100-80GB)")
     s.add_argument("--speed-model", default="miso-mean",
                    help="per-size slowdown vs 7g: miso-mean (default), flat, linear, miso:<model>")
     s.add_argument("--milli-map", default=None, help="gpu_milli -> profile, e.g. 1g:142,2g:285,3g:428,4g:571,7g:1000")
     s.add_argument("--no-time-limits", action="store_true", help="jobs carry no --time estimate")
     s.add_argument("--seed", type=int, default=0, help="seed for synthetic time limits / workloads")
-    s.add_argument("--jobs", type=int, default=2000, help="jobs in a synthetic workload")
+    s.add_argument("--jobs", type=_positive, default=2000, help="jobs in a synthetic workload")
     s.add_argument("--check", action="store_true", help="check every decision with check_decision()")
     s.add_argument("--json", action="store_true", help="print metrics as JSON")
     s.add_argument("--plot", metavar="PNG", help="write a timeline picture (needs matplotlib: pip install slurm-mig[plot])")
     s.add_argument("--from", dest="t_from", type=float, default=None, metavar="HOURS", help="plot from this time")
     s.add_argument("--to", dest="t_to", type=float, default=None, metavar="HOURS", help="plot up to this time")
-    s.add_argument("--max-gpus", type=int, default=48, help="GPUs drawn at most (default 48)")
+    s.add_argument("--max-gpus", type=_positive, default=48, help="GPUs drawn at most (default 48)")
     s.add_argument("--job", metavar="JOB_ID", help="explain this job: when it came, waited, ran, and why it waited")
     s.set_defaults(func=cmd_simulate)
 

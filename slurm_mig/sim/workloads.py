@@ -318,6 +318,8 @@ def _arrivals(rng: random.Random, jobs_compute_s: Sequence[float], gpus: int, lo
     n = len(jobs_compute_s)
     if n == 0:
         return []
+    if gpus < 1:
+        raise ConfigError(f"a workload needs at least one GPU to arrive on, got {gpus}")
     mean_work = sum(jobs_compute_s) / n
     rate = load * gpus * slices_per_gpu / mean_work  # jobs per second
     t, out = 0.0, []
@@ -462,6 +464,15 @@ def miso_workload(
 # ---------------------------------------------------------------------------
 
 
+def _number(v):
+    """A column value as a finite float, None for NULL; ValueError for text, blobs, NaN or infinity."""
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise ValueError(v)
+    return float(v)
+
+
 def load_outcomes_db(
     path: str | Path,
     *,
@@ -476,8 +487,9 @@ def load_outcomes_db(
     Reads job_id, profile, count, submit_time, start_time, end_time (and
     time_limit_s, run_s when present) with a plain sqlite3 query. Run time =
     end_time - start_time (or run_s); submit_time falls back to start_time.
-    Rows without a usable run time or with an unknown profile are skipped and
-    counted in ``meta["skipped"]``.
+    Rows without a usable run time, with an unknown profile, or with a value
+    that is not a number (text in a time column) are skipped and counted in
+    ``meta["skipped"]``.
     """
     path = Path(path)
     if not path.exists():
@@ -487,7 +499,7 @@ def load_outcomes_db(
     except sqlite3.Error as exc:
         raise ConfigError(f"cannot open state DB {path}: {exc}") from exc
     gpu_model = get_model(model)
-    skipped = {"no_run_time": 0, "unknown_profile": 0}
+    skipped = {"no_run_time": 0, "unknown_profile": 0, "not_a_number": 0}
     jobs: list[Job] = []
     try:
         cols = {r[1] for r in con.execute(f"PRAGMA table_info({table})")}
@@ -499,6 +511,12 @@ def load_outcomes_db(
             raise ConfigError(f"{path}:{table} lacks job_id/profile columns")
         for row in con.execute(f"SELECT {', '.join(want)} FROM {table}"):
             r = dict(zip(want, row))
+            try:  # SQLite keeps whatever a column was given: a text time must not end the whole replay
+                r.update({k: _number(r.get(k)) for k in ("count", "submit_time", "start_time", "end_time",
+                                                          "time_limit_s", "run_s")})
+            except ValueError:
+                skipped["not_a_number"] += 1
+                continue
             start, end = r.get("start_time"), r.get("end_time")
             run = (end - start) if start is not None and end is not None else r.get("run_s")
             if run is None or run <= 0:
@@ -521,4 +539,5 @@ def load_outcomes_db(
     t0 = min((j.submit_time for j in jobs), default=0.0)
     jobs = [replace(j, submit_time=j.submit_time - t0) for j in jobs]
     return Workload(f"replay:{path.name}", jobs, model, nodes, gpus_per_node,
-                    {"source": str(path), "loaded": len(jobs), "skipped": skipped})
+                    {"source": str(path), "loaded": len(jobs), "rows": len(jobs) + sum(skipped.values()),
+                     "skipped": skipped})
