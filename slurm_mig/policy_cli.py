@@ -138,11 +138,44 @@ def _install(args) -> int:
         v_json = {"version": "default", "active": True}
     else:
         v_json = st.install(target).to_json()
+    pin = _pinned(args)
     if args.json:
-        print(json.dumps(v_json))
+        print(json.dumps({**v_json, "pinned_by": pin or None}))
+    elif pin:
+        print(f"active policy version: {target}")
     else:
         print(f"active policy version: {target} (the controller's rl policy reloads it within seconds)")
+    _warn_if_pinned(pin)
     return 0
+
+
+def _pinned(args) -> str:
+    """What makes the rl policy run another model than the store's active version ('' when nothing)."""
+    import os
+
+    env = os.environ.get("SLURM_MIG_RL_MODEL")
+    if env:
+        return f"$SLURM_MIG_RL_MODEL={env}"
+    if getattr(args, "config", None):
+        from slurm_mig.config import load_config
+        from slurm_mig.errors import SlurmMigError
+
+        try:
+            path = load_config(args.config).policy.model_path
+        except SlurmMigError:
+            path = ""
+    else:
+        from slurm_mig.policies.rl import _config_model_path
+
+        path = _config_model_path()
+    return f"[policy].model_path = {path}" if path else ""
+
+
+def _warn_if_pinned(pin: str) -> None:
+    # Installing succeeds either way; an admin who expects the new version to run must hear that it will not.
+    if pin:
+        print(f"slurm-mig: warning: {pin} pins the rl policy's model, so the controller keeps running that "
+              "file, not the active store version; remove the pin to use the store", file=sys.stderr)
 
 
 def _rollback(args) -> int:
@@ -193,4 +226,6 @@ def _retrain(args) -> int:
         print(json.dumps(report, default=str))
     else:
         print(mod.format_report(report))
+    if report.get("decision") == "installed":
+        _warn_if_pinned(_pinned(args))
     return 0

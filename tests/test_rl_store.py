@@ -189,3 +189,22 @@ def test_a_store_that_is_no_directory_is_a_clear_error(tmp_path, capsys):
             err = capsys.readouterr().err
             assert "policy store" in err and "Traceback" not in err, err
     assert afile.read_text() == ""
+
+
+def test_install_says_when_a_pin_keeps_the_controller_on_another_model(tmp_path, monkeypatch, capsys):
+    assert main(["policy", "install", str(model_dir(tmp_path, "a", version="v1"))]) == 0
+    out = capsys.readouterr()
+    assert "reloads it within seconds" in out.out and "warning" not in out.err  # nothing pins the model
+
+    cfg = tmp_path / "slurm-mig.toml"
+    cfg.write_text(f'[policy]\nname = "rl"\nfallback = "frag-aware"\nmodel_path = "{SHIPPED_MODEL}"\n')
+    assert main(["--config", str(cfg), "policy", "install", "default"]) == 0
+    out = capsys.readouterr()
+    assert "reloads it within seconds" not in out.out
+    assert f"warning: [policy].model_path = {SHIPPED_MODEL} pins" in out.err
+    assert PolicyStore().active() == "default"  # installing still happened
+
+    monkeypatch.setenv("SLURM_MIG_RL_MODEL", str(SHIPPED_MODEL))
+    assert run_json(capsys, "policy", "install", "v1", "--json")["pinned_by"] == f"$SLURM_MIG_RL_MODEL={SHIPPED_MODEL}"
+    assert main(["policy", "install", "v1"]) == 0
+    assert "warning: $SLURM_MIG_RL_MODEL=" in capsys.readouterr().err
