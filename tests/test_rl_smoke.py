@@ -339,3 +339,20 @@ def test_retrain_refuses_one_replay(tmp_path):
     _fill_db(db)
     with pytest.raises(ConfigError, match="replays"):
         retrain(db, store=tmp_path / "store", minutes=0.1, iterations=1, replays=1, out=tmp_path / "work")
+
+
+def test_no_job_is_both_trained_on_and_scored_at_any_db_size():
+    """The held-out window starts exactly where the training history ends (the float share made
+    223 sizes in 10..4999 score the newest training job, e.g. 22 jobs: trained on 0-14, scored 14-21)."""
+    from slurm_mig.sim.workloads import Job, Workload
+    from training.retrain import holdout_cut
+
+    jobs = [Job(str(i), float(i), "1g", 1, 60.0) for i in range(4999)]
+    for n in range(10, 5000):
+        for holdout in ((0.3,) if n % 97 else (0.05, 0.1, 0.25, 0.3, 0.5, 0.8)):
+            cut = holdout_cut(n, holdout)
+            w = Workload("w", jobs[:n], "H100-80GB", 1, 8)
+            trained = {j.job_id for j in w.jobs[:cut]}  # what _window(w, 0, cut) trains on
+            scored = Case("recent", w, ClusterSpec(1, 8), score_index=(cut, n)).scored_ids()
+            assert not trained & scored and len(trained) + len(scored) == n, (n, holdout, cut)
+            assert len(scored) == max(1, round(holdout * n))

@@ -129,6 +129,11 @@ def current_model() -> tuple[str, Path, Path | None]:
     return version, path, (pt if pt.is_file() else None)
 
 
+def holdout_cut(n: int, holdout: float) -> int:
+    """Position of the first held-out job: jobs [0, cut) are trained on, [cut, n) only scored."""
+    return n - max(1, int(round(holdout * n)))
+
+
 def retrain(db: str | Path, *, store: str | Path | None = None, holdout: float = 0.3, minutes: float = 5.0,
             iterations: int = 60, seed: int = 0, install: bool = False, out: str | Path | None = None,
             margin: float = 0.005, replays: int = 5, jitter: float = 0.05,
@@ -153,10 +158,9 @@ def retrain(db: str | Path, *, store: str | Path | None = None, holdout: float =
         raise ConfigError(f"--jitter must be between 0 and 0.5, got {jitter}")
     hold_caps = check_hold_caps(HOLD_CAPS_H if hold_caps is None else hold_caps)
     spec = ClusterSpec(nodes, per_node, model_name)
-    n_hold = max(1, int(round(holdout * n)))
-    cut = n - n_hold
+    cut = holdout_cut(n, holdout)
+    n_hold = n - cut
     history = _window(w, 0, cut, "replay:history")
-    recent = Case("recent", w, spec, seed, cut / n, 1.0)
     skipped = {k: v for k, v in w.meta.get("skipped", {}).items() if v}
     say(f"{n} outcomes from {db}: training on the oldest {cut}, judging on the most recent {n_hold}; "
         f"cluster {nodes} x {per_node} {model_name}"
@@ -197,7 +201,7 @@ def retrain(db: str | Path, *, store: str | Path | None = None, holdout: float =
     pols = (("candidate", RLPolicy(model_path=str(cand_path)).load()),
             ("current", RLPolicy(model_path=str(cur_path)).load()),
             ("frag-aware", "frag-aware"), ("first-fit", "first-fit"))
-    cases = [Case("recent", replay_of(w, k, jitter, seed), spec, seed, cut / n, 1.0) for k in range(replays)]
+    cases = [Case("recent", replay_of(w, k, jitter, seed), spec, seed, score_index=(cut, n)) for k in range(replays)]
     for case in cases:
         for label, pol in pols:
             runs.setdefault(label, []).append(run_case(case, pol))

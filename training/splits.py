@@ -21,7 +21,8 @@ used in training) and the whole Alibaba file: there only the last 30 % of jobs
 are held out, which docs/rl-policy.md says beside the numbers.
 
 A :class:`Case` is one workload on one cluster plus which jobs count for the
-metrics (all, or those whose submit rank is in ``score_from``..``score_to``).
+metrics (all, those whose submit rank is in ``score_from``..``score_to``, or
+exactly the jobs ``score_index`` names by position).
 """
 
 from __future__ import annotations
@@ -56,11 +57,17 @@ class Case:
     score_from: float = 0.0
     score_to: float = 1.0
     meta: dict = field(default_factory=dict)
+    # [lo, hi) job positions, overriding the shares: a split made at an index must be scored at that
+    # index (15 / 22 * 22 is 14.999..., which int() made 14: a training job was scored too)
+    score_index: tuple[int, int] | None = None
 
     def scored_ids(self) -> set[str] | None:
+        jobs = self.workload.jobs
+        if self.score_index is not None:
+            lo, hi = self.score_index
+            return {j.job_id for j in jobs[lo:hi]}
         if self.score_from <= 0.0 and self.score_to >= 1.0:
             return None
-        jobs = self.workload.jobs
         lo, hi = int(self.score_from * len(jobs)), int(math.ceil(self.score_to * len(jobs)))
         return {j.job_id for j in jobs[lo:hi]}
 
