@@ -116,6 +116,8 @@ class DemoCluster:
         if (self.state / MARKER).is_file():
             return
         found = [f for f in DB_FILES if (self.state / f).exists()]
+        if found and self._made_by_an_older_demo():
+            found = []
         if found:
             raise ConfigError(f"{self.state} holds {', '.join(found)}, which slurm-mig demo did not create, and the "
                               f"demo deletes its state DB on every start: choose another --state-dir (a new or "
@@ -123,6 +125,15 @@ class DemoCluster:
                               f"yourself first")
         self.state.mkdir(parents=True, exist_ok=True)
         (self.state / MARKER).write_text("state dir of `slurm-mig demo`: it deletes state.db here on every start\n")
+
+    def _made_by_an_older_demo(self) -> bool:
+        """A demo dir from before the marker: it holds the config the demo generates (so `make demo`
+        keeps working on a machine that ran an older version)."""
+        try:
+            with open(self.config_path, encoding="utf-8") as f:
+                return f.readline().startswith(CONFIG_TEMPLATE.splitlines()[0])
+        except (OSError, UnicodeDecodeError):
+            return False
 
     def start(self, timeout: float = 90.0) -> "DemoCluster":
         self.claim_state_dir()

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from slurm_mig.cli import main
-from slurm_mig.democluster import MARKER, DemoCluster
+from slurm_mig.democluster import CONFIG_TEMPLATE, MARKER, DemoCluster
 from slurm_mig.errors import ConfigError
 from slurm_mig.store import open_store
 
@@ -64,3 +64,17 @@ def test_demo_command_refuses_before_starting_anything(tmp_path, monkeypatch, ca
     err = capsys.readouterr().err
     assert "choose another --state-dir" in err and "Traceback" not in err
     assert (d / "state.db").read_bytes() == before and sorted(p.name for p in d.iterdir()) == ["state.db"]
+
+
+def test_a_demo_dir_from_before_the_marker_is_still_the_demos(tmp_path):
+    """`make demo` on a machine that ran an older version: its dir holds the config the demo generates."""
+    d = tmp_path / "old-demo"
+    _site_db(d)
+    (d / "slurm-mig.toml").write_text(CONFIG_TEMPLATE.splitlines()[0] + "\n[controller]\n")
+    DemoCluster(d).reset_gpus()
+    assert (d / MARKER).is_file() and not (d / "state.db").exists()
+    site = tmp_path / "site"
+    _site_db(site)
+    (site / "slurm-mig.toml").write_text("# our production config\n")
+    with pytest.raises(ConfigError, match="did not create"):
+        DemoCluster(site).reset_gpus()
