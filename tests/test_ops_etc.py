@@ -75,3 +75,17 @@ def test_logrotate_rules_rotate_and_truncate_in_place(tmp_path):
     assert res.returncode == 0, res.stderr
     assert (logs / "slurm-mig.log.1").read_text() == "line\n" * 100  # delaycompress: first copy plain
     assert log.stat().st_ino == inode and log.stat().st_size == 0  # copytruncate: same file, emptied
+
+
+def test_a_wheel_carries_every_file_of_etc_and_every_hook():
+    """An admin who installs from a wheel must find them under share/slurm-mig/ (admin guide, step 2);
+    cli_filter.lua was missing, and without it every sbatch on a host with CliFilterPlugins=lua fails."""
+    import tomllib
+
+    root = Path(__file__).resolve().parents[1]
+    data = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["data-files"]
+    shipped = {f for files in data.values() for f in files}
+    wanted = {f"etc/{p.name}" for p in (root / "etc").iterdir() if p.is_file()}
+    wanted |= {f"{d}/{p.name}" for d in ("prolog", "epilog") for p in (root / d).iterdir()
+               if p.is_file() and p.name.startswith("slurm-mig-")}
+    assert wanted - shipped == set()
