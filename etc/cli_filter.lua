@@ -78,9 +78,12 @@ local function rewrite_item(item)
     if prefix == nil then
         prefix, body = "", item
     end
-    local name, size, count = string.match(body, "^(%a+):([^:]+):?(.*)$")
+    local name, size, colon, count = string.match(body, "^(%a+):([^:]+)(:?)(.*)$")
     if name == nil or string.lower(name) ~= "mig" then
         return item
+    end
+    if colon == ":" and count == "" then
+        return item  -- "mig:3g:" names no count: job_submit.lua refuses it with its message
     end
     local gtype = resolve_type(size)
     if gtype == nil then

@@ -151,6 +151,12 @@ local function rewrite_tres(tres)
                     return nil, string.format(
                         "--gres=%s: the instance count '%s' must be a whole number >= 1", shown, parts[3])
                 end
+                -- More digits than any node's count: said as written (tonumber would overflow %d).
+                if #string.gsub(parts[3], "^0+", "") > 6 then
+                    return nil, string.format(
+                        "--gres=%s: the instance count %s is more than a node can hold; use fewer or larger " ..
+                        "instances", shown, parts[3])
+                end
                 count = tonumber(parts[3])
                 if count < 1 then
                     return nil, string.format("--gres=%s: the instance count must be at least 1", shown)

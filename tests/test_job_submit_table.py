@@ -123,6 +123,7 @@ ACCEPTED = [
     ("gres:gpu:1", "gres:gpu:1"),
     # the same type twice is merged
     ("gres:mig:1g,gres:mig:1g:2", "gres:mig:1g:3"),
+    ("gres:mig:3g:0000002", "gres:mig:3g:2"),
     ("gres:mig:3g.40gb,gres:foo:1,gres:mig:3g", "gres:mig:3g:2,gres:foo:1"),
 ]
 
@@ -159,6 +160,8 @@ REJECTED = [
     ("gres:mig:7g:3", "holds at most 2"),
     ("gres:mig:1gme:3", "holds at most 2"),
     ("gres:mig:1g:15", "holds at most 14"),
+    ("gres:mig:3g:99999999999999999999", "the instance count 99999999999999999999 is more than a node can hold"),
+    ("gres:mig:3g:0000000", "must be at least 1"),
     # one size per job: the controller binds a job as one size x a count
     ("gres:mig:3g,gres:mig:1g:2", "one MIG size (got mig:3g and mig:1g)"),
     ("gres:mig:4g:2,gres:mig:3g:2", "one MIG size (got mig:4g and mig:3g)"),
@@ -225,6 +228,7 @@ CLI_CASES = [
     ("mig:5g", "mig:5g"),
     ("mig:2", "mig:2"),
     ("mig:3g:x", "mig:3g:x"),
+    ("mig:3g:", "mig:3g:"),
     ("mig:pad", "mig:pad"),
     ("mig", "mig"),
     ("$(reboot);mig:3g", "$(reboot);mig:3g"),
