@@ -8,8 +8,20 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if [ ! -x .venv/bin/python ]; then
-    python3 -m venv .venv
+# A venv without pip (Debian without python3-venv: ensurepip missing) is made again, not reused.
+if ! .venv/bin/python -m pip --version >/dev/null 2>&1; then
+    rm -rf .venv
+    if ! python3 -m venv .venv >/dev/null 2>&1; then
+        rm -rf .venv
+        if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+            echo "python3 -m venv failed: installing Debian's python3-venv" >&2
+            apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends python3-venv >/dev/null
+            python3 -m venv .venv
+        else
+            echo "python3 -m venv failed: install python3-venv (Debian: apt-get install python3-venv) and rerun" >&2
+            exit 1
+        fi
+    fi
 fi
 # -c constraints.txt: the tested versions of every package (pyproject.toml keeps the ranges).
 pip=(.venv/bin/python -m pip install -q --disable-pip-version-check -c constraints.txt)
