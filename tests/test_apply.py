@@ -290,6 +290,21 @@ def test_cli_backend_from_environment(state, capsys, monkeypatch):
         assert rc == 1 and "NVML is unavailable" in err
 
 
+def test_cli_backend_from_the_config_file(state, tmp_path, capsys, monkeypatch):
+    """Without flags or environment, `nvml show` looks where this node's hooks look ([node] of the config
+    file); it went to real NVML whatever the config said (found in review)."""
+    monkeypatch.delenv("SLURM_MIG_SIM_STATE", raising=False)
+    monkeypatch.delenv("SLURM_MIG_NVML_BACKEND", raising=False)
+    cfg = tmp_path / "slurm-mig.toml"
+    cfg.write_text(f'[node]\nnvml_backend = "simulated"\nsim_state_path = "{state}"\nsim_delay_scale = 0\n')
+    monkeypatch.setenv("SLURM_MIG_CONFIG", str(cfg))
+    assert main(["nvml", "show", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["backend"] == "simulated"
+    cfg.write_text('[node]\nnvml_backend = "real"\n')
+    assert main(["nvml", "show", "--json", "--sim-state", state]) == 0  # a flag still wins
+    assert json.loads(capsys.readouterr().out)["backend"] == "simulated"
+
+
 def test_cli_errors_are_clear(tmp_path, capsys, monkeypatch):
     monkeypatch.delenv("SLURM_MIG_SIM_STATE", raising=False)
     monkeypatch.delenv("SLURM_MIG_NVML_BACKEND", raising=False)

@@ -28,10 +28,26 @@ ENV_SIM_STATE = "SLURM_MIG_SIM_STATE"
 ENV_SIM_DELAY = "SLURM_MIG_SIM_DELAY_SCALE"
 
 
+def _node_config():
+    """The config file's [node] section, if there is a config file (else None: no file, no opinion)."""
+    from slurm_mig.config import find_config, load_config
+
+    return load_config().node if find_config() is not None else None
+
+
 def backend_settings(args: argparse.Namespace) -> dict[str, Any]:
-    """The backend kind and options from flags, then environment (a config file can feed these later)."""
+    """The backend kind and options from flags, then environment, then the config file's [node]
+    (what the hooks on this node use); real NVML when none says."""
     state = getattr(args, "sim_state", None) or os.environ.get(ENV_SIM_STATE) or None
-    kind = getattr(args, "backend", None) or os.environ.get(ENV_BACKEND) or ("simulated" if state else "real")
+    kind = getattr(args, "backend", None) or os.environ.get(ENV_BACKEND)
+    node = _node_config() if kind is None and state is None else None
+    if node is not None:
+        kind = node.nvml_backend
+        if kind == "simulated":
+            state = node.sim_state_path
+            if getattr(args, "sim_delay_scale", None) is None and ENV_SIM_DELAY not in os.environ:
+                args.sim_delay_scale = node.sim_delay_scale
+    kind = kind or ("simulated" if state else "real")
     kind = kind.strip().lower()
     if kind == "sim":
         kind = "simulated"
