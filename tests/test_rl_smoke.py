@@ -280,6 +280,11 @@ def test_retrain_judges_by_the_paired_interval_not_one_replay():
     assert not ok and "JCT" in why
     ok, why, p = judge(_m([90]), _m([100]), 0.005)  # one replay: no interval, never enough
     assert not ok and p["wait_diff_ci95_s"] is None
+    # Waits are averaged over the jobs that ran: a candidate that starves some must not look better.
+    starving = _m([50, 51, 49])
+    starving[1]["unfinished"] = 3
+    ok, why, p = judge(starving, _m([100, 100, 100]), 0.005)
+    assert not ok and "3 more job(s) unrun" in why and p["unfinished_diffs"] == [0, 3, 0]
 
 
 def test_replays_move_run_times_within_limits_and_keep_the_jobs():

@@ -100,8 +100,10 @@ def moved(j: Job, rng: random.Random, jitter: float) -> Job:
 def judge(candidate: list[dict], current: list[dict], margin: float) -> tuple[bool, str, dict]:
     """Whether the candidate is better, from paired per-replay metrics; (better, why not, paired stats).
 
-    Better = mean wait lower by more than ``margin`` (a share of the current mean wait), the paired
-    95 % t-interval of (candidate - current) wait entirely below zero, and mean JCT not higher.
+    Better = no job left unrun that the current policy runs (waits are averaged over the jobs that ran,
+    so starving some would look like waiting less), mean wait lower by more than ``margin`` (a share of
+    the current mean wait), the paired 95 % t-interval of (candidate - current) wait entirely below
+    zero, and mean JCT not higher.
     """
     dw = [a["mean_wait_s"] - b["mean_wait_s"] for a, b in zip(candidate, current)]
     dj = [a["mean_jct_s"] - b["mean_jct_s"] for a, b in zip(candidate, current)]
@@ -111,6 +113,10 @@ def judge(candidate: list[dict], current: list[dict], margin: float) -> tuple[bo
     interval = len(dw) >= 2 and math.isfinite(hw)  # one replay gives no interval: never enough evidence
     paired = {"replays": len(dw), "wait_diff_s": mw, "wait_diff_ci95_s": hw if interval else None,
               "jct_diff_s": mj, "wait_diffs_s": dw}
+    unrun = [a.get("unfinished", 0) - b.get("unfinished", 0) for a, b in zip(candidate, current)]
+    paired["unfinished_diffs"] = unrun
+    if max(unrun, default=0) > 0:
+        return False, f"leaves {max(unrun)} more job(s) unrun than the current policy in a replay", paired
     if not mw < -max(margin * cur_w, 1e-6):
         return False, "waits no less", paired
     if not interval or mw + hw >= 0:
