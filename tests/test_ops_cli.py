@@ -121,8 +121,8 @@ def test_top_once(cfg, capsys):
     assert "Instances by profile" in out and all(ord(c) < 128 for c in out)
 
 
-@pytest.mark.parametrize("args,said", [(["top", "--once", "--width", "-5"], "-5 is too small (at least 20)"),
-                                       (["top", "--once", "--height", "0"], "0 is too small (at least 20)"),
+@pytest.mark.parametrize("args,said", [(["top", "--once", "--width", "-5"], "-5 is too small (at least 10)"),
+                                       (["top", "--once", "--height", "0"], "0 is too small (at least 10)"),
                                        (["nodes", "--width", "x"], "'x' is not a whole number")])
 def test_a_frame_too_small_to_show_anything_is_refused(cfg, capsys, args, said):
     """`top --once --width -5` printed nothing and exited 0 (noticed in review)."""

@@ -21,13 +21,13 @@ JOB_STATE_GROUPS = {
 
 
 def _columns(text: str) -> int:
-    """A width or height: a whole number of at least 20 (a frame narrower than that shows nothing)."""
+    """A width or height: a whole number of at least 10 (a smaller frame shows nothing)."""
     try:
         n = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if n < 20:
-        raise argparse.ArgumentTypeError(f"{n} is too small (at least 20)")
+    if n < 10:
+        raise argparse.ArgumentTypeError(f"{n} is too small (at least 10)")
     return n
 
 
