@@ -122,7 +122,7 @@ def test_top_once(cfg, capsys):
 
 
 @pytest.mark.parametrize("args,said", [(["top", "--once", "--width", "-5"], "-5 is too small (at least 10)"),
-                                       (["top", "--once", "--height", "0"], "0 is too small (at least 10)"),
+                                       (["top", "--once", "--height", "11"], "11 is too small (at least 12)"),
                                        (["nodes", "--width", "x"], "'x' is not a whole number")])
 def test_a_frame_too_small_to_show_anything_is_refused(cfg, capsys, args, said):
     """`top --once --width -5` printed nothing and exited 0 (noticed in review)."""
