@@ -720,6 +720,22 @@ def test_a_prolog_for_a_job_bound_on_another_node_asks_slurm_first(rig, slurm_sa
         assert rig.store.live_bindings() == held
 
 
+def test_instances_a_node_still_holds_are_not_planned_through(rig):
+    """A job ended (its Epilog reported) but the node keeps its binding until Slurm lets the job go (the
+    crash benchmark: an Epilog killed after reporting). The node refuses to re-carve through it, so the
+    controller planned the same re-carve every tick and it failed every tick (25 times in seed 909)."""
+    rig.fake.queue = [j for j in rig.fake.queue if j.job_id == 2]  # a 7g job waits
+    held = {"5": [{"gpu": 0, "profile": "3g.40gb", "start": 0, "uuid": "MIG-a"}]}
+    status, _ = post(rig, "/v1/report", {"node": "n1", "observed": OBSERVED, "bindings": held})
+    assert status == 200
+    rig.tick()
+    desired = rig.store.desired("n1").get(0)
+    assert desired is None or "7g" not in str(desired.spec), desired
+    status, _ = report(rig)  # the node let it go
+    rig.tick()
+    assert str(rig.store.desired("n1")[0].spec) == "7g@0"
+
+
 def test_a_failed_squeue_after_withdrawing_holds_the_recarve_back(rig):
     """If squeue fails right after the counts were lowered, the controller cannot know whether Slurm
     started a job there: the re-carve waits for the next tick and Slurm gets the old counts back."""

@@ -800,21 +800,27 @@ class Controller:
             raise RequestRejected(f"bad job id {job_id!r}")
         return job_id
 
-    def _store_observed(self, node: str, observed, observed_at: float | None = None) -> None:
-        """Store a node's GPU report, unless the node had already sent one it observed later."""
+    def _store_observed(self, node: str, observed, observed_at: float | None = None,
+                        node_bindings: dict | None = None) -> None:
+        """Store a node's GPU report, unless the node had already sent one it observed later.
+
+        Instances the node still holds a binding for (``node_bindings``: a job that ended while its
+        binding waits for Slurm to let it go) are stored as in use: the node will not re-carve them, so
+        planning through them only fails, tick after tick."""
         if not isinstance(observed, list):
             return
         if observed_at is not None:
             if observed_at < self._observed_at.get(node, float("-inf")):
                 return
             self._observed_at[node] = observed_at
+        held = {(int(b["gpu"]), int(b["start"])) for insts in (node_bindings or {}).values() for b in insts}
         gpus, insts = [], []
         for g in observed:
             gpus.append({"gpu": g["index"], "uuid": g.get("uuid"), "model": g.get("model"),
                          "mig_enabled": bool(g.get("mig_enabled")) and not g.get("lost"), "name": g.get("name")})
             for i in g.get("instances", []):
-                insts.append({"gpu": g["index"], "profile": i["profile"], "start": i["start"],
-                              "uuid": i.get("uuid"), "in_use": bool(i.get("in_use"))})
+                insts.append({"gpu": g["index"], "profile": i["profile"], "start": i["start"], "uuid": i.get("uuid"),
+                              "in_use": bool(i.get("in_use")) or (g["index"], i["start"]) in held})
         self.store.replace_observed(node, gpus, insts, now=self.clock())
 
     def _slurm_detail(self, job_id: str):
@@ -896,7 +902,7 @@ class Controller:
                 raise RequestRejected(f"job {job_id} is bound on {', '.join(sorted(elsewhere))}, and Slurm "
                                       f"{'cannot be asked' if where is None else 'does not run it on ' + node}")
         with self.store.transaction():
-            self._store_observed(node, observed, observed_at)
+            self._store_observed(node, observed, observed_at, node_bindings)
             req = self._job_request(job_id, detail)
             if req is None:
                 return {"action": "skip"}
@@ -1128,7 +1134,7 @@ class Controller:
         observed_at = _v_time(payload.get("observed_at"), "observed_at")
         now = self.clock()
         with self.store.transaction():
-            self._store_observed(node, observed, observed_at)
+            self._store_observed(node, observed, observed_at, node_bindings)
             self._reconcile_bindings(node, node_bindings, now)
             # Binding files of jobs that ended long ago (their Epilog was lost: node crash, reboot):
             # the node drops them once it has checked their instances are idle.
