@@ -307,3 +307,25 @@ def test_frag_aware_pairs_4g_and_3g():
     d = get_policy("frag-aware").decide(state)
     check_decision(state, d)
     assert {a.job_id: a.instances[0][1].start for a in d.assignments} == {"c": 4, "d": 0}
+
+
+def test_check_decision_refuses_reconfiguring_instances_unavailable_nodes_and_unknown_sizes():
+    """The safety gate let these through (found in review): an instance an open reconfiguration is making
+    or destroying, a GPU whose node is down or drained, and a size no profile has (GeometryError instead
+    of DecisionError, which the controller's fallback did not expect)."""
+    from slurm_mig.policies.base import DecisionError
+
+    s3 = Slot(0, "3g.40gb")
+    lay = Layout(H100, frozenset({s3}))
+    take = Decision(assignments=(Assignment("j1", "n1", ((0, s3),), "test"),))
+    cases = [
+        (GpuState("n1", 0, H100, lay, reconfiguring=frozenset({s3})), "3g", take, "being reconfigured"),
+        (GpuState("n1", 0, H100, lay, available=False), "3g", take, "down or drained"),
+        (GpuState("n1", 0, H100, lay, available=False), "3g",
+         Decision(changes=(LayoutChange("n1", 0, parse_layout("7g@0", H100), "test"),)), "down or drained"),
+        (GpuState("n1", 0, H100, lay), "5g", take, "asks for 5g"),
+    ]
+    for gpu, size, decision, said in cases:
+        with pytest.raises(DecisionError, match=said):
+            check_decision(ClusterState(0.0, (gpu,), (PendingJob("j1", size),)), decision)
+    check_decision(ClusterState(0.0, (GpuState("n1", 0, H100, lay),), (PendingJob("j1", "3g"),)), take)

@@ -129,8 +129,10 @@ def check_decision(state: ClusterState, decision: Decision) -> None:
 
     Rules: every target is a valid layout reachable without touching a locked
     instance; one change per GPU; every assigned instance exists after the
-    changes, is not busy and is given to one job only; a job's instances are
-    on one node and match its profile and count; only pending jobs are assigned.
+    changes, is neither busy nor being created or destroyed by an earlier
+    change, and is given to one job only; a job's instances are on one node and
+    match its profile and count; only pending jobs are assigned; nothing is
+    changed or assigned on a GPU whose node is down or drained.
     """
     gpus = {g.key: g for g in state.gpus}
     pending = {j.job_id: j for j in state.pending}
@@ -142,6 +144,8 @@ def check_decision(state: ClusterState, decision: Decision) -> None:
             raise DecisionError(f"layout change for unknown GPU {ch.key}")
         if ch.key in changed:
             raise DecisionError(f"two layout changes for GPU {ch.key}")
+        if not g.available:
+            raise DecisionError(f"layout change for GPU {ch.key}, whose node is down or drained")
         changed.add(ch.key)
         try:
             plan_transition(g.layout, ch.target, g.locked)
@@ -166,9 +170,18 @@ def check_decision(state: ClusterState, decision: Decision) -> None:
                 raise DecisionError(f"job {a.job_id} assigned to unknown GPU {key}")
             if slot not in after[key].slots:
                 raise DecisionError(f"job {a.job_id} assigned to {slot} on {key}, which will not exist")
+            if not g.available:
+                raise DecisionError(f"job {a.job_id} assigned to {key}, whose node is down or drained")
             if slot in g.busy:
                 raise DecisionError(f"job {a.job_id} assigned to busy instance {slot} on {key}")
-            if g.model.profile(job.profile).name != slot.profile:
+            if slot in g.reconfiguring:
+                # Being made or destroyed by an earlier change (an open journal entry): not there to use.
+                raise DecisionError(f"job {a.job_id} assigned to {slot} on {key}, which is being reconfigured")
+            try:
+                wanted = g.model.profile(job.profile).name
+            except SlurmMigError as exc:
+                raise DecisionError(f"job {a.job_id} asks for {job.profile}: {exc}") from exc
+            if wanted != slot.profile:
                 raise DecisionError(f"job {a.job_id} wants {job.profile}, assigned {slot.profile} on {key}")
             if (key, slot) in used:
                 raise DecisionError(f"instance {slot} on {key} assigned to two jobs")
