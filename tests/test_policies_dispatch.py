@@ -329,3 +329,23 @@ def test_check_decision_refuses_reconfiguring_instances_unavailable_nodes_and_un
         with pytest.raises(DecisionError, match=said):
             check_decision(ClusterState(0.0, (gpu,), (PendingJob("j1", size),)), decision)
     check_decision(ClusterState(0.0, (GpuState("n1", 0, H100, lay),), (PendingJob("j1", "3g"),)), take)
+
+
+@pytest.mark.parametrize("exact_limit", [4, 10**9])
+def test_a_reserved_node_does_not_hide_the_idle_gpus_beyond_it(exact_limit):
+    """Large-cluster mode visits a few GPUs per group; it counted GPUs that a reservation holds, so when
+    those came first (here: node n00, reserved for the 8-GPU job X), the 1-GPU job Y waited while 280
+    GPUs sat idle (found in review). Small ``exact_limit`` forces that mode on a small state."""
+    from slurm_mig.policies.frag_aware import FragAwarePolicy
+
+    one = Slot(0, "1g.10gb")
+    gpus = []
+    for n in range(6):
+        end = 1000.0 if n == 0 else 5000.0
+        gpus.append(GpuState(f"n{n:02d}", 0, H100, Layout(H100, frozenset({one})), frozenset({one}), frozenset(),
+                             ((one, end),)))
+        gpus += [GpuState(f"n{n:02d}", i, H100, Layout.empty(H100)) for i in range(1, 8)]
+    state = ClusterState(10.0, tuple(gpus), (PendingJob("X", "7g", 8, 1.0, 100.0), PendingJob("Y", "7g", 1, 2.0, 2000.0)))
+    d = FragAwarePolicy(exact_limit=exact_limit).decide(state)
+    check_decision(state, d)
+    assert [(a.job_id, a.node != "n00") for a in d.assignments] == [("Y", True)], d.waiting

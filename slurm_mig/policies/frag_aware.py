@@ -278,11 +278,12 @@ class FragAwarePolicy(DispatchPolicy):
             best = None
             node_cache: dict[int, tuple[int, int, float, float]] = {}
 
-            def consider(g: int, info: GpuInfo) -> None:
+            def consider(g: int, info: GpuInfo) -> bool:
+                """Score g's options; whether it had any (a GPU held by a reservation has none)."""
                 nonlocal best
                 pi = info.t.resolve(key)
                 if pi is None or not info.avail:
-                    return
+                    return False
                 nd = info.node
                 ns = node_cache.get(nd)
                 if ns is None:
@@ -292,6 +293,7 @@ class FragAwarePolicy(DispatchPolicy):
                 for o in opts:
                     if best is None or o[:3] < best[:3]:
                         best = o
+                return bool(opts)
 
             ki = idx.key(key)
             if len(ki.gpus) <= self.exact_limit:
@@ -314,10 +316,12 @@ class FragAwarePolicy(DispatchPolicy):
                     for _, _, g in groups.get(sig, ()):
                         if g in ctx.work:
                             continue
-                        consider(g, idx.infos[g])
-                        seen += 1
-                        if seen >= self.group_width:
-                            break
+                        # Only GPUs that offer a place count: the first ones are often the node a
+                        # reservation holds, and stopping there left the job waiting beside idle GPUs.
+                        if consider(g, idx.infos[g]):
+                            seen += 1
+                            if seen >= self.group_width:
+                                break
             if best is None:
                 return (CONFLICT if conflicted[0] else NO_ROOM), None
             _, _, _, g, slot, opt = best
