@@ -62,6 +62,21 @@ def test_bench_table(tmp_path, capsys):
     assert "frag-aware" in out and "lower bound" in out and "÷best base" in out
 
 
+def test_bench_table_says_when_jobs_never_ran(tmp_path, capsys):
+    """A job no node can hold (16 GPUs, one node of 8) never runs; the means are over the jobs that did,
+    and the table said nothing about it (noticed in review)."""
+    trace = small_trace(tmp_path, n=30)
+    with open(trace, "a") as f:
+        f.write("big,1000,1024,16,1000,,BE,Running,100,5000,105\n")
+    assert main(["bench", "--no-synthetic", "--trace", str(trace), "--nodes", "1", "--policies", "greedy"]) == 0
+    out = capsys.readouterr().out
+    assert "greedy: 1 of 27 jobs never ran; its times are over the 26 that did" in out
+    (tmp_path / "ok").mkdir()
+    small = small_trace(tmp_path / "ok", n=30)
+    assert main(["bench", "--no-synthetic", "--trace", str(small), "--nodes", "1", "--policies", "greedy"]) == 0
+    assert "never ran" not in capsys.readouterr().out
+
+
 def test_best_static_is_the_best_of_its_candidates():
     w = poisson_workload(300, gpus=8, load=0.8, seed=2)
     spec = ClusterSpec(1, 8)

@@ -136,6 +136,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
                       f"static plan: {rep.notes.get('best_static_plan', '-')}", style="dim")
         if rep.notes.get("skipped"):
             con.print(f"  trace rows skipped: {rep.notes['skipped']}", style="dim")
+        for m in rep.results:
+            if m.finished < rep.jobs:
+                # Its times average only the jobs that ran: fewer, so they may look better than they are.
+                con.print(f"  {m.policy}: {rep.jobs - m.finished} of {rep.jobs} jobs never ran; its times are over "
+                          f"the {m.finished} that did", style="yellow")
         con.print()
     return 0
 
