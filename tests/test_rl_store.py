@@ -208,3 +208,21 @@ def test_install_says_when_a_pin_keeps_the_controller_on_another_model(tmp_path,
     assert run_json(capsys, "policy", "install", "v1", "--json")["pinned_by"] == f"$SLURM_MIG_RL_MODEL={SHIPPED_MODEL}"
     assert main(["policy", "install", "v1"]) == 0
     assert "warning: $SLURM_MIG_RL_MODEL=" in capsys.readouterr().err
+
+
+def test_training_retrain_install_says_when_a_pin_keeps_the_old_model(monkeypatch, capsys):
+    """`python -m training.retrain --install` installed without a word about a pin (noticed in review);
+    `slurm-mig policy retrain --install` already warned. The retraining itself is stood in for here:
+    what is tested is what the command says after an install."""
+    pytest.importorskip("torch")
+    import training.retrain as rt
+
+    monkeypatch.setattr(rt, "retrain", lambda *a, **k: {"decision": "installed", "new_version": "v9"})
+    monkeypatch.setattr(rt, "format_report", lambda r: f"decision: {r['decision']}")
+    monkeypatch.setenv("SLURM_MIG_RL_MODEL", str(SHIPPED_MODEL))
+    assert rt.main(["--db", "state.db", "--install"]) == 0
+    assert f"warning: $SLURM_MIG_RL_MODEL={SHIPPED_MODEL} pins" in capsys.readouterr().err
+    monkeypatch.delenv("SLURM_MIG_RL_MODEL")
+    monkeypatch.setattr("slurm_mig.policies.rl._config_model_path", lambda: "")
+    assert rt.main(["--db", "state.db", "--install"]) == 0
+    assert "warning" not in capsys.readouterr().err

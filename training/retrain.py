@@ -337,6 +337,10 @@ def main(argv: list[str] | None = None) -> int:
                 replays=a.replays, jitter=a.jitter, hold_caps=a.hold_caps, install=a.install, out=a.out,
                 log=None if a.json else (lambda m: print(m, file=sys.stderr)))
     print(json.dumps(r, default=str) if a.json else format_report(r))
+    if a.install and r.get("decision") == "installed":
+        from slurm_mig.policy_cli import _pinned, _warn_if_pinned
+
+        _warn_if_pinned(_pinned(a))
     return 0
 
 
