@@ -384,19 +384,26 @@ class Controller:
                 continue
             reason = "started without its Prolog (no MIG instance bound); requeued to get one"
             log.warning("job %s %s", job_id, reason)
-            try:
-                run = getattr(self.slurm, "run", None)
-                if run is not None:
-                    run(["scontrol", "update", f"JobId={job_id}", f"AdminComment=slurm-mig: {reason}"])
-                self.slurm.scontrol_requeue(job_id)
-            except SlurmMigError as exc:
-                log.warning("requeue of %s failed: %s", job_id, exc)
+            if not self._requeue_saying(job_id, reason):
                 continue
             self.store.add_event("requeue", f"job {job_id}: {reason}", node=(j.nodes or [None])[0], job_id=job_id,
                                  now=now)
             self.metrics.inc("slurm_mig_requeues_total", (("reason", "no_prolog"),))
             done += 1
         return done
+
+    def _requeue_saying(self, job_id: str, reason: str, *, hold: bool = False) -> bool:
+        """Requeue a job (and hold it, with ``hold``), the reason in its AdminComment (its Comment is the
+        user's); False, logged, when Slurm refused."""
+        try:
+            run = getattr(self.slurm, "run", None)
+            if run is not None:
+                run(["scontrol", "update", f"JobId={job_id}", f"AdminComment=slurm-mig: {reason}"])
+            self.slurm.scontrol_requeue(job_id, hold=hold)
+        except SlurmMigError as exc:
+            log.warning("requeue%s of %s failed: %s", "-hold" if hold else "", job_id, exc)
+            return False
+        return True
 
     def _settle_lost_epilogs(self, lost: dict, now: float) -> None:
         for job_id, (state, exit_code, end) in lost.items():
@@ -831,18 +838,24 @@ class Controller:
             return None
         return self.slurm.scontrol_show_job(job_id)
 
+    def _request_of(self, detail) -> tuple[str, int] | None:
+        """(kind, count) a Slurm job record (:meth:`_slurm_detail`) asks for; None when it is no job of
+        ours (none, no MIG request, a partition not managed). ValueError for one that cannot be served."""
+        if detail is None or not detail.mig or not self._manages(detail.partition):
+            return None
+        return mig_size_request(detail.mig)
+
     def _job_request(self, job_id: str, detail):
         """(kind, count) from the store, or from ``detail`` (:meth:`_slurm_detail`) for a job the last sync
         did not see; None for a job without a MIG request. ValueError for one that cannot be served."""
         job = self.store.get_job(job_id)
         if job is not None and job.profile:
             return job.profile, job.count
-        if detail is None or not detail.mig or not self._manages(detail.partition):
-            return None
-        kind, count = mig_size_request(detail.mig)
-        self.store.upsert_job(job_id, profile=kind, count=count, user=detail.user,
-                              name=detail.name, partition=detail.partition, now=self.clock())
-        return kind, count
+        req = self._request_of(detail)
+        if req is not None:
+            self.store.upsert_job(job_id, profile=req[0], count=req[1], user=detail.user,
+                                  name=detail.name, partition=detail.partition, now=self.clock())
+        return req
 
     def _manages(self, partition: str) -> bool:
         """Is a job in ``partition`` slurm-mig's ([slurm].partitions; empty: every partition)? A pending job
@@ -867,16 +880,7 @@ class Controller:
             self._note_unservable(job_id, why, now)
         reason = f"{why}; held (resubmit it with one size)"
         self.metrics.inc("slurm_mig_requeues_total", (("reason", "unservable"),))
-        try:
-            run = getattr(self.slurm, "run", None)
-            if run is not None:
-                run(["scontrol", "update", f"JobId={job_id}", f"AdminComment=slurm-mig: {reason}"])
-            self.slurm.scontrol_requeue(job_id, hold=True)
-            requeued = True
-        except SlurmMigError as exc:
-            log.warning("requeue-hold of %s failed: %s", job_id, exc)
-            requeued = False
-        return {"action": "requeue", "reason": reason, "requeued": requeued}
+        return {"action": "requeue", "reason": reason, "requeued": self._requeue_saying(job_id, reason, hold=True)}
 
     def on_prolog(self, payload: dict, principal) -> dict:
         node = self._check_node(payload, principal)
@@ -886,11 +890,10 @@ class Controller:
         now = self.clock()
         requeue_reason = None
         detail = self._slurm_detail(job_id)
-        if detail is not None and detail.mig and self._manages(detail.partition):
-            try:
-                mig_size_request(detail.mig)
-            except ValueError as exc:
-                return self._hold_unservable(job_id, str(exc), now)
+        try:
+            self._request_of(detail)  # said here, outside the transaction: holding it runs scontrol
+        except ValueError as exc:
+            return self._hold_unservable(job_id, str(exc), now)
         elsewhere = self.store.bound_nodes(job_id) - {node}
         if elsewhere:
             # Bound on another node: the job was requeued and started here before a tick saw it, or this
