@@ -131,10 +131,7 @@ def _install(args) -> int:
         raise ConfigError(f"no policy version {target!r} in {st.root}; to add the folder or file {target!r} "
                           f"here, name it as a path: ./{target}")
     if target == "default":
-        h = st.history()
-        st._set_active("default")
-        h.append({"version": "default", "time": time.time()})
-        st._write_json("history.json", h)
+        st.activate("default")
         v_json = {"version": "default", "active": True}
     else:
         v_json = st.install(target).to_json()

@@ -191,12 +191,16 @@ class PolicyStore:
             OnnxScorer(v.path)
         except PolicyModelError as exc:
             raise ConfigError(f"policy version {version} cannot be used: {exc}") from None
+        self.activate(version)
+        v.active = True
+        return v
+
+    def activate(self, version: str) -> None:
+        """Make ``version`` the active one and add it to the history; no check (see :meth:`install`)."""
         h = self.history()  # first: a broken history.json refuses the change instead of half-making it
         self._set_active(version)
         h.append({"version": version, "time": time.time()})
         self._write_json("history.json", h)
-        v.active = True
-        return v
 
     def rollback(self) -> str:
         """Re-activate the version that was active before the current one (``default`` at the start)."""
