@@ -41,12 +41,11 @@ def backend_settings(args: argparse.Namespace) -> dict[str, Any]:
     state = getattr(args, "sim_state", None) or os.environ.get(ENV_SIM_STATE) or None
     kind = getattr(args, "backend", None) or os.environ.get(ENV_BACKEND)
     node = _node_config() if kind is None and state is None else None
+    config_delay = None
     if node is not None:
         kind = node.nvml_backend
         if kind == "simulated":
-            state = node.sim_state_path
-            if getattr(args, "sim_delay_scale", None) is None and ENV_SIM_DELAY not in os.environ:
-                args.sim_delay_scale = node.sim_delay_scale
+            state, config_delay = node.sim_state_path, node.sim_delay_scale
     kind = kind or ("simulated" if state else "real")
     kind = kind.strip().lower()
     if kind == "sim":
@@ -58,6 +57,8 @@ def backend_settings(args: argparse.Namespace) -> dict[str, Any]:
         if not state:
             raise ConfigError(f"the simulated backend needs a state file: pass --sim-state PATH or set {ENV_SIM_STATE}")
         delay = getattr(args, "sim_delay_scale", None)
+        if delay is None and ENV_SIM_DELAY not in os.environ:
+            delay = config_delay
         if delay is None:
             raw = os.environ.get(ENV_SIM_DELAY, "0")
             try:
