@@ -252,11 +252,12 @@ class DemoCluster:
         deadline = time.time() + timeout
         ids = {str(j) for j in job_ids}
         while time.time() < deadline:
-            jobs = self.squeue()
-            live = [j for j in jobs if str(j.job_id) in ids and j.state in
+            # None: squeue failed (slurmctld down or busy), which says nothing about the jobs: keep waiting.
+            jobs = self.cluster.client().jobs()
+            live = [j for j in jobs or [] if str(j.job_id) in ids and j.state in
                     ("PENDING", "RUNNING", "COMPLETING", "CONFIGURING", "REQUEUED", "SUSPENDED")]
             if progress:
-                progress(jobs)
+                progress(jobs or [])
             if not live and jobs is not None:
                 return True
             time.sleep(1.0)
