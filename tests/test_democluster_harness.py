@@ -40,3 +40,72 @@ def test_wait_jobs_does_not_take_a_failed_squeue_for_an_empty_queue(short_dir, m
     seen = []
     assert dc.wait_jobs(["5"], timeout=30, progress=seen.append) is True
     assert seen == [[], [running], [], []]
+
+
+def _spawn_like_the_demo(argv):
+    import subprocess
+
+    return subprocess.Popen(argv, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def test_start_stops_what_a_killed_demo_left_running(short_dir, monkeypatch):
+    """A demo killed before its stop() leaves its controller and agents talking to the same Slurm and GPU state."""
+    import sys
+    import time
+
+    dc = DemoCluster(short_dir / "demo")
+    dc.claim_state_dir()
+    (dc.state / "log").mkdir()
+    sleeper = "import time; time.sleep(120)"
+    leftover = _spawn_like_the_demo([sys.executable, "-c", sleeper, "--config", str(dc.config_path), "controller"])
+    stranger = _spawn_like_the_demo([sys.executable, "-c", sleeper, "--config", "/elsewhere.toml"])
+    try:
+        (dc.state / "log" / "controller.pid").write_text(str(leftover.pid))
+        (dc.state / "log" / "agent-n1.pid").write_text(str(stranger.pid))  # a recycled pid: not ours
+        (dc.state / "log" / "agent-n2.pid").write_text("garbage")
+        stopped = []
+        monkeypatch.setattr(dc.cluster, "running", lambda: {"slurmctld": 4242, "munged": None})
+        monkeypatch.setattr(dc.cluster, "stop", lambda **k: stopped.append(k))
+
+        class Installed(Exception):
+            pass
+
+        def ensure_installed():
+            raise Installed  # stop start() before it starts anything real
+
+        monkeypatch.setattr(dc.cluster, "ensure_installed", ensure_installed)
+        t0 = time.monotonic()
+        with pytest.raises(Installed):
+            dc.start()
+        assert leftover.wait(timeout=5) is not None
+        assert stranger.poll() is None
+        assert stopped == [{}]  # the old Slurm cluster (and its old jobs) went too
+        assert time.monotonic() - t0 < 8
+    finally:
+        dc._release_lock()
+        for p in (leftover, stranger):
+            p.kill()
+            p.wait()
+
+
+def test_a_second_demo_in_the_same_state_dir_is_refused_and_stops_nothing(short_dir, monkeypatch):
+    from slurm_mig.errors import ConfigError
+
+    first = DemoCluster(short_dir / "demo")
+    first.claim_state_dir()
+    first._acquire_lock()
+    try:
+        second = DemoCluster(short_dir / "demo")
+        stopped = []
+        monkeypatch.setattr(second.cluster, "stop", lambda **k: stopped.append(k))
+        monkeypatch.setattr(second, "stop_leftovers", lambda: pytest.fail("the second demo killed the first's processes"))
+        with pytest.raises(ConfigError, match="another slurm-mig demo"):
+            second.start()
+        second.stop()  # what `slurm-mig demo` does in its finally
+        assert stopped == []
+    finally:
+        first._release_lock()
+    # Once the first is done, the dir is free again.
+    again = DemoCluster(short_dir / "demo")
+    again._acquire_lock()
+    again._release_lock()
