@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import signal
 import sys
 import time
 
@@ -119,12 +120,19 @@ def _live_view(dc, ids, t0):
     return render
 
 
+def _exit_on_signal(signum, frame):
+    raise SystemExit(128 + signum)
+
+
 def _run(args: argparse.Namespace) -> int:
     from slurm_mig.democluster import DemoCluster
 
     dc = DemoCluster(args.state_dir, nodes=args.nodes, gpus_per_node=args.gpus, policy=args.policy)
     say = (lambda *a: None) if args.json else (lambda *a: print(*a, flush=True))
     t0 = time.time()
+    # `kill`, a CI timeout or a closed terminal must stop the cluster, controller and agents as Ctrl-C does:
+    # Python's default handlers would end the process without running the finally below.
+    old_handlers = {sig: signal.signal(sig, _exit_on_signal) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
         say("starting a local Slurm cluster with simulated MIG GPUs ...")
         dc.start()
@@ -142,7 +150,13 @@ def _run(args: argparse.Namespace) -> int:
         summary = summarize(dc, ids, t0, time.time())
         summary["finished_in_time"] = ok
     finally:
-        dc.stop()
+        for sig in old_handlers:
+            signal.signal(sig, signal.SIG_IGN)  # a second `kill` must not cut the clean-up short
+        try:
+            dc.stop()
+        finally:
+            for sig, handler in old_handlers.items():
+                signal.signal(sig, handler)
     if args.json:
         print(json.dumps(summary))
     else:

@@ -109,3 +109,49 @@ def test_a_second_demo_in_the_same_state_dir_is_refused_and_stops_nothing(short_
     again = DemoCluster(short_dir / "demo")
     again._acquire_lock()
     again._release_lock()
+
+
+
+_FAKE_DEMO = """
+import sys, time
+import slurm_mig.democluster
+from slurm_mig.cli import main
+
+log = open(sys.argv[1], "a", buffering=1)
+
+class FakeDemo:
+    def __init__(self, *a, **k):
+        pass
+    def start(self):
+        log.write("start\\n")
+        time.sleep(60)
+    def stop(self):
+        log.write("stop\\n")
+
+slurm_mig.democluster.DemoCluster = FakeDemo
+sys.exit(main(["demo", "--json"]))
+"""
+
+
+def test_demo_killed_with_sigterm_still_stops_everything(tmp_path):
+    """`kill PID` or a CI timeout: the cluster, controller and agents must not outlive the demo."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    log = tmp_path / "calls"
+    log.touch()
+    proc = subprocess.Popen([sys.executable, "-c", _FAKE_DEMO, str(log)])
+    try:
+        deadline = time.monotonic() + 30
+        while "start" not in log.read_text() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        assert log.read_text() == "start\n"
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(timeout=30)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert log.read_text().split() == ["start", "stop"]
+    assert rc == 128 + signal.SIGTERM
