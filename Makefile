@@ -18,6 +18,8 @@ test: .venv/.installed-training
 bench: .venv/.installed
 	.venv/bin/slurm-mig bench
 
+# Stop what runs from .run before deleting it: daemons whose state dir is gone can no longer be found.
 clean:
 	-.venv/bin/slurm-mig cluster down
+	-$(PY) -c 'from slurm_mig.democluster import DemoCluster; DemoCluster().stop_leftovers()'
 	rm -rf .run

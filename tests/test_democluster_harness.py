@@ -155,3 +155,19 @@ def test_demo_killed_with_sigterm_still_stops_everything(tmp_path):
         proc.wait()
     assert log.read_text().split() == ["start", "stop"]
     assert rc == 128 + signal.SIGTERM
+
+
+def test_make_clean_stops_the_demo_before_deleting_its_state_dir():
+    """`make clean` deletes .run: a demo cluster, controller or agent still running from .run/demo would be
+    orphaned (no pid files left to find it), holding its ports for ever."""
+    import subprocess
+
+    from slurm_mig.slurm.localcluster import REPO_ROOT
+
+    if shutil.which("make") is None:
+        pytest.skip("no make")
+    plan = subprocess.run(["make", "-n", "clean"], cwd=REPO_ROOT, capture_output=True, text=True, check=True).stdout
+    lines = plan.splitlines()
+    rm = next(i for i, line in enumerate(lines) if line.startswith("rm -rf .run"))
+    assert any("DemoCluster().stop_leftovers()" in line for line in lines[:rm]), plan
+    assert any("cluster down" in line for line in lines[:rm]), plan
