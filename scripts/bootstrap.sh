@@ -24,6 +24,8 @@ if ! .venv/bin/python -m pip --version >/dev/null 2>&1; then
     fi
 fi
 # -c constraints.txt: the tested versions of every package (pyproject.toml keeps the ranges).
+# PIP_CONSTRAINT too: pip's isolated build of our own package (setuptools, the build backend) ignores -c.
+export PIP_CONSTRAINT="$PWD/constraints.txt"
 pip=(.venv/bin/python -m pip install -q --disable-pip-version-check -c constraints.txt)
 if [ "${1:-}" = "--training" ]; then
     # torch first and pinned: the CPU wheel; an unpinned torch would pull several GB of CUDA packages.
