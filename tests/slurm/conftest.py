@@ -30,16 +30,19 @@ def slurm_installed() -> None:
 
 
 @pytest.fixture(scope="session")
-def slurm_cluster(tmp_path_factory, slurm_installed) -> LocalCluster:
-    """A running 3-node LocalCluster; stopped (and its state removed) after the session."""
+def slurm_cluster(tmp_path_factory, slurm_installed, request) -> LocalCluster:
+    """A running 3-node LocalCluster; stopped after the session, and its state removed unless it failed
+    to start or a test failed (its logs are the only account of why; pytest prunes old temp dirs)."""
     # pytest's base temp path is short enough for munge's unix socket.
     cluster = LocalCluster(tmp_path_factory.mktemp("slurm-cluster"), nodes=3, gpus_per_node=2,
                            min_job_age=60)
+    started = False
     try:
         cluster.start(wait=True, timeout=60)
+        started = True
         yield cluster
     finally:
-        cluster.stop(purge=True)
+        cluster.stop(purge=started and not request.session.testsfailed)
 
 
 @pytest.fixture(scope="session")
