@@ -31,7 +31,6 @@ if [ "${1:-}" = "--training" ]; then
     # torch first and pinned: the CPU wheel; an unpinned torch would pull several GB of CUDA packages.
     "${pip[@]}" torch==2.13.0
     "${pip[@]}" -e '.[test,plot,train]'
-    touch .venv/.installed-training
 else
     "${pip[@]}" -e '.[test,plot]'
 fi
@@ -40,5 +39,9 @@ fi
 # first test or demo run does not pay for it in the middle of its output.
 if [ "$(id -u)" = 0 ]; then
     .venv/bin/python -m slurm_mig.slurm.localcluster --install-only
+fi
+# The markers make skips install steps: only a run that got this far may leave them.
+if [ "${1:-}" = "--training" ]; then
+    touch .venv/.installed-training
 fi
 touch .venv/.installed

@@ -61,3 +61,15 @@ def test_every_install_and_the_build_backend_are_pinned(fake_checkout, flags):
         name = re.split(r"[<>=!~ \[;]", req, maxsplit=1)[0]
         assert re.sub(r"[-_.]+", "-", name).lower() in pins, f"build requirement {req} is not pinned in constraints.txt"
     assert (fake_checkout / ".venv" / ".installed").exists()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="bootstrap installs Slurm only as root")
+@pytest.mark.parametrize("flags", [[], ["--training"]])
+def test_a_failed_slurm_install_leaves_no_installed_marker(fake_checkout, flags):
+    """`make` skips bootstrap while .venv/.installed* exist: a run that failed must not leave them."""
+    py = fake_checkout / ".venv" / "bin" / "python"
+    py.write_text(_STUB_PYTHON.replace("exit 0", 'case "$*" in *localcluster*) echo "apt-get failed" >&2; exit 1;; esac'))
+    res = subprocess.run(["bash", "scripts/bootstrap.sh", *flags], cwd=fake_checkout, capture_output=True, text=True,
+                         timeout=60)
+    assert res.returncode != 0 and "apt-get failed" in res.stderr
+    assert sorted(p.name for p in (fake_checkout / ".venv").glob(".installed*")) == []
