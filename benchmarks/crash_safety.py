@@ -369,8 +369,9 @@ def run_seed(dc: DemoCluster, seed: int, *, n_jobs: int = 8, budget: dict[str, i
             _restore_registration_drains(dc, result)
             _resume_drained(dc, result)
             _release_held(dc, set(ids), result)
-            live = [j for j in dc.squeue() if str(j.job_id) in ids]
-            if not live and time.monotonic() - t_start > 16:  # the kill plan has had its time
+            jobs = dc.cluster.client().jobs()  # None: squeue failed, which says nothing about the jobs
+            live = [j for j in jobs or [] if str(j.job_id) in ids]
+            if jobs is not None and not live and time.monotonic() - t_start > 16:  # the kill plan has had its time
                 break
             time.sleep(1.0)
         else:
