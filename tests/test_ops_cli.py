@@ -170,3 +170,18 @@ def test_text_output_escapes_control_characters_from_user_fields(cfg, capsys):
     assert "job 204 \\x1b]0;" in outs["top"]
     rc, out, _ = run(capsys, "--config", cfg, "jobs", "--state", "pending", "--json")
     assert [j["user"] for j in json.loads(out) if j["job_id"] == "204"] == ["mal" + EVIL]  # JSON keeps the value
+
+
+def test_config_is_accepted_after_the_command(cfg, capsys):
+    # The operator guide says the commands take `--config PATH`; `slurm-mig status --config PATH` was
+    # refused ("unrecognized arguments") because only `slurm-mig --config PATH status` was parsed.
+    for argv in (["status", "--no-probe", "--json", "--config", cfg], ["jobs", "--config", cfg, "--json"],
+                 ["nodes", "--json", "--config", cfg], ["decisions", "--config", cfg, "--json"],
+                 ["explain", "201", "--config", cfg, "--json"],
+                 ["top", "--once", "--config", cfg, "--width", "80", "--height", "24"]):
+        rc, out, err = run(capsys, *argv)
+        assert rc == 0, (argv, err)
+        assert out.strip()
+    # Given before the command it still counts (the subcommand's default does not overwrite it).
+    rc, out, _ = run(capsys, "--config", cfg, "status", "--no-probe", "--json")
+    assert rc == 0 and json.loads(out)["jobs"]["pending"] == 3

@@ -34,6 +34,10 @@ def _size(least: int):
 
 
 def _common(p: argparse.ArgumentParser, *, json_flag: bool = True) -> None:
+    # `slurm-mig status --config PATH` as well as `slurm-mig --config PATH status`: SUPPRESS keeps the
+    # top-level value when the option is not repeated here.
+    p.add_argument("--config", metavar="PATH", default=argparse.SUPPRESS,
+                   help="slurm-mig TOML config (also accepted before the command)")
     p.add_argument("--db", metavar="PATH", help="read this state database instead of [controller].db_path")
     if json_flag:
         p.add_argument("--json", action="store_true", help="print JSON (the same data, for scripts)")
