@@ -185,3 +185,30 @@ def test_config_is_accepted_after_the_command(cfg, capsys):
     # Given before the command it still counts (the subcommand's default does not overwrite it).
     rc, out, _ = run(capsys, "--config", cfg, "status", "--no-probe", "--json")
     assert rc == 0 and json.loads(out)["jobs"]["pending"] == 3
+
+
+def test_partition_when_sinfo_fails_is_an_error_not_an_empty_cluster(cfg, capsys, monkeypatch):
+    # `nodes --partition P` printed "no nodes match" (or `[]` with --json) and exited 0, and `top
+    # --partition P` drew "no GPUs reported yet", when sinfo could not be run: Slurm's failure read as an
+    # empty partition.
+    from types import SimpleNamespace
+
+    from slurm_mig.slurm import runner
+
+    answer = {"nodes": None}
+    monkeypatch.setattr(runner.SlurmClient, "from_config",
+                        classmethod(lambda cls, cfg: SimpleNamespace(nodes=lambda: answer["nodes"])))
+    for argv in (["nodes", "--partition", "gpu"], ["nodes", "--partition", "gpu", "--json"],
+                 ["top", "--once", "--partition", "gpu", "--width", "80", "--height", "24"]):
+        rc, out, err = run(capsys, "--config", cfg, *argv)
+        assert rc != 0 and out == "", argv
+        assert "--partition gpu: cannot ask Slurm which nodes it has" in err
+    # When sinfo answers, the partition's nodes are shown.
+    answer["nodes"] = [SimpleNamespace(name="gpu02", partitions=("gpu",)),
+                       SimpleNamespace(name="gpu03", partitions=("big",))]
+    rc, out, _ = run(capsys, "--config", cfg, "nodes", "--partition", "gpu", "--json")
+    assert rc == 0 and [n["name"] for n in json.loads(out)] == ["gpu02"]
+    rc, out, _ = run(capsys, "--config", cfg, "top", "--once", "--partition", "gpu", "--width", "80",
+                     "--height", "24")
+    starts = [line.split(" ", 1)[0] for line in out.splitlines()]
+    assert rc == 0 and "gpu02" in starts and "gpu03" not in starts

@@ -139,7 +139,7 @@ def _partition_nodes(cfg, partition: str | None):
         return None
     from slurm_mig.ops.top import PartitionNodes
 
-    return PartitionNodes(cfg, partition).get()
+    return PartitionNodes(cfg, partition).get_or_fail()
 
 
 # -- status -------------------------------------------------------------------------------------
@@ -481,9 +481,18 @@ def _explain(args) -> int:
 def _top(args) -> int:
     import shutil
 
-    from slurm_mig.ops.top import TopOptions, run
+    from slurm_mig.ops.top import PartitionNodes, TopOptions, run
 
     cfg, store = _open(args)
+    # Asked through the config's Slurm even with --db (as `nodes --partition` does); a first lookup that
+    # fails is an error rather than an empty screen saying no GPUs were reported.
+    parts = PartitionNodes(cfg, args.partition)
+    if args.partition:
+        try:
+            parts.get_or_fail()
+        except BaseException:
+            store.close()
+            raise
     size = shutil.get_terminal_size((80, 24))
     opts = TopOptions(
         width=args.width or (size.columns if sys.stdout.isatty() else 80),
@@ -491,4 +500,5 @@ def _top(args) -> int:
         page=max(1, args.page), view=args.view, nodes=args.node, partition=args.partition, ascii=args.ascii,
         tick_interval_s=cfg.controller.tick_interval_s, stale_after_s=cfg.controller.node_stale_after_s)
     with store:
-        return run(store, opts, cfg=None if args.db else cfg, interval=max(0.2, args.interval), once=args.once)
+        return run(store, opts, cfg=None if args.db else cfg, interval=max(0.2, args.interval), once=args.once,
+                   parts=parts)

@@ -290,6 +290,8 @@ class PartitionNodes:
     def __init__(self, cfg, partition: str | None, every_s: float = 30.0):
         self.cfg, self.partition, self.every_s = cfg, partition, every_s
         self._at, self._names = 0.0, None
+        #: why the last lookup failed (None when it worked): sinfo missing, failing or timing out
+        self.error: str | None = None
 
     def get(self) -> set[str] | None:
         if not self.partition:
@@ -299,14 +301,27 @@ class PartitionNodes:
 
             try:
                 nodes = SlurmClient.from_config(self.cfg).nodes() if self.cfg else None
-            except Exception:  # sinfo missing or failing: keep what we had
+                self.error = None if nodes is not None else "sinfo failed (see the message above)"
+            except Exception as exc:  # sinfo missing or failing: keep what we had
                 nodes = None
+                self.error = f"{type(exc).__name__}: {exc}"
             if nodes is not None:
                 self._names = {n.name for n in nodes if self.partition in n.partitions}
             elif self._names is None:
                 self._names = set()
             self._at = time.time()
         return self._names
+
+    def get_or_fail(self) -> set[str] | None:
+        """get(), but a SlurmMigError when Slurm could not be asked and no earlier answer is known:
+        an empty set would read as "the partition has no nodes"."""
+        names = self.get()
+        if self.partition and self.error is not None and not names:
+            from slurm_mig.errors import SlurmMigError
+
+            raise SlurmMigError(f"--partition {self.partition}: cannot ask Slurm which nodes it has: "
+                                f"{self.error}; use --node instead, or run where sinfo works")
+        return names
 
 
 class _Keys:
@@ -349,12 +364,14 @@ NEXT = ("n", " ", "\x1b[6~", "\x1b[C", "j")
 PREV = ("p", "\x1b[5~", "\x1b[D", "k")
 
 
-def run(store, opts: TopOptions, *, cfg=None, interval: float = 2.0, once: bool = False, console=None) -> int:
-    """Draw the dashboard until q (or one frame with ``once``)."""
+def run(store, opts: TopOptions, *, cfg=None, interval: float = 2.0, once: bool = False, console=None,
+        parts: PartitionNodes | None = None) -> int:
+    """Draw the dashboard until q (or one frame with ``once``). ``parts`` looks up ``opts.partition``'s
+    nodes (default: through ``cfg``'s Slurm)."""
     from rich.console import Console, Group
     from rich.live import Live
 
-    parts = PartitionNodes(cfg, opts.partition)
+    parts = parts if parts is not None else PartitionNodes(cfg, opts.partition)
 
     def frame(width: int, height: int) -> Frame:
         snap = V.load_snapshot(store, stale_after_s=opts.stale_after_s)
