@@ -212,3 +212,20 @@ def test_partition_when_sinfo_fails_is_an_error_not_an_empty_cluster(cfg, capsys
                      "--height", "24")
     starts = [line.split(" ", 1)[0] for line in out.splitlines()]
     assert rc == 0 and "gpu02" in starts and "gpu03" not in starts
+
+
+def test_jobs_nodes_explain_say_when_the_controller_is_not_ticking(cfg, capsys, monkeypatch):
+    # With the controller down an hour, `jobs` listed the queue with waits and run times counted up to
+    # now and nothing said it was an hour-old picture; `status` and `top` said "stale", these did not.
+    import slurm_mig.ops.views as V
+
+    for argv in (["jobs"], ["nodes"], ["explain", "201"]):
+        rc, _, err = run(capsys, "--config", cfg, *argv)
+        assert rc == 0 and "note: controller" not in err, argv  # fresh: nothing said
+    monkeypatch.setattr(V.time, "time", lambda: NOW + 3600)
+    for argv in (["jobs"], ["jobs", "--json"], ["nodes", "--json"], ["explain", "201"]):
+        rc, out, err = run(capsys, "--config", cfg, *argv)
+        assert rc == 0, argv
+        assert "slurm-mig: note: controller stale (last tick 1h00m ago" in err, argv
+        if "--json" in argv:
+            json.loads(out)  # the note is on stderr: stdout stays JSON

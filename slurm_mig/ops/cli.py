@@ -128,6 +128,17 @@ def _console(width: int):
     return Console(width=width, highlight=False, soft_wrap=False)
 
 
+def _note_if_stale(cfg, snap) -> None:
+    """On stderr (so --json stays valid), when the controller is not ticking: what follows is what it
+    last wrote, not the live state (waits and run times are counted up to now all the same)."""
+    from slurm_mig.ops import views as V
+
+    c = V.controller_health(snap, cfg.controller.tick_interval_s)
+    if c["state"] != "ok":
+        print(f"slurm-mig: note: controller {c['state']} ({c['detail']}): this is what it last recorded, "
+              "not the live state; see `slurm-mig status`", file=sys.stderr)
+
+
 def _print_json(value) -> None:
     from slurm_mig.ops.views import to_json
 
@@ -222,6 +233,7 @@ def _jobs(args) -> int:
     with store:
         jobs = V.jobs_view(store, states=states, user=args.user, partition=args.partition, profile=args.profile,
                            limit=args.limit)
+        _note_if_stale(cfg, V.load_snapshot(store, stale_after_s=cfg.controller.node_stale_after_s))
     if args.json:
         _print_json(jobs)
         return 0
@@ -258,6 +270,7 @@ def _nodes(args) -> int:
     cfg, store = _open(args)
     with store:
         snap = V.load_snapshot(store, stale_after_s=cfg.controller.node_stale_after_s)
+    _note_if_stale(cfg, snap)
     nodes = V.node_views(snap, nodes=args.node, only=_partition_nodes(cfg, args.partition))
     if args.json:
         _print_json(nodes)
@@ -445,6 +458,8 @@ def _explain(args) -> int:
     cfg, store = _open(args)
     with store:
         ex = V.explain_view(store, args.job_id)
+        if ex["job"]["state"] in V.LIVE_JOB_STATES:
+            _note_if_stale(cfg, V.load_snapshot(store, stale_after_s=cfg.controller.node_stale_after_s))
         per_node: dict[str, int] = {}
         for g in store.observed_gpus():
             per_node[g.node] = per_node.get(g.node, 0) + 1
