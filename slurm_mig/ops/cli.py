@@ -173,8 +173,8 @@ def _status(args) -> int:
     c = st["controller"]
     last = c["last_decision"]
     line = f"controller  {c['state']} ({c['detail']}"
-    if healthz is not None:
-        line += "; /healthz " + ("ok" if healthz else "NOT answering")
+    if healthz:  # a /healthz that does not answer is already in the detail ("; /healthz does not answer")
+        line += "; /healthz ok"
     line += ")"
     if last:
         lat = f", {last['latency_ms']:.1f} ms" if last.get("latency_ms") is not None else ""
