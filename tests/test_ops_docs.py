@@ -72,3 +72,54 @@ def test_screen_captures_in_the_docs_are_80_columns():
     block = t.split("What the demo cluster looks like in an 80x24 terminal", 1)[1].split("```", 2)[1]
     lines = block.strip("\n").splitlines()
     assert len(lines) <= 24 and all(len(line) <= 80 for line in lines)
+
+
+# One submission per `slurm-mig: ...` row of the user guide's "At submission" table (a job_submit.lua
+# description, with the largest node of 8 GPUs the guide's numbers assume).
+SUBMISSIONS = [
+    {"tres_per_node": "gres:mig:5g"},
+    {"tres_per_node": "gres:mig"},
+    {"tres_per_node": "gres:mig:3g:1:x"},
+    {"tres_per_node": "gres:mig:3g:x"},
+    {"tres_per_node": "gres:mig:3g:0"},
+    {"tres_per_node": "gres:mig:3g:17"},
+    {"tres_per_node": "gres:mig:3g,gres:mig:1g:2"},
+    {"tres_per_node": "gres:mig:3g:9999999"},
+    {"tres_per_node": "gres:mig:pad"},
+    {"tres_per_task": "gres:mig:1"},
+    {"tres_per_node": "gres:mig:3g", "min_nodes": "2"},
+]
+
+SUBMIT_HARNESS = r"""
+local messages = {}
+slurm = { SUCCESS = 0, ERROR = -1, log_info = function(...) end, log_debug = function(...) end,
+          log_user = function(fmt, ...) table.insert(messages, string.format(fmt, ...)) end }
+dofile(arg[1])
+for line in io.lines() do
+    messages = {}
+    local desc = {}
+    for k, v in string.gmatch(line, "([%w_]+)=([^\t]*)") do desc[k] = v end
+    slurm_job_submit(desc, {}, 1000)
+    io.write(table.concat(messages, " | ") .. "\n")
+end
+"""
+
+
+def test_user_guide_submission_messages_are_what_job_submit_lua_prints(tmp_path, lua51):
+    import subprocess
+
+    section = text("user-guide.md").split("### At submission", 1)[1].split("\n### ", 1)[0]
+    quoted = re.findall(r"^\| `(slurm-mig: [^`]+)`", section, re.M)
+    assert len(quoted) == len(SUBMISSIONS), "one SUBMISSIONS entry per quoted message"
+    lua = re.sub(r"(?m)^local MAX_GPUS_PER_NODE = \d+", "local MAX_GPUS_PER_NODE = 8",
+                 (ROOT / "etc" / "job_submit.lua").read_text())
+    (tmp_path / "job_submit.lua").write_text(lua)
+    (tmp_path / "harness.lua").write_text(SUBMIT_HARNESS)
+    stdin = "".join("\t".join(f"{k}={v}" for k, v in d.items()) + "\n" for d in SUBMISSIONS)
+    printed = subprocess.run([lua51, str(tmp_path / "harness.lua"), str(tmp_path / "job_submit.lua")],
+                             input=stdin, capture_output=True, text=True, timeout=30,
+                             check=True).stdout.splitlines()
+    for doc, desc, got in zip(quoted, SUBMISSIONS, printed):
+        # "..." in the guide stands for the rest of the message (the usage hint, a field's value)
+        pattern = ".*".join(re.escape(part) for part in doc.split("..."))
+        assert re.fullmatch(pattern, got), f"user guide says {doc!r}; job_submit.lua prints {got!r} for {desc}"
