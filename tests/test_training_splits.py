@@ -30,3 +30,12 @@ def test_alibaba_validation_scores_no_job_training_may_see(monkeypatch):
             assert not scored & trained, (n, sorted(scored & trained))
             assert not {j.job_id for j in c.workload.jobs} & held, n  # the test part never even runs
             assert len(scored) == int(splits.ALIBABA_VALID_TO * n) - int(splits.ALIBABA_TRAIN_TO * n), n
+
+
+@pytest.mark.parametrize("family", ["rl-mix_extreme", "rl-wide_times"])
+def test_training_refuses_a_held_out_family(family):
+    """--families rl-mix_extreme trained on a held-out family without a word (train_case took any rl-*)."""
+    import random
+
+    with pytest.raises(ValueError, match="held out"):
+        splits.train_case(random.Random(0), jobs=(20, 30), families=("poisson", family))

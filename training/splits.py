@@ -113,6 +113,9 @@ def train_case(rng: random.Random, *, jobs: tuple[int, int] = (300, 700), trace:
                families: tuple[str, ...] = TRAIN_FAMILIES,
                multi_shares: tuple[float, ...] = (0.0, 0.0, 0.05, 0.1)) -> Case:
     """A random training episode (seeds >= 1000, never a validation or test workload)."""
+    held = sorted(set(families) & set(TEST_FAMILIES))
+    if held:  # any rl-* family would generate: a held-out one must not (training never sees a test family)
+        raise ValueError(f"{', '.join(held)}: held out for testing (training/splits.py), not a training family")
     family = rng.choice(families)
     seed = 1000 + rng.randrange(10**6)
     n = rng.randint(*jobs)
