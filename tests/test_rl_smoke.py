@@ -361,3 +361,33 @@ def test_no_job_is_both_trained_on_and_scored_at_any_db_size():
             scored = Case("recent", w, ClusterSpec(1, 8), score_index=(cut, n)).scored_ids()
             assert not trained & scored and len(trained) + len(scored) == n, (n, holdout, cut)
             assert len(scored) == max(1, round(holdout * n))
+
+
+_SLOW_SEED: list[int] = []
+
+
+def _play_first_slowly(job: tuple) -> dict:
+    """guard.play_options' shape, at once; the first episode finishes last (module level: the pool pickles it)."""
+    from slurm_mig.policies.rl import GUARD_OPTIONS_H, N_GUARD_FEATURES
+
+    case = job[0]
+    if case.seed in _SLOW_SEED:
+        time.sleep(1.5)
+    r = random.Random(case.seed)
+    return {"case": case.name, "seed": case.seed, "waits": [r.uniform(100, 200) for _ in GUARD_OPTIONS_H],
+            "contexts": [[r.random() for _ in range(N_GUARD_FEATURES)] for _ in range(3)]}
+
+
+def test_guard_training_keeps_the_episodes_in_seed_order_with_workers(tmp_path, monkeypatch):
+    """The same seed gives the same guard: with workers > 1 the episodes came back in the order they
+    finished (imap_unordered), and the PPO batches index the rows by that order."""
+    import training.guard as guard
+
+    rng = random.Random(5)
+    want = [guard.guard_case(rng, smoke=True).seed for _ in range(4)]
+    _SLOW_SEED[:] = [want[0]]
+    monkeypatch.setattr(guard, "play_options", _play_first_slowly)
+    monkeypatch.setattr(guard, "validation_set", lambda smoke: [])
+    guard.train(guard.Args(out=str(tmp_path / "g"), smoke=True, seed=5, workers=2), log=lambda m: None)
+    played = json.loads((tmp_path / "g" / "played.json").read_text())
+    assert [ep["seed"] for ep in played] == want

@@ -282,7 +282,7 @@ def train(args: Args, log=print) -> dict:
         played = json.loads(Path(args.played).read_text())
     elif args.workers > 1 and len(jobs) > 1:
         with multiprocessing.get_context("fork").Pool(args.workers) as pool:
-            played = list(pool.imap_unordered(play_options, jobs))
+            played = list(pool.imap(play_options, jobs))  # in order: the rows (and the batches) follow it
     else:
         played = [play_options(j) for j in jobs]
     out.mkdir(parents=True, exist_ok=True)
