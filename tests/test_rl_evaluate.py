@@ -22,3 +22,18 @@ def test_interval_of_twenty_seeds_uses_the_t_quantile():
     assert m == 9.5
     assert h == pytest.approx(2.093 * statistics.stdev(values) / math.sqrt(20), rel=1e-3)
     assert math.isnan(ci([1.0])[1])
+
+
+def test_markdown_says_when_a_policy_left_jobs_unrun():
+    """Means are over the jobs that ran: a policy that leaves some unrun may look better, and the table
+    said nothing (as `slurm-mig bench` did before it was fixed)."""
+    from training.evaluate import markdown, summarize
+
+    rows = [{"family": "f", "seed": s, "policy": p, "mean_wait_s": w, "mean_jct_s": w + 100.0, "max_wait_s": w,
+             "unfinished": u}
+            for s in (1, 2, 3) for p, w, u in (("rl", 50.0, 2 if s == 2 else 0), ("frag-aware", 100.0 + s, 0))]
+    summary = summarize(rows, heuristics=("frag-aware",))
+    assert summary["f"]["policies"]["rl"]["unfinished"] == 2
+    assert summary["f"]["mean_wait_s"]["rl_minus_best"][0] == pytest.approx(-52.0)
+    md = markdown(summary, ["rl", "frag-aware"])
+    assert "f: rl left 2 job(s) unrun over the seeds" in md and "frag-aware left" not in md

@@ -97,7 +97,8 @@ def summarize(rows: list[dict], rl: str = "rl", heuristics=HEURISTICS) -> dict:
             by.setdefault(r["policy"], {})[r["seed"]] = r
         fam_out: dict = {"policies": {}}
         for pol, seeds in by.items():
-            fam_out["policies"][pol] = {}
+            # jobs left unrun over the seeds: the means are over the jobs that ran, so fewer may look better
+            fam_out["policies"][pol] = {"unfinished": sum(s.get("unfinished", 0) for s in seeds.values())}
             for metric in ("mean_wait_s", "mean_jct_s", "max_wait_s"):
                 m, h = ci([s[metric] for s in seeds.values()])
                 fam_out["policies"][pol][metric] = [m, h]
@@ -167,6 +168,11 @@ def markdown(summary: dict, policies: list[str]) -> str:
             diff = f"{_fmt(cmp_['rl_minus_best'][0])} ± {_fmt(cmp_['rl_minus_best'][1])}" if cmp_ else "-"
             lines.append(f"| {fam} | " + " | ".join(cells) + f" | {best} | {diff} |")
         lines.append("")
+        for fam, s in summary.items():
+            for p in policies:
+                n = s["policies"].get(p, {}).get("unfinished", 0)
+                if n:
+                    lines.append(f"{fam}: {p} left {n} job(s) unrun over the seeds; its times are over the jobs that ran\n")
     return "\n".join(lines)
 
 
