@@ -391,3 +391,31 @@ def test_guard_training_keeps_the_episodes_in_seed_order_with_workers(tmp_path, 
     guard.train(guard.Args(out=str(tmp_path / "g"), smoke=True, seed=5, workers=2), log=lambda m: None)
     played = json.loads((tmp_path / "g" / "played.json").read_text())
     assert [ep["seed"] for ep in played] == want
+
+
+def test_retrain_without_the_alibaba_trace_never_draws_an_alibaba_episode(tmp_path, monkeypatch):
+    """A site has no ../shared/traces: retrain's episodes drew alibaba-early from train_case's default
+    families and raised FileNotFoundError mid-run (defaults, seed 0: at iteration 11)."""
+    import training.retrain as retrain_mod
+    import training.splits as splits
+
+    monkeypatch.setattr(splits, "default_trace", lambda: None)
+    monkeypatch.setattr(splits, "_ALIBABA_CACHE", {})
+    got = {}
+
+    class Stop(Exception):
+        pass
+
+    def fake_train(args, *, sample_case, **kw):
+        got["args"], got["sample"] = args, sample_case
+        raise Stop
+
+    monkeypatch.setattr(retrain_mod, "train", fake_train)
+    db = tmp_path / "state.db"
+    _fill_db(db)
+    with pytest.raises(Stop):
+        retrain_mod.retrain(db, store=tmp_path / "store", out=tmp_path / "work")
+    assert "alibaba-early" not in got["args"].families  # what the card says it trained on
+    rng = random.Random(0)
+    for _ in range(120):  # 60 iterations x 2 episodes, the defaults
+        got["sample"](rng)

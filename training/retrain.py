@@ -51,7 +51,7 @@ from slurm_mig.sim.workloads import Job, Workload, load_outcomes_db
 from training.evaluate import ci, run_case
 from training.guard import carry_guard
 from training.model import load_weights
-from training.splits import Case, _window, train_case, validation_cases
+from training.splits import Case, _window, families_available, train_case, validation_cases
 from training.train import Args, train
 
 MIN_JOBS = 10
@@ -179,9 +179,12 @@ def retrain(db: str | Path, *, store: str | Path | None = None, holdout: float =
     say(f"current policy: {version} ({cur_path}); fine-tuning from "
         f"{'its weights' if init is not None else 'scratch (no model.pt beside it)'}")
 
+    # a site has no Alibaba trace: alibaba-early episodes would raise FileNotFoundError mid-run
+    families = families_available()
+
     def sample_case(rng: random.Random) -> Case:
         if rng.random() < 0.5 or len(history.jobs) < 2:
-            return train_case(rng, jobs=(150, 300))
+            return train_case(rng, jobs=(150, 300), families=families)
         size = min(len(history.jobs), rng.randint(100, 400))
         lo = rng.randrange(0, len(history.jobs) - size + 1)
         return Case("replay", _window(history, lo, lo + size, "replay"), spec, rng.randrange(10**6))
@@ -189,7 +192,7 @@ def retrain(db: str | Path, *, store: str | Path | None = None, holdout: float =
     vcases = [Case("valid:history", history, spec, seed)] + validation_cases(small=True)
     work = Path(out) if out else Path(tempfile.mkdtemp(prefix="slurm-mig-retrain-"))
     args = Args(out=str(work), seed=seed, iterations=iterations, time_budget_min=minutes, eval_every=max(1, iterations // 6),
-                bc_episodes=8, bc_epochs=10, episodes_per_iteration=2, episode_jobs=(150, 300))
+                bc_episodes=8, bc_epochs=10, episodes_per_iteration=2, episode_jobs=(150, 300), families=families)
     t0 = time.time()
     parent_range = read_card(cur_path).get("feature_range") if init is not None else None
     _model, card = train(args, sample_case=sample_case, init=init, vcases=vcases,

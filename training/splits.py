@@ -101,6 +101,13 @@ def _window(w: Workload, lo: int, hi: int, name: str) -> Workload:
 _ALIBABA_CACHE: dict[tuple, Workload] = {}
 
 
+def families_available(families: tuple[str, ...] = TRAIN_FAMILIES, trace: Path | None = None) -> tuple[str, ...]:
+    """``families`` less alibaba-early when there is no Alibaba trace to cut it from (a site's own machine)."""
+    if trace is not None or default_trace() is not None:
+        return tuple(families)
+    return tuple(f for f in families if f != "alibaba-early")
+
+
 def alibaba_cached(seed: int, path: Path | None = None) -> Workload:
     key = (seed, str(path))
     w = _ALIBABA_CACHE.get(key)
