@@ -67,3 +67,20 @@ def test_the_training_scripts_parse_through_it():
     assert m.multi_shares == (0.1, 0.2)
     g = parse_args(GuardArgs, ["--episodes", "8", "--smoke"])
     assert (g.episodes, g.smoke, g.alibaba_share) == (8, True, 0.25)
+
+
+def test_train_without_the_trace_refuses_alibaba_early_before_training(monkeypatch, tmp_path, capsys):
+    """Without the Alibaba trace, a run whose families include alibaba-early stops at once with what to
+    do, instead of failing minutes in at the first alibaba-early episode."""
+    pytest.importorskip("torch")
+    import training.splits as splits
+    import training.train as train_mod
+
+    monkeypatch.setattr(splits, "default_trace", lambda: None)
+    started = []
+    monkeypatch.setattr(train_mod, "train", lambda args, **kw: started.append(args))
+    rc = train_mod.main(["--out", str(tmp_path / "run"), "--families", "poisson,alibaba-early"])
+    assert rc == 2 and not started
+    assert "--trace" in capsys.readouterr().err
+    assert train_mod.main(["--out", str(tmp_path / "run"), "--families", "poisson"]) == 0
+    assert len(started) == 1

@@ -54,6 +54,7 @@ import torch
 
 from slurm_mig.mig.profiles import GpuModel, get_model
 from slurm_mig.policies.rl import FEATURE_NAMES, FEATURE_SCHEMA, N_FEATURES, PLACEMENT_NETWORK, RLPolicy
+from slurm_mig.sim.bench import DEFAULT_TRACE
 from slurm_mig.sim.engine import SimConfig, Simulator
 from training.args import parse_args as dataclass_args
 from training.env import MigPlacementEnv
@@ -61,7 +62,7 @@ from training.evaluate import run_case
 from training.export import export_onnx
 from training.model import Scorer
 from training.ranges import feature_range, merge_ranges
-from training.splits import TRAIN_FAMILIES, Case, train_case, validation_cases
+from training.splits import TRAIN_FAMILIES, Case, families_available, train_case, validation_cases
 
 
 @dataclass
@@ -318,7 +319,15 @@ def validate(model: Scorer, cases: list[Case], reference: dict[str, float], K: i
 
 
 def main(argv: list[str] | None = None) -> int:
-    train(parse_args(argv))
+    args = parse_args(argv)
+    trace = Path(args.trace) if args.trace else None
+    if trace is None and set(args.families) - set(families_available(args.families)):
+        # Said before training starts: the episode sampler would otherwise fail minutes in, at its first
+        # alibaba-early draw.
+        print(f"training/train.py: family alibaba-early needs the Alibaba trace, and {DEFAULT_TRACE} is not "
+              "here: pass --trace PATH, or --families without alibaba-early", file=sys.stderr)
+        return 2
+    train(args)
     return 0
 
 
