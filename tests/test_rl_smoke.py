@@ -419,3 +419,17 @@ def test_retrain_without_the_alibaba_trace_never_draws_an_alibaba_episode(tmp_pa
     rng = random.Random(0)
     for _ in range(120):  # 60 iterations x 2 episodes, the defaults
         got["sample"](rng)
+
+
+def test_guard_training_with_no_multi_gpu_query_says_so(tmp_path, capsys):
+    """A played.json where no multi-GPU job was ever blocked gave a torch error ("cannot sample
+    n_sample <= 0 samples"); it is now said in words."""
+    import training.guard as guard
+    from slurm_mig.policies.rl import GUARD_OPTIONS_H
+
+    played = tmp_path / "played.json"
+    played.write_text(json.dumps([{"case": "c", "seed": 1, "waits": [100.0] * len(GUARD_OPTIONS_H),
+                                   "contexts": []}]))
+    rc = guard.main(["--out", str(tmp_path / "g"), "--smoke", "--played", str(played)])
+    assert rc == 2
+    assert "nothing to learn" in capsys.readouterr().err

@@ -298,6 +298,9 @@ def train(args: Args, log=print) -> dict:
             weight.append(1.0 / len(ep["contexts"]))  # each episode counts once, however many queries it had
     t_data = time.time() - t0
     log(f"played {len(played)} episodes x {len(GUARD_OPTIONS_H)} options in {t_data:.0f} s: {len(rows)} states")
+    if not rows:
+        raise ValueError(f"no episode of {len(played)} ever blocked a multi-GPU job, so the guard has nothing "
+                         "to learn from: play more episodes (--episodes), or check --played")
     best_by_ep = [int(np.argmax(advantages(ep["waits"]))) for ep in played if ep["contexts"]]
     log("best option per episode: " + ", ".join(f"{h:g} h: {best_by_ep.count(k)}"
                                                    for k, h in enumerate(GUARD_OPTIONS_H)))
@@ -372,7 +375,11 @@ def train(args: Args, log=print) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     args = dataclass_args(Args, argv, __doc__.split("\n\n")[0])
-    train(args, log=lambda m: print(m, flush=True))
+    try:
+        train(args, log=lambda m: print(m, flush=True))
+    except ValueError as e:
+        print(f"training/guard.py: {e}", file=sys.stderr)
+        return 2
     return 0
 
 
