@@ -231,3 +231,10 @@ def test_jobs_nodes_explain_say_when_the_controller_is_not_ticking(cfg, capsys, 
         assert "slurm-mig: note: controller stale (last tick 1h00m ago" in err, argv
         if "--json" in argv:
             json.loads(out)  # the note is on stderr: stdout stays JSON
+
+
+def test_top_with_a_node_filter_that_matches_nothing_says_so(cfg, capsys):
+    """`top --node nosuch` blamed the node agents ("no GPUs reported yet (are the node agents running?)")
+    for what is a filter that matches no node."""
+    rc, out, _ = run(capsys, "--config", cfg, "top", "--once", "--node", "nosuch", "--width", "100", "--height", "24")
+    assert rc == 0 and "no nodes match node=nosuch" in out and "agents running" not in out

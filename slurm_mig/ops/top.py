@@ -216,9 +216,10 @@ def build_frame(snap: V.Snapshot, opts: TopOptions, *, partition_nodes: set[str]
         page = min(max(1, opts.page), pages)
         shown = page_list[page - 1]
         name_w = min(12, max([len(n["name"]) for n in nodes] + [2]))
-        gl = R.gpu_lines(shown, W, g, name_width=name_w) if shown else [Text("  no GPUs reported yet"
-                                                                              " (are the node agents running?)",
-                                                                              style=R.STYLE["warn"])]
+        # A filter that matches nothing is the operator's typo, not agents that are down.
+        empty = ("  no nodes match " + " ".join(filt)) if filt and not all_nodes else \
+            "  no GPUs reported yet (are the node agents running?)"
+        gl = R.gpu_lines(shown, W, g, name_width=name_w) if shown else [Text(empty, style=R.STYLE["warn"])]
         right = f"page {page}/{pages}" if pages > 1 else f"{len(nodes)} nodes"
         others = [n["name"] for n in all_nodes if not n["gpus"]]
         if others and pages == 1:
