@@ -495,7 +495,10 @@ class LocalCluster:
         os.chmod(mdir, 0o711)
         key = mdir / "munge.key"
         if not key.exists():
-            key.write_bytes(os.urandom(1024))
+            # Created 0400: written first and chmod-ed after, it was readable by others in between.
+            fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o400)
+            with os.fdopen(fd, "wb") as f:
+                f.write(os.urandom(1024))
         os.chmod(key, 0o400)
         if len(str(self.munge_socket)) > 100:
             raise SlurmMigError(f"state dir path too long for a unix socket: {self.munge_socket}")
