@@ -143,7 +143,7 @@ class NodeSim(threading.Thread):
     def call(self, route: str, payload: dict) -> dict | None:
         body = json.dumps(payload, sort_keys=True).encode()
         t0 = time.perf_counter()
-        header = self.auth.sign(body, self.node)
+        header = self.auth.sign(body, self.node, path=route)
         self.sign_s.append(time.perf_counter() - t0)
         timeout = max(1.0, self.deadline - time.monotonic())
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)

@@ -196,7 +196,7 @@ def test_malformed_json_and_oversize(server):
     auth = HmacAuth(KEY)
     conn = http.client.HTTPConnection(host, port, timeout=5)
     body = b"{not json"
-    conn.request("POST", "/v1/echo", body=body, headers={"X-Slurm-Mig-Auth": auth.sign(body, "n1")})
+    conn.request("POST", "/v1/echo", body=body, headers={"X-Slurm-Mig-Auth": auth.sign(body, "n1", path="/v1/echo")})
     assert conn.getresponse().status == 400
     conn.close()
     conn = http.client.HTTPConnection(host, port, timeout=5)

@@ -107,7 +107,7 @@ def test_a_credential_must_name_a_node(keys, tmp_path, name):
     srv = ApiServer("127.0.0.1", 0, ctl_auth, ctl.routes(), ctl.get_routes()).start()
     try:
         conn = http.client.HTTPConnection(*srv.address, timeout=5)
-        conn.request("POST", "/v1/report", body=body, headers={HEADER: HmacAuth(shared).sign(body, name)})
+        conn.request("POST", "/v1/report", body=body, headers={HEADER: HmacAuth(shared).sign(body, name, path="/v1/report")})
         assert conn.getresponse().status == 401
         conn.close()
     finally:

@@ -109,7 +109,7 @@ def post(ctl, path: str, payload: dict) -> tuple[int, dict]:
     host, port = ctl.srv.address
     conn = http.client.HTTPConnection(host, port, timeout=10)
     try:
-        conn.request("POST", path, body=body, headers={HEADER: HmacAuth(KEY).sign(body, "n1")})
+        conn.request("POST", path, body=body, headers={HEADER: HmacAuth(KEY).sign(body, "n1", path=path)})
         resp = conn.getresponse()
         return resp.status, json.loads(resp.read() or b"{}")
     finally:

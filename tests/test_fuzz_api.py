@@ -103,7 +103,7 @@ def post(srv, path: str, body: bytes, header: str | None = "sign") -> tuple[int,
         except (ValueError, AttributeError, RecursionError):
             named = None
         plain = isinstance(named, str) and re.fullmatch(r"[A-Za-z0-9._-]{1,64}", named)
-        headers[HEADER] = HmacAuth(KEY).sign(body, named if plain else "n1")
+        headers[HEADER] = HmacAuth(KEY).sign(body, named if plain else "n1", path=path)
     elif header is not None:
         headers[HEADER] = header
     try:
@@ -256,7 +256,7 @@ def test_signed_with_a_non_finite_timestamp_is_refused(body, ts):
     # Even a holder of the key cannot mint a credential that never expires.
     auth = HmacAuth(KEY, max_skew_s=30)
     nonce = os.urandom(8).hex()
-    header = f"hmac {ts} {nonce} n1 {auth._mac(KEY, ts, nonce, 'n1', body)}"
+    header = f"hmac {ts} {nonce} n1 {auth._mac(KEY, ts, nonce, 'n1', '', body)}"
     with pytest.raises(AuthError):
         auth.verify(header, body)
 
@@ -276,12 +276,12 @@ def test_unsigned_forged_replayed_and_expired_requests_get_401(api):
     body = json.dumps({"node": "n1", "observed": []}).encode()
     assert post(api, "/v1/report", body, header=None)[0] == 401
     assert post(api, "/v1/report", body, header="hmac 1 2 n1 deadbeef")[0] == 401
-    forged = HmacAuth(b"x" * 64).sign(body, "n1")
+    forged = HmacAuth(b"x" * 64).sign(body, "n1", path="/v1/report")
     assert post(api, "/v1/report", body, header=forged)[0] == 401
-    good = HmacAuth(KEY).sign(body, "n1")
+    good = HmacAuth(KEY).sign(body, "n1", path="/v1/report")
     assert post(api, "/v1/report", body, header=good)[0] == 200
     assert post(api, "/v1/report", body, header=good)[0] == 401  # replayed
-    old = HmacAuth(KEY).sign(body, "n1", now=time.time() - 7200)
+    old = HmacAuth(KEY).sign(body, "n1", now=time.time() - 7200, path="/v1/report")
     assert post(api, "/v1/report", body, header=old)[0] == 401  # expired (skew limit 3600 s here)
     status, doc = post(api, "/v1/report", b'{"node": "n1", "observed": [], "x": 1}', header=good)
     assert status == 401  # a valid header for another body

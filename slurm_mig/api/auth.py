@@ -9,8 +9,13 @@ Two schemes, one interface (``sign(body) -> header`` on the node,
   UID/GID and host from munged itself. munged rejects expired (TTL) and
   replayed credentials; we also keep our own replay cache, because a cluster
   may run several controllers' worth of munged instances.
-* ``hmac``: HMAC-SHA256 over timestamp, nonce and body digest with a key
-  file readable only by root, for sites and tests without MUNGE.
+* ``hmac``: HMAC-SHA256 over timestamp, nonce, node, route and body digest with
+  a key file readable only by root, for sites and tests without MUNGE.
+
+Both credentials cover the route (``POST <path>``) as well as the body: one that
+covered the body alone could be delivered by a machine in the middle to another
+route that accepts the same fields (a node's /v1/bound turned into a
+/v1/bind-failed, which releases a running job's binding).
 
 Neither scheme ever builds a shell string: munge/unmunge get an argv list and
 their input on stdin.
@@ -62,6 +67,15 @@ class Principal:
 
 def _digest(body: bytes) -> str:
     return hashlib.sha256(body).hexdigest()
+
+
+#: The version tag of a request credential; /2 covers the route (/1 did not, and is refused).
+_REQUEST_TAG = "slurm-mig/2"
+
+
+def _route(path: str) -> str:
+    """What a credential says about the request line: only POSTs are signed."""
+    return f"POST {path}"
 
 
 def _response_digest(request_header: str, status: int, body: bytes) -> str:
@@ -258,12 +272,12 @@ class MungeAuth:
 
         return payload, _id("UID"), _id("GID"), meta.get("ENCODE_HOST", "")
 
-    def sign(self, body: bytes, node: str = "") -> str:
-        """A header value carrying a fresh MUNGE credential bound to ``body``."""
-        return "munge " + self._encode(f"slurm-mig/1 {_digest(body)} {node}".encode())
+    def sign(self, body: bytes, node: str = "", *, path: str = "") -> str:
+        """A header value carrying a fresh MUNGE credential bound to ``body`` and the route ``path``."""
+        return "munge " + self._encode(f"{_REQUEST_TAG} {_digest(body)} {node} {_route(path)}".encode())
 
-    def verify(self, header: str, body: bytes, now: float | None = None) -> Principal:
-        """Decode the credential and check it covers ``body`` and an allowed user."""
+    def verify(self, header: str, body: bytes, now: float | None = None, *, path: str = "") -> Principal:
+        """Decode the credential and check it covers ``body``, the route ``path`` and an allowed user."""
         scheme, _, cred = (header or "").partition(" ")
         if scheme != "munge" or not cred.startswith("MUNGE:"):
             raise AuthError("request has no MUNGE credential")
@@ -271,9 +285,11 @@ class MungeAuth:
         if uid is None or gid is None:
             raise AuthError("unmunge output lacks UID/GID")
         fields = payload.decode(errors="replace").rstrip("\n").split(" ")
-        if len(fields) < 2 or fields[0] != "slurm-mig/1" or not _HEX64.fullmatch(fields[1]) \
+        if len(fields) < 2 or fields[0] != _REQUEST_TAG or not _HEX64.fullmatch(fields[1]) \
                 or not hmac.compare_digest(fields[1], _digest(body)):
             raise AuthError("MUNGE credential does not cover this request body")
+        if " ".join(fields[3:]) != _route(path):
+            raise AuthError("MUNGE credential was made for another route")
         if uid not in self.allowed_uids:
             raise AuthError(f"requests from uid {uid} are not allowed (allowed: {list(self.allowed_uids)})")
         self.replay.check_and_add(hashlib.sha256(cred.encode()).hexdigest(), time.time() if now is None else now)
@@ -414,16 +430,17 @@ class HmacAuth:
         return hmac.new(key, _response_digest(request_header, status, body).encode(), hashlib.sha256).hexdigest()
 
     @staticmethod
-    def _mac(key: bytes, ts: str, nonce: str, node: str, body: bytes) -> str:
-        msg = "\n".join(["slurm-mig/1", ts, nonce, node, _digest(body)]).encode()
+    def _mac(key: bytes, ts: str, nonce: str, node: str, path: str, body: bytes) -> str:
+        msg = "\n".join([_REQUEST_TAG, ts, nonce, node, _route(path), _digest(body)]).encode()
         return hmac.new(key, msg, hashlib.sha256).hexdigest()
 
-    def sign(self, body: bytes, node: str = "", now: float | None = None) -> str:
+    def sign(self, body: bytes, node: str = "", now: float | None = None, *, path: str = "") -> str:
+        """A header value with a MAC over the time, a fresh nonce, ``node``, the route ``path`` and ``body``."""
         ts = f"{time.time() if now is None else now:.3f}"
         nonce = secrets.token_hex(16)
-        return f"hmac {ts} {nonce} {node} {self._mac(self._key_for(node), ts, nonce, node, body)}"
+        return f"hmac {ts} {nonce} {node} {self._mac(self._key_for(node), ts, nonce, node, path, body)}"
 
-    def verify(self, header: str, body: bytes, now: float | None = None) -> Principal:
+    def verify(self, header: str, body: bytes, now: float | None = None, *, path: str = "") -> Principal:
         parts = (header or "").split(" ")
         if len(parts) != 5 or parts[0] != "hmac":
             raise AuthError("request has no HMAC credential")
@@ -434,7 +451,7 @@ class HmacAuth:
             raise AuthError("request's credential names no valid node")
         key = self._key_for(node)
         # compare_digest takes ASCII only (TypeError otherwise): a MAC is 64 hex digits, anything else is forged.
-        if not _HEX64.fullmatch(mac) or not hmac.compare_digest(mac, self._mac(key, ts, nonce, node, body)):
+        if not _HEX64.fullmatch(mac) or not hmac.compare_digest(mac, self._mac(key, ts, nonce, node, path, body)):
             raise AuthError("request signature does not match (wrong key or altered request)")
         now = time.time() if now is None else now
         try:

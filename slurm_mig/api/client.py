@@ -61,7 +61,7 @@ class ControllerClient:
             req = urllib.request.Request(self.url + path, data=body, method="POST")
             req.add_header("Content-Type", "application/json")
             try:
-                signed = self.auth.sign(body, self.node)
+                signed = self.auth.sign(body, self.node, path=path)
             except SlurmMigError as exc:
                 # No credential (munged down): as good as no controller, so callers take their fallback.
                 raise ControllerUnavailable(f"cannot sign the request: {exc}") from exc

@@ -159,7 +159,8 @@ class ApiServer:
                     self.close_connection = True
                     return
                 try:
-                    principal = server.auth.verify(self.headers.get(HEADER, ""), body)
+                    # The credential covers the route too: one signed for another path is refused here.
+                    principal = server.auth.verify(self.headers.get(HEADER, ""), body, path=self.path)
                 except AuthError as exc:
                     server._error("auth", f"{self.client_address[0]} {self.path}: {exc}")
                     return self._json(401, {"error": str(exc)})

@@ -1,0 +1,96 @@
+"""Findings of the security review (docs/security.md): each test fails without its fix."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import time
+
+import pytest
+
+from slurm_mig.api.auth import HEADER, AuthError, HmacAuth
+from slurm_mig.api.server import ApiServer
+from slurm_mig.config import Config
+from slurm_mig.controller.service import Controller
+from slurm_mig.store import open_store
+
+KEY = b"k" * 64
+H100 = [{"gpu": 0, "uuid": "GPU-0", "model": "H100-80GB", "mig_enabled": True}]
+
+
+class _NoSlurm:
+    def scontrol_show_job(self, job_id):
+        return None
+
+    def scontrol_requeue(self, job_id, **kw):
+        pass
+
+    def run(self, argv, **kw):
+        return None
+
+
+def _raw_post(srv, path: str, body: bytes, header: str) -> int:
+    host, port = srv.address
+    conn = http.client.HTTPConnection(host, port, timeout=10)
+    try:
+        conn.request("POST", path, body=body, headers={HEADER: header})
+        resp = conn.getresponse()
+        resp.read()
+        return resp.status
+    finally:
+        conn.close()
+
+
+def test_a_signed_request_cannot_be_sent_to_another_route(tmp_path):
+    """The credential covered the body but not the route: a machine in the middle could take a node's signed
+    /v1/bound (sent while the job runs) and deliver it to /v1/bind-failed instead, which released the running
+    job's binding in the controller and marked it requeued; the node accepted the signed {"ok": true}."""
+    store = open_store(tmp_path / "state.db", busy_timeout_s=0.5)
+    ctl = Controller(Config(), store, _NoSlurm())
+    srv = ApiServer("127.0.0.1", 0, HmacAuth(KEY), ctl.routes(), ctl.get_routes()).start()
+    try:
+        now = time.time()
+        store.replace_observed("n1", H100, [], now=now)
+        store.upsert_job("7", profile="3g.40gb", now=now)
+        store.bind("7", "n1", [{"gpu": 0, "profile": "3g.40gb", "start": 0, "uuid": "MIG-a"}], now=now)
+        store.set_job_state("7", "RUNNING", node="n1", now=now)
+        body = json.dumps({"job_id": "7", "node": "n1", "instances": [
+            {"gpu": 0, "profile": "3g.40gb", "start": 0, "uuid": "MIG-a"}], "bound_at": now, "local": False},
+            sort_keys=True).encode()
+        # What the node signs for /v1/bound (the client's own call), replayed by the middle to another route.
+        node = HmacAuth(KEY)
+        try:
+            header = node.sign(body, "n1", path="/v1/bound")
+        except TypeError:  # before the fix: sign() knew no route
+            header = node.sign(body, "n1")
+        assert _raw_post(srv, "/v1/bind-failed", body, header) == 401
+        assert len(store.bound_instances("7")) == 1
+        assert store.get_job("7").state == "RUNNING"
+        # The same credential on its own route is served (and only once).
+        assert _raw_post(srv, "/v1/bound", body, header) == 200
+        assert _raw_post(srv, "/v1/bound", body, header) == 401
+    finally:
+        srv.stop()
+        store.close()
+
+
+def test_the_route_is_part_of_the_hmac_credential():
+    auth = HmacAuth(KEY)
+    body = b"{}"
+    with pytest.raises(AuthError, match="does not match"):
+        auth.verify(auth.sign(body, "n1", path="/v1/prolog"), body, path="/v1/bind-failed")
+    assert auth.verify(auth.sign(body, "n1", path="/v1/prolog"), body, path="/v1/prolog").host == "n1"
+
+
+def test_the_route_is_part_of_the_munge_credential(monkeypatch):
+    """The same for MUNGE (munged stood in for: it returns the payload it was given, as root)."""
+    from slurm_mig.api.auth import MungeAuth
+
+    auth = MungeAuth(use_library=False)
+    monkeypatch.setattr(auth, "_encode", lambda payload: "MUNGE:" + payload.hex())
+    monkeypatch.setattr(auth, "_decode", lambda cred: (bytes.fromhex(cred[6:]), 0, 0, "10.0.0.1"))
+    body = b"{}"
+    with pytest.raises(AuthError, match="another route"):
+        auth.verify(auth.sign(body, "n1", path="/v1/bound"), body, path="/v1/bind-failed")
+    assert auth.verify(auth.sign(body, "n1", path="/v1/bound"), body, path="/v1/bound").uid == 0
+
