@@ -94,3 +94,37 @@ def test_the_route_is_part_of_the_munge_credential(monkeypatch):
         auth.verify(auth.sign(body, "n1", path="/v1/bound"), body, path="/v1/bind-failed")
     assert auth.verify(auth.sign(body, "n1", path="/v1/bound"), body, path="/v1/bound").uid == 0
 
+
+def test_node_keys_in_a_folder_others_can_write_or_owned_by_others_are_refused(tmp_path, monkeypatch):
+    """The controller checked only each key file's mode: in a node key folder others can write, a user could
+    plant <node>.key (0600, theirs) with a key they know, or replace a node's key, and sign as that node.
+    The folder must now be the controller's and not writable by others, and a key file the controller's."""
+    import os
+
+    from slurm_mig.api.auth import NodeKeys, load_key
+    from slurm_mig.api.cli import create_node_keys
+
+    folder = tmp_path / "node-keys"
+    create_node_keys(str(folder), ["n1"])
+    ctl = HmacAuth(None, node_keys=NodeKeys(str(folder)))
+    body = b"{}"
+    mine = HmacAuth(load_key(str(folder / "n1.key")))
+    assert ctl.verify(mine.sign(body, "n1", path="/v1/report"), body, path="/v1/report").host == "n1"
+    # A user's own key, planted in a folder they can write.
+    os.chmod(folder, 0o777)
+    planted = folder / "n2.key"
+    planted.write_text("p" * 64 + "\n")
+    os.chmod(planted, 0o600)
+    with pytest.raises(AuthError, match="cannot use node n2's key file"):
+        ctl.verify(HmacAuth(b"p" * 64).sign(body, "n2", path="/v1/report"), body, path="/v1/report")
+    with pytest.raises(AuthError, match="must be .*0700"):
+        NodeKeys(str(folder)).get("n1")
+    os.chmod(folder, 0o700)
+    assert NodeKeys(str(folder)).get("n2") == b"p" * 64
+    # A key file (0600) that belongs to someone else than the controller's user: its owner can rewrite it.
+    real_euid = os.geteuid()
+    monkeypatch.setattr(os, "geteuid", lambda: real_euid + 1)
+    with pytest.raises(AuthError):
+        NodeKeys(str(folder)).get("n2")
+    with pytest.raises(AuthError, match="owned by uid"):
+        load_key(str(planted))

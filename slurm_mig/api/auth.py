@@ -319,7 +319,8 @@ class MungeAuth:
 # -- HMAC ------------------------------------------------------------------
 
 def load_key(path: str) -> bytes:
-    """Read a shared key file, refusing one that other users can read or write."""
+    """Read a shared key file, refusing one that other users can read or write, or that another user owns
+    (its owner could rewrite it, 0600 or not, with a key of their own)."""
     try:
         st = os.stat(path, follow_symlinks=False)
     except OSError as exc:
@@ -328,6 +329,9 @@ def load_key(path: str) -> bytes:
         raise AuthError(f"auth key file {path} is a symlink; refusing it")
     if st.st_mode & 0o077:
         raise AuthError(f"auth key file {path} has mode {oct(st.st_mode & 0o777)}; it must be 0600")
+    if st.st_uid != os.geteuid():
+        raise AuthError(f"auth key file {path} is owned by uid {st.st_uid}, not by uid {os.geteuid()} who "
+                        f"reads it; refusing it (chown it)")
     with open(path, "rb") as fh:
         key = fh.read().strip()
     if len(key) < 32:
@@ -366,11 +370,25 @@ class NodeKeys:
             return None
         return os.path.join(self.folder, node + ".key")
 
+    def _check_folder(self) -> None:
+        """The folder must be ours and writable by nobody else: whoever can write it can plant (or, without
+        the sticky bit, replace) ``<node>.key`` with a key they know, and sign as that node."""
+        try:
+            st = os.stat(self.folder)
+        except OSError as exc:
+            raise AuthError(f"cannot read node key folder {self.folder}: {exc.strerror}") from exc
+        if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+            raise AuthError(f"node key folder {self.folder} has owner uid {st.st_uid} and mode "
+                            f"{oct(stat.S_IMODE(st.st_mode))}; it must be uid {os.geteuid()}'s and 0700 "
+                            f"(chown {os.geteuid()} {self.folder}; chmod 700 {self.folder})")
+
     def get(self, node: str) -> bytes | None:
-        """``node``'s key; None when it has no key file. AuthError for a key file that is unsafe or short."""
+        """``node``'s key; None when it has no key file. AuthError for a key file that is unsafe or short,
+        or a folder others can write."""
         path = self.path(node)
         if path is None:
             return None
+        self._check_folder()
         try:
             st = os.stat(path, follow_symlinks=False)
         except FileNotFoundError:
