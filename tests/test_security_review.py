@@ -128,3 +128,27 @@ def test_node_keys_in_a_folder_others_can_write_or_owned_by_others_are_refused(t
         NodeKeys(str(folder)).get("n2")
     with pytest.raises(AuthError, match="owned by uid"):
         load_key(str(planted))
+
+
+def test_control_characters_in_a_request_path_are_not_logged_raw(caplog):
+    """Anyone who can reach the port chose the path the server logged with a refusal, before any
+    authentication; http.server keeps ESC in it, so a request could write terminal escapes (clear the
+    screen, move the cursor up and erase the lines before it) into the log an admin reads."""
+    import logging
+    import socket
+
+    seen = []
+    srv = ApiServer("127.0.0.1", 0, HmacAuth(KEY), {"/v1/echo": lambda p, who: {"ok": True}},
+                    on_error=lambda kind, msg: seen.append(msg)).start()
+    try:
+        evil = "/v1/echo\x1b[1A\x1b[2K\x1b]0;owned\x07"
+        with caplog.at_level(logging.DEBUG, logger="slurm_mig.api"), \
+                socket.create_connection(srv.address, timeout=5) as sock:
+            sock.sendall(f"POST {evil} HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{{}}".encode("latin-1"))
+            assert b" 401 " in sock.recv(4096).split(b"\r\n", 1)[0]
+            time.sleep(0.2)
+    finally:
+        srv.stop()
+    logged = [r.getMessage() for r in caplog.records] + seen
+    assert any("\\x1b[1A" in m for m in logged), logged
+    assert not any(ch in m for m in logged for ch in "\x1b\x07"), logged

@@ -24,6 +24,16 @@ IO_TIMEOUT_S = 30.0
 MAX_CONNECTIONS = 2048  # open connections served at once (one thread each); more get a 503
 EX_TEMPFAIL = 75  # the exit_code of errors that mean "try again later" (StoreBusy, StoreUnavailable)  # per socket read/write; hooks send their whole request at once
 
+# C0, DEL and C1 characters as visible \xNN in what the server logs: the request path comes from anyone
+# who can reach the port, before any authentication, and http.server keeps ESC in it, so a path could
+# move the cursor, clear or retitle the terminal of an admin reading the log, or hide earlier lines.
+_CONTROL = {c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0))}
+
+
+def _shown(text: str) -> str:
+    return str(text).translate(_CONTROL)
+
+
 Route = Callable[[dict, Principal], dict]
 GetRoute = Callable[[], tuple[str, bytes]]  # -> (content type, body)
 
@@ -102,7 +112,7 @@ class ApiServer:
             timeout = io_timeout_s
 
             def log_message(self, fmt, *args):  # route http.server's stderr chatter to logging
-                log.debug("%s " + fmt, self.address_string(), *args)
+                log.debug("%s %s", self.address_string(), _shown(fmt % args))
 
             # The credential of the request being answered, once verified: every answer to it is signed,
             # bound to it, so a machine in the middle can neither forge nor replay the controller's answers.
@@ -133,7 +143,7 @@ class ApiServer:
                 try:
                     ctype, body = route()
                 except Exception as exc:  # a broken metrics render must not kill the server
-                    log.exception("GET %s failed", self.path)
+                    log.exception("GET %s failed", _shown(self.path))
                     return self._json(500, {"error": str(exc)})
                 self._send(200, body, ctype)
 
@@ -186,7 +196,7 @@ class ApiServer:
                     server._error("rejected", f"{self.path}: {exc}")
                     return self._json(getattr(exc, "http_status", 422), {"error": str(exc), "kind": type(exc).__name__})
                 except Exception as exc:
-                    log.exception("POST %s failed", self.path)
+                    log.exception("POST %s failed", _shown(self.path))
                     server._error("internal", f"{self.path}: {exc}")
                     return self._json(500, {"error": f"internal error: {exc}"})
                 self._json(200, result)
@@ -198,6 +208,7 @@ class ApiServer:
         self._thread: threading.Thread | None = None
 
     def _error(self, kind: str, message: str) -> None:
+        message = _shown(message)
         log.warning("request refused (%s): %s", kind, message)
         if self.on_error:
             self.on_error(kind, message)
