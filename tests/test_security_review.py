@@ -152,3 +152,17 @@ def test_control_characters_in_a_request_path_are_not_logged_raw(caplog):
     logged = [r.getMessage() for r in caplog.records] + seen
     assert any("\\x1b[1A" in m for m in logged), logged
     assert not any(ch in m for m in logged for ch in "\x1b\x07"), logged
+
+
+def test_a_401_does_not_tell_an_unauthenticated_sender_where_the_keys_are(tmp_path):
+    """A request naming a node without a key file was answered (401, to anyone) with the path of the
+    controller's key folder."""
+    from slurm_mig.api.auth import NodeKeys
+    from slurm_mig.api.cli import create_node_keys
+
+    folder = tmp_path / "secret-key-folder"
+    create_node_keys(str(folder), ["n1"])
+    ctl = HmacAuth(None, node_keys=NodeKeys(str(folder)))
+    with pytest.raises(AuthError, match="no key for node 'n9'") as refused:
+        ctl.verify(HmacAuth(b"x" * 64).sign(b"{}", "n9", path="/v1/report"), b"{}", path="/v1/report")
+    assert "secret-key-folder" not in str(refused.value)

@@ -436,7 +436,8 @@ class HmacAuth:
         if key is None:
             key = self.key
         if key is None:
-            raise AuthError(f"no key for node {node!r} in {self.node_keys.folder}" if self.node_keys is not None
+            # Said to a sender not authenticated yet: the node, not where the controller keeps its keys.
+            raise AuthError(f"no key for node {node!r} on the controller" if self.node_keys is not None
                             else "no HMAC key")
         return key
 
