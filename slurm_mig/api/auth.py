@@ -377,10 +377,11 @@ class NodeKeys:
             st = os.stat(self.folder)
         except OSError as exc:
             raise AuthError(f"cannot read node key folder {self.folder}: {exc.strerror}") from exc
-        if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        # root's folder is as safe as our own (a controller run as its own user, keys under /etc).
+        if st.st_uid not in (os.geteuid(), 0) or st.st_mode & 0o022:
             raise AuthError(f"node key folder {self.folder} has owner uid {st.st_uid} and mode "
-                            f"{oct(stat.S_IMODE(st.st_mode))}; it must be uid {os.geteuid()}'s and 0700 "
-                            f"(chown {os.geteuid()} {self.folder}; chmod 700 {self.folder})")
+                            f"{oct(stat.S_IMODE(st.st_mode))}; it must be uid {os.geteuid()}'s (or root's) and "
+                            f"writable by its owner only (chown {os.geteuid()} {self.folder}; chmod 700 {self.folder})")
 
     def get(self, node: str) -> bytes | None:
         """``node``'s key; None when it has no key file. AuthError for a key file that is unsafe or short,
