@@ -56,6 +56,16 @@ class SlurmCommandError(SlurmMigError):
         self.stderr = stderr
 
 
+class SlurmUnavailable(SlurmMigError):
+    """Slurm could not be asked what the controller needs to answer (a query failed or timed out).
+
+    The node's request is answered 503, as for a busy database: the node takes its controller-down
+    path, which asks Slurm from the node, rather than acting on a guess.
+    """
+
+    exit_code = 75  # EX_TEMPFAIL: try again later
+
+
 class StoreError(SlurmMigError):
     """The state database cannot be opened, read or written (bad file, unsafe permissions, disk full, I/O error).
 

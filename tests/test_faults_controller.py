@@ -681,7 +681,24 @@ def test_scontrol_for_an_unseen_job_does_not_hold_the_store_lock(rig):
     status, _resp = report(rig)
     assert status == 200 and time.monotonic() - t0 < 1.0
     prolog.join()
-    assert answers == [(200, {"action": "skip"})]
+    assert answers and answers[0][0] == 503  # Slurm could not say (the test below)
+
+
+def test_a_prolog_for_a_job_neither_the_store_nor_slurm_can_describe_is_answered_503(rig):
+    """A job no tick has seen yet, and `scontrol show job` fails: the controller answered "skip", and the
+    node started the job with no instance though it asked for one. Now 503: the node's controller-down
+    path asks Slurm from the node (an existing instance, or a requeue saying the request is unreadable)."""
+    status, resp = post(rig, "/v1/prolog", {"job_id": "77", "node": "n1", "observed": OBSERVED, "bindings": {}})
+    assert status == 503 and resp["kind"] == "SlurmUnavailable", resp
+    assert "busy" in rig.errors
+    # A job Slurm describes as having no MIG request is still skipped; one the store knows needs no scontrol.
+    rig.fake.scontrol_show_job = lambda job_id: JobDetail(job_id=int(job_id), mig={})
+    assert post(rig, "/v1/prolog", {"job_id": "78", "node": "n1", "observed": OBSERVED, "bindings": {}}) == \
+        (200, {"action": "skip"})
+    rig.fake.scontrol_show_job = lambda job_id: None
+    rig.tick()  # job 1 (3g) is now in the store
+    status, resp = post(rig, "/v1/prolog", {"job_id": "1", "node": "n1", "observed": OBSERVED, "bindings": {}})
+    assert status == 200 and resp["action"] == "bind", resp
 
 
 def test_only_the_configured_partitions_are_managed(rig):

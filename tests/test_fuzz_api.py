@@ -53,7 +53,11 @@ class StubSlurm:
         return []
 
     def scontrol_show_job(self, job_id):
-        return None
+        # Slurm answers, for a job without a MIG request (a failed scontrol is answered 503: that is
+        # tests/test_faults_controller.py's, not a fuzzing outcome)
+        from slurm_mig.slurm.parsers import JobDetail
+
+        return JobDetail(job_id=int(str(job_id).split("_")[0]))
 
     def scontrol_requeue(self, job_id, **kw):
         self.requeued.append(str(job_id))

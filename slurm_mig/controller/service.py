@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from slurm_mig.api.auth import NODE_NAME
 from slurm_mig.api.origin import NodeOrigins
 from slurm_mig.controller.binding import NodeGpu, choose_binding
-from slurm_mig.errors import SlurmMigError
+from slurm_mig.errors import SlurmMigError, SlurmUnavailable
 from slurm_mig.mig.layout import Layout, Slot, parse_layout
 from slurm_mig.mig.profiles import get_model
 from slurm_mig.mig.transitions import plan_transition
@@ -833,10 +833,14 @@ class Controller:
     def _slurm_detail(self, job_id: str):
         """``scontrol show job`` for a job the store does not know yet (None if it does). Asked before the
         store's transaction: scontrol may take up to its timeout, and other nodes' requests wait on the lock."""
-        job = self.store.get_job(job_id)
-        if job is not None and job.profile:
+        if self._known_request(job_id):
             return None
         return self.slurm.scontrol_show_job(job_id)
+
+    def _known_request(self, job_id: str) -> bool:
+        """Does the store know what ``job_id`` asks for (a MIG request a tick or a Prolog recorded)?"""
+        job = self.store.get_job(job_id)
+        return job is not None and bool(job.profile)
 
     def _request_of(self, detail) -> tuple[str, int] | None:
         """(kind, count) a Slurm job record (:meth:`_slurm_detail`) asks for; None when it is no job of
@@ -890,6 +894,10 @@ class Controller:
         now = self.clock()
         requeue_reason = None
         detail = self._slurm_detail(job_id)
+        if detail is None and not self._known_request(job_id):
+            # Neither the store nor Slurm can say what the job asks for: answering "skip" would start a MIG
+            # job with no instance. 503: the node asks Slurm itself (bind an existing instance, or requeue).
+            raise SlurmUnavailable(f"job {job_id}: not seen by a tick yet, and `scontrol show job` failed")
         try:
             self._request_of(detail)  # said here, outside the transaction: holding it runs scontrol
         except ValueError as exc:
