@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import subprocess
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -34,6 +35,13 @@ log = logging.getLogger(__name__)
 #: Seconds a Slurm command may take before it is killed. slurmctld answers in
 #: milliseconds when healthy; anything near this means it is down or wedged.
 DEFAULT_TIMEOUT = 30.0
+
+#: Slurm commands one process runs at once. The controller asks `scontrol show job` for every Prolog
+#: of a job no tick has seen yet, one thread per request: a burst of job starts (or one node sending
+#: many) would otherwise fork as many commands on the head node, each an RPC to slurmctld. The rest
+#: wait for a slot, within their own timeout.
+MAX_CONCURRENT = 16
+_SLOTS = threading.BoundedSemaphore(MAX_CONCURRENT)
 
 
 @dataclass(frozen=True)
@@ -101,9 +109,13 @@ def run_slurm(argv: Sequence[str], *, timeout: float | None = DEFAULT_TIMEOUT,
         raise TypeError("run_slurm takes an argv list, not a shell string")
     argv_t = tuple(os.fspath(a) if isinstance(a, os.PathLike) else str(a) for a in argv)
     started = time.monotonic()
+    if not _SLOTS.acquire(timeout=-1 if timeout is None else timeout):
+        return SlurmResult(argv_t, 124, "", f"not run: {MAX_CONCURRENT} Slurm commands were already running "
+                           f"for {timeout}s", time.monotonic() - started, timed_out=True)
     try:
+        left = None if timeout is None else max(0.1, timeout - (time.monotonic() - started))
         proc = subprocess.run(
-            argv_t, input=input, capture_output=True, text=True, timeout=timeout,
+            argv_t, input=input, capture_output=True, text=True, timeout=left,
             env=slurm_env(env, slurm_conf), stdin=None if input is not None else subprocess.DEVNULL,
         )
     except FileNotFoundError:
@@ -114,6 +126,8 @@ def run_slurm(argv: Sequence[str], *, timeout: float | None = DEFAULT_TIMEOUT,
         err = exc.stderr.decode() if isinstance(exc.stderr, bytes) else (exc.stderr or "")
         return SlurmResult(argv_t, 124, out, err + f"\ntimed out after {timeout}s",
                            time.monotonic() - started, timed_out=True)
+    finally:
+        _SLOTS.release()
     result = SlurmResult(argv_t, proc.returncode, proc.stdout, proc.stderr, time.monotonic() - started)
     log.debug("slurm %s -> %s in %.3fs", " ".join(argv_t), result.returncode, result.duration)
     return result

@@ -108,3 +108,43 @@ def test_from_config():
     client = runner.SlurmClient.from_config(Config())
     assert client.slurm_conf == Config().controller.slurm_conf
     assert client.timeout == Config().slurm.command_timeout_s
+
+
+def test_one_process_runs_at_most_max_concurrent_slurm_commands(monkeypatch):
+    """Every Prolog of a job no tick has seen asks scontrol from its own request thread: a burst (or one
+    node sending many) forked as many commands on the head node at once. Now MAX_CONCURRENT run; the rest
+    wait for a slot within their timeout, and one that waits too long fails as a timeout."""
+    import subprocess
+    import threading
+    import time
+
+    running, most, lock = [0], [0], threading.Lock()
+
+    def fake_run(argv, **kw):
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        time.sleep(0.05)
+        with lock:
+            running[0] -= 1
+        return subprocess.CompletedProcess(argv, 0, "ok", "")
+
+    monkeypatch.setattr(runner.subprocess, "run", fake_run)
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(runner.run_slurm(["scontrol", "show", "job", "1"])))
+               for _ in range(4 * runner.MAX_CONCURRENT)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert most[0] == runner.MAX_CONCURRENT
+    assert len(results) == 4 * runner.MAX_CONCURRENT and all(r.ok for r in results)
+    # Every slot held: a command that cannot get one within its timeout is a timed-out result.
+    for _ in range(runner.MAX_CONCURRENT):
+        runner._SLOTS.acquire()
+    try:
+        res = runner.run_slurm(["sinfo"], timeout=0.2)
+        assert res.timed_out and not res.ok and "already running" in res.stderr
+    finally:
+        for _ in range(runner.MAX_CONCURRENT):
+            runner._SLOTS.release()
