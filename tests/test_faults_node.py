@@ -619,6 +619,33 @@ def test_a_release_never_frees_an_instance_still_in_use(rig, monkeypatch, caplog
     assert any("binding kept until it is idle" in r.getMessage() for r in caplog.records)
 
 
+def test_an_epilog_keeps_the_binding_of_an_instance_that_still_runs_processes(rig, monkeypatch, caplog):
+    """A process that outlives the job (on the simulated GPU: a mark other than the job's own "job N") keeps
+    the binding, so no layout change destroys its instance; the outcome is recorded all the same. The Epilog
+    used to clear every mark on the job's instances before its busy check, so on the simulated GPU it never
+    found one still in use and dropped the binding."""
+    monkeypatch.setattr(hooks.time, "sleep", lambda s: None)  # the Epilog's wait for processes to exit
+    rig.job("32", "3g")
+    assert rig.hook("prolog", "32") == 0
+    (b,) = json.loads(rig.record_file("32").read_text())["instances"]
+    assert rig.gpu.owners(b["gpu"])  # the job's own mark, set by its Prolog
+    rig.gpu.set_in_use(b["gpu"], b["uuid"], "pid 4242, left by job 32")
+    with caplog.at_level(logging.ERROR):
+        assert rig.hook("epilog", "32", SLURM_JOB_EXIT_CODE="0") == 0
+    assert rig.store.outcome("32") is not None
+    assert rig.record_file("32").exists() and rig.binding_file("32").exists()
+    assert b["uuid"] in {i.uuid for i in rig.gpu.instances(b["gpu"]) if i.in_use}
+    assert any("still run processes" in r.getMessage() for r in caplog.records)
+    _answer_reports_with(rig, monkeypatch, desired={str(b["gpu"]): "7g@0"})
+    assert rig.report() == 0
+    assert b["uuid"] in {i.uuid for i in rig.gpu.instances(b["gpu"])}
+    # Its own mark alone (no process left over) is cleared with the job: the binding goes.
+    rig.job("33", "1g")
+    assert rig.hook("prolog", "33") == 0
+    assert rig.hook("epilog", "33", SLURM_JOB_EXIT_CODE="0") == 0
+    assert not rig.record_file("33").exists()
+
+
 def test_a_release_the_controller_asks_for_is_confirmed_with_slurm(rig, monkeypatch, caplog):
     """Before dropping a binding the controller names, the node asks Slurm: kept while Slurm runs the job
     here or cannot be asked, dropped once Slurm does not list it (and its instance is idle)."""

@@ -532,8 +532,9 @@ def epilog(env: dict, node: Node) -> int:
         # Bound, but the file is damaged: the outcome still goes out; the controller knows the instances.
         log.error("job %s: binding file unreadable (%s); reporting the outcome without it", job_id, exc)
         insts, unreadable = [], True
-    for i in insts:
-        node.mark_in_use(i.gpu, i.profile, i.start, None)
+    # The simulated GPU's stand-in for the job's processes ends with it; a process that outlived the job
+    # (another mark) stays, and keeps the binding below, as a real GPU's leftover process does.
+    node.end_job_processes(job_id, insts)
     lingering = []
     for i in insts:
         # Real GPUs: processes may take a moment to exit after the job's cgroup is killed.
