@@ -368,6 +368,33 @@ def test_gpu_falls_off_the_bus_with_a_job_on_it(rig, caplog):
     assert any("lost" in r.getMessage().lower() or "GPU_IS_LOST" in r.getMessage() for r in caplog.records)
 
 
+def test_an_epilog_that_cannot_read_the_gpu_keeps_the_binding(rig, monkeypatch):
+    """The GPU cannot be read at the job's end (lost, driver gone): nothing says its processes are gone, so
+    the binding stays (no layout change may destroy the instance) while the outcome still goes out."""
+    monkeypatch.setattr(hooks.time, "sleep", lambda s: None)
+    rig.job("7", "3g")
+    assert rig.hook("prolog", "7") == 0
+    gpu = json.loads(rig.record_file("7").read_text())["instances"][0]["gpu"]
+    rig.gpu.lose_gpu(gpu)
+    assert rig.hook("epilog", "7", SLURM_JOB_EXIT_CODE="0") == 0
+    assert rig.store.outcome("7") is not None
+    assert rig.record_file("7").exists() and rig.binding_file("7").exists()
+
+
+def test_the_health_check_never_recarves_over_a_bound_instance_with_no_process_yet(rig, monkeypatch):
+    """On a real GPU an instance the Prolog just bound runs no process until the job starts one: only the
+    node's binding record says it is taken. A desired layout over it (a stale or forged answer) must leave
+    it alone. (The simulated GPU's own busy mark is cleared here to stand for that moment.)"""
+    rig.job("8", "3g")
+    assert rig.hook("prolog", "8") == 0
+    (b,) = json.loads(rig.record_file("8").read_text())["instances"]
+    rig.gpu.set_in_use(b["gpu"], b["uuid"], None)
+    _answer_reports_with(rig, monkeypatch, desired={str(b["gpu"]): "7g@0"})
+    assert rig.report() == 0
+    assert b["uuid"] in {i.uuid for i in rig.gpu.instances(b["gpu"])}
+    assert rig.record_file("8").exists()
+
+
 def test_nvml_gone_on_the_node_requeues_with_the_reason(rig, caplog):
     rig.job("6", "2g")
     rig.gpu.fail_next("gpus", "NvmlUnavailable", times=1)
@@ -736,6 +763,24 @@ def test_prolog_refuses_an_instance_another_job_holds_here(rig, monkeypatch):
     assert rig.requeues and rig.requeues[-1][0] == "21" and "held by another job" in rig.requeues[-1][1]
     assert not rig.binding_file("21").exists()
     assert json.loads(rig.binding_file("20").read_text())["instances"][0] == held
+
+
+def test_prolog_refuses_an_instance_overlapping_one_another_job_holds_here(rig, monkeypatch):
+    """Not only the very instance: one at another start whose slices overlap a bound one (3g@4 over a job's
+    1g@6) is refused as held, before any layout change is tried."""
+    rig.job("25", "1g")
+    monkeypatch.setitem(rig.srv.routes, "/v1/prolog", lambda payload, who: {
+        "action": "bind", "targets": {}, "instances": [{"gpu": 0, "profile": "1g.10gb", "start": 6}]})
+    assert rig.hook("prolog", "25") == 0
+    held = json.loads(rig.record_file("25").read_text())["instances"]
+    rig.job("26", "3g")
+    monkeypatch.setitem(rig.srv.routes, "/v1/prolog", lambda payload, who: {
+        "action": "bind", "targets": {"0": "3g@0,3g@4"}, "instances": [{"gpu": 0, "profile": "3g.40gb", "start": 4}]})
+    assert rig.hook("prolog", "26") == 0
+    assert rig.requeues and rig.requeues[-1][0] == "26" and "held by another job" in rig.requeues[-1][1]
+    assert not rig.record_file("26").exists()
+    assert json.loads(rig.record_file("25").read_text())["instances"] == held
+    assert "1g.10gb@6" in rig.layout(0)
 
 
 @pytest.mark.parametrize("request_", [{"1g": 1, "3g": 1}, {"1g": 2, "3g": 1}, {"1g": 1, "3g": 3}])
