@@ -180,6 +180,40 @@ def test_expired_request_refused():
         auth.verify(auth.sign(body, "n1", now=time.time() - 120), body)
 
 
+def test_a_request_dated_in_the_future_is_refused_too():
+    """The skew limit works both ways: a credential dated an hour ahead (a node's clock, or one minted to
+    outlive the replay cache, which forgets a nonce after twice the skew) is refused, not valid for an hour."""
+    auth = HmacAuth(KEY, max_skew_s=30)
+    body = b"{}"
+    with pytest.raises(AuthError, match="off"):
+        auth.verify(auth.sign(body, "n1", now=time.time() + 3600), body)
+
+
+@pytest.mark.parametrize("mac", ["\u00e9" * 64, "G" * 64, "A" * 64, "0" * 63])
+def test_a_mac_that_is_not_64_hex_digits_is_an_auth_error(mac):
+    """An HTTP header may carry any latin-1 text: a non-hex or non-ASCII MAC is refused as forged (401), never
+    reaching compare_digest, which raises TypeError (a 500) for non-ASCII text."""
+    auth = HmacAuth(KEY)
+    with pytest.raises(AuthError, match="does not match"):
+        auth.verify(f"hmac {time.time():.3f} {os.urandom(8).hex()} n1 {mac}", b"{}")
+
+
+def test_the_replay_cache_keeps_recent_credentials_when_it_prunes():
+    """Past 10,000 remembered credentials the cache drops those older than its window, never the recent
+    ones: a credential seen a moment ago is still a replay after the prune."""
+    from slurm_mig.api.auth import ReplayCache
+
+    cache = ReplayCache(window_s=120.0)
+    now = time.time()
+    cache.check_and_add("old", now - 1000)
+    for i in range(10_001):
+        cache.check_and_add(f"k{i}", now)
+    cache.check_and_add("trigger", now + 1)  # over the limit: this call prunes
+    with pytest.raises(AuthError, match="replayed"):
+        cache.check_and_add("k0", now + 2)
+    cache.check_and_add("old", now + 2)  # outside the window: forgotten, as a timestamp this old is refused anyway
+
+
 def test_rejection_and_crash_are_reported_not_fatal(server):
     client = ControllerClient(url(server), HmacAuth(KEY), "n1", retries=0)
     with pytest.raises(ControllerRefused, match="bad field") as exc:
@@ -225,6 +259,31 @@ def test_key_file_permissions(tmp_path):
     os.chmod(path, 0o644)
     with pytest.raises(AuthError, match="must be 0600"):
         load_key(str(path))
+
+
+@pytest.mark.parametrize("mode", [0o640, 0o604, 0o620, 0o610])
+def test_a_key_file_any_other_user_or_group_can_touch_is_refused(tmp_path, mode):
+    """0600 exactly: a key the job users' group can read would let any of them sign as a node."""
+    path = tmp_path / "key"
+    create_key(str(path))
+    os.chmod(path, mode)
+    with pytest.raises(AuthError, match="must be 0600"):
+        load_key(str(path))
+
+
+def test_a_symlinked_or_short_key_file_is_refused(tmp_path):
+    real = tmp_path / "real"
+    create_key(str(real))
+    link = tmp_path / "link"
+    link.symlink_to(real)
+    with pytest.raises(AuthError, match="is a symlink; refusing it"):
+        load_key(str(link))
+    short = tmp_path / "short"
+    fd = os.open(short, os.O_WRONLY | os.O_CREAT, 0o600)
+    os.write(fd, b"x" * 31 + b"\n")
+    os.close(fd)
+    with pytest.raises(AuthError, match="at least 32"):
+        load_key(str(short))
 
 
 def _munge_socket():
