@@ -133,6 +133,30 @@ def test_a_signed_refusal_is_still_a_refusal(server):
     assert exc.value.status == 422
 
 
+def test_on_a_kept_alive_connection_a_refused_request_gets_no_signed_answer(server):
+    """HTTP/1.1 keeps one handler per connection: the credential of an earlier request on it must not sign
+    the answer to a later, unauthenticated one (that answer would carry a valid signature for a request
+    the controller never verified)."""
+    import http.client
+
+    from slurm_mig.api.auth import RESPONSE_HEADER
+
+    host, port = server.address
+    conn = http.client.HTTPConnection(host, port, timeout=5)
+    try:
+        body = b'{"job": 7}'
+        conn.request("POST", "/v1/echo", body=body, headers={"X-Slurm-Mig-Auth": HmacAuth(KEY).sign(body, "n1")})
+        first = conn.getresponse()
+        first.read()
+        assert first.status == 200 and first.getheader(RESPONSE_HEADER)
+        conn.request("POST", "/v1/echo", body=body, headers={"X-Slurm-Mig-Auth": "hmac forged"})
+        second = conn.getresponse()
+        second.read()
+        assert second.status == 401 and second.getheader(RESPONSE_HEADER) is None
+    finally:
+        conn.close()
+
+
 def test_unauthenticated_refused(server):
     import urllib.request, urllib.error
     req = urllib.request.Request(url(server) + "/v1/echo", data=b"{}", method="POST")
