@@ -540,6 +540,35 @@ def test_json_errors_when_controller_down():
     assert parsers.json_errors(json.loads(SQUEUE_JSON_22_05)) == []
 
 
+@pytest.mark.parametrize("rc, out", [
+    (0, SQUEUE_JSON_CTLD_DOWN),  # 22.05 with slurmctld down: exit 0, and errors
+    (0, '{"meta": {}, "errors": []}'),  # no list at all is not an empty one
+    (0, '[]'), (0, 'not json'), (1, SQUEUE_JSON_22_05), (0, '{"errors": "x", "jobs": []}')])
+def test_a_failed_slurm_query_is_stale_data_not_an_empty_queue(monkeypatch, rc, out):
+    """What squeue/sinfo print when they could not ask slurmctld must read as None (keep the last state),
+    never as "no jobs" or "no nodes", which would cancel every pending job."""
+    from slurm_mig.slurm.runner import SlurmClient, SlurmResult
+
+    monkeypatch.setattr(SlurmClient, "run", lambda self, argv, **kw: SlurmResult(tuple(argv), rc, out, "", 0.0))
+    client = SlurmClient()
+    assert client.jobs() is None
+    nodes_out = out.replace("jobs", "nodes") if out != SQUEUE_JSON_22_05 else SINFO_JSON_22_05
+    if out == SQUEUE_JSON_CTLD_DOWN:
+        nodes_out = SINFO_JSON_CTLD_DOWN
+    monkeypatch.setattr(SlurmClient, "run", lambda self, argv, **kw: SlurmResult(tuple(argv), rc, nodes_out, "", 0.0))
+    assert client.nodes() is None
+
+
+def test_a_healthy_slurm_query_parses_and_a_timed_out_one_does_not(monkeypatch):
+    from slurm_mig.slurm.runner import SlurmClient, SlurmResult
+
+    result = SlurmResult(("squeue",), 0, SQUEUE_JSON_22_05, "", 0.0)
+    monkeypatch.setattr(SlurmClient, "run", lambda self, argv, **kw: result)
+    assert [j.job_id for j in SlurmClient().jobs()] == [19, 20, 21, 22, 23]
+    result = SlurmResult(("squeue",), 0, SQUEUE_JSON_22_05, "", 10.0, timed_out=True)
+    assert SlurmClient().jobs() is None
+
+
 def test_parse_scontrol_kv_and_mig_request():
     fields = parsers.parse_scontrol_kv(SCONTROL_JOB20_D_ONELINE)
     assert fields["JobId"] == "20" and fields["TresPerNode"] == "gres:mig:1g:2"
