@@ -331,6 +331,24 @@ def test_check_decision_refuses_reconfiguring_instances_unavailable_nodes_and_un
     check_decision(ClusterState(0.0, (GpuState("n1", 0, H100, lay),), (PendingJob("j1", "3g"),)), take)
 
 
+def test_check_decision_refuses_two_changes_for_one_gpu_and_a_change_over_a_reconfiguring_instance():
+    """Each change is checked against the GPU as it is: a second change for the same GPU would be planned
+    from a layout the first one replaces; and an instance an open reconfiguration is making (not busy yet)
+    is as untouchable as a busy one."""
+    from slurm_mig.policies.base import DecisionError
+
+    s3 = Slot(0, "3g.40gb")
+    lay = Layout(H100, frozenset({s3}))
+    to = lambda spec: LayoutChange("n1", 0, parse_layout(spec, H100), "test")  # noqa: E731
+    state = ClusterState(0.0, (GpuState("n1", 0, H100, lay),), ())
+    check_decision(state, Decision(changes=(to("3g@0,3g@4"),)))
+    with pytest.raises(DecisionError, match="two layout changes"):
+        check_decision(state, Decision(changes=(to("3g@0,3g@4"), to("7g@0"))))
+    state = ClusterState(0.0, (GpuState("n1", 0, H100, lay, reconfiguring=frozenset({s3})),), ())
+    with pytest.raises(DecisionError, match="unsafe"):
+        check_decision(state, Decision(changes=(to("7g@0"),)))
+
+
 @pytest.mark.parametrize("exact_limit", [4, 10**9])
 def test_a_reserved_node_does_not_hide_the_idle_gpus_beyond_it(exact_limit):
     """Large-cluster mode visits a few GPUs per group; it counted GPUs that a reservation holds, so when
