@@ -621,6 +621,20 @@ def test_orphaned_binding_files_are_released_only_when_slurm_says_so(rig):
     assert uuid not in {i.uuid for g in (0, 1) for i in rig.gpu.instances(g) if i.in_use}
 
 
+def test_a_stale_binding_on_a_gpu_that_cannot_be_read_is_kept(rig, monkeypatch):
+    """Slurm no longer runs the job, but its GPU cannot be read (lost): nothing says its instance is idle,
+    so the binding stays until the GPU can be read."""
+    rig.job("34", "2g")
+    assert rig.hook("prolog", "34") == 0
+    gpu = json.loads(rig.record_file("34").read_text())["instances"][0]["gpu"]
+    _answer_reports_with(rig, monkeypatch, release=["34"])
+    rig.squeue = "99\n"
+    rig.gpu.lose_gpu(gpu)
+    assert rig.report() == 0 and rig.record_file("34").exists()
+    rig.gpu.lose_gpu(gpu, False)
+    assert rig.report() == 0 and not rig.record_file("34").exists()
+
+
 def _answer_reports_with(rig, monkeypatch, **extra) -> None:
     """The controller's /v1/report answers carry ``extra`` too (a stale or forged view, signed all the same)."""
     real = rig.srv.routes["/v1/report"]
