@@ -349,6 +349,33 @@ def test_check_decision_refuses_two_changes_for_one_gpu_and_a_change_over_a_reco
         check_decision(state, Decision(changes=(to("7g@0"),)))
 
 
+def test_check_decision_refuses_busy_shared_miscounted_repeated_and_wrong_size_assignments():
+    """The assignment rules, one at a time: a busy instance, one instance for two jobs, the wrong number of
+    instances, one job assigned twice, and an instance of another size are each refused."""
+    from slurm_mig.policies.base import DecisionError
+
+    a, b = Slot(0, "3g.40gb"), Slot(4, "3g.40gb")
+    one = Slot(0, "1g.10gb")
+    lay = Layout(H100, frozenset({a, b}))
+    idle = GpuState("n1", 0, H100, lay)
+    jobs = (PendingJob("j1", "3g"), PendingJob("j2", "3g"), PendingJob("j3", "3g", 2), PendingJob("j4", "1g"))
+    take = lambda job, *slots: Assignment(job, "n1", tuple((0, s) for s in slots), "test")  # noqa: E731
+    check_decision(ClusterState(0.0, (idle,), jobs), Decision(assignments=(take("j1", a), take("j2", b))))
+    check_decision(ClusterState(0.0, (idle,), jobs), Decision(assignments=(take("j3", a, b),)))
+    cases = [
+        (GpuState("n1", 0, H100, lay, busy=frozenset({a})), (take("j1", a),), "busy instance"),
+        (idle, (take("j1", a), take("j2", a)), "two jobs"),
+        (idle, (take("j3", a),), "wants 2 instance"),
+        (idle, (take("j1", a, b),), "wants 1 instance"),
+        (idle, (take("j1", a), take("j1", b)), "assigned twice"),
+        (idle, (take("j4", a),), "wants 1g"),
+        (GpuState("n1", 0, H100, Layout(H100, frozenset({one}))), (take("j4", a),), "will not exist"),
+    ]
+    for gpu, assignments, said in cases:
+        with pytest.raises(DecisionError, match=said):
+            check_decision(ClusterState(0.0, (gpu,), jobs), Decision(assignments=assignments))
+
+
 @pytest.mark.parametrize("exact_limit", [4, 10**9])
 def test_a_reserved_node_does_not_hide_the_idle_gpus_beyond_it(exact_limit):
     """Large-cluster mode visits a few GPUs per group; it counted GPUs that a reservation holds, so when
