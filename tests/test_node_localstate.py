@@ -126,3 +126,15 @@ def test_bindings_an_older_version_left_are_adopted_on_upgrade(tmp_path, caplog)
     assert any("adopted the binding of job 100" in r.getMessage() for r in caplog.records)
     state.ensure()  # adopting is done once: a second pass changes nothing
     assert state.all_bindings() == {"100": MINE, "101": []}
+
+
+@pytest.mark.parametrize("job_id", ["../x", "1/../../2", "12.json", "", "1" * 33, "12 3", "-1"])
+def test_a_job_id_that_is_not_slurms_names_no_file(state, job_id):
+    """Job ids become file names under the root-only folders: anything but digits and '_' (array jobs),
+    up to 32 characters, is refused before a path is built from it."""
+    for act in (lambda: state.write_binding(job_id, MINE), lambda: state.read_binding(job_id),
+                lambda: state.remove_binding(job_id), lambda: state.note_attempt(job_id, 0)):
+        with pytest.raises(ValueError, match="bad Slurm job id"):
+            act()
+    state.write_binding("12_3", MINE)  # an array task
+    assert state.read_binding("12_3") == MINE
