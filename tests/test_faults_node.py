@@ -821,6 +821,17 @@ def test_without_the_controller_a_mixed_request_gets_all_of_it_or_is_requeued(ri
     assert got == request_
 
 
+def test_prolog_never_binds_an_instance_that_does_not_exist(rig, monkeypatch):
+    """The answer names an instance the GPU does not have, and no layout change to make it: the job is
+    requeued, not bound to nothing (its TaskProlog would export no real device)."""
+    rig.job("27", "2g")
+    monkeypatch.setitem(rig.srv.routes, "/v1/prolog", lambda payload, who: {
+        "action": "bind", "targets": {}, "instances": [{"gpu": 0, "profile": "3g.40gb", "start": 4}]})
+    assert rig.hook("prolog", "27") == 0
+    assert rig.requeues and rig.requeues[-1][0] == "27" and "missing on n1" in rig.requeues[-1][1]
+    assert not rig.record_file("27").exists() and not rig.binding_file("27").exists()
+
+
 def _half_make(rig, gpu: int, slot: str) -> None:
     """The instance at ``slot`` loses its compute instance, as a Prolog killed between NVML's two create
     calls leaves it."""
