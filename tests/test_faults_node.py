@@ -867,6 +867,20 @@ def test_without_the_controller_a_half_made_instance_is_not_taken_for_a_free_one
     assert rig.requeues == [("41", "controller unreachable and no free 1 x 3g instance exists on n1")]
 
 
+def test_without_the_controller_an_instance_in_use_is_not_taken_for_a_free_one(rig):
+    """Processes run on both 3g instances though no binding here names them (left over, or started outside
+    Slurm): the fallback requeues the job rather than share an instance with them."""
+    from slurm_mig.mig.layout import Slot
+
+    rig.job("42", "3g")
+    for gpu in (0, 1):
+        rig.gpu.set_in_use(gpu, Slot(0, "3g.40gb"), "pid 77, not a job's")
+    rig.srv.stop()
+    assert rig.hook("prolog", "42") == 0
+    assert not rig.record_file("42").exists()
+    assert rig.requeues == [("42", "controller unreachable and no free 1 x 3g instance exists on n1")]
+
+
 def test_the_health_check_makes_half_made_instances_whole(rig):
     _half_make(rig, 1, "2g@4")
     assert rig.report() == 0
