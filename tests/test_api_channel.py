@@ -145,7 +145,7 @@ def test_on_a_kept_alive_connection_a_refused_request_gets_no_signed_answer(serv
     conn = http.client.HTTPConnection(host, port, timeout=5)
     try:
         body = b'{"job": 7}'
-        conn.request("POST", "/v1/echo", body=body, headers={"X-Slurm-Mig-Auth": HmacAuth(KEY).sign(body, "n1")})
+        conn.request("POST", "/v1/echo", body=body, headers={"X-Slurm-Mig-Auth": HmacAuth(KEY).sign(body, "n1", path="/v1/echo")})
         first = conn.getresponse()
         first.read()
         assert first.status == 200 and first.getheader(RESPONSE_HEADER)
