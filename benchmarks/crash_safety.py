@@ -244,14 +244,21 @@ class Watcher(threading.Thread):
         self.dc = dc
         self.stop_flag = threading.Event()
         self.violations: list[str] = []
-        self.samples = 0
+        self.samples = 0  # rounds in which every node's bindings and GPUs were read and checked
+        self.failed_reads = 0
 
     def run(self):
-        while not self.stop_flag.is_set():
-            self.sample()
-            time.sleep(0.1)
+        # A watcher that dies (squeue timing out, say) would check nothing more while the seed still
+        # passes: its end is a violation, as the injector's is.
+        try:
+            while not self.stop_flag.is_set():
+                self.sample()
+                time.sleep(0.1)
+        except Exception as exc:
+            self.violations.append(f"watcher stopped: {type(exc).__name__}: {exc}")
 
     def sample(self):
+        checked = 0
         for node in self.dc.nodes:
             bdir = self.dc.state / "node" / node / "bindings"
             try:
@@ -263,7 +270,9 @@ class Watcher(threading.Thread):
                         continue
                 insts = self.dc.sim_instances(node)  # read after the bindings: a binding seen must exist now
             except Exception:
+                self.failed_reads += 1
                 continue
+            checked += 1
             holders: dict[str, str] = {}
             for job, held in bindings.items():
                 for h in held:
@@ -272,7 +281,8 @@ class Watcher(threading.Thread):
                     holders[h["uuid"]] = job
                     if h["uuid"] not in insts and (bdir / f"{job}.json").exists() and self._running(job):
                         self.violations.append(f"{node}: running job {job} holds {h['uuid']}, which does not exist")
-        self.samples += 1
+        if checked == len(self.dc.nodes):
+            self.samples += 1
 
     def _running(self, job: str) -> bool:
         # A stale binding of a job that is not running (requeued, ended without its Epilog) is not a job
@@ -388,7 +398,8 @@ def run_seed(dc: DemoCluster, seed: int, *, n_jobs: int = 8, budget: dict[str, i
     watcher.join()
     result.violations += [f"watcher: {v}" for v in dict.fromkeys(watcher.violations)]
     if watcher.samples < 20:
-        result.violations.append(f"watcher took only {watcher.samples} samples")
+        result.violations.append(f"watcher took only {watcher.samples} samples in which every node could be read "
+                                 f"({watcher.failed_reads} failed reads)")
     _check(dc, result, ids, durations, first_journal, first_event)
     result.seconds = round(time.monotonic() - t_start, 1)
     return result

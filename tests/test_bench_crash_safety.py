@@ -1,0 +1,59 @@
+"""The crash-safety harness's own checks (benchmarks/crash_safety.py), without a cluster."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("slurm_mig.democluster")
+
+_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "crash_safety.py"
+_spec = importlib.util.spec_from_file_location("crash_safety_bench", _PATH)
+crash_safety = importlib.util.module_from_spec(_spec)
+sys.modules[_spec.name] = crash_safety  # its dataclasses look their module up
+_spec.loader.exec_module(crash_safety)
+
+
+class _FakeCluster:
+    def __init__(self, state: Path, instances=None):
+        self.state = state
+        self.nodes = ["n1", "n2"]
+        self.instances = instances
+
+    def sim_instances(self, node):
+        if self.instances is None:
+            raise OSError("GPU state file unreadable")
+        return self.instances
+
+
+def test_watcher_counts_only_samples_it_could_check(tmp_path):
+    """A round in which no node's GPUs could be read checked nothing: it must not count toward the
+    20 samples the seed needs to pass."""
+    w = crash_safety.Watcher(_FakeCluster(tmp_path))
+    for _ in range(25):
+        w.sample()
+    assert w.samples == 0 and w.failed_reads == 50
+    ok = crash_safety.Watcher(_FakeCluster(tmp_path, instances={}))
+    ok.sample()
+    assert ok.samples == 1 and ok.failed_reads == 0
+
+
+def test_watcher_that_dies_reports_it(tmp_path, monkeypatch):
+    """An exception in a sample (squeue timing out) used to end the thread silently: every later
+    violation went unseen while the seed could still pass."""
+    bdir = tmp_path / "node" / "n1" / "bindings"
+    bdir.mkdir(parents=True)
+    (bdir / "42.json").write_text(json.dumps({"instances": [{"uuid": "MIG-gone"}]}))
+    w = crash_safety.Watcher(_FakeCluster(tmp_path, instances={}))
+
+    def slow_squeue(job):
+        raise subprocess.TimeoutExpired(["squeue"], 20)
+
+    monkeypatch.setattr(w, "_running", slow_squeue)
+    w.run()  # returns instead of raising
+    assert any("watcher stopped: TimeoutExpired" in v for v in w.violations)
