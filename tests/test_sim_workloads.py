@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import sqlite3
 from pathlib import Path
@@ -200,3 +201,34 @@ def test_replay_of_a_real_state_store(tmp_path):
     w = load_outcomes_db(path)
     got = {j.job_id: (j.profile, j.count, j.submit_time, j.duration_s, j.time_limit_s) for j in w.jobs}
     assert got == {"101": ("2g", 1, 0.0, 300.0, 900.0), "102": ("7g", 2, 20.0, 15.0, None)}
+
+
+def test_simulate_db_replays_on_the_sites_gpus(tmp_path, capsys):
+    """`simulate --db` (and the command `explain` prints) used to replay any site on 1 node x 8 H100-80GB:
+    an A30 site's 4g jobs (a whole A30) became half an H100, and 3 nodes' history queued on one."""
+    from slurm_mig.cli import main
+
+    store_mod = pytest.importorskip("slurm_mig.store")
+    path = tmp_path / "slurm-mig.db"
+    store = store_mod.open_store(path)
+    try:
+        for n in ("gpu01", "gpu02", "gpu03"):
+            store.replace_observed(n, [{"gpu": g, "model": "A30-24GB", "mig_enabled": True} for g in range(4)], [],
+                                   now=10.0)
+        store.replace_observed("login", [{"gpu": 0, "model": None, "mig_enabled": False}], [], now=10.0)
+        for i in range(12):
+            store.record_outcome(str(100 + i), state="COMPLETED", profile="4g", count=1, submit_time=50.0,
+                                 start_time=60.0, end_time=360.0, now=400.0)
+    finally:
+        store.close()
+    assert main(["simulate", "--db", str(path), "--policy", "greedy", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert (doc["model"], doc["nodes"], doc["gpus"]) == ("A30-24GB", 3, 12)
+    assert doc["metrics"]["finished"] == 12
+    # 12 whole-GPU jobs on 12 GPUs all start at once: no one waits for another.
+    assert doc["metrics"]["max_wait_s"] < 10
+    # Told otherwise, it does as told.
+    assert main(["simulate", "--db", str(path), "--policy", "greedy", "--json", "--model", "H100-80GB",
+                 "--nodes", "1", "--gpus-per-node", "2"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert (doc["model"], doc["nodes"], doc["gpus"]) == ("H100-80GB", 1, 2)

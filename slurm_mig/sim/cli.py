@@ -52,9 +52,12 @@ def register(subparsers) -> None:
     src.add_argument("--workload", choices=SYNTHETIC, help="a synthetic workload")
     s.add_argument("--policy", default="frag-aware", help="policy name (see `slurm-mig bench`); best-static "
                                                           "searches a static plan first")
-    s.add_argument("--nodes", type=_positive, default=None, help="nodes (default: 5 for traces, 2 for synthetic)")
-    s.add_argument("--gpus-per-node", type=_positive, default=8)
-    s.add_argument("--model", default="H100-80GB", help="GPU model (default H100-80GB)")
+    s.add_argument("--nodes", type=_positive, default=None,
+                   help="nodes (default: 5 for traces, 2 for synthetic, the DB's MIG nodes for --db)")
+    s.add_argument("--gpus-per-node", type=_positive, default=None,
+                   help="GPUs per node (default 8; for --db the most MIG GPUs the DB saw on one node)")
+    s.add_argument("--model", default=None,
+                   help="GPU model (default H100-80GB; for --db the model of most MIG GPUs the DB saw)")
     s.add_argument("--speed-model", default="miso-mean",
                    help="per-size slowdown vs 7g: miso-mean (default), flat, linear, miso:<model>")
     s.add_argument("--milli-map", default=None, help="gpu_milli -> profile, e.g. 1g:142,2g:285,3g:428,4g:571,7g:1000")
@@ -180,6 +183,15 @@ def _load(args: argparse.Namespace):
     from slurm_mig.sim import bench, workloads as wl
 
     speed = wl.get_speed_model(args.speed_model)
+    if args.db:
+        # Replay on the site's own cluster, as far as the DB knows it, unless told otherwise.
+        site = wl.outcomes_db_cluster(args.db) if Path(args.db).is_file() else None
+        if site is not None:
+            args.model = args.model or site[0]
+            args.nodes = args.nodes or site[1]
+            args.gpus_per_node = args.gpus_per_node or site[2]
+    args.model = args.model or "H100-80GB"
+    args.gpus_per_node = args.gpus_per_node or 8
     if args.trace:
         mm = wl.MilliMap.parse(args.milli_map) if args.milli_map else wl.MilliMap()
         w = wl.load_alibaba(args.trace, milli_map=mm, speed=speed, time_limits=not args.no_time_limits,

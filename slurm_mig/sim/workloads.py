@@ -473,6 +473,37 @@ def _number(v):
     return float(v)
 
 
+def outcomes_db_cluster(path: str | Path) -> tuple[str, int, int] | None:
+    """(GPU model, nodes, GPUs per node) of the MIG GPUs a state DB last saw, for replaying its outcomes
+    on the site's own cluster: the most common model, the nodes holding one of those and the most such
+    GPUs on one node. None when the DB records no MIG GPU (or no ``gpus`` table)."""
+    try:
+        con = sqlite3.connect(f"file:{Path(path)}?mode=ro", uri=True)
+    except sqlite3.Error:
+        return None
+    try:
+        rows = con.execute("SELECT node, model FROM gpus WHERE mig_enabled = 1 AND model IS NOT NULL").fetchall()
+    except sqlite3.Error:
+        return None
+    finally:
+        con.close()
+    models: dict[str, int] = {}
+    for _node, m in rows:
+        models[m] = models.get(m, 0) + 1
+    if not models:
+        return None
+    model = max(sorted(models), key=lambda m: models[m])
+    try:
+        get_model(model)
+    except GeometryError:
+        return None
+    per_node: dict[str, int] = {}
+    for node, m in rows:
+        if m == model:
+            per_node[node] = per_node.get(node, 0) + 1
+    return get_model(model).name, len(per_node), max(per_node.values())
+
+
 def load_outcomes_db(
     path: str | Path,
     *,
