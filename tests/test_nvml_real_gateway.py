@@ -476,3 +476,50 @@ def test_close_shuts_nvml_down(fake_nvml):
 def test_real_module_does_not_import_pynvml_at_import():
     src = Path(real.__file__).read_text()
     assert "\nimport pynvml" not in src and "\nfrom pynvml" not in src
+
+
+class FakeLibraryMismatch(Exception):
+    """Shaped like pynvml.NVMLLibraryMismatchError: NOT an NVMLError subclass."""
+
+
+def test_a_library_mismatch_error_is_typed_as_a_missing_function(use_module):
+    def unversioned(*args):  # pynvml's @throwOnVersionMismatch wrapper when the _v3 symbol is missing
+        raise FakeLibraryMismatch("Unversioned function called and the pyNVML version does not match")
+
+    mod = use_module(fake_module(nvmlDeviceGetComputeRunningProcesses=unversioned))
+    mod.NVMLLibraryMismatchError = FakeLibraryMismatch
+    with pytest.raises(NvmlUnavailable) as info:
+        nvml_call("nvmlDeviceGetComputeRunningProcesses", "mig")
+    assert info.value.code == 13 and isinstance(info.value.__cause__, FakeLibraryMismatch)
+
+
+def test_the_installed_wrapper_raises_a_non_nvml_error_for_a_missing_v3_process_call():
+    """Why the gateway knows NVMLLibraryMismatchError, and why the backend falls back to _v2."""
+    import inspect
+
+    import pynvml
+
+    assert not issubclass(pynvml.NVMLLibraryMismatchError, pynvml.NVMLError)
+    assert "nvmlDeviceGetComputeRunningProcesses_v3(handle)" in inspect.getsource(
+        pynvml.nvmlDeviceGetComputeRunningProcesses)
+    assert callable(pynvml.nvmlDeviceGetComputeRunningProcesses_v2)
+
+
+def test_drivers_without_the_v3_process_call_use_v2_and_still_see_busy_instances(fake_nvml):
+    """R470/R495 (and 535.98) have no nvmlDeviceGetComputeRunningProcesses_v3: pynvml then raises
+    NVMLLibraryMismatchError from the unversioned wrapper; the _v2 call works."""
+    backend = RealBackend()
+    a = backend.create(0, Slot(0, "3g"))
+    backend.create(0, Slot(4, "3g"))
+    fake_nvml.gis[a.gi_id]["cis"][0] = True
+    mod = sys.modules["pynvml"]
+    mod.NVMLLibraryMismatchError = FakeLibraryMismatch
+    mod.nvmlDeviceGetComputeRunningProcesses_v2 = fake_nvml.nvmlDeviceGetComputeRunningProcesses
+
+    def no_v3(mig):
+        raise FakeLibraryMismatch("Unversioned function called and the pyNVML version does not match")
+
+    mod.nvmlDeviceGetComputeRunningProcesses = no_v3
+    assert [m.in_use for m in backend.instances(0)] == [True, False]
+    del mod.nvmlDeviceGetComputeRunningProcesses_v2  # neither: cannot see processes, so busy
+    assert [m.in_use for m in backend.instances(0)] == [True, True]

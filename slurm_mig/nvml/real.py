@@ -121,11 +121,16 @@ def nvml_call(fn_name: str, *args: Any, **kwargs: Any) -> Any:
     if fn is None:
         raise NvmlUnavailable(f"NVML is unavailable: this nvidia-ml-py has no {fn_name}")
     nvml_error = getattr(mod, "NVMLError", None)
+    mismatch = getattr(mod, "NVMLLibraryMismatchError", None)
     try:
         return fn(*args, **kwargs)
     except Exception as exc:
         if nvml_error is not None and isinstance(exc, nvml_error):
             raise _typed(fn_name, exc) from exc
+        if mismatch is not None and isinstance(exc, mismatch):
+            # pynvml's unversioned wrappers (@throwOnVersionMismatch) turn FUNCTION_NOT_FOUND into this
+            # class, which is not an NVMLError: same meaning, so the same typed error (code 13).
+            raise NvmlUnavailable(f"{fn_name}: {exc} (NVML error 13)", code=13) from exc
         raise
 
 
@@ -224,6 +229,21 @@ class RealBackend:
             found.extend(array[i] for i in range(count.value))
         return found
 
+    def _running_processes(self, mig: Any) -> list[Any]:
+        """The compute processes on a MIG device.
+
+        nvidia-ml-py's ``nvmlDeviceGetComputeRunningProcesses`` calls only the C function ``..._v3``, which
+        drivers before R510 lack (and some R535 releases, e.g. 535.98: nvitop issue #88, PR #89); it then
+        raises NVMLLibraryMismatchError, which the gateway types as NvmlUnavailable code 13. ``..._v2`` is in
+        every MIG-capable driver (R450+): use it then, as nvitop does. Only emptiness matters here.
+        """
+        try:
+            return self._call("nvmlDeviceGetComputeRunningProcesses", mig)
+        except NvmlUnavailable as exc:
+            if exc.code != 13:
+                raise
+            return self._call("nvmlDeviceGetComputeRunningProcesses_v2", mig)
+
     def _mig_devices(self, handle: Any) -> dict[int, list[tuple[int, str, bool]]]:
         """gi_id -> [(ci_id, MIG uuid, in_use)] from the MIG device handles (one per compute instance)."""
         out: dict[int, list[tuple[int, str, bool]]] = {}
@@ -236,7 +256,7 @@ class RealBackend:
             ci_id = int(self._call("nvmlDeviceGetComputeInstanceId", mig))
             uuid = _text(self._call("nvmlDeviceGetUUID", mig))
             try:
-                busy = bool(self._call("nvmlDeviceGetComputeRunningProcesses", mig))
+                busy = bool(self._running_processes(mig))
             except (NoPermission, NotSupported, NvmlUnavailable):
                 busy = True  # cannot see its processes: never treat it as free to destroy
             out.setdefault(gi_id, []).append((ci_id, uuid, busy))
