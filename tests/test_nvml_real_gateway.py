@@ -523,3 +523,30 @@ def test_drivers_without_the_v3_process_call_use_v2_and_still_see_busy_instances
     assert [m.in_use for m in backend.instances(0)] == [True, False]
     del mod.nvmlDeviceGetComputeRunningProcesses_v2  # neither: cannot see processes, so busy
     assert [m.in_use for m in backend.instances(0)] == [True, True]
+
+
+def test_a_mig_device_that_cannot_be_looked_up_does_not_make_its_instance_look_idle(fake_nvml):
+    """nvmlDeviceGetMigDeviceHandleByIndex errors other than 'not there' are skipped per index; the GPU
+    instance behind it still has a (busy) compute instance and must not be reported as idle."""
+    backend = RealBackend()
+    a = backend.create(0, Slot(0, "3g"))
+    backend.create(0, Slot(4, "3g"))
+    fake_nvml.gis[a.gi_id]["cis"][0] = True  # a job runs on 3g@0
+    by_index = fake_nvml.nvmlDeviceGetMigDeviceHandleByIndex
+
+    def flaky(h, i):
+        if i == 0:
+            raise FakeNVMLError(2)  # INVALID_ARGUMENT for the busy one's index
+        return by_index(h, i)
+
+    sys.modules["pynvml"].nvmlDeviceGetMigDeviceHandleByIndex = flaky
+    busy = [m for m in backend.instances(0) if m.slot == Slot(0, "3g.40gb")]
+    assert len(busy) == 1 and busy[0].in_use is True and busy[0].uuid == ""  # never bound, never destroyed
+
+
+def test_a_gpu_instance_without_compute_instance_is_idle_and_half_made(fake_nvml):
+    backend = RealBackend()
+    backend.create(0, Slot(0, "7g"))
+    fake_nvml.gis[1]["cis"].clear()  # the creator died between the two NVML create calls
+    (inst,) = backend.instances(0)
+    assert (inst.half_made, inst.in_use, inst.ci_id) == (True, False, -1)

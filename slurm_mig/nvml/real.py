@@ -282,13 +282,17 @@ class RealBackend:
             return []
         devices = self._mig_devices(h)
         out = []
-        for slot, _gi, gi_info in self._placed(h, model):
+        for slot, gi, gi_info in self._placed(h, model):
             cis = sorted(devices.get(int(gi_info.id), []))
             if cis:
                 ci_id, uuid, _ = cis[0]
                 busy = any(b for _, _, b in cis)
-            else:  # a GPU instance without a compute instance (made by hand, or half-made)
-                ci_id, uuid, busy = -1, "", False
+            else:
+                # No MIG device seen: a GPU instance without a compute instance (made by hand, or half-made),
+                # or one whose MIG device lookup was skipped above (NVML would not hand out that index). Ask
+                # the GPU instance: compute instances whose processes cannot be seen count as busy.
+                ci_id, uuid = -1, ""
+                busy = bool(self._compute_instances(gi))
             out.append(MigInstance(gpu, slot, uuid, int(gi_info.id), ci_id, busy))
         return sorted(out, key=lambda m: m.slot)
 
