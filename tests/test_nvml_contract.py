@@ -1,9 +1,12 @@
 """The MigBackend contract, run against every backend that is available.
 
-The read-only part runs against the simulated GPUs always and against a real
+The read-only part runs against the simulated GPUs, against RealBackend over
+the fake pynvml of test_nvml_real_gateway (no GPU needed), and against a real
 MIG GPU when one is present (``-m gpu``; skipped otherwise). It never changes
-anything on a real machine. The part that creates and destroys runs against
-the simulated backend only.
+anything on a real machine. The part that creates and destroys runs against the
+simulated backend and RealBackend over the fake pynvml (whose geometry check is
+our own Layout.can_add: that checks our error mapping, not the hardware); the
+tests that need sim-only methods run against the simulated backend only.
 """
 
 from __future__ import annotations
@@ -51,12 +54,37 @@ def _real_backend_or_skip():
     return backend
 
 
-@pytest.fixture(params=["simulated", pytest.param("real", marks=pytest.mark.gpu)])
-def ro_backend(request, tmp_path):
+def _real_backend_over_fake_pynvml(monkeypatch, layout=(Slot(0, "3g"), Slot(4, "2g"), Slot(6, "1g"))):
+    """RealBackend through the gateway, with test_nvml_real_gateway's fake pynvml (one H100) in place of
+    nvidia-ml-py: the same assertions as the simulated backend, no GPU needed. GPU 0 gets ``layout``,
+    with its 2g@4 (if any) busy, as the simulated read-only backend has it."""
+    import sys
+
+    from slurm_mig.nvml import real
+    from slurm_mig.nvml.real import RealBackend
+    from test_nvml_real_gateway import FakeNvml
+
+    nvml = FakeNvml()
+    monkeypatch.setattr(real, "_initialized_module", None)
+    monkeypatch.setitem(sys.modules, "pynvml", nvml.module())
+    backend = RealBackend()
+    for slot in layout:
+        backend.create(0, slot)
+    for m in backend.instances(0):
+        if m.slot == Slot(4, "2g.20gb"):
+            nvml.gis[m.gi_id]["cis"][m.ci_id] = True
+    nvml.calls.clear()
+    return backend
+
+
+@pytest.fixture(params=["simulated", "real-over-fake-pynvml", pytest.param("real", marks=pytest.mark.gpu)])
+def ro_backend(request, tmp_path, monkeypatch):
     """A backend for read-only checks. The real one is never changed."""
     if request.param == "simulated":
         backend = init_state(tmp_path / "node.json", SIM_GPUS, layouts=SIM_LAYOUTS, seed="contract")
         backend.set_in_use(0, Slot(4, "2g.20gb"), "job 1")
+    elif request.param == "real-over-fake-pynvml":
+        backend = _real_backend_over_fake_pynvml(monkeypatch)
     else:
         backend = _real_backend_or_skip()
     yield backend
@@ -67,6 +95,15 @@ def ro_backend(request, tmp_path):
 def sim(tmp_path) -> SimulatedBackend:
     """A backend the test may change: simulated only."""
     return init_state(tmp_path / "node.json", SIM_GPUS, seed="contract-rw")
+
+
+@pytest.fixture(params=["simulated", "real-over-fake-pynvml"])
+def rw_backend(request, tmp_path, monkeypatch):
+    """A backend the test may change, for checks that need no sim-only method: the simulated one and
+    RealBackend over a fake pynvml (GPU 0 is an H100 in both)."""
+    if request.param == "simulated":
+        return init_state(tmp_path / "node.json", SIM_GPUS, seed="contract-rw")
+    return _real_backend_over_fake_pynvml(monkeypatch, layout=())
 
 
 # -- read-only contract -------------------------------------------------------
@@ -125,6 +162,13 @@ def test_asking_for_a_gpu_that_does_not_exist_is_a_typed_error(ro_backend):
         ro_backend.instances(n + 7)
 
 
+def test_the_busy_instance_is_reported_busy(ro_backend, request):
+    if request.node.callspec.params["ro_backend"] == "real":
+        pytest.skip("which instance of a real GPU is busy is not known here")
+    busy = [m.slot for m in ro_backend.instances(0) if m.in_use]
+    assert busy == [Slot(4, "2g.20gb")]
+
+
 def test_simulated_reports_the_busy_instance(tmp_path):
     backend = init_state(tmp_path / "n.json", SIM_GPUS, layouts=SIM_LAYOUTS)
     backend.set_in_use(0, "2g@4", "job 1")
@@ -139,14 +183,14 @@ def test_errors_are_project_errors():
     assert (InUse.code, InsufficientResources.code, NoPermission.code, NotSupported.code) == (19, 23, 4, 3)
 
 
-def test_create_at_a_placement_then_destroy(sim):
-    inst = sim.create(0, Slot(4, "3g"))
+def test_create_at_a_placement_then_destroy(rw_backend):
+    inst = rw_backend.create(0, Slot(4, "3g"))
     assert inst.slot == Slot(4, "3g.40gb")  # kinds are resolved to full names
     assert MIG_UUID.match(inst.uuid)
     assert inst.in_use is False
-    assert sim.instances(0) == [inst]
-    sim.destroy(0, Slot(4, "3g.40gb"))
-    assert sim.instances(0) == []
+    assert rw_backend.instances(0) == [inst]
+    rw_backend.destroy(0, Slot(4, "3g.40gb"))
+    assert rw_backend.instances(0) == []
 
 
 def test_each_create_gets_a_new_uuid(sim):
@@ -167,15 +211,15 @@ def test_each_create_gets_a_new_uuid(sim):
     (["1g+me@0"], Slot(1, "1g+me")),  # one +me per GPU
     (["7g@0"], Slot(6, "1g")),
 ])
-def test_illegal_or_occupied_placement_is_insufficient_resources(sim, existing, new):
-    model = sim.gpus()[0].model
+def test_illegal_or_occupied_placement_is_insufficient_resources(rw_backend, existing, new):
+    model = rw_backend.gpus()[0].model
     for item in existing:
         name, _, start = item.partition("@")
-        sim.create(0, Slot(int(start), model.profile(name).name))
-    before = sim.instances(0)
+        rw_backend.create(0, Slot(int(start), model.profile(name).name))
+    before = rw_backend.instances(0)
     with pytest.raises(InsufficientResources):
-        sim.create(0, new)
-    assert sim.instances(0) == before
+        rw_backend.create(0, new)
+    assert rw_backend.instances(0) == before
 
 
 def test_destroying_a_busy_instance_is_in_use_and_keeps_it(sim):
@@ -189,9 +233,9 @@ def test_destroying_a_busy_instance_is_in_use_and_keeps_it(sim):
     assert sim.instances(0) == []
 
 
-def test_destroying_what_is_not_there_is_not_found(sim):
+def test_destroying_what_is_not_there_is_not_found(rw_backend):
     with pytest.raises(NotFound):
-        sim.destroy(0, Slot(0, "3g"))
+        rw_backend.destroy(0, Slot(0, "3g"))
 
 
 def test_no_permission_to_configure(tmp_path):
@@ -213,10 +257,10 @@ def test_mig_mode_off_means_no_instances_and_no_create(sim):
         sim.create(1, Slot(0, "7g"))
 
 
-def test_a_freed_place_can_be_used_by_another_profile(sim):
-    sim.create(0, Slot(0, "4g"))
-    sim.create(0, Slot(4, "3g"))
-    sim.destroy(0, Slot(0, "4g.40gb"))
+def test_a_freed_place_can_be_used_by_another_profile(rw_backend):
+    rw_backend.create(0, Slot(0, "4g"))
+    rw_backend.create(0, Slot(4, "3g"))
+    rw_backend.destroy(0, Slot(0, "4g.40gb"))
     for start in (0, 2):
-        sim.create(0, Slot(start, "2g"))
-    assert observed_layout(sim, 0) == Layout.of(sim.gpus()[0].model, [("2g", 0), ("2g", 2), ("3g", 4)])
+        rw_backend.create(0, Slot(start, "2g"))
+    assert observed_layout(rw_backend, 0) == Layout.of(rw_backend.gpus()[0].model, [("2g", 0), ("2g", 2), ("3g", 4)])
