@@ -550,3 +550,12 @@ def test_a_gpu_instance_without_compute_instance_is_idle_and_half_made(fake_nvml
     fake_nvml.gis[1]["cis"].clear()  # the creator died between the two NVML create calls
     (inst,) = backend.instances(0)
     assert (inst.half_made, inst.in_use, inst.ci_id) == (True, False, -1)
+
+
+def test_mig_mode_enabled_but_pending_a_reset_is_not_enabled(fake_nvml):
+    """nvmlDeviceGetMigMode -> [current, pending]: an A100 whose enable waits for a GPU reset reads [0, 1];
+    no instance can be made on it until then."""
+    fake_nvml.nvmlDeviceGetMigMode = lambda h: [0, 1]
+    sys.modules["pynvml"].nvmlDeviceGetMigMode = fake_nvml.nvmlDeviceGetMigMode
+    assert RealBackend().gpus()[0].mig_enabled is False
+    assert RealBackend().instances(0) == []
