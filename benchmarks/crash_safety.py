@@ -272,24 +272,37 @@ class Watcher(threading.Thread):
             except Exception:
                 self.failed_reads += 1
                 continue
-            checked += 1
+            whole = True
             holders: dict[str, str] = {}
             for job, held in bindings.items():
                 for h in held:
                     if h["uuid"] in holders and holders[h["uuid"]] != job:
                         self.violations.append(f"{node}: {h['uuid']} held by jobs {holders[h['uuid']]} and {job}")
                     holders[h["uuid"]] = job
-                    if h["uuid"] not in insts and (bdir / f"{job}.json").exists() and self._running(job):
-                        self.violations.append(f"{node}: running job {job} holds {h['uuid']}, which does not exist")
+                    if h["uuid"] not in insts and (bdir / f"{job}.json").exists():
+                        running = self._running(job)
+                        if running is None:  # Slurm could not say: this round did not check the node
+                            self.failed_reads += 1
+                            whole = False
+                        elif running:
+                            self.violations.append(f"{node}: running job {job} holds {h['uuid']}, which does not exist")
+            checked += whole
         if checked == len(self.dc.nodes):
             self.samples += 1
 
-    def _running(self, job: str) -> bool:
+    def _running(self, job: str) -> bool | None:
         # A stale binding of a job that is not running (requeued, ended without its Epilog) is not a job
-        # bound to a destroyed instance: the node's health check releases it. Ask Slurm.
-        res = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], env=self.dc.env(), capture_output=True,
-                             text=True, timeout=20)
-        return res.returncode == 0 and res.stdout.strip() in ("RUNNING", "COMPLETING", "CONFIGURING")
+        # bound to a destroyed instance: the node's health check releases it. Ask Slurm; None when it
+        # cannot say (a failed squeue is not "not running": that would skip the check unseen).
+        try:
+            res = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], env=self.dc.env(), capture_output=True,
+                                 text=True, timeout=20)
+        except subprocess.TimeoutExpired:
+            return None
+        if res.returncode != 0:
+            # squeue -j of a job slurmctld has already purged fails with "Invalid job id": not running.
+            return False if "Invalid job id" in res.stderr else None
+        return res.stdout.strip() in ("RUNNING", "COMPLETING", "CONFIGURING")
 
 
 def _overlaps(model, a, b) -> bool:

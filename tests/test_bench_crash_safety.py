@@ -57,3 +57,17 @@ def test_watcher_that_dies_reports_it(tmp_path, monkeypatch):
     monkeypatch.setattr(w, "_running", slow_squeue)
     w.run()  # returns instead of raising
     assert any("watcher stopped: TimeoutExpired" in v for v in w.violations)
+
+
+@pytest.mark.parametrize("slurm_says,violation,counted", [(None, False, False), (True, True, True),
+                                                          (False, False, True)])
+def test_a_binding_to_a_missing_instance_is_checked_only_when_slurm_can_say(tmp_path, monkeypatch, slurm_says,
+                                                                            violation, counted):
+    """A failed squeue read as "not running" skipped the check unseen; now that round is not counted."""
+    bdir = tmp_path / "node" / "n1" / "bindings"
+    bdir.mkdir(parents=True)
+    (bdir / "42.json").write_text(json.dumps({"instances": [{"uuid": "MIG-gone"}]}))
+    w = crash_safety.Watcher(_FakeCluster(tmp_path, instances={}))
+    monkeypatch.setattr(w, "_running", lambda job: slurm_says)
+    w.sample()
+    assert bool(w.violations) is violation and (w.samples == 1) is counted
