@@ -887,6 +887,35 @@ def test_the_health_check_makes_half_made_instances_whole(rig):
     assert _sim_layout(rig, 1) == "3g@0,2g@4,1g@6" and not any(i.half_made for i in rig.gpu.instances(1))
 
 
+def test_a_node_rebooted_while_the_controller_is_down_recreates_its_layout(rig):
+    """failure-modes.md: after a reboot the health check re-creates the layouts it cached at its last successful
+    report. The controller sends only layouts that differ from the node's, so a converged node used to cache
+    ``{}`` and came back from a reboot with no instance at all until the controller returned."""
+    rig.store.set_desired("n1", 0, "7g@0", "test")
+    assert rig.report() == 0 and _sim_layout(rig, 0) == "7g@0"
+    assert rig.report() == 0  # converged: the controller sends nothing for either GPU
+    rig.gpu.reset(mig_mode=True)  # reboot: every instance is gone
+    rig.srv.stop()
+    assert rig.report() == 0
+    assert _sim_layout(rig, 0) == "7g@0" and _sim_layout(rig, 1) == "3g@0,2g@4,1g@6"
+
+
+def test_without_the_controller_the_health_check_keeps_a_prologs_newer_target(rig, monkeypatch):
+    """A Prolog re-carves toward the controller's target (only its own instance); the controller then goes
+    down. The health check finishes that target from its cache, never takes the GPU back to the layout it
+    cached before the re-carve."""
+    assert rig.report() == 0
+    rig.job("60", "1g")
+    monkeypatch.setitem(rig.srv.routes, "/v1/prolog", lambda payload, who: {
+        "action": "bind", "targets": {"0": "3g@0,1g@4,1g@5,1g@6"},
+        "instances": [{"gpu": 0, "profile": "1g.10gb", "start": 4}]})
+    assert rig.hook("prolog", "60") == 0 and rig.requeues == []
+    assert rig.hook("epilog", "60", SLURM_JOB_EXIT_CODE="0") == 0
+    rig.srv.stop()
+    assert rig.report() == 0
+    assert _sim_layout(rig, 0) == "3g@0,1g@4,1g@5,1g@6" and _sim_layout(rig, 1) == "3g@0,2g@4,1g@6"
+
+
 @pytest.mark.parametrize("mode", [0o666, 0o644])
 def test_root_hooks_refuse_a_config_others_can_write(rig, mode):
     import os

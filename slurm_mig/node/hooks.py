@@ -455,6 +455,8 @@ def prolog(env: dict, node: Node) -> int:
         message = {"job_id": job_id, "node": node.name, "instances": [b.to_json() for b in bound],
                    "bound_at": time.time(), "local": bool(resp.get("local"))}
         if results:
+            # The controller's layouts for the GPUs this Prolog re-carved are the newest it gave this node.
+            _remember_targets(node, resp.get("targets") or {})
             # The layout this Prolog made, seen under the lock, so the controller plans from it at once.
             message["observed_at"] = time.time()
             message["observed"] = node.observe()
@@ -615,7 +617,7 @@ def healthcheck(env: dict, node: Node) -> int:
         log.warning("health check: controller unreachable: %s", exc)
         resp = _cached_desired(node)
     else:
-        _cache_desired(node, resp)
+        _cache_desired(node, resp, report["observed"])
     _release_ended_bindings(node, [str(j) for j in resp.get("release") or []])
     targets = resp.get("desired") or {}
     if targets:
@@ -700,13 +702,51 @@ def _release_stale_binding(node: Node, job_id: str) -> None:
     log.info("released the stale binding of job %s (it ended without its Epilog)", job_id)
 
 
-def _cache_desired(node: Node, resp: dict) -> None:
+def _cache_desired(node: Node, resp: dict, observed: list[dict]) -> None:
+    """Keep the layout every GPU should have, for a health check that cannot reach the controller (after a
+    reboot above all). The controller sends only the layouts that differ from what the node reported; a
+    GPU it leaves out is where it should be, so its reported layout is the one kept (caching only what was
+    sent left ``{}`` on every converged node, and a node rebooted while the controller was down re-created
+    nothing)."""
+    import json
+
+    from slurm_mig.mig.layout import Layout, Slot
+    from slurm_mig.mig.profiles import get_model
+    from slurm_mig.node.localstate import _atomic_write
+
+    desired = {str(k): v for k, v in (resp.get("desired") or {}).items()}
+    for g in observed:
+        if str(g.get("index")) in desired or not g.get("model") or not g.get("mig_enabled") or g.get("lost") \
+                or g.get("error"):
+            continue
+        try:
+            layout = Layout.of(get_model(g["model"]), [Slot(int(i["start"]), str(i["profile"]))
+                                                       for i in g["instances"]])
+        except Exception:  # noqa: BLE001 - a layout we cannot name is not worth keeping
+            continue
+        if layout.is_valid():
+            desired[str(g["index"])] = str(layout)
+    _atomic_write(node.state.root / "desired.json",
+                  json.dumps({"desired": desired, "time": time.time()}).encode(), 0o600)
+
+
+def _remember_targets(node: Node, targets: dict) -> None:
+    """Put the layouts a Prolog was told to move GPUs to in the health check's cache: kept as they were, the
+    cache would take those GPUs back to an older layout at the next health check without the controller."""
     import json
 
     from slurm_mig.node.localstate import _atomic_write
 
-    _atomic_write(node.state.root / "desired.json",
-                  json.dumps({"desired": resp.get("desired") or {}, "time": time.time()}).encode(), 0o600)
+    if not targets:
+        return
+    cached = _cached_desired(node)
+    desired = cached.get("desired") if isinstance(cached.get("desired"), dict) else {}
+    desired.update({str(k): str(v) for k, v in targets.items()})
+    try:
+        _atomic_write(node.state.root / "desired.json",
+                      json.dumps({"desired": desired, "time": time.time()}).encode(), 0o600)
+    except OSError as exc:
+        log.warning("could not keep the new target layouts for a health check without the controller: %s", exc)
 
 
 def _cached_desired(node: Node) -> dict:
@@ -714,9 +754,10 @@ def _cached_desired(node: Node) -> dict:
     import json
 
     try:
-        return json.loads((node.state.root / "desired.json").read_text())
+        cached = json.loads((node.state.root / "desired.json").read_text())
     except (OSError, ValueError):
         return {}
+    return cached if isinstance(cached, dict) else {}
 
 
 def _int(value) -> int | None:
