@@ -277,7 +277,7 @@ def test_readers_do_not_wait_for_a_reconfiguration(state):
     time.sleep(0.2)
     reader = SimulatedBackend(state)
     t = time.perf_counter()
-    assert reader.instances(0) == []  # not there until the create returns
+    assert reader.instances(0) == []  # not there before its GPU instance is made (half the create time)
     assert time.perf_counter() - t < 0.2
     th.join()
     assert [m.slot.profile for m in reader.instances(0)] == ["7g.80gb"]
@@ -398,3 +398,35 @@ def test_importing_the_nvml_package_stays_light():
 def test_get_model_aliases_in_specs():
     assert parse_gpu_spec("H100:2") == [("H100-80GB", 2)]
     assert get_model("A100-40GB").name == "A100-40GB"
+
+
+@pytest.mark.parametrize("op", ["create", "destroy"])
+def test_a_process_killed_mid_reconfiguration_leaves_a_half_made_instance(state, op):
+    """NVML creates the GPU instance and then its compute instance, and destroys them in the other order: a
+    Prolog or health check SIGKILLed between the two calls leaves a GPU instance without a compute instance.
+    The simulated GPU did each as one change, so no crash test on it could ever meet that state."""
+    import signal
+
+    from slurm_mig.nvml.apply import apply_layout
+
+    init_state(state, ["H100-80GB"], layouts={0: "7g@0"} if op == "destroy" else {})
+    # H100 7g: create 0.42 s, destroy 0.26 s; x4, so each half lasts long enough to be killed in.
+    proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import sys
+        from slurm_mig.mig.layout import Slot
+        from slurm_mig.nvml.simulated import SimulatedBackend
+        SimulatedBackend(sys.argv[1], delay_scale=4.0).{op}(0, Slot(0, "7g"))
+        """), str(state)], cwd=ROOT)
+    b = SimulatedBackend(state)
+    deadline = time.monotonic() + 20
+    while proc.poll() is None and time.monotonic() < deadline:  # killed between the two calls
+        if any(i.half_made for i in b.instances(0)):
+            break
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    (inst,) = b.instances(0)
+    assert inst.half_made and inst.slot == Slot(0, "7g.80gb")
+    # The next layout change makes it whole again (apply_layout's repair).
+    result = apply_layout(b, 0, Layout.of(get_model("H100-80GB"), [("7g", 0)]))
+    assert result.reached and not any(i.half_made for i in b.instances(0))

@@ -20,10 +20,14 @@ Locking design
   destroy on GPU N, delay included: NVML serialises reconfigurations of one GPU,
   and so do we; different GPUs reconfigure in parallel.
 * Lock order is always GPU lock, then state lock.
-* A create checks the placement, sleeps, then commits after checking again
-  (only set_in_use/reset/lose_gpu can have run meanwhile); the instance appears
-  when the create returns. A destroy checks InUse and removes the instance
-  at once, then sleeps: no job can be bound to an instance being torn down.
+* With delays, a create and a destroy are NVML's two calls each, each taking
+  half the measured time. A create checks the placement, sleeps, commits the
+  GPU instance after checking again (only set_in_use/reset/lose_gpu can have
+  run meanwhile), sleeps, then adds its compute instance (MIG UUID). A destroy
+  checks InUse and drops the compute instance at once (no job can be bound to
+  an instance being torn down: it has no UUID), sleeps, drops the GPU
+  instance, sleeps. A process killed mid-way leaves a half-made instance, as on
+  a real GPU. Without delays each is one atomic change.
 * Writes go to a temporary file in the same folder, are fsynced and renamed
   over the state (and the folder fsynced), so a crash leaves the old or the new
   state, never half of one. Files are created mode 0600.
@@ -318,10 +322,6 @@ class SimulatedBackend:
                 return inst
         raise NotFound(f"GPU {gpu} has no MIG instance {slot}")
 
-    def _sleep(self, model: GpuModel, profile: str, action: str) -> None:
-        if self.delay_scale > 0:
-            time.sleep(timing.step_seconds(model, profile, action) * self.delay_scale)
-
     # -- MigBackend --------------------------------------------------------
     def gpus(self) -> list[GpuInfo]:
         state = self._snapshot()
@@ -372,26 +372,53 @@ class SimulatedBackend:
     def _create(self, gpu: int, slot: Slot, *, compute: bool) -> MigInstance:
         self._check_config_allowed(f"create {slot} on GPU {gpu}")
         with self._gpu_lock(gpu):
-            if self.delay_scale > 0:
+            if self.delay_scale <= 0:
                 with self._txn() as state:
                     g, slot = self._check_create(state, gpu, slot)
-                    generation = g["generation"]
-                    model = self._model(g)
-                self._sleep(model, slot.profile, "create")
+                    inst = self._add_gpu_instance(g, slot)
+                    if compute:
+                        self._add_compute_instance(state, inst)
+                    return self._to_instance(gpu, inst)
+            # NVML's two calls, each taking half the measured time: the GPU instance, then its compute
+            # instance. A creator killed between them leaves a half-made instance, as on a real GPU.
             with self._txn() as state:
-                g, slot = self._check_create(state, gpu, slot, faults=self.delay_scale == 0)
-                if self.delay_scale > 0 and g["generation"] != generation:
+                g, slot = self._check_create(state, gpu, slot)
+                generation = g["generation"]
+                model = self._model(g)
+            half = timing.step_seconds(model, slot.profile, "create") * self.delay_scale / 2
+            time.sleep(half)
+            with self._txn() as state:
+                g, slot = self._check_create(state, gpu, slot, faults=False)
+                if g["generation"] != generation:
                     raise NvmlError(f"GPU {gpu} was reset while {slot} was being created", code=999)
-                used = {i["gi_id"] for i in g["instances"]}
-                gi_id = next(n for n in range(1, 64) if n not in used)
-                inst = {"profile": slot.profile, "start": slot.start, "gi_id": gi_id, "ci_id": -1, "uuid": "",
-                        "owner": None}
-                if compute:
-                    inst.update(ci_id=0, uuid="MIG-" + _uuid(state["seed"], state["next_uuid"]))
-                    state["next_uuid"] += 1
-                g["instances"].append(inst)
-                g["instances"].sort(key=lambda i: (i["start"], i["profile"]))
-                return self._to_instance(gpu, inst)
+                inst = self._add_gpu_instance(g, slot)
+                gi_id = inst["gi_id"]
+                if not compute:
+                    return self._to_instance(gpu, inst)
+            time.sleep(half)
+            with self._txn() as state:
+                g = self._gpu(state, gpu)
+                found = [i for i in g["instances"] if i["gi_id"] == gi_id and i["start"] == slot.start
+                         and i["profile"] == slot.profile]
+                if g["generation"] != generation or not found:
+                    raise NvmlError(f"GPU {gpu} was reset while {slot} was being created", code=999)
+                self._add_compute_instance(state, found[0])
+                return self._to_instance(gpu, found[0])
+
+    @staticmethod
+    def _add_gpu_instance(g: dict, slot: Slot) -> dict:
+        """A GPU instance at ``slot`` without a compute instance (placement already checked)."""
+        used = {i["gi_id"] for i in g["instances"]}
+        gi_id = next(n for n in range(1, 64) if n not in used)
+        inst = {"profile": slot.profile, "start": slot.start, "gi_id": gi_id, "ci_id": -1, "uuid": "", "owner": None}
+        g["instances"].append(inst)
+        g["instances"].sort(key=lambda i: (i["start"], i["profile"]))
+        return inst
+
+    @staticmethod
+    def _add_compute_instance(state: dict, inst: dict) -> None:
+        inst.update(ci_id=0, uuid="MIG-" + _uuid(state["seed"], state["next_uuid"]))
+        state["next_uuid"] += 1
 
     def destroy(self, gpu: int, slot: Slot) -> None:
         self._check_config_allowed(f"destroy {slot} on GPU {gpu}")
@@ -408,9 +435,23 @@ class SimulatedBackend:
                 if inst["owner"] is not None:
                     raise InUse(f"GPU {gpu}: MIG instance {inst['profile']}@{inst['start']} ({inst['uuid']}) "
                                 f"is in use by {inst['owner']} (NVML_ERROR_IN_USE)")
-                g["instances"].remove(inst)
                 model = self._model(g)
-            self._sleep(model, inst["profile"], "destroy")
+                if self.delay_scale <= 0:
+                    g["instances"].remove(inst)
+                    return
+                # NVML's two calls: the compute instance goes first (no job can be bound to the instance
+                # from here on: it has no UUID), then the GPU instance. A destroyer killed between them
+                # leaves a half-made instance, as on a real GPU.
+                inst.update(ci_id=-1, uuid="")
+                gi_id, generation = inst["gi_id"], g["generation"]
+            half = timing.step_seconds(model, inst["profile"], "destroy") * self.delay_scale / 2
+            time.sleep(half)
+            with self._txn() as state:
+                g = self._gpu(state, gpu)
+                if g["generation"] == generation:
+                    g["instances"] = [i for i in g["instances"] if not (
+                        i["gi_id"] == gi_id and i["start"] == inst["start"] and i["profile"] == inst["profile"])]
+            time.sleep(half)
 
     def close(self) -> None:
         """Nothing to release: every call opens, locks and closes the state itself."""
