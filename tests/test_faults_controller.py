@@ -788,3 +788,29 @@ def test_a_trailing_newline_is_not_a_name(rig, field, value):
     payload = {"node": "n1", "job_id": "1", "observed": OBSERVED, "bindings": {}, field: value}
     status, doc = post(rig, "/v1/prolog" if field == "job_id" else "/v1/report", payload)
     assert status == 422 and f"bad {'node name' if field == 'node' else 'job id'}" in doc["error"]
+
+
+@pytest.mark.parametrize("gpu_state", ["mig_off", "lost"])
+def test_a_node_whose_mig_gpus_are_gone_stops_advertising_their_instances(rig, gpu_state):
+    """n1's only GPU lost MIG mode (a driver reload on Hopper) or fell off the bus: its instances are gone.
+    The controller skipped nodes without a usable MIG GPU, so Slurm kept advertising mig:3g:2 there and
+    started 3g jobs on slices that did not exist (found in review). Now every count goes to 0, the padded
+    total kept at 7 per GPU the node reports (a lower total drains the node at re-registration)."""
+    writes = []
+    rig.fake.queue = []
+    rig.fake.nodes = lambda: [SlurmNode(name="n1", state="idle", gres={"3g": 2, "7g": 1, "pad": 11}, gres_used={})]
+    rig.fake.update_node_gres = lambda node, counts, **kw: writes.append((node, dict(counts), kw.get("pad_to"))) or ""
+    gpu = dict(H100[0], mig_enabled=False) if gpu_state == "mig_off" else \
+        {"gpu": 0, "uuid": "", "model": None, "mig_enabled": False}
+    rig.store.replace_observed("n1", [gpu, dict(H100[0], gpu=1, uuid="GPU-1")],
+                               [{"gpu": 1, "profile": "7g.80gb", "start": 0, "uuid": "MIG-c"}], now=time.time())
+    rig.tick()
+    assert writes and writes[-1][1].get("7g") == 1 and writes[-1][1].get("3g", 0) == 0, writes
+    assert writes[-1][2] == 14, writes  # two GPUs reported: the total stays 2 x 7
+    # Both GPUs gone: every count 0, the total still 14.
+    writes.clear()
+    rig.fake.nodes = lambda: [SlurmNode(name="n1", state="idle", gres={"7g": 1, "pad": 13}, gres_used={})]
+    rig.store.replace_observed("n1", [gpu, dict(H100[0], gpu=1, uuid="GPU-1", mig_enabled=False)], [],
+                               now=time.time())
+    rig.tick()
+    assert writes and not any(writes[-1][1].values()) and writes[-1][2] == 14, writes

@@ -547,7 +547,7 @@ class Controller:
                 return plan, jobs, now, held_back
             held_back = set()
             for node, low in shrinking.items():
-                pad_to = self._pad_total(by_name[node], low, len(self.intended_layouts(node)), now)
+                pad_to = self._pad_total(by_name[node], low, self._pad_gpus(node, self.intended_layouts(node)), now)
                 if self._write_gres(node, low, pad_to, now, "; its re-carve waits"):
                     gres_now[node] = low
                 else:
@@ -630,6 +630,12 @@ class Controller:
             out[g.gpu] = lay if lay is not None else obs
         return out
 
+    def _pad_gpus(self, node: str, layouts: dict) -> int:
+        """How many GPUs node ``node``'s padded mig total counts (7 each): every GPU it reports, usable or not
+        (MIG off after a driver reload, fallen off the bus). slurm.conf's total is 7 per GPU; a lower total
+        set at run time drains the node at slurmd's next registration."""
+        return max(len(layouts), len(self.store.observed_gpus(node)))
+
     def expected_gres(self, node: str) -> dict[str, int] | None:
         """GRES type -> instances the node's intended layouts hold; None when it has no MIG GPU."""
         return _gres_counts(self.intended_layouts(node))
@@ -644,10 +650,15 @@ class Controller:
         for n in nodes:
             layouts = self.intended_layouts(n.name)
             expected = _gres_counts(layouts)
+            gpus = self._pad_gpus(n.name, layouts)
             if expected is None:
-                continue
+                if not gpus:
+                    continue  # the node never reported a GPU: nothing known to correct
+                # The node reports GPUs but none holds MIG instances any more: Slurm must not keep
+                # advertising the instances that were there, or it starts jobs on slices that do not exist.
+                expected = {t: 0 for t in GRES_TYPES}
             current = {t: (gres_now or {}).get(n.name, n.gres).get(t, 0) for t in GRES_TYPES}
-            pad_to = self._pad_total(n, expected, len(layouts), now)
+            pad_to = self._pad_total(n, expected, gpus, now)
             last = self._gres_set.get(n.name)
             stale = current != expected or (pad_to is not None and n.gres.get(PAD_TYPE) != pad_to - sum(expected.values()))
             # FACTS §4: Slurm does not reconsider a pending job whose type came back until another Gres
