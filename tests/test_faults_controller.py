@@ -814,3 +814,34 @@ def test_a_node_whose_mig_gpus_are_gone_stops_advertising_their_instances(rig, g
                                now=time.time())
     rig.tick()
     assert writes and not any(writes[-1][1].values()) and writes[-1][2] == 14, writes
+
+
+@pytest.mark.parametrize("seen_by", ["tick", "prolog"])
+def test_a_job_id_slurm_uses_again_after_it_ended_here_is_a_new_run(rig, seen_by):
+    """slurmctld restarted without its state (job ids start again) or an admin requeued a job that had
+    completed: Slurm lists an id the store has as ended. The store kept it COMPLETED, so the policy never
+    saw it waiting and its Prolog's bind failed ("it already ended"): answered 500, every time (found in
+    review). Now it is tracked as a new run, with what Slurm says it asks for now."""
+    t = [time.time()]
+    rig.clock = lambda: t[0]
+    rig.store.upsert_job("5", profile="7g", submit_time=t[0] - 900, now=t[0] - 900)
+    rig.store.set_job_state("5", "RUNNING", now=t[0] - 800, node="n1")
+    rig.store.record_outcome("5", state="COMPLETED", exit_code=0, end_time=t[0] - 600, now=t[0] - 600)
+    rig.store.set_job_state("5", "COMPLETED", now=t[0] - 600, exit_code=0)
+    new = SlurmJob(job_id=5, name="again", user="zoe", state="PENDING", mig={"3g": 1},
+                   tres_per_node="gres:mig:3g:1", submit_time=int(t[0]) - 5, priority=20)
+    rig.fake.queue = [new]
+    if seen_by == "tick":
+        rig.tick()
+        job = rig.store.get_job("5")
+        assert job.state == "PENDING" and job.profile == "3g" and job.end_time is None, job
+        assert [j.job_id for j in rig.store.pending_jobs(include_bound=True)] == ["5"]
+    else:
+        rig.fake.scontrol_show_job = lambda job_id: JobDetail(job_id=5, state="RUNNING", nodes=["n1"],
+                                                              mig={"3g": 1})
+    status, resp = post(rig, "/v1/prolog", {"job_id": "5", "node": "n1", "observed": OBSERVED, "bindings": {}})
+    assert status == 200 and resp["action"] == "bind", resp
+    assert resp["instances"][0]["profile"] == "3g.40gb"
+    assert rig.store.get_job("5").state == "RUNNING" and rig.store.bound_instances("5")
+    # The old run's outcome is kept.
+    assert rig.store.outcome("5").profile == "7g"

@@ -295,6 +295,14 @@ class Controller:
                                   time_limit_s=None if j.time_limit_min is None else j.time_limit_min * 60.0,
                                   submit_time=j.submit_time, now=now)
             current = self.store.get_job(job_id)
+            if current is not None and current.state in TERMINAL and j.state in ("PENDING", "RUNNING", "SUSPENDED") \
+                    and (current.end_time or current.updated_at) < queried_at - 1:
+                # Ended here before we asked Slurm, live in its answer: the id was reused (slurmctld restarted
+                # without its state) or the job was requeued after it ended. Left terminal, the policy never saw
+                # it and every Prolog's bind failed ("it already ended").
+                self._revive(job_id, now)
+                self._ended_since.pop(job_id, None)
+                current = self.store.get_job(job_id)
             if j.state == "PENDING":
                 order.append(job_id)
                 requeued = current and (current.state == "REQUEUED" or (
@@ -319,6 +327,16 @@ class Controller:
         for job in self.store.pending_jobs(include_bound=True):
             if job.job_id not in seen:
                 self.store.set_job_state(job.job_id, "CANCELLED", now=now, reason="no longer in Slurm's queue")
+
+    def _revive(self, job_id: str, now: float) -> None:
+        """A job the store has as ended is live in Slurm again: wait afresh, as a new run."""
+        self.store.set_job_state(job_id, "PENDING", now=now, reason="live in Slurm again after it ended here "
+                                 "(job id reused, or requeued after it ended)")
+        self.store._x("UPDATE jobs SET node = NULL, exit_code = NULL, instances = '[]' WHERE job_id = ?", (job_id,))
+        self.store.add_event("reused", f"job {job_id}: live in Slurm again after it ended here; tracked as a new run",
+                             job_id=job_id, now=now)
+        log.warning("job %s is live in Slurm again after it ended here (id reused or requeued): tracked as a new run",
+                    job_id)
 
     def _grace(self) -> float:
         """How long a node may take to report what it did (at least two health-check intervals)."""
@@ -851,7 +869,8 @@ class Controller:
     def _known_request(self, job_id: str) -> bool:
         """Does the store know what ``job_id`` asks for (a MIG request a tick or a Prolog recorded)?"""
         job = self.store.get_job(job_id)
-        return job is not None and bool(job.profile)
+        # A job that ended here and starts again (id reused, requeued after it ended) may ask for another size.
+        return job is not None and bool(job.profile) and job.state not in TERMINAL
 
     def _request_of(self, detail) -> tuple[str, int] | None:
         """(kind, count) a Slurm job record (:meth:`_slurm_detail`) asks for; None when it is no job of
@@ -864,7 +883,7 @@ class Controller:
         """(kind, count) from the store, or from ``detail`` (:meth:`_slurm_detail`) for a job the last sync
         did not see; None for a job without a MIG request. ValueError for one that cannot be served."""
         job = self.store.get_job(job_id)
-        if job is not None and job.profile:
+        if job is not None and job.profile and job.state not in TERMINAL:
             return job.profile, job.count
         req = self._request_of(detail)
         if req is not None:
@@ -925,6 +944,15 @@ class Controller:
                                       f"{'cannot be asked' if where is None else 'does not run it on ' + node}")
         with self.store.transaction():
             self._store_observed(node, observed, observed_at, node_bindings)
+            ended = self.store.get_job(job_id)
+            if ended is not None and ended.state in TERMINAL and detail is not None and detail.state not in TERMINAL:
+                # Starting again before a tick saw it live: binding it would fail. Its request is Slurm's now.
+                again = self._request_of(detail)
+                if again is None:
+                    return {"action": "skip"}  # this run asks for no MIG instance (of ours)
+                self._revive(job_id, now)
+                self.store.upsert_job(job_id, profile=again[0], count=again[1], user=detail.user,
+                                      name=detail.name, partition=detail.partition, now=now)
             req = self._job_request(job_id, detail)
             if req is None:
                 return {"action": "skip"}
