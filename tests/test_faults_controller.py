@@ -845,3 +845,15 @@ def test_a_job_id_slurm_uses_again_after_it_ended_here_is_a_new_run(rig, seen_by
     assert rig.store.get_job("5").state == "RUNNING" and rig.store.bound_instances("5")
     # The old run's outcome is kept.
     assert rig.store.outcome("5").profile == "7g"
+
+
+@pytest.mark.parametrize("slurm_lists", [True, False])
+def test_a_requeued_job_cancelled_before_a_tick_saw_it_pending_ends_here_too(rig, slurm_lists):
+    """A Prolog found no room and requeued job 1 (REQUEUED here). It was cancelled before a tick saw it
+    pending again (the controller was down, or the user was quick): Slurm lists it CANCELLED, then forgets
+    it. Only PENDING jobs were ended by the tick, so it stayed REQUEUED forever (found in review)."""
+    rig.tick()
+    rig.store.set_job_state("1", "REQUEUED", now=time.time(), reason="no room")
+    rig.fake.queue = [replace(j, state="CANCELLED") for j in rig.fake.queue if j.job_id == 1] if slurm_lists else []
+    rig.tick()
+    assert rig.store.get_job("1").state == "CANCELLED", rig.store.get_job("1")

@@ -319,12 +319,17 @@ class Controller:
                 self.store.set_job_state(job_id, "RUNNING", now=min(now, j.start_time or now),
                                          node=(j.nodes or [None])[0])
             elif j.state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
-                             "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE") and current and current.state == "PENDING":
-                # Ended without running on a MIG instance (e.g. cancelled while pending).
+                             "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE") and current and \
+                    current.state in ("PENDING", "REQUEUED"):
+                # Ended without running on a MIG instance (e.g. cancelled while pending, or while it waited
+                # after a requeue before a tick saw it pending again).
                 self.store.set_job_state(job_id, j.state, now=now)
         self.store.set_job_order(order)
-        # Pending jobs Slurm no longer lists were cancelled (or purged after MinJobAge).
-        for job in self.store.pending_jobs(include_bound=True):
+        # Pending (or requeued) jobs Slurm no longer lists were cancelled (or purged after MinJobAge). A job a
+        # Prolog requeued after our squeue (one submitted meanwhile) is not in its answer: left for the next.
+        gone = self.store.pending_jobs(include_bound=True) + [
+            j for j in self.store.jobs(["REQUEUED"]) if j.updated_at < queried_at]
+        for job in gone:
             if job.job_id not in seen:
                 self.store.set_job_state(job.job_id, "CANCELLED", now=now, reason="no longer in Slurm's queue")
 
