@@ -857,3 +857,19 @@ def test_a_requeued_job_cancelled_before_a_tick_saw_it_pending_ends_here_too(rig
     rig.fake.queue = [replace(j, state="CANCELLED") for j in rig.fake.queue if j.job_id == 1] if slurm_lists else []
     rig.tick()
     assert rig.store.get_job("1").state == "CANCELLED", rig.store.get_job("1")
+
+
+def test_a_report_from_a_drained_node_does_not_make_it_up(rig):
+    """slurmd runs the health check on a drained node too. Every report stored the node as "up", so until
+    the next tick (or for as long as sinfo failed) the policy planned re-carves and placements on a node
+    Slurm will not use (found in review). The node's state is now the tick's, from sinfo."""
+    rig.fake.nodes = lambda: [SlurmNode(name="n1", state="idle", flags=frozenset({"DRAIN"}), gres={"3g": 2},
+                                        gres_used={})]
+    rig.tick()
+    assert rig.store.node("n1").state == "drain"
+    assert report(rig)[0] == 200
+    assert rig.store.node("n1").state == "drain" and rig.store.node("n1").last_seen is not None
+    rig.fake.nodes = lambda: None  # sinfo fails: the stored state is all the tick has
+    rig.tick()
+    assert not any(g.available for g in rig.store.cluster_state(time.time()).gpus)
+    assert 0 not in rig.store.desired("n1")

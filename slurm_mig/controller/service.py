@@ -862,7 +862,12 @@ class Controller:
             for i in g.get("instances", []):
                 insts.append({"gpu": g["index"], "profile": i["profile"], "start": i["start"], "uuid": i.get("uuid"),
                               "in_use": bool(i.get("in_use")) or (g["index"], i["start"]) in held})
-        self.store.replace_observed(node, gpus, insts, now=self.clock())
+        # The node's Slurm state (drained, down) is the tick's to set from sinfo: a report from a drained node
+        # (its health check still runs) must not make it "up" for the policy and the Prologs until the next tick,
+        # or for as long as sinfo fails. A node no tick has seen yet is taken as up, as before.
+        known = self.store.node(node)
+        self.store.replace_observed(node, gpus, insts, now=self.clock(),
+                                    state="up" if known is None or known.state == "unknown" else None)
 
     def _slurm_detail(self, job_id: str):
         """``scontrol show job`` for a job the store does not know yet (None if it does). Asked before the
