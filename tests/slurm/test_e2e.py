@@ -161,11 +161,46 @@ def test_burst_of_mixed_jobs(demo):
     assert not w.violations, w.violations[:5]
     _check_jobs(demo, ids)
     _no_shared_instances(demo, ids)
-    assert w.witness, "no GPU was reconfigured next to a running job"
     # Every reconfiguration the controller planned ended, and the journal says how.
     journal = demo.store().journal_entries(limit=1000)
     assert any(e.state == "done" and e.steps for e in journal)
     assert all(e.state in ("done", "failed", "abandoned", "planned", "in_progress") for e in journal)
+
+
+def _wait_running(dc: DemoCluster, ids, timeout: float = 120.0) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        states = {str(j.job_id): j.state for j in dc.cluster.client().jobs() or [] if str(j.job_id) in ids}
+        if len(states) == len(ids) and all(v == "RUNNING" for v in states.values()):
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"jobs not all running after {timeout:.0f} s: {states}")
+
+
+def test_a_gpu_is_reconfigured_next_to_a_running_job(demo):
+    """The point of slurm-mig: a layout changes on idle slices while a job runs beside them. Made certain
+    rather than left to a burst's timing (the burst asserted it and, once in a while, had re-carved only
+    idle GPUs): every GPU becomes 7g, then holds a running 4g@0 on slices 0-3, and a 1g job comes, which
+    only a change of slices 4-6 beside a running 4g can serve."""
+    ids, ok, _ = _run_burst(demo, ["mig:7g"] * 6, seconds=1)
+    assert ok
+    long_jobs = [demo.sbatch("mig:4g", 40, name=f"beside{i}") for i in range(6)]
+    _wait_running(demo, long_jobs)
+    w = Watcher(demo)
+    w.start()
+    try:
+        small = demo.sbatch("mig:1g", 1, name="small")
+        assert demo.wait_jobs([small], timeout=30), "the 1g job did not run beside the 4g jobs"
+    finally:
+        w.stop_flag.set()
+        w.join()
+    assert not w.violations, w.violations[:5]
+    assert w.witness, "no GPU was reconfigured next to a running job"
+    running = {str(j.job_id) for j in demo.cluster.client().jobs() or [] if j.state == "RUNNING"}
+    assert set(long_jobs) <= running  # the 1g job ran while every 4g job did
+    _check_jobs(demo, {small: "mig:1g"})
+    subprocess.run(["scancel", *long_jobs], env=demo.env(), capture_output=True, timeout=30)
+    assert demo.wait_jobs(long_jobs, timeout=60)
 
 
 def _node_gres(dc: DemoCluster) -> dict:
