@@ -47,6 +47,10 @@ class ControllerConfig:
     tick_interval_s: float = 5.0
     node_stale_after_s: float = 120.0
     slurm_conf: str = "/etc/slurm/slurm.conf"
+    # history kept in the database: the newest decisions and events by count, finished journal entries by age
+    keep_decisions: int = 50_000
+    keep_events: int = 200_000
+    keep_journal_days: float = 30.0
 
 
 @dataclass(frozen=True)
@@ -290,6 +294,9 @@ RULES: dict[str, dict[str, Callable]] = {
         "tick_interval_s": _number(0),
         "node_stale_after_s": _number(0),
         "slurm_conf": _path(allow_empty=False),
+        "keep_decisions": _integer(1),
+        "keep_events": _integer(1),
+        "keep_journal_days": _number(0),
     },
     "node": {
         "controller_url": _url,

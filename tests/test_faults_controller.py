@@ -873,3 +873,15 @@ def test_a_report_from_a_drained_node_does_not_make_it_up(rig):
     rig.tick()
     assert not any(g.available for g in rig.store.cluster_state(time.time()).gpus)
     assert 0 not in rig.store.desired("n1")
+
+
+def test_history_retention_comes_from_the_config(rig, monkeypatch):
+    """Decisions hold the state the policy saw: on a big cluster 50,000 of them are gigabytes, so how
+    much history is kept is the admin's ([controller] keep_decisions, keep_events, keep_journal_days)."""
+    rig.cfg = replace(rig.cfg, controller=replace(rig.cfg.controller, keep_decisions=7, keep_events=9,
+                                                  keep_journal_days=1.5))
+    asked = []
+    monkeypatch.setattr(rig.store, "prune", lambda **kw: asked.append(kw) or {"decisions": 0})
+    rig.tick()
+    assert asked and {k: asked[0][k] for k in ("keep_decisions", "keep_events", "keep_journal_days")} == \
+        {"keep_decisions": 7, "keep_events": 9, "keep_journal_days": 1.5}

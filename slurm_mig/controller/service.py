@@ -268,7 +268,9 @@ class Controller:
             self._update_gauges()
             self._ticks += 1
             if self._ticks % 500 == 1:
-                pruned = self.store.prune(now=now)
+                c = self.cfg.controller
+                pruned = self.store.prune(keep_decisions=c.keep_decisions, keep_events=c.keep_events,
+                                          keep_journal_days=c.keep_journal_days, now=now)
                 if any(pruned.values()):
                     log.info("pruned old history: %s", pruned)
             self.metrics.observe("slurm_mig_tick_seconds", time.perf_counter() - t0,
