@@ -209,7 +209,38 @@ end
 -- --gpus* / --tres-per-task options, which slurm-mig does not support for mig.
 local OTHER_TRES_FIELDS = { "tres_per_job", "tres_per_socket", "tres_per_task" }
 
-local function check_desc(job_desc)
+-- Slurm's "not set" for a 32-bit field (NO_VAL). A job record keeps 0 for "no maximum node count".
+local NO_VAL = 4294967294
+
+local function node_count(v)
+    local n = tonumber(v)
+    if n == nil or n == NO_VAL or n == 0 then
+        return nil
+    end
+    return n
+end
+
+-- Does a (rewritten or stored) tres_per_node value ask for mig? Item by item, so that another
+-- GRES whose name merely contains "mig" (gres:amig:1) is not taken for one.
+local function asks_mig(tres)
+    if tres == nil then
+        return false
+    end
+    for _, raw in ipairs(split(tres, ",")) do
+        local body = string.gsub(trim(raw), "^gres[:/]", "")
+        if string.lower(split(body, ":")[1] or "") == "mig" then
+            return true
+        end
+    end
+    return false
+end
+
+-- job_rec is nil at submission. On an update (scontrol update JobId=N ...) job_desc holds only the
+-- fields being changed, so what is not changed is read from the job's record: a Gres update on a job
+-- that asked for --nodes=2, or a NumNodes update on a MIG job, must meet the same rules as a
+-- submission. An update that touches neither is not checked (an admin changing a job queued before
+-- this script was installed must not be refused for what the job asked then).
+local function check_desc(job_desc, job_rec)
     for _, field in ipairs(OTHER_TRES_FIELDS) do
         local v = job_desc[field]
         if v ~= nil and string.find(string.lower(v), "mig", 1, true) then
@@ -221,9 +252,21 @@ local function check_desc(job_desc)
     if err ~= nil then
         return err
     end
+    local nodes = node_count(job_desc.min_nodes)
+    local tres = new
+    if job_rec ~= nil then
+        if new == nil and nodes == nil then
+            return nil
+        end
+        if tres == nil then
+            tres = job_rec.tres_per_node
+        end
+        if nodes == nil then
+            nodes = node_count(job_rec.min_nodes)
+        end
+    end
     -- A MIG job's instances are bound on one node (the controller keeps one binding per job).
-    local nodes = tonumber(job_desc.min_nodes)
-    if new ~= nil and string.find(new, "mig:", 1, true) and nodes ~= nil and nodes > 1 and nodes < 4294967294 then
+    if asks_mig(tres) and nodes ~= nil and nodes > 1 then
         return string.format("MIG jobs run on one node, but %d nodes were requested; use --nodes=1 " ..
             "(and several instances with mig:<size>:<count>)", nodes)
     end
@@ -247,7 +290,7 @@ function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
     -- scontrol update job ... Gres=mig:3g goes through the same rules. Slurm
     -- 22.05 does not show log_user text for a refused update: scontrol only
     -- prints "Unspecified error for job N"; the reason is in slurmctld's log.
-    local err = check_desc(job_desc)
+    local err = check_desc(job_desc, job_rec or {})
     if err ~= nil then
         slurm.log_user("slurm-mig: %s", err)
         slurm.log_info("slurm-mig: refused update of job %s by uid %s: %s",

@@ -247,3 +247,69 @@ def test_cli_filter_rewrites_mig_items_and_leaves_the_rest(lua51, tmp_path):
     for (src, want), line in zip(CLI_CASES, out):
         rc, got = line.split("\t")
         assert (int(rc), got) == (0, want), src
+
+
+# -- slurm_job_modify: scontrol update JobId=N ... on a pending job -----------------------------------
+
+MODIFY_HARNESS = r"""
+local messages = {}
+slurm = {
+    SUCCESS = 0, ERROR = -1,
+    log_user = function(fmt, ...) table.insert(messages, string.format(fmt, ...)) end,
+    log_info = function(...) end,
+    log_debug = function(...) end,
+}
+dofile(arg[1])
+-- one case a line: "desc_field=value;...|rec_field=value;..." (the record as slurmctld keeps it)
+local function fields(s)
+    local t = {}
+    for pair in string.gmatch(s, "[^;]+") do
+        local k, v = string.match(pair, "^([%w_]+)=(.*)$")
+        t[k] = tonumber(v) or v
+    end
+    return t
+end
+for line in io.lines() do
+    messages = {}
+    local d, r = string.match(line, "^(.*)|(.*)$")
+    local desc, rec = fields(d), fields(r)
+    local rc = slurm_job_modify(desc, rec, {}, 1000)
+    io.write(string.format("%d\t%s\t%s\n", rc, tostring(desc.tres_per_node), table.concat(messages, " | ")))
+end
+"""
+
+# An update's job_desc holds only what changes: NumNodes=2 sets min_nodes (NO_VAL otherwise), Gres=... sets
+# tres_per_node (nil otherwise). The record keeps the rest (max_nodes 0 = no maximum).
+NO_VAL = 4294967294
+MODIFY_CASES = [
+    # NumNodes=2 on a pending MIG job: its instances would be split over two nodes
+    (f"min_nodes=2", f"tres_per_node=gres:mig:3g:1;min_nodes=1", -1, "2 nodes were requested"),
+    # Gres=mig:3g on a job submitted with --nodes=2 (and no gres)
+    (f"tres_per_node=gres:mig:3g;min_nodes={NO_VAL}", "min_nodes=2", -1, "2 nodes were requested"),
+    # the same updates on one-node / non-MIG jobs are fine
+    (f"min_nodes=2", "tres_per_node=gres:gpu:1;min_nodes=1", 0, ""),
+    (f"min_nodes=1", "tres_per_node=gres:mig:3g:1;min_nodes=2", 0, ""),
+    (f"tres_per_node=gres:mig:3g;min_nodes={NO_VAL}", "min_nodes=1", 0, ""),
+    (f"tres_per_node=gres:mig:3g;min_nodes=1", "min_nodes=2", 0, ""),  # both changed: the update's count wins
+    # an update that touches neither gres nor node counts is never refused, even for a job queued before
+    # job_submit.lua was installed with what it cannot ask for now
+    (f"time_limit=10;min_nodes={NO_VAL}", "tres_per_node=gres:mig:3g:1,gres:mig:1g:1;min_nodes=2", 0, ""),
+    # what a submission refuses, an update refuses
+    (f"tres_per_node=gres:mig:5g", "min_nodes=1", -1, "unknown MIG size '5g'"),
+    (f"tres_per_task=gres:mig:1", "tres_per_node=gres:mig:3g:1", -1, "per node with --gres"),
+]
+
+
+def test_lua_modify_checks_the_job_as_it_will_be(lua51, tmp_path):
+    script = tmp_path / "harness.lua"
+    script.write_text(MODIFY_HARNESS)
+    stdin = "".join(f"{d}|{r}\n" for d, r, _, _ in MODIFY_CASES)
+    out = subprocess.run([lua51, str(script), str(LUA_FILE)], input=stdin, capture_output=True, text=True,
+                         timeout=30, check=True).stdout.splitlines()
+    assert len(out) == len(MODIFY_CASES)
+    for (d, r, want_rc, want_msg), line in zip(MODIFY_CASES, out):
+        rc, _tres, msg = line.split("\t")
+        assert int(rc) == want_rc, (d, r, msg)
+        assert want_msg in msg, (d, r, msg)
+        if want_rc == -1:
+            assert msg.startswith("slurm-mig: "), (d, r, msg)
