@@ -253,9 +253,10 @@ local function check_desc(job_desc, job_rec)
         return err
     end
     local nodes = node_count(job_desc.min_nodes)
+    local most = node_count(job_desc.max_nodes)
     local tres = new
     if job_rec ~= nil then
-        if new == nil and nodes == nil then
+        if new == nil and nodes == nil and most == nil then
             return nil
         end
         if tres == nil then
@@ -264,11 +265,31 @@ local function check_desc(job_desc, job_rec)
         if nodes == nil then
             nodes = node_count(job_rec.min_nodes)
         end
+        if most == nil then
+            most = node_count(job_rec.max_nodes)
+        end
     end
     -- A MIG job's instances are bound on one node (the controller keeps one binding per job).
-    if asks_mig(tres) and nodes ~= nil and nodes > 1 then
-        return string.format("MIG jobs run on one node, but %d nodes were requested; use --nodes=1 " ..
-            "(and several instances with mig:<size>:<count>)", nodes)
+    if asks_mig(tres) then
+        local asked = nil
+        if nodes ~= nil and nodes > 1 then
+            asked = string.format("%d nodes were requested", nodes)
+        elseif most ~= nil and most > 1 then
+            -- --nodes=1-3: Slurm gives a job as many nodes of its range as it can (sbatch(1)).
+            asked = string.format("up to %d nodes were requested (--nodes=%d-%d)", most, nodes or 1, most)
+        else
+            -- --ntasks=2 --ntasks-per-node=1 needs two nodes whatever --nodes says.
+            local tasks, per_node = tonumber(job_desc.num_tasks), tonumber(job_desc.ntasks_per_node)
+            if tasks ~= nil and per_node ~= nil and tasks < NO_VAL and per_node >= 1 and per_node < 65534
+                and tasks > per_node then
+                asked = string.format("%d tasks at most %d per node need %d nodes", tasks, per_node,
+                    math.ceil(tasks / per_node))
+            end
+        end
+        if asked ~= nil then
+            return string.format("MIG jobs run on one node, but %s; use --nodes=1 " ..
+                "(and several instances with mig:<size>:<count>)", asked)
+        end
     end
     if new ~= job_desc.tres_per_node then
         job_desc.tres_per_node = new

@@ -260,7 +260,8 @@ slurm = {
     log_debug = function(...) end,
 }
 dofile(arg[1])
--- one case a line: "desc_field=value;...|rec_field=value;..." (the record as slurmctld keeps it)
+-- one case a line: "desc_field=value;...|rec_field=value;..." (the record as slurmctld keeps it; unused with
+-- arg[2] == "submit", which calls slurm_job_submit)
 local function fields(s)
     local t = {}
     for pair in string.gmatch(s, "[^;]+") do
@@ -273,7 +274,8 @@ for line in io.lines() do
     messages = {}
     local d, r = string.match(line, "^(.*)|(.*)$")
     local desc, rec = fields(d), fields(r)
-    local rc = slurm_job_modify(desc, rec, {}, 1000)
+    local rc
+    if arg[2] == "submit" then rc = slurm_job_submit(desc, {}, 1000) else rc = slurm_job_modify(desc, rec, {}, 1000) end
     io.write(string.format("%d\t%s\t%s\n", rc, tostring(desc.tres_per_node), table.concat(messages, " | ")))
 end
 """
@@ -297,19 +299,54 @@ MODIFY_CASES = [
     # what a submission refuses, an update refuses
     (f"tres_per_node=gres:mig:5g", "min_nodes=1", -1, "unknown MIG size '5g'"),
     (f"tres_per_task=gres:mig:1", "tres_per_node=gres:mig:3g:1", -1, "per node with --gres"),
+    # NumNodes=1-3 (a range) on a MIG job, and Gres=mig:1g on a job submitted with --nodes=1-2
+    (f"min_nodes=1;max_nodes=3", "tres_per_node=gres:mig:3g:1;min_nodes=1;max_nodes=0", -1, "up to 3 nodes"),
+    (f"tres_per_node=gres:mig:1g;min_nodes={NO_VAL};max_nodes={NO_VAL}", "min_nodes=1;max_nodes=2", -1,
+     "up to 2 nodes"),
 ]
 
 
-def test_lua_modify_checks_the_job_as_it_will_be(lua51, tmp_path):
+def _run_desc_cases(lua51, tmp_path, cases, mode):
     script = tmp_path / "harness.lua"
     script.write_text(MODIFY_HARNESS)
-    stdin = "".join(f"{d}|{r}\n" for d, r, _, _ in MODIFY_CASES)
-    out = subprocess.run([lua51, str(script), str(LUA_FILE)], input=stdin, capture_output=True, text=True,
+    stdin = "".join(f"{d}|{r}\n" for d, r, _, _ in cases)
+    out = subprocess.run([lua51, str(script), str(LUA_FILE), mode], input=stdin, capture_output=True, text=True,
                          timeout=30, check=True).stdout.splitlines()
-    assert len(out) == len(MODIFY_CASES)
-    for (d, r, want_rc, want_msg), line in zip(MODIFY_CASES, out):
+    assert len(out) == len(cases)
+    for (d, r, want_rc, want_msg), line in zip(cases, out):
         rc, _tres, msg = line.split("\t")
         assert int(rc) == want_rc, (d, r, msg)
         assert want_msg in msg, (d, r, msg)
         if want_rc == -1:
             assert msg.startswith("slurm-mig: "), (d, r, msg)
+
+
+def test_lua_modify_checks_the_job_as_it_will_be(lua51, tmp_path):
+    _run_desc_cases(lua51, tmp_path, MODIFY_CASES, "modify")
+
+
+# Submissions whose node count is more than one without min_nodes saying so. sbatch sends max_nodes only for a
+# range (--nodes=2 gives min_nodes 2 and no max), NO_VAL when unset; ntasks_per_node is NO_VAL16 (65534) unset.
+SUBMIT_NODE_CASES = [
+    # --nodes=1-3: Slurm gives the job as many nodes of the range as it can, each with its own mig:3g
+    (f"tres_per_node=gres:mig:3g;min_nodes=1;max_nodes=3", "", -1, "up to 3 nodes were requested (--nodes=1-3)"),
+    # --ntasks=2 --ntasks-per-node=1: two nodes
+    (f"tres_per_node=gres:mig:1g;min_nodes={NO_VAL};num_tasks=2;ntasks_per_node=1", "", -1,
+     "2 tasks at most 1 per node need 2 nodes"),
+    (f"tres_per_node=gres:mig:1g;num_tasks=5;ntasks_per_node=2", "", -1, "need 3 nodes"),
+    # one node, however it is said
+    (f"tres_per_node=gres:mig:3g;min_nodes=1;max_nodes=1", "", 0, ""),
+    (f"tres_per_node=gres:mig:3g;min_nodes={NO_VAL};max_nodes={NO_VAL}", "", 0, ""),
+    (f"tres_per_node=gres:mig:3g;min_nodes=1;max_nodes=0", "", 0, ""),
+    (f"tres_per_node=gres:mig:1g:2;num_tasks=2;ntasks_per_node=2", "", 0, ""),
+    (f"tres_per_node=gres:mig:1g:2;num_tasks=2;ntasks_per_node=65534", "", 0, ""),
+    (f"tres_per_node=gres:mig:1g;num_tasks={NO_VAL};ntasks_per_node=1", "", 0, ""),
+    # not MIG jobs: none of this applies
+    (f"tres_per_node=gres:gpu:1;min_nodes=1;max_nodes=3", "", 0, ""),
+    (f"tres_per_node=gres:amig:1;min_nodes=2", "", 0, ""),
+    (f"min_nodes=2;num_tasks=4;ntasks_per_node=1", "", 0, ""),
+]
+
+
+def test_lua_submit_refuses_mig_jobs_that_need_several_nodes(lua51, tmp_path):
+    _run_desc_cases(lua51, tmp_path, SUBMIT_NODE_CASES, "submit")
