@@ -120,6 +120,11 @@ local function rewrite_tres(tres)
         if prefix == nil then
             prefix, body = "", item
         end
+        -- --gres=gres/mig:3g arrives as "gres:gres/mig:3g" (Slurm adds "gres:" to what was typed), and the
+        -- controller (slurm_mig/slurm/gres.py parse_gres_item) reads it as mig:3g: check it as mig:3g too.
+        if prefix == "gres:" and string.sub(body, 1, 5) == "gres/" then
+            prefix, body = "gres:gres/", string.sub(body, 6)
+        end
         local parts = split(body, ":")
         local name = parts[1] and string.lower(parts[1]) or ""
         if name ~= "mig" then
@@ -227,7 +232,7 @@ local function asks_mig(tres)
         return false
     end
     for _, raw in ipairs(split(tres, ",")) do
-        local body = string.gsub(trim(raw), "^gres[:/]", "")
+        local body = string.gsub(string.gsub(trim(raw), "^gres[:/]", ""), "^gres/", "")
         if string.lower(split(body, ":")[1] or "") == "mig" then
             return true
         end

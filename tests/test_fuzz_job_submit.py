@@ -104,7 +104,8 @@ HOSTILE = [b"$(reboot)", b"`id`", b"; rm -rf /", b"a\nb", b"\x00", "ñ☃\u202e"
 
 item = st.one_of(
     st.builds(lambda pre, size, cnt: f"{pre}mig:{size}" + (f":{cnt}" if cnt else ""),
-              st.sampled_from(["gres:", "gres/", "", "GRES:"]), st.sampled_from(SIZES), st.sampled_from(COUNTS)),
+              st.sampled_from(["gres:", "gres/", "", "GRES:", "gres:gres/"]), st.sampled_from(SIZES),
+              st.sampled_from(COUNTS)),
     st.sampled_from(["gres:gpu:1", "gres:foo:2", "gres:mig", "gres:mig:", "gres:mig::2", "gres:MIG:3g",
                      "gres:mig:3g:1:2", "gres:mig:2", "license:x:1"]),
     st.text(max_size=15),
@@ -156,7 +157,7 @@ def _check_accepted(old: str, new: str, case: dict) -> None:
         slices += n * gres.COMPUTE_SLICES[gtype]
     assert slices <= 7 * MAX_GPUS, (old, new)
     # Whitespace-only items come back as empty ones ("mig:1g, " -> "mig:1g:1,"): noted in docs/reliability.md.
-    kept = [i for i in new.split(",") if i and not re.fullmatch(r"(gres[:/])?mig:[a-z0-9]+:\d+", i)]
+    kept = [i for i in new.split(",") if i and not re.fullmatch(r"(gres[:/]|gres:gres/)?mig:[a-z0-9]+:\d+", i)]
     assert kept == [i for i in _items(old) if _name(i) != "mig"], (old, new)
     nodes = case.get("min_nodes", b"1")
     assert not (nodes.isdigit() and 1 < int(nodes) < 4294967294), (old, case)
@@ -170,7 +171,8 @@ def _items(value: str) -> list[str]:
 
 
 def _name(item: str) -> str:
-    body = re.sub(r"^gres[:/]", "", item.strip(LUA_SPACE))
+    # as parse_gres_item strips them: "gres:" then "gres/" ("gres:gres/mig:3g" from --gres=gres/mig:3g)
+    body = re.sub(r"^gres/", "", re.sub(r"^gres:", "", item.strip(LUA_SPACE)))
     return body.split(":", 1)[0].lower()
 
 

@@ -117,6 +117,8 @@ ACCEPTED = [
     ("gres:mig:1g:14", "gres:mig:1g:14"),
     # later releases spell the prefix "gres/"; it is kept
     ("gres/mig:4g", "gres/mig:4g:1"),
+    # --gres=gres/mig:3g: Slurm adds its own "gres:"; the controller reads the item as mig:3g
+    ("gres:gres/mig:3g", "gres:gres/mig:3g:1"),
     # other GRES in the same request pass through, in order
     ("gres:mig:3g,gres:foo:1", "gres:mig:3g:1,gres:foo:1"),
     ("gres:foo:1,gres:mig:2g:2", "gres:foo:1,gres:mig:2g:2"),
@@ -167,6 +169,8 @@ REJECTED = [
     ("gres:mig:4g:2,gres:mig:3g:2", "one MIG size (got mig:4g and mig:3g)"),
     ("gres:mig:1g.20gb,gres:mig:1g", "one MIG size (got mig:1gdm and mig:1g)"),
     ("gres:foo:1,gres:mig:9g", "unknown MIG size '9g'"),
+    ("gres:gres/mig:3g:99", "holds at most 4"),
+    ("gres:gres/mig:3g,gres:mig:1g", "one MIG size (got mig:3g and mig:1g)"),
 ]
 
 
