@@ -88,6 +88,7 @@ SUBMISSIONS = [
     {"tres_per_node": "gres:mig:pad"},
     {"tres_per_task": "gres:mig:1"},
     {"tres_per_node": "gres:mig:3g", "min_nodes": "2"},
+    {"tres_per_node": "gres:mig:3g", "min_nodes": "1", "max_nodes": "3"},
 ]
 
 SUBMIT_HARNESS = r"""
