@@ -668,3 +668,27 @@ def test_writing_inside_a_read_snapshot_is_refused(db):
             db.add_event("x", "y")
     db.add_event("x", "y")
     assert len(db.recent_events()) == 1
+
+
+def test_an_inner_failure_that_sqlite_rolled_back_whole_does_not_commit_the_rest(db):
+    # SQLite rolls a whole transaction back on SQLITE_FULL (and I/O errors), not just the failing savepoint.
+    # A caller that catches the inner StoreError and goes on must not have its later writes committed one by
+    # one outside any transaction (half a tick, or half a node request, written).
+    db.add_event("before", "committed earlier")
+    pages = db.db.execute("PRAGMA page_count").fetchone()[0]
+    with pytest.raises(StoreError):
+        with db.transaction():
+            db.upsert_job("9", profile="1g", submit_time=1.0)
+            db.db.execute(f"PRAGMA max_page_count = {pages + 2}")
+            with pytest.raises(StoreError, match="full"):
+                with db.transaction():
+                    for i in range(200):
+                        db.add_event("filler", "x" * 4000, {"i": i})
+            db.db.execute("PRAGMA max_page_count = 1073741823")  # space is back
+            db.add_event("after", "written after the inner failure")
+            db.set_job_state("9", "RUNNING", now=2.0)
+    assert not db.in_transaction
+    assert db.get_job("9") is None
+    assert [e.kind for e in db.recent_events()] == ["before"]
+    db.add_event("later", "the store is usable afterwards")
+    assert [e.kind for e in db.recent_events()] == ["later", "before"]

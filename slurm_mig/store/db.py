@@ -410,10 +410,27 @@ class Store:
             except sqlite3.Error:  # e.g. after an I/O error SQLite may already have rolled back
                 log.exception("rollback of the state database failed")
 
+    def _check_alive(self) -> None:
+        """Inside a transaction, refuse to go on once SQLite has rolled all of it back by itself.
+
+        SQLite does that on SQLITE_FULL, an I/O error or running out of memory, not just the failing
+        statement or savepoint. A caller that catches the StoreError of an inner block and goes on
+        would otherwise write the rest in autocommit mode, one statement (or SAVEPOINT) at a time:
+        half a tick, or half a node request, committed while the outer block's COMMIT then fails."""
+        if self._depth > 0 and not self.db.conn.in_transaction:
+            raise self._rolled_back()
+
+    def _rolled_back(self) -> StoreUnavailable:
+        return StoreUnavailable(
+            f"state database {self.path}: SQLite rolled back the whole transaction after an earlier error "
+            f"in it (disk full, I/O error); nothing of it was written")
+
     @contextlib.contextmanager
     def _tx(self, begin: str) -> Iterator["Store"]:
         with self._locked():
             conn = self.db.conn
+            if self._depth > 0:
+                self._check_alive()
             if self._depth == 0:
                 with self._translated():
                     conn.execute(begin)
@@ -428,6 +445,8 @@ class Store:
                     raise
                 self._depth = 0
                 try:
+                    if not conn.in_transaction:
+                        raise self._rolled_back()
                     with self._translated():
                         conn.execute("COMMIT")
                 except BaseException:
@@ -486,11 +505,13 @@ class Store:
         return self._depth > 0
 
     def _q(self, sql: str, params: Sequence | dict = ()) -> list[dict]:
+        self._check_alive()
         cur = self.db.conn.execute(sql, params)
         cols = [d[0] for d in cur.description]
         return [dict(zip(cols, row)) for row in cur.fetchall()]
 
     def _x(self, sql: str, params: Sequence | dict = ()) -> sqlite3.Cursor:
+        self._check_alive()
         return self.db.conn.execute(sql, params)
 
     # -- meta ------------------------------------------------------------------
