@@ -885,3 +885,26 @@ def test_history_retention_comes_from_the_config(rig, monkeypatch):
     rig.tick()
     assert asked and {k: asked[0][k] for k in ("keep_decisions", "keep_events", "keep_journal_days")} == \
         {"keep_decisions": 7, "keep_events": 9, "keep_journal_days": 1.5}
+
+
+def test_notes_on_ended_jobs_written_by_a_rolled_back_tick_are_written_by_the_next(rig):
+    """The tick noted "saved" for its notes on ended jobs (the meta row a restarted controller reads) before its
+    transaction committed: after a rolled-back tick the next one, with the same notes, did not write them, and a
+    controller restarted then lost the Slurm record (exit status, end time) of a job whose Epilog never came."""
+    rig.tick()
+    rig.store.upsert_job("1", profile="3g", submit_time=1.0)
+    rig.store.set_job_state("1", "RUNNING", now=time.time(), node="n1")
+    rig.fake.queue = [replace(rig.fake.queue[0], state="COMPLETED"), rig.fake.queue[1]]
+    plan = rig._plan
+
+    def plan_then_fail(now):
+        raise StoreError("disk or database full (test)")
+
+    rig._plan = plan_then_fail
+    with pytest.raises(StoreError):
+        rig.tick()
+    assert "1" not in (rig.store.get_meta("ended_since") or {})
+    rig._plan = plan
+    rig.tick()
+    assert "1" in (rig.store.get_meta("ended_since") or {})
+    assert "1" in Controller(Config(), rig.store, rig.fake)._ended_since

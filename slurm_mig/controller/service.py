@@ -235,19 +235,27 @@ class Controller:
             summary: dict = {"time": now, "slurm_ok": jobs is not None and nodes is not None}
             # Asked before the transaction: a slow scontrol must not hold the store lock.
             lost = self._lost_epilogs(jobs, now) if jobs is not None else {}
-            with self.store.transaction():
-                if jobs is not None:
-                    self._sync_jobs(jobs, now, queried_at)
-                    self._settle_lost_epilogs(lost, now)
-                    if self._ended_since != self._ended_saved:
-                        self.store.set_meta("ended_since", {j: [first, list(rec) if rec else None]
-                                                            for j, (first, rec) in self._ended_since.items()},
-                                            now=now)
-                        self._ended_saved = dict(self._ended_since)
-                if nodes is not None:
-                    self._sync_nodes(nodes)
-                self._expire_journal(now)
-                plan = self._plan(now)
+            ended, saved = dict(self._ended_since), self._ended_saved
+            try:
+                with self.store.transaction():
+                    if jobs is not None:
+                        self._sync_jobs(jobs, now, queried_at)
+                        self._settle_lost_epilogs(lost, now)
+                        if self._ended_since != self._ended_saved:
+                            self.store.set_meta("ended_since", {j: [first, list(rec) if rec else None]
+                                                                for j, (first, rec) in self._ended_since.items()},
+                                                now=now)
+                            self._ended_saved = dict(self._ended_since)
+                    if nodes is not None:
+                        self._sync_nodes(nodes)
+                    self._expire_journal(now)
+                    plan = self._plan(now)
+            except BaseException:
+                # Rolled back: the notes were not saved, and the outcomes recorded from the ones this tick
+                # dropped were not either (the next tick settles those jobs again, from the same notes).
+                self._ended_since = {**ended, **self._ended_since}
+                self._ended_saved = saved
+                raise
             gres_now = {n.name: {t: n.gres.get(t, 0) for t in GRES_TYPES} for n in nodes or []}
             if jobs is not None and nodes is not None:
                 plan, jobs, now, held_back = self._withdraw_first(plan, jobs, nodes, gres_now, now)
