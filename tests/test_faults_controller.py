@@ -908,3 +908,29 @@ def test_notes_on_ended_jobs_written_by_a_rolled_back_tick_are_written_by_the_ne
     rig.tick()
     assert "1" in (rig.store.get_meta("ended_since") or {})
     assert "1" in Controller(Config(), rig.store, rig.fake)._ended_since
+
+
+def test_a_rolled_back_prolog_leaves_no_journal_ids_behind(rig):
+    """The Prolog noted which journal entries its re-carve carries before its transaction committed. Rolled
+    back, those entries were never written and SQLite hands their ids to the next ones: the job's
+    /v1/bind-failed then closed as failed another GPU's reconfiguration that happened to get the same id."""
+    rig.tick()
+    add_event = rig.store.add_event
+
+    def fail_on_bind(kind, *a, **kw):
+        if kind == "bind":
+            from slurm_mig.store.db import StoreUnavailable
+
+            raise StoreUnavailable("disk or database full (test)")
+        return add_event(kind, *a, **kw)
+
+    rig.store.add_event = fail_on_bind
+    status, resp = post(rig, "/v1/prolog", {"job_id": "2", "node": "n1", "observed": OBSERVED, "bindings": {}})
+    rig.store.add_event = add_event
+    assert status == 503, (status, resp)
+    assert rig.store.bound_instances("2") == ()
+    other = rig.store.journal_begin("n1", 1, "7g@0", "3g@0,3g@4", [], started=True)  # GPU 1's re-carve
+    status, _ = post(rig, "/v1/bind-failed", {"job_id": "2", "node": "n1",
+                                             "results": [{"gpu": 0, "ok": False, "error": "gave up"}]})
+    assert status == 200
+    assert rig.store.journal_entry(other).state == "in_progress"

@@ -962,6 +962,7 @@ class Controller:
 
                 raise RequestRejected(f"job {job_id} is bound on {', '.join(sorted(elsewhere))}, and Slurm "
                                       f"{'cannot be asked' if where is None else 'does not run it on ' + node}")
+        carried = None  # the journal entries this Prolog's re-carve carries, noted once they are committed
         with self.store.transaction():
             self._store_observed(node, observed, observed_at, node_bindings)
             ended = self.store.get_job(job_id)
@@ -1012,10 +1013,7 @@ class Controller:
                     if taken is None:
                         taken = self.store.journal_begin(node, gi, g.observed, target, steps, started=True, now=now)
                     entries.append(taken)
-                if len(self._prolog_entries) > 1000:  # Prologs killed before they reported: forget them
-                    still = {e.id for e in self.store.open_journal_entries()}
-                    self._prolog_entries = {k: v for k, v in self._prolog_entries.items() if still & set(v)}
-                self._prolog_entries[(node, job_id)] = entries
+                carried = entries
                 try:
                     self.store.bind(job_id, node, plan.instances, now=now)
                 except SlurmMigError as exc:  # BindingConflict: a safety net that must never fire
@@ -1024,6 +1022,12 @@ class Controller:
                 self.store.set_job_state(job_id, "RUNNING", now=now, node=node, reason=plan.reason)
                 self.store.add_event("bind", f"job {job_id} -> {node}: {plan.reason}", node=node, job_id=job_id,
                                      now=now)
+        if carried is not None:
+            # Only now: a rolled-back Prolog wrote no entries, and SQLite gives their ids to the next ones made.
+            if len(self._prolog_entries) > 1000:  # Prologs killed before they reported: forget them
+                still = {e.id for e in self.store.open_journal_entries()}
+                self._prolog_entries = {k: v for k, v in self._prolog_entries.items() if still & set(v)}
+            self._prolog_entries[(node, job_id)] = carried
         if requeue_reason is not None:
             self.metrics.inc("slurm_mig_requeues_total", (("reason", "no_instance"),))
             try:
