@@ -1019,3 +1019,28 @@ def test_file_modes_and_owners(rig):
     rig.srv.stop()
     assert rig.hook("epilog", "24", SLURM_JOB_EXIT_CODE="0") == 0
     assert all(mode(m) == 0o600 for m in (root / "outbox").glob("*.json"))
+
+
+@pytest.mark.parametrize("inherited", [
+    # sbatch/srun run from inside a MIG job (its batch script, an interactive step) pass that job's values on
+    # (--export=ALL): the new job is not bound here, so the old job's instance must not reach it.
+    {"CUDA_VISIBLE_DEVICES": "MIG-5b2f7c8e-0000-4000-8000-000000000001", "SLURM_MIG_INSTANCES": "3g.40gb@0:0"},
+    {"CUDA_VISIBLE_DEVICES": "MIG-aaaaaaaa-0000-4000-8000-000000000001,MIG-aaaaaaaa-0000-4000-8000-000000000002",
+     "SLURM_MIG_INSTANCES": "1g.10gb@0:0,1g.10gb@0:1"},
+])
+def test_an_unbound_job_does_not_keep_the_mig_instance_of_the_job_it_was_submitted_from(rig, capsys, inherited):
+    capsys.readouterr()
+    assert rig.hook("taskprolog", "70", **inherited) == 0  # job 70 asked for no mig: no binding here
+    lines = capsys.readouterr().out.splitlines()
+    assert "export CUDA_VISIBLE_DEVICES=" in lines and "unset SLURM_MIG_INSTANCES" in lines, lines
+    assert not any(line.startswith("export CUDA_VISIBLE_DEVICES=MIG-") for line in lines), lines
+
+
+def test_an_unbound_job_keeps_the_gpus_slurms_gres_gpu_gave_it(rig, capsys):
+    """gres/gpu sets CUDA_VISIBLE_DEVICES (device indexes) before the TaskProlog runs: left alone, even when the job
+    was submitted from a MIG job (whose SLURM_MIG_INSTANCES came along)."""
+    capsys.readouterr()
+    assert rig.hook("taskprolog", "71", CUDA_VISIBLE_DEVICES="0,1", SLURM_MIG_INSTANCES="3g.40gb@0:0") == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert not any(line.startswith("export CUDA_VISIBLE_DEVICES") for line in lines), lines
+    assert "unset SLURM_MIG_INSTANCES" in lines, lines

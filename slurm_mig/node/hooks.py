@@ -511,12 +511,21 @@ def taskprolog(env: dict, node_name: str, state_root: str) -> int:
         # The job is bound but we cannot tell to what: it must see no GPU rather than every GPU.
         print(f"print slurm-mig: cannot read this job's MIG binding: {exc}")
         print("export CUDA_VISIBLE_DEVICES=")
+        if "SLURM_MIG_INSTANCES" in env:
+            print("unset SLURM_MIG_INSTANCES")
         return 0
     if insts is None:
         # Not bound to an instance (not a MIG job, or its Prolog requeued it): such a job must see no
-        # GPU rather than every GPU. A value Slurm's own gres/gpu plugin set is left alone.
-        if "CUDA_VISIBLE_DEVICES" not in env:
+        # GPU rather than every GPU. A value Slurm's own gres/gpu plugin set is left alone, but not one a
+        # slurm-mig TaskProlog set in the job this one was submitted from (sbatch/srun pass the submitting
+        # shell's environment on): that names another job's instance. Ours come with SLURM_MIG_INSTANCES
+        # and are all MIG-<uuid>; gres/gpu sets device indexes.
+        cvd = env.get("CUDA_VISIBLE_DEVICES")
+        inherited = "SLURM_MIG_INSTANCES" in env
+        if cvd is None or (inherited and cvd and all(u.startswith("MIG-") for u in cvd.split(","))):
             print("export CUDA_VISIBLE_DEVICES=")
+        if inherited:
+            print("unset SLURM_MIG_INSTANCES")
         return 0
     uuids = ",".join(i.uuid for i in insts)
     print(f"export CUDA_VISIBLE_DEVICES={uuids}")
