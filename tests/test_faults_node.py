@@ -405,6 +405,16 @@ def test_nvml_gone_on_the_node_requeues_with_the_reason(rig, caplog):
     assert rig.live("6") == () and not rig.binding_file("6").exists()
 
 
+@pytest.mark.parametrize("error", ["NvmlUnavailable", "GpuLost"])
+def test_a_job_asking_for_no_mig_is_not_requeued_when_nvml_fails(rig, caplog, error):
+    """A CPU job on a MIG node whose NVML cannot be read (driver reloading, library gone) needs no GPU: its
+    Prolog used to fail in observe() and requeue it, again and again, like a MIG job."""
+    rig.requests["62"] = {}  # Slurm: the job asks for no mig
+    rig.gpu.fail_next("gpus", error, times=5)
+    assert rig.hook("prolog", "62") == 0
+    assert rig.requeues == [] and not rig.binding_file("62").exists()
+
+
 def test_slow_nvml_still_binds(tmp_path, monkeypatch):
     rig = Rig(tmp_path, monkeypatch, delay_scale=1.0)  # H100 timings: ~0.2-0.4 s per step
     try:

@@ -406,7 +406,17 @@ def prolog(env: dict, node: Node) -> int:
     node.state.note_attempt(job_id, _int(env.get("SLURM_JOB_RESTART_COUNT")))
     node.flush_outbox()
     observed_at = time.time()  # before looking: a re-carve made while we look has a later time
-    payload = {"job_id": job_id, "node": node.name, "observed": node.observe(), "observed_at": observed_at,
+    try:
+        observed = node.observe()
+    except Exception:
+        # NVML cannot be read (driver gone or reloading, no GPU at all): a job that asks for no MIG instance
+        # needs none of it and runs; a MIG job (or one Slurm cannot describe) is requeued by main().
+        if _job_request(node, job_id) == {}:
+            log.warning("job %s asks for no MIG instance; started although this node's GPUs cannot be read",
+                        job_id, exc_info=True)
+            return 0
+        raise
+    payload = {"job_id": job_id, "node": node.name, "observed": observed, "observed_at": observed_at,
                "bindings": node.bindings_json()}
     try:
         resp = node.client.call("/v1/prolog", payload)
