@@ -15,10 +15,14 @@ from slurm_mig.node.cli import HOOKS, install_hooks
 def test_installs_every_hook_with_its_interpreter_and_config(tmp_path):
     out = install_hooks(tmp_path / "hooks", "/opt/slurm-mig/venv/bin/python3", "/etc/slurm-mig/site.toml")
     assert set(out) == set(HOOKS)
-    for path in out.values():
+    for name, path in out.items():
         text = path.read_text()
-        assert ': "${SLURM_MIG_PYTHON:=/opt/slurm-mig/venv/bin/python3}"' in text
-        assert ': "${SLURM_MIG_CONFIG:=/etc/slurm-mig/site.toml}"' in text
+        if name == "slurm-mig-taskprolog":  # the job's environment must not choose them (test below)
+            assert "\nSLURM_MIG_PYTHON=/opt/slurm-mig/venv/bin/python3\n" in text
+            assert "\nSLURM_MIG_CONFIG=/etc/slurm-mig/site.toml\n" in text
+        else:
+            assert ': "${SLURM_MIG_PYTHON:=/opt/slurm-mig/venv/bin/python3}"' in text
+            assert ': "${SLURM_MIG_CONFIG:=/etc/slurm-mig/site.toml}"' in text
         mode = stat.S_IMODE(os.stat(path).st_mode)
         assert mode == 0o755
         assert subprocess.run(["sh", "-n", str(path)]).returncode == 0  # still valid shell
@@ -94,3 +98,22 @@ def test_prolog_wrapper_requeues_and_holds_back_when_python_cannot_run(tmp_path)
         assert out.returncode == 0, out.stderr
         assert calls.read_text().splitlines() == ["requeue 4242", "show config",
                                                   "update JobId=4242 StartTime=now+40"]
+
+
+def test_the_installed_taskprolog_ignores_the_jobs_slurm_mig_variables(tmp_path):
+    """The TaskProlog runs with the job's environment: a user who exported SLURM_MIG_CONFIG for the
+    command-line tools (or a SLURM_MIG_PYTHON) made it read another config, or run another interpreter,
+    and the job silently got no GPU. The installed copy sets both itself."""
+    import sys
+
+    config = tmp_path / "site.toml"
+    config.write_text(f'[node]\ncache_dir = "{tmp_path / "cache"}"\nnvml_backend = "simulated"\n'
+                      f'sim_state_path = "{tmp_path / "gpus.json"}"\n')
+    out = install_hooks(tmp_path / "hooks", sys.executable, str(config))
+    env = {"PATH": "/usr/bin:/bin", "SLURM_JOB_ID": "77", "SLURM_MIG_PYTHON": "/bin/false",
+           "SLURM_MIG_CONFIG": str(tmp_path / "missing.toml")}
+    res = subprocess.run(["/bin/sh", str(out["slurm-mig-taskprolog"])], env=env, capture_output=True, text=True,
+                         timeout=60)
+    assert res.returncode == 0
+    assert "could not run" not in res.stderr, res.stderr  # the installed interpreter ran, not /bin/false
+    assert "export CUDA_VISIBLE_DEVICES=" in res.stdout

@@ -41,6 +41,9 @@ def hook_source_dir() -> Path:
     return Path(sys.prefix) / "share" / "slurm-mig"
 
 
+#: Hooks Slurm runs as the job's user, with the job's environment (the others run as root with slurmd's).
+USER_HOOKS = frozenset({"slurm-mig-taskprolog"})
+
 #: Paths written into the root hooks' shell text: absolute, and no character the shell would read
 #: (quotes, $, `, \, }, spaces, newlines), so no path can turn into a command.
 SAFE_PATH = re.compile(r"/[A-Za-z0-9_./+@:-]*")
@@ -65,9 +68,15 @@ def install_hooks(prefix: str | os.PathLike, python: str, config: str) -> dict[s
     for name, folder in HOOKS.items():
         src = hook_source_dir() / folder / name
         text = src.read_text()
-        for old, new in ((': "${SLURM_MIG_PYTHON:=/usr/bin/python3}"', f': "${{SLURM_MIG_PYTHON:={python}}}"'),
-                         (': "${SLURM_MIG_CONFIG:=/etc/slurm-mig/slurm-mig.toml}"',
-                          f': "${{SLURM_MIG_CONFIG:={config}}}"')):
+        if name in USER_HOOKS:
+            # Runs with the job's environment: a SLURM_MIG_CONFIG the user exported for the command-line
+            # tools (or a SLURM_MIG_PYTHON) must not redirect it, silently leaving the job without its GPU.
+            pairs = ((': "${SLURM_MIG_PYTHON:=/usr/bin/python3}"', f"SLURM_MIG_PYTHON={python}"),
+                     (': "${SLURM_MIG_CONFIG:=/etc/slurm-mig/slurm-mig.toml}"', f"SLURM_MIG_CONFIG={config}"))
+        else:
+            pairs = ((': "${SLURM_MIG_PYTHON:=/usr/bin/python3}"', f': "${{SLURM_MIG_PYTHON:={python}}}"'),
+                     (': "${SLURM_MIG_CONFIG:=/etc/slurm-mig/slurm-mig.toml}"', f': "${{SLURM_MIG_CONFIG:={config}}}"'))
+        for old, new in pairs:
             if old not in text:
                 raise SlurmMigError(f"{src} has no line {old!r} to set; is this a slurm-mig checkout?")
             text = text.replace(old, new)
