@@ -314,3 +314,25 @@ def test_controller_falls_back_with_the_reason_when_the_model_scores_nan(tmp_pat
     assert summary.get("policy") == "frag-aware" and summary.get("assignments", 0) > 0
     events = [e.message for e in store.recent_events(50)]
     assert any("policy rl failed" in e and "NaN or infinite" in e for e in events), events
+
+
+def test_the_shadow_policy_decides_outside_the_ticks_transaction(tmp_path):
+    """The shadow changes nothing, but it decided inside the tick's write transaction, so every node
+    request waited for a candidate that may be slower than the live policy (a 503 past the busy
+    timeout). It now decides after the commit."""
+    from slurm_mig.policies.frag_aware import FragAwarePolicy
+
+    ctl, store = _controller(PolicyConfig(name="frag-aware"), tmp_path)
+    seen = []
+
+    class Shadow:
+        name, version = "probe", "1"
+
+        def decide(self, state):
+            seen.append(store._depth)  # 0: no transaction of the store is open
+            return FragAwarePolicy().decide(state)
+
+    ctl.shadow = Shadow()
+    ctl.tick()
+    assert seen == [0]
+    assert store.recent_decisions(5, shadow=True)

@@ -179,6 +179,7 @@ class Controller:
         self.policy = policy or _make_policy(cfg, cfg.policy.name)
         self.fallback = _make_policy(cfg, cfg.policy.fallback) if cfg.policy.fallback else None
         self.shadow = _make_policy(cfg, cfg.policy.shadow) if cfg.policy.shadow else None
+        self._shadow_state = None  # the state the live policy decided on this tick, for the shadow
         self.metrics = Metrics()
         self._gres_set: dict[str, tuple[str, float]] = {}  # node -> (value, when) last written
         # node -> when (node's clock) the freshest GPU report stored was observed: an older one arriving
@@ -262,6 +263,7 @@ class Controller:
             else:
                 held_back = self._cannot_withdraw(plan)
             signature = self._last_signature
+            self._shadow_state = None
             try:
                 with self.store.transaction():
                     summary.update(self._commit(plan, now, held_back))
@@ -269,6 +271,9 @@ class Controller:
                 # Rolled back, the decision was not recorded: the next tick's same decision must be.
                 self._last_signature = signature
                 raise
+            if self._shadow_state is not None:
+                self._run_shadow(self._shadow_state, now)
+                self._shadow_state = None
             if nodes is not None:
                 summary["gres_updates"] = self._assert_gres(nodes, jobs or [], now, gres_now)
             if jobs is not None:
@@ -551,13 +556,19 @@ class Controller:
                                                                                        for gi, s in a.instances]}
                                              for a in decision.assignments}, now=now)
         if self.shadow is not None:
-            try:
-                sd = self.shadow.decide(state)
-                self.store.record_decision(sd, state=state, shadow=True, now=now)
-            except Exception as exc:
-                log.warning("shadow policy %s failed: %s", self.shadow.name, exc)
+            self._shadow_state = state  # decided by tick() after this transaction (_run_shadow)
         return {"pending": len(state.pending), "changes": applied, "assignments": len(decision.assignments),
                 "policy": used.name}
+
+    def _run_shadow(self, state, now: float) -> None:
+        """What the shadow policy would have decided on ``state``, recorded and never acted on. Run after
+        the tick's transaction: it changes nothing, so the node requests waiting on the store's lock must
+        not wait for it too (a candidate may be slower than the live policy)."""
+        try:
+            sd = self.shadow.decide(state)
+            self.store.record_decision(sd, state=state, shadow=True, now=now)
+        except Exception as exc:
+            log.warning("shadow policy %s failed: %s", self.shadow.name, exc)
 
     def _withdraw_first(self, plan: "_Plan", jobs, nodes, gres_now: dict, now: float):
         """Take instances a plan destroys out of Slurm's counts before the plan is committed.
