@@ -926,6 +926,38 @@ def test_without_the_controller_the_health_check_keeps_a_prologs_newer_target(ri
     assert _sim_layout(rig, 0) == "3g@0,1g@4,1g@5,1g@6" and _sim_layout(rig, 1) == "3g@0,2g@4,1g@6"
 
 
+def test_a_health_check_report_older_than_a_prologs_recarve_keeps_the_prologs_target(rig, monkeypatch):
+    """A Prolog re-carves GPU 0 and caches the controller's target while a health check's report (observed
+    before the re-carve) is on its way; the controller, told of the re-carve, leaves GPU 0 out of its answer.
+    The health check must not cache its older observed layout over the Prolog's target: after a reboot with
+    the controller down it would re-create the layout from before the re-carve."""
+    from types import SimpleNamespace
+
+    from slurm_mig.mig.profiles import get_model
+    from slurm_mig.nvml import apply_layout
+    from slurm_mig.mig.layout import parse_layout
+
+    assert rig.report() == 0
+    newer = "3g@0,1g@4,1g@5,1g@6"
+    real = rig.srv.routes["/v1/report"]
+
+    def report_while_a_prolog_recarves(payload, who):
+        if not getattr(report_while_a_prolog_recarves, "done", False):
+            report_while_a_prolog_recarves.done = True
+            apply_layout(rig.gpu, 0, parse_layout(newer, get_model("H100-80GB")))
+            hooks._remember_targets(SimpleNamespace(state=SimpleNamespace(root=rig.tmp / "node" / "n1")),
+                                    {"0": newer})
+        return real(payload, who)
+
+    monkeypatch.setitem(rig.srv.routes, "/v1/report", report_while_a_prolog_recarves)
+    assert rig.report() == 0
+    assert _sim_layout(rig, 0) == newer
+    rig.gpu.reset(mig_mode=True)  # reboot: every instance is gone
+    rig.srv.stop()
+    assert rig.report() == 0
+    assert _sim_layout(rig, 0) == newer and _sim_layout(rig, 1) == "3g@0,2g@4,1g@6"
+
+
 @pytest.mark.parametrize("mode", [0o666, 0o644])
 def test_root_hooks_refuse_a_config_others_can_write(rig, mode):
     import os

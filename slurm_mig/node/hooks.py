@@ -636,7 +636,7 @@ def healthcheck(env: dict, node: Node) -> int:
         log.warning("health check: controller unreachable: %s", exc)
         resp = _cached_desired(node)
     else:
-        _cache_desired(node, resp, report["observed"])
+        _cache_desired(node, resp, report["observed"], observed_at)
     _release_ended_bindings(node, [str(j) for j in resp.get("release") or []])
     targets = resp.get("desired") or {}
     if targets:
@@ -721,12 +721,14 @@ def _release_stale_binding(node: Node, job_id: str) -> None:
     log.info("released the stale binding of job %s (it ended without its Epilog)", job_id)
 
 
-def _cache_desired(node: Node, resp: dict, observed: list[dict]) -> None:
+def _cache_desired(node: Node, resp: dict, observed: list[dict], observed_at: float | None = None) -> None:
     """Keep the layout every GPU should have, for a health check that cannot reach the controller (after a
     reboot above all). The controller sends only the layouts that differ from what the node reported; a
     GPU it leaves out is where it should be, so its reported layout is the one kept (caching only what was
     sent left ``{}`` on every converged node, and a node rebooted while the controller was down re-created
-    nothing)."""
+    nothing). A GPU left out that a Prolog re-carved after ``observed_at`` keeps the target that Prolog
+    cached: the reported layout is older than it (the controller, already told of the re-carve, leaves
+    the GPU out because it is where it should be)."""
     import json
 
     from slurm_mig.mig.layout import Layout, Slot
@@ -734,19 +736,32 @@ def _cache_desired(node: Node, resp: dict, observed: list[dict]) -> None:
     from slurm_mig.node.localstate import _atomic_write
 
     desired = {str(k): v for k, v in (resp.get("desired") or {}).items()}
-    for g in observed:
-        if str(g.get("index")) in desired or not g.get("model") or not g.get("mig_enabled") or g.get("lost") \
-                or g.get("error"):
-            continue
-        try:
-            layout = Layout.of(get_model(g["model"]), [Slot(int(i["start"]), str(i["profile"]))
-                                                       for i in g["instances"]])
-        except Exception:  # noqa: BLE001 - a layout we cannot name is not worth keeping
-            continue
-        if layout.is_valid():
-            desired[str(g["index"])] = str(layout)
-    _atomic_write(node.state.root / "desired.json",
-                  json.dumps({"desired": desired, "time": time.time()}).encode(), 0o600)
+    with node.apply_lock():  # read and written under the lock the Prologs cache their targets with
+        cached = _cached_desired(node)
+        old = cached.get("desired") if isinstance(cached.get("desired"), dict) else {}
+        old_at = cached.get("targets_at") if isinstance(cached.get("targets_at"), dict) else {}
+        targets_at = {}
+        for g in observed:
+            key = str(g.get("index"))
+            if key in desired:
+                continue
+            at = old_at.get(key)
+            if observed_at is not None and isinstance(at, (int, float)) and at > observed_at \
+                    and isinstance(old.get(key), str):
+                desired[key], targets_at[key] = old[key], at  # a Prolog's target, newer than this report
+                continue
+            if not g.get("model") or not g.get("mig_enabled") or g.get("lost") or g.get("error"):
+                continue
+            try:
+                layout = Layout.of(get_model(g["model"]), [Slot(int(i["start"]), str(i["profile"]))
+                                                           for i in g["instances"]])
+            except Exception:  # noqa: BLE001 - a layout we cannot name is not worth keeping
+                continue
+            if layout.is_valid():
+                desired[str(g["index"])] = str(layout)
+        _atomic_write(node.state.root / "desired.json",
+                      json.dumps({"desired": desired, "time": time.time(), "targets_at": targets_at}).encode(),
+                      0o600)
 
 
 def _remember_targets(node: Node, targets: dict) -> None:
@@ -760,10 +775,13 @@ def _remember_targets(node: Node, targets: dict) -> None:
         return
     cached = _cached_desired(node)
     desired = cached.get("desired") if isinstance(cached.get("desired"), dict) else {}
+    targets_at = cached.get("targets_at") if isinstance(cached.get("targets_at"), dict) else {}
+    now = time.time()
     desired.update({str(k): str(v) for k, v in targets.items()})
+    targets_at.update({str(k): now for k in targets})  # a health check that observed before now keeps these
     try:
         _atomic_write(node.state.root / "desired.json",
-                      json.dumps({"desired": desired, "time": time.time()}).encode(), 0o600)
+                      json.dumps({"desired": desired, "time": now, "targets_at": targets_at}).encode(), 0o600)
     except OSError as exc:
         log.warning("could not keep the new target layouts for a health check without the controller: %s", exc)
 
