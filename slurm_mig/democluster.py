@@ -329,12 +329,15 @@ class DemoCluster:
         return False
 
     def sim_instances(self, node: str) -> dict[str, dict]:
-        """UUID -> {gpu, profile, start, in_use} from a node's simulated GPUs."""
+        """UUID -> {gpu, profile, start, in_use} from a node's simulated GPUs. A half-made instance (a GPU
+        instance without its compute instance: a reconfiguration mid-way, or killed there) has no UUID;
+        it is keyed ``half-made <gpu>:<profile>@<start>``, so that two of them do not hide each other."""
         from slurm_mig.nvml.simulated import SimulatedBackend
 
         b = SimulatedBackend(self.state / "gpus" / f"{node}.json")
         out = {}
         for g in b.gpus():
             for i in b.instances(g.index):
-                out[i.uuid] = {"gpu": g.index, "profile": i.slot.profile, "start": i.slot.start, "in_use": i.in_use}
+                key = i.uuid or f"half-made {g.index}:{i.slot.profile}@{i.slot.start}"
+                out[key] = {"gpu": g.index, "profile": i.slot.profile, "start": i.slot.start, "in_use": i.in_use}
         return out

@@ -171,3 +171,23 @@ def test_make_clean_stops_the_demo_before_deleting_its_state_dir():
     rm = next(i for i, line in enumerate(lines) if line.startswith("rm -rf .run"))
     assert any("DemoCluster().stop_leftovers()" in line for line in lines[:rm]), plan
     assert any("cluster down" in line for line in lines[:rm]), plan
+
+
+def test_sim_instances_lists_every_half_made_instance(short_dir):
+    """With delays the simulated GPU makes and destroys an instance in NVML's two calls, so a reader meets
+    GPU instances without their compute instance (no UUID) mid-way on several GPUs at once; keyed by UUID
+    alone they hid each other, and the demo's view, the crash watcher's layouts and its final check that the
+    database sees what the GPUs have lost all but one."""
+    from slurm_mig.mig.layout import Slot
+    from slurm_mig.nvml.simulated import SimulatedBackend, init_state
+
+    dc = DemoCluster(short_dir / "demo", gpus_per_node=2)
+    path = dc.state / "gpus" / "n1.json"
+    init_state(path, [("H100-80GB", 2)], layouts={0: "3g@0", 1: "3g@0"}, seed="n1")
+    gpu = SimulatedBackend(path)
+    gpu.half_make(0, Slot(4, "1g.10gb"))
+    gpu.half_make(1, Slot(4, "1g.10gb"))
+    insts = dc.sim_instances("n1")
+    assert sorted((i["gpu"], i["profile"], i["start"]) for i in insts.values()) == [
+        (0, "1g.10gb", 4), (0, "3g.40gb", 0), (1, "1g.10gb", 4), (1, "3g.40gb", 0)]
+    assert sum(1 for u in insts if u.startswith("MIG-")) == 2
