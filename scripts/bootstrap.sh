@@ -25,7 +25,11 @@ if ! .venv/bin/python -m pip --version >/dev/null 2>&1; then
 fi
 # -c constraints.txt: the tested versions of every package (pyproject.toml keeps the ranges).
 # PIP_CONSTRAINT too: pip's isolated build of our own package (setuptools, the build backend) ignores -c.
-export PIP_CONSTRAINT="$PWD/constraints.txt"
+# As a file: URL: pip splits the variable on whitespace, so a checkout path with a space in it would name
+# files that do not exist and fail every install below; the URL has it percent-encoded.
+PIP_CONSTRAINT="$(python3 -c 'import pathlib, sys; print(pathlib.Path(sys.argv[1]).absolute().as_uri())' \
+    "$PWD/constraints.txt")"
+export PIP_CONSTRAINT
 pip=(.venv/bin/python -m pip install -q --disable-pip-version-check -c constraints.txt)
 if [ "${1:-}" = "--training" ]; then
     # torch first and pinned: the CPU wheel; an unpinned torch would pull several GB of CUDA packages.

@@ -54,7 +54,7 @@ def test_every_install_and_the_build_backend_are_pinned(fake_checkout, flags):
     for env, argv in installs:
         assert "-c constraints.txt" in argv
         # pip's isolated build environment (where setuptools comes from) ignores -c; it reads PIP_CONSTRAINT.
-        assert env == str(fake_checkout / "constraints.txt"), argv
+        assert env == (fake_checkout / "constraints.txt").as_uri(), argv
     build_requires = tomllib.loads((REPO / "pyproject.toml").read_text())["build-system"]["requires"]
     pins = _pins()
     for req in build_requires:
@@ -73,3 +73,21 @@ def test_a_failed_slurm_install_leaves_no_installed_marker(fake_checkout, flags)
                          timeout=60)
     assert res.returncode != 0 and "apt-get failed" in res.stderr
     assert sorted(p.name for p in (fake_checkout / ".venv").glob(".installed*")) == []
+
+
+def test_pip_constraint_survives_a_checkout_path_with_a_space(tmp_path, fake_checkout):
+    """pip splits PIP_CONSTRAINT on whitespace: '/home/a/my repo/constraints.txt' named '/home/a/my' and
+    'repo/constraints.txt', and every install failed 'Could not open requirements file'."""
+    from urllib.parse import urlparse
+    from urllib.request import url2pathname
+
+    spaced = tmp_path / "my repo"
+    shutil.move(fake_checkout, spaced)
+    subprocess.run(["bash", "scripts/bootstrap.sh"], cwd=spaced, check=True, timeout=60,
+                   env={k: v for k, v in os.environ.items() if k != "PIP_CONSTRAINT"})
+    calls = [c.split("|", 1) for c in (spaced / "calls").read_text().splitlines()]
+    envs = {env for env, argv in calls if argv.startswith("-m pip install")}
+    assert envs
+    for env in envs:
+        (one,) = env.split()  # what pip reads
+        assert Path(url2pathname(urlparse(one).path)) == spaced / "constraints.txt"
