@@ -109,7 +109,8 @@ def run_slurm(argv: Sequence[str], *, timeout: float | None = DEFAULT_TIMEOUT,
         raise TypeError("run_slurm takes an argv list, not a shell string")
     argv_t = tuple(os.fspath(a) if isinstance(a, os.PathLike) else str(a) for a in argv)
     started = time.monotonic()
-    if not _SLOTS.acquire(timeout=-1 if timeout is None else timeout):
+    # No timeout: wait for a slot as long as it takes (acquire(timeout=-1) gives up at once when none is free).
+    if not (_SLOTS.acquire() if timeout is None else _SLOTS.acquire(timeout=timeout)):
         return SlurmResult(argv_t, 124, "", f"not run: {MAX_CONCURRENT} Slurm commands were already running "
                            f"for {timeout}s", time.monotonic() - started, timed_out=True)
     try:

@@ -148,3 +148,31 @@ def test_one_process_runs_at_most_max_concurrent_slurm_commands(monkeypatch):
     finally:
         for _ in range(runner.MAX_CONCURRENT):
             runner._SLOTS.release()
+
+
+def test_a_command_without_timeout_waits_for_a_slot(monkeypatch):
+    """timeout=None means no limit: with every slot held it waits for one, it is not refused at once as
+    'not run' (Semaphore.acquire(timeout=-1) does not block: it returns False when no slot is free)."""
+    import subprocess
+    import threading
+    import time
+
+    monkeypatch.setattr(runner.subprocess, "run", lambda argv, **kw: subprocess.CompletedProcess(argv, 0, "ok", ""))
+    for _ in range(runner.MAX_CONCURRENT):
+        runner._SLOTS.acquire()
+    released = [False]
+
+    def free_one():
+        time.sleep(0.3)
+        released[0] = True
+        runner._SLOTS.release()
+
+    t = threading.Thread(target=free_one)
+    t.start()
+    try:
+        res = runner.run_slurm(["sinfo"], timeout=None)
+    finally:
+        t.join()
+        for _ in range(runner.MAX_CONCURRENT - 1):
+            runner._SLOTS.release()
+    assert released[0] and res.ok and not res.timed_out
