@@ -934,3 +934,28 @@ def test_a_rolled_back_prolog_leaves_no_journal_ids_behind(rig):
                                              "results": [{"gpu": 0, "ok": False, "error": "gave up"}]})
     assert status == 200
     assert rig.store.journal_entry(other).state == "in_progress"
+
+
+def test_a_rolled_back_tick_does_not_count_a_lost_epilogs_job_twice(rig):
+    """A tick that settled a job whose Epilog never came counted it in jobs_finished_total inside its
+    transaction; rolled back, its notes are restored (so the next tick settles the job again at once) and
+    the next tick counted it a second time. It is counted once, by the tick that commits."""
+    rig.tick()
+    rig.store.upsert_job("1", profile="3g", submit_time=1.0)
+    rig.store.set_job_state("1", "RUNNING", now=time.time() - 500, node="n1")
+    rig.fake.queue = [replace(rig.fake.queue[0], state="COMPLETED"), rig.fake.queue[1]]
+    rig._ended_since["1"] = (time.time() - 1000, ("COMPLETED", 0, time.time() - 900))
+    key = ("slurm_mig_jobs_finished_total", (("state", "COMPLETED"),))
+    plan = rig._plan
+
+    def plan_then_fail(now):
+        raise StoreError("disk or database full (test)")
+
+    rig._plan = plan_then_fail
+    with pytest.raises(StoreError):
+        rig.tick()
+    assert rig.store.get_job("1").state == "RUNNING"  # rolled back
+    rig._plan = plan
+    rig.tick()
+    assert rig.store.get_job("1").state == "COMPLETED"
+    assert rig.metrics.counters.get(key) == 1.0

@@ -237,11 +237,12 @@ class Controller:
             # Asked before the transaction: a slow scontrol must not hold the store lock.
             lost = self._lost_epilogs(jobs, now) if jobs is not None else {}
             ended, saved = dict(self._ended_since), self._ended_saved
+            finished: list[str] = []  # states of the jobs settled below, counted once the transaction commits
             try:
                 with self.store.transaction():
                     if jobs is not None:
                         self._sync_jobs(jobs, now, queried_at)
-                        self._settle_lost_epilogs(lost, now)
+                        finished = self._settle_lost_epilogs(lost, now)
                         if self._ended_since != self._ended_saved:
                             self.store.set_meta("ended_since", {j: [first, list(rec) if rec else None]
                                                                 for j, (first, rec) in self._ended_since.items()},
@@ -257,6 +258,8 @@ class Controller:
                 self._ended_since = {**ended, **self._ended_since}
                 self._ended_saved = saved
                 raise
+            for state in finished:
+                self.metrics.inc("slurm_mig_jobs_finished_total", (("state", state),))
             gres_now = {n.name: {t: n.gres.get(t, 0) for t in GRES_TYPES} for n in nodes or []}
             if jobs is not None and nodes is not None:
                 plan, jobs, now, held_back = self._withdraw_first(plan, jobs, nodes, gres_now, now)
@@ -443,7 +446,10 @@ class Controller:
             return False
         return True
 
-    def _settle_lost_epilogs(self, lost: dict, now: float) -> None:
+    def _settle_lost_epilogs(self, lost: dict, now: float) -> list[str]:
+        """Record the outcome of jobs whose Epilog was lost; the states of those recorded, for the caller to
+        count once its transaction has committed (a rolled-back tick settles them again)."""
+        finished = []
         for job_id, (state, exit_code, end) in lost.items():
             job = self.store.get_job(job_id)
             if job is None or job.state not in ("RUNNING", "COMPLETING", "SUSPENDED"):
@@ -456,7 +462,8 @@ class Controller:
                                  node=job.node, job_id=job_id, now=now)
             log.warning("job %s ended (%s) but its Epilog never reported; outcome recorded %s", job_id, state, how)
             if recorded:
-                self.metrics.inc("slurm_mig_jobs_finished_total", (("state", state),))
+                finished.append(state)
+        return finished
 
     def _sync_nodes(self, nodes) -> None:
         for n in nodes:
