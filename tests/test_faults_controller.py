@@ -942,9 +942,9 @@ def test_a_rolled_back_tick_does_not_count_a_lost_epilogs_job_twice(rig):
     the next tick counted it a second time. It is counted once, by the tick that commits."""
     rig.tick()
     rig.store.upsert_job("1", profile="3g", submit_time=1.0)
-    rig.store.set_job_state("1", "RUNNING", now=time.time() - 500, node="n1")
+    rig.store.set_job_state("1", "RUNNING", now=time.time() - 2000, node="n1")
     rig.fake.queue = [replace(rig.fake.queue[0], state="COMPLETED"), rig.fake.queue[1]]
-    rig._ended_since["1"] = (time.time() - 1000, ("COMPLETED", 0, time.time() - 900))
+    rig._ended_since["1"] = (time.time() - 1000, ("COMPLETED", 0, time.time() - 1005))
     key = ("slurm_mig_jobs_finished_total", (("state", "COMPLETED"),))
     plan = rig._plan
 
@@ -959,3 +959,30 @@ def test_a_rolled_back_tick_does_not_count_a_lost_epilogs_job_twice(rig):
     rig.tick()
     assert rig.store.get_job("1").state == "COMPLETED"
     assert rig.metrics.counters.get(key) == 1.0
+
+
+def test_a_note_on_an_earlier_runs_end_does_not_settle_a_new_run(rig):
+    """Job 5 ended while the tick had a note on it (Slurm said COMPLETED before its Epilog came). The id
+    starts again and its Prolog comes before any tick saw it live (982ab68: a new run). The old note stayed:
+    when the new run ended before the next tick, that tick took the earlier run's note as over the Epilog
+    grace and recorded the new run's end at once, with the old run's exit status and end time. A note
+    older than the run's start belongs to an earlier run: the new run waits for its Epilog as any other."""
+    t = [time.time()]
+    rig.clock = lambda: t[0]
+    rig.store.upsert_job("5", profile="3g", submit_time=t[0] - 900, now=t[0] - 900)
+    rig.store.set_job_state("5", "RUNNING", now=t[0] - 800, node="n1")
+    rig.store.record_outcome("5", state="FAILED", exit_code=256, end_time=t[0] - 600, now=t[0] - 600)
+    rig.store.set_job_state("5", "FAILED", now=t[0] - 600, exit_code=256)
+    rig._ended_since["5"] = (t[0] - 610, ("FAILED", 256, t[0] - 615))  # the earlier run's note
+    rig.fake.queue = []
+    rig.fake.scontrol_show_job = lambda job_id: JobDetail(job_id=5, state="RUNNING", nodes=["n1"], mig={"3g": 1})
+    status, resp = post(rig, "/v1/prolog", {"job_id": "5", "node": "n1", "observed": OBSERVED, "bindings": {}})
+    assert status == 200 and resp["action"] == "bind", resp
+    t[0] += 3  # a short job: it ended before the next tick, its Epilog not reported yet
+    rig.fake.queue = [SlurmJob(job_id=5, name="again", user="zoe", state="COMPLETED", mig={"3g": 1},
+                               tres_per_node="gres:mig:3g:1", submit_time=int(t[0]) - 5, priority=20)]
+    rig.fake.scontrol_show_job = lambda job_id: JobDetail(job_id=5, state="COMPLETED", nodes=["n1"], mig={"3g": 1},
+                                                          fields={"ExitCode": "0:0"})
+    rig.tick()
+    job = rig.store.get_job("5")
+    assert job.state == "RUNNING" and rig.store.bound_instances("5"), job  # waits for its Epilog

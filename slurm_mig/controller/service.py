@@ -384,6 +384,10 @@ class Controller:
                 self._ended_since.pop(job.job_id, None)
                 continue
             first, record = self._ended_since.get(job.job_id, (now, None))
+            if job.start_time is not None and first < job.start_time:
+                # Made before this run started: a note on an earlier run of the id (reused, or requeued after
+                # it ended), whose end and exit status are not this run's. This run waits its own grace.
+                first, record = now, None
             if record is None and sj is not None:
                 detail = self.slurm.scontrol_show_job(job.job_id)
                 if detail is not None and detail.state not in TERMINAL:
