@@ -986,3 +986,19 @@ def test_a_note_on_an_earlier_runs_end_does_not_settle_a_new_run(rig):
     rig.tick()
     job = rig.store.get_job("5")
     assert job.state == "RUNNING" and rig.store.bound_instances("5"), job  # waits for its Epilog
+
+
+def test_a_gpu_of_a_model_slurm_mig_does_not_know_is_not_padded(rig):
+    """n1 has one H100 in MIG mode and a GPU slurm-mig does not know (a display GPU, an 'NVIDIA H100 NVL'):
+    that GPU is left out, and slurm.conf's mig total is 7 (one MIG GPU). 7c010d6 counted every GPU the node
+    reports in the padded total, so the controller set 14, above slurm.conf's 7, and slurmd's next
+    registration (7 < 14) drains the node. A GPU that fell off the bus (no model, no UUID) still counts."""
+    writes = []
+    rig.fake.queue = []
+    rig.fake.nodes = lambda: [SlurmNode(name="n1", state="idle", gres={"3g": 1, "pad": 6}, gres_used={})]
+    rig.fake.update_node_gres = lambda node, counts, **kw: writes.append((node, dict(counts), kw.get("pad_to"))) or ""
+    other = {"gpu": 1, "uuid": "GPU-other", "model": None, "mig_enabled": False, "name": "NVIDIA T400"}
+    rig.store.replace_observed("n1", [H100[0], other],
+                               [{"gpu": 0, "profile": "7g.80gb", "start": 0, "uuid": "MIG-c"}], now=time.time())
+    rig.tick()
+    assert writes and writes[-1][2] == 7, writes

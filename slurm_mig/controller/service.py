@@ -688,8 +688,10 @@ class Controller:
     def _pad_gpus(self, node: str, layouts: dict) -> int:
         """How many GPUs node ``node``'s padded mig total counts (7 each): every GPU it reports, usable or not
         (MIG off after a driver reload, fallen off the bus). slurm.conf's total is 7 per GPU; a lower total
-        set at run time drains the node at slurmd's next registration."""
-        return max(len(layouts), len(self.store.observed_gpus(node)))
+        set at run time drains the node at slurmd's next registration. A GPU of a model slurm-mig does not know
+        (no model, but a UUID: a display GPU, a model outside the table) is left out, as slurm.conf leaves it;
+        a lost one reports neither."""
+        return max(len(layouts), len([g for g in self.store.observed_gpus(node) if g.model or not g.uuid]))
 
     def expected_gres(self, node: str) -> dict[str, int] | None:
         """GRES type -> instances the node's intended layouts hold; None when it has no MIG GPU."""
