@@ -180,6 +180,7 @@ class Controller:
         self.fallback = _make_policy(cfg, cfg.policy.fallback) if cfg.policy.fallback else None
         self.shadow = _make_policy(cfg, cfg.policy.shadow) if cfg.policy.shadow else None
         self._shadow_state = None  # the state the live policy decided on this tick, for the shadow
+        self._detail_slots = threading.BoundedSemaphore(self.DETAIL_CONCURRENCY)
         self.metrics = Metrics()
         self._gres_set: dict[str, tuple[str, float]] = {}  # node -> (value, when) last written
         # node -> when (node's clock) the freshest GPU report stored was observed: an older one arriving
@@ -903,12 +904,25 @@ class Controller:
         self.store.replace_observed(node, gpus, insts, now=self.clock(),
                                     state="up" if known is None or known.state == "unknown" else None)
 
+    #: ``scontrol show job`` calls node requests make at once. Each Prolog of a job no tick has seen asks
+    #: one from its own request thread: a burst of job starts (or one node sending many) would fork as many
+    #: on the head node. Below runner.MAX_CONCURRENT, so the tick's own Slurm commands always find a slot.
+    DETAIL_CONCURRENCY = 8
+
     def _slurm_detail(self, job_id: str):
-        """``scontrol show job`` for a job the store does not know yet (None if it does). Asked before the
-        store's transaction: scontrol may take up to its timeout, and other nodes' requests wait on the lock."""
+        """``scontrol show job`` for a job the store does not know yet (None if it does, or if Slurm cannot
+        be asked, within 10 s, for a free one of DETAIL_CONCURRENCY slots). Asked before the store's transaction:
+        scontrol may take up to its timeout, and other nodes' requests wait on the lock."""
         if self._known_request(job_id):
             return None
-        return self.slurm.scontrol_show_job(job_id)
+        if not self._detail_slots.acquire(timeout=10.0):
+            log.warning("job %s: %d scontrol show job calls already running for node requests; not asked",
+                        job_id, self.DETAIL_CONCURRENCY)
+            return None
+        try:
+            return self.slurm.scontrol_show_job(job_id)
+        finally:
+            self._detail_slots.release()
 
     def _known_request(self, job_id: str) -> bool:
         """Does the store know what ``job_id`` asks for (a MIG request a tick or a Prolog recorded)?"""

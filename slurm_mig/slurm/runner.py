@@ -36,11 +36,10 @@ log = logging.getLogger(__name__)
 #: milliseconds when healthy; anything near this means it is down or wedged.
 DEFAULT_TIMEOUT = 30.0
 
-#: Slurm commands one process runs at once. The controller asks `scontrol show job` for every Prolog
-#: of a job no tick has seen yet, one thread per request: a burst of job starts (or one node sending
-#: many) would otherwise fork as many commands on the head node, each an RPC to slurmctld. The rest
-#: wait for a slot, within their own timeout.
-MAX_CONCURRENT = 16
+#: Slurm commands one process runs at once, a backstop: a burst of callers would otherwise fork as many
+#: commands, each an RPC to slurmctld. The rest wait for a slot, within their own timeout. The controller
+#: caps its request-time scontrol calls lower (Controller.DETAIL_CONCURRENCY), so its tick always finds one.
+MAX_CONCURRENT = 32
 _SLOTS = threading.BoundedSemaphore(MAX_CONCURRENT)
 
 
