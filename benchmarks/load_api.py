@@ -78,10 +78,13 @@ def serve(args) -> int:
                                  submit_time=int(now), priority=1))
 
     class Slurm:
-        """slurmctld as the controller sees it during the run: the N jobs, running, on their nodes."""
+        """slurmctld as the controller sees it during the run: the N jobs, running on their nodes until
+        their Epilog is recorded (then gone, as Slurm forgets ended jobs: still listed, an ended job would
+        read as Slurm running it again)."""
 
         def jobs(self):
-            return jobs
+            done = {o.job_id for o in store.outcomes()}
+            return [j for j in jobs if str(j.job_id) not in done]
 
         def nodes(self):
             return []
