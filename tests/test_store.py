@@ -554,6 +554,16 @@ def test_node_state(db):
         db.upsert_node("n1", state="sleepy")
 
 
+def test_one_node_is_a_keyed_lookup_not_a_scan(db, monkeypatch):
+    """Every node report asks for its node's row (b7d110c). node() read every node and searched them,
+    inside the report's transaction: with 1,000 nodes reporting at once, Prologs waited past the busy
+    timeout (benchmarks/load_api.py --nodes 1000: 439 of 4000 requests answered 503)."""
+    for i in range(3):
+        db.upsert_node(f"n{i}", state="drain")
+    monkeypatch.setattr(type(db), "nodes", lambda self: pytest.fail("node() read every node"))
+    assert db.node("n1").state == "drain" and db.node("nope") is None
+
+
 # -- the policy's view --------------------------------------------------------------
 
 def test_cluster_state_round_trip_into_a_policy(db):

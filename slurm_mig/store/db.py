@@ -279,6 +279,10 @@ def _row_job(r: dict) -> Job:
     )
 
 
+def _row_node(r) -> Node:
+    return Node(r["name"], r["state"], r["last_seen"], r["health"], loads(r["health_detail"], {}), r["agent_version"])
+
+
 def _row_journal(r: dict) -> JournalEntry:
     return JournalEntry(
         id=r["id"], node=r["node"], gpu=r["gpu"], from_layout=r["from_layout"], to_layout=r["to_layout"],
@@ -555,11 +559,13 @@ class Store:
     def nodes(self) -> list[Node]:
         with self.snapshot():
             rows = self._q("SELECT * FROM nodes ORDER BY name")
-        return [Node(r["name"], r["state"], r["last_seen"], r["health"], loads(r["health_detail"], {}),
-                     r["agent_version"]) for r in rows]
+        return [_row_node(r) for r in rows]
 
     def node(self, name: str) -> Node | None:
-        return next((n for n in self.nodes() if n.name == name), None)
+        """One node by name (a keyed lookup: every node report asks, so not a scan of every node)."""
+        with self.snapshot():
+            rows = self._q("SELECT * FROM nodes WHERE name = ?", (name,))
+        return _row_node(rows[0]) if rows else None
 
     # -- observed state ---------------------------------------------------------
     def replace_observed(self, node: str, gpus: Iterable[Any], instances: Iterable[Any], *,
