@@ -56,6 +56,12 @@ class SlurmCommandError(SlurmMigError):
         self.stderr = stderr
 
 
+class AlreadyRunning(SlurmMigError):
+    """Another process holds what this one needs alone (a controller on the same state database)."""
+
+    exit_code = 75  # EX_TEMPFAIL: try again once the other has stopped
+
+
 class SlurmUnavailable(SlurmMigError):
     """Slurm could not be asked what the controller needs to answer (a query failed or timed out).
 

@@ -1029,3 +1029,29 @@ def test_node_requests_run_at_most_detail_concurrency_scontrol_calls(rig):
     from slurm_mig.slurm import runner
 
     assert rig.DETAIL_CONCURRENCY < runner.MAX_CONCURRENT  # the tick's commands always find a slot
+
+
+def test_a_second_controller_on_the_same_database_is_refused(tmp_path):
+    """Nothing refused a second controller on one state database: both ticked, set GRES and requeued jobs
+    from in-memory state that disagreed. The first holds a lock beside the database until it ends."""
+    import subprocess
+    import sys
+
+    from slurm_mig.controller.cli import claim_database
+    from slurm_mig.errors import AlreadyRunning
+
+    db = str(tmp_path / "state.db")
+    held = claim_database(db)
+    code = ("import sys; from slurm_mig.controller.cli import claim_database\n"
+            "from slurm_mig.errors import AlreadyRunning\n"
+            "try:\n    claim_database(sys.argv[1])\nexcept AlreadyRunning as e:\n    print(e); sys.exit(e.exit_code)\n")
+    other = subprocess.run([sys.executable, "-c", code, db], capture_output=True, text=True, timeout=30)
+    assert other.returncode == 75 and "another slurm-mig controller" in other.stdout, (other.stdout, other.stderr)
+    held.close()  # the first ended (the kernel drops the lock however it ends)
+    again = subprocess.run([sys.executable, "-c", code, db], capture_output=True, text=True, timeout=30)
+    assert again.returncode == 0, again.stdout
+    assert claim_database(":memory:") is None
+    with pytest.raises(AlreadyRunning):
+        held2 = claim_database(db)
+        claim_database(db)  # flock is per open file: the same process's second claim is refused too
+    held2.close()

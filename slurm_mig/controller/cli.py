@@ -21,6 +21,34 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_run)
 
 
+def claim_database(db_path: str):
+    """Hold an exclusive lock beside the state database for as long as this process runs: two controllers
+    on one database would both tick, set GRES and requeue jobs from in-memory state that disagrees.
+    Returns the open lock file (keep it), or None for an in-memory database. AlreadyRunning (exit 75) when
+    another process holds it; the kernel releases it when that process dies, however it dies."""
+    import fcntl
+    import os
+
+    from slurm_mig.errors import AlreadyRunning
+
+    if not db_path or db_path == ":memory:":
+        return None
+    path = db_path + ".controller.lock"
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise AlreadyRunning(f"another slurm-mig controller (pid {holder}) is running on {db_path}; stop it "
+                             f"first (systemctl stop slurm-mig-controller), or use another [controller] db_path") from None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    return os.fdopen(fd, "r+")
+
+
 def build(cfg):
     """The controller's parts from a Config: store, Slurm client, Controller."""
     from slurm_mig.controller.service import Controller
@@ -95,6 +123,7 @@ def _run(args: argparse.Namespace) -> int:
                         filename=cfg.log.file or None,
                         format="%(asctime)s slurm-mig-controller %(levelname)s %(name)s: %(message)s")
     logging.getLogger("apscheduler").setLevel(logging.WARNING)
+    lock = claim_database(cfg.controller.db_path)  # noqa: F841  (held until the process ends)
     controller = build(cfg)
     if args.once:
         server = None if args.no_api else serve(cfg, controller)
