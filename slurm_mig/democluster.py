@@ -140,20 +140,14 @@ class DemoCluster:
 
     def _acquire_lock(self) -> None:
         """One demo per state dir: a second one would delete the first's DB and GPU state under it."""
-        import fcntl
+        from slurm_mig import pidlock
 
         if self._lock_fd is not None:
             return
-        fd = os.open(self.state / LOCK, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
-            os.close(fd)
+        fd, holder = pidlock.hold(self.state / LOCK)
+        if fd is None:
             raise ConfigError(f"another slurm-mig demo (pid {holder}) is running in {self.state}: "
-                              f"let it finish or stop it first") from None
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
+                              f"let it finish or stop it first")
         self._lock_fd = fd
 
     def _release_lock(self) -> None:

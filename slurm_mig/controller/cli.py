@@ -26,26 +26,19 @@ def claim_database(db_path: str):
     on one database would both tick, set GRES and requeue jobs from in-memory state that disagrees.
     Returns the open lock file (keep it), or None for an in-memory database. AlreadyRunning (exit 75) when
     another process holds it; the kernel releases it when that process dies, however it dies."""
-    import fcntl
     import os
 
+    from slurm_mig import pidlock
     from slurm_mig.errors import AlreadyRunning
 
     if not db_path or db_path == ":memory:":
         return None
     path = db_path + ".controller.lock"
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, mode=0o700, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
-        os.close(fd)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), mode=0o700, exist_ok=True)
+    fd, holder = pidlock.hold(path)
+    if fd is None:
         raise AlreadyRunning(f"another slurm-mig controller (pid {holder}) is running on {db_path}; stop it "
-                             f"first (systemctl stop slurm-mig-controller), or use another [controller] db_path") from None
-    os.ftruncate(fd, 0)
-    os.write(fd, f"{os.getpid()}\n".encode())
+                             f"first (systemctl stop slurm-mig-controller), or use another [controller] db_path")
     return os.fdopen(fd, "r+")
 
 
