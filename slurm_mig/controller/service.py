@@ -168,6 +168,12 @@ def _make_policy(cfg, name: str):
     return get_policy(name)
 
 
+def _live_request(job) -> bool:
+    """Is ``job`` (a store row or None) one whose MIG request the store knows? Not one that ended here: started
+    again (id reused, requeued after it ended), it may ask for another size."""
+    return job is not None and bool(job.profile) and job.state not in TERMINAL
+
+
 class Controller:
     """The head-node controller. Thread-safe: API threads and the tick share one Store."""
 
@@ -354,9 +360,8 @@ class Controller:
 
     def _revive(self, job_id: str, now: float) -> None:
         """A job the store has as ended is live in Slurm again: wait afresh, as a new run."""
-        self.store.set_job_state(job_id, "PENDING", now=now, reason="live in Slurm again after it ended here "
-                                 "(job id reused, or requeued after it ended)")
-        self.store._x("UPDATE jobs SET node = NULL, exit_code = NULL, instances = '[]' WHERE job_id = ?", (job_id,))
+        self.store.restart_job(job_id, now=now, reason="live in Slurm again after it ended here "
+                               "(job id reused, or requeued after it ended)")
         self.store.add_event("reused", f"job {job_id}: live in Slurm again after it ended here; tracked as a new run",
                              job_id=job_id, now=now)
         log.warning("job %s is live in Slurm again after it ended here (id reused or requeued): tracked as a new run",
@@ -926,9 +931,7 @@ class Controller:
 
     def _known_request(self, job_id: str) -> bool:
         """Does the store know what ``job_id`` asks for (a MIG request a tick or a Prolog recorded)?"""
-        job = self.store.get_job(job_id)
-        # A job that ended here and starts again (id reused, requeued after it ended) may ask for another size.
-        return job is not None and bool(job.profile) and job.state not in TERMINAL
+        return _live_request(self.store.get_job(job_id))
 
     def _request_of(self, detail) -> tuple[str, int] | None:
         """(kind, count) a Slurm job record (:meth:`_slurm_detail`) asks for; None when it is no job of
@@ -941,7 +944,7 @@ class Controller:
         """(kind, count) from the store, or from ``detail`` (:meth:`_slurm_detail`) for a job the last sync
         did not see; None for a job without a MIG request. ValueError for one that cannot be served."""
         job = self.store.get_job(job_id)
-        if job is not None and job.profile and job.state not in TERMINAL:
+        if _live_request(job):
             return job.profile, job.count
         req = self._request_of(detail)
         if req is not None:

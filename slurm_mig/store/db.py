@@ -736,6 +736,13 @@ class Store:
             if state in TERMINAL_STATES:
                 self.release(job_id, now=t)
 
+    def restart_job(self, job_id: str, *, now: float | None = None, reason: str) -> None:
+        """A job that ended here runs again under the same id: PENDING afresh, without the ended run's node,
+        exit code and instances (its outcome row stays)."""
+        with self.transaction():
+            self.set_job_state(job_id, "PENDING", now=now, reason=reason)
+            self._x("UPDATE jobs SET node = NULL, exit_code = NULL, instances = '[]' WHERE job_id = ?", (str(job_id),))
+
     def get_job(self, job_id: str) -> Job | None:
         with self.snapshot():
             rows = self._q("SELECT * FROM jobs WHERE job_id = ?", (str(job_id),))
