@@ -729,17 +729,12 @@ def _cache_desired(node: Node, resp: dict, observed: list[dict], observed_at: fl
     nothing). A GPU left out that a Prolog re-carved after ``observed_at`` keeps the target that Prolog
     cached: the reported layout is older than it (the controller, already told of the re-carve, leaves
     the GPU out because it is where it should be)."""
-    import json
-
     from slurm_mig.mig.layout import Layout, Slot
     from slurm_mig.mig.profiles import get_model
-    from slurm_mig.node.localstate import _atomic_write
 
     desired = {str(k): v for k, v in (resp.get("desired") or {}).items()}
     with node.apply_lock():  # read and written under the lock the Prologs cache their targets with
-        cached = _cached_desired(node)
-        old = cached.get("desired") if isinstance(cached.get("desired"), dict) else {}
-        old_at = cached.get("targets_at") if isinstance(cached.get("targets_at"), dict) else {}
+        old, old_at = _cached_layouts(node)
         targets_at = {}
         for g in observed:
             key = str(g.get("index"))
@@ -759,31 +754,38 @@ def _cache_desired(node: Node, resp: dict, observed: list[dict], observed_at: fl
                 continue
             if layout.is_valid():
                 desired[str(g["index"])] = str(layout)
-        _atomic_write(node.state.root / "desired.json",
-                      json.dumps({"desired": desired, "time": time.time(), "targets_at": targets_at}).encode(),
-                      0o600)
+        _write_cached_layouts(node, desired, targets_at, time.time())
 
 
 def _remember_targets(node: Node, targets: dict) -> None:
     """Put the layouts a Prolog was told to move GPUs to in the health check's cache: kept as they were, the
     cache would take those GPUs back to an older layout at the next health check without the controller."""
-    import json
-
-    from slurm_mig.node.localstate import _atomic_write
-
     if not targets:
         return
-    cached = _cached_desired(node)
-    desired = cached.get("desired") if isinstance(cached.get("desired"), dict) else {}
-    targets_at = cached.get("targets_at") if isinstance(cached.get("targets_at"), dict) else {}
+    desired, targets_at = _cached_layouts(node)
     now = time.time()
     desired.update({str(k): str(v) for k, v in targets.items()})
     targets_at.update({str(k): now for k in targets})  # a health check that observed before now keeps these
     try:
-        _atomic_write(node.state.root / "desired.json",
-                      json.dumps({"desired": desired, "time": now, "targets_at": targets_at}).encode(), 0o600)
+        _write_cached_layouts(node, desired, targets_at, now)
     except OSError as exc:
         log.warning("could not keep the new target layouts for a health check without the controller: %s", exc)
+
+
+def _cached_layouts(node: Node) -> tuple[dict, dict]:
+    """The cache's layouts by GPU and when a Prolog put each target there ({} for what is not a mapping)."""
+    cached = _cached_desired(node)
+    desired, targets_at = cached.get("desired"), cached.get("targets_at")
+    return (desired if isinstance(desired, dict) else {}), (targets_at if isinstance(targets_at, dict) else {})
+
+
+def _write_cached_layouts(node: Node, desired: dict, targets_at: dict, now: float) -> None:
+    import json
+
+    from slurm_mig.node.localstate import _atomic_write
+
+    _atomic_write(node.state.root / "desired.json",
+                  json.dumps({"desired": desired, "time": now, "targets_at": targets_at}).encode(), 0o600)
 
 
 def _cached_desired(node: Node) -> dict:
