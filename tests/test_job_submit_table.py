@@ -58,7 +58,8 @@ def test_profile_names_agree_with_geometry_models():
 
 # -- behaviour, under a real Lua 5.1 ------------------------------------------------
 
-HARNESS = r"""
+# Slurm's side of the plugin API as job_submit.lua uses it: log_user's messages are collected per case.
+FAKE_SLURM = r"""
 local messages = {}
 slurm = {
     SUCCESS = 0, ERROR = -1,
@@ -67,6 +68,9 @@ slurm = {
     log_debug = function(...) end,
 }
 dofile(arg[1])
+"""
+
+HARNESS = FAKE_SLURM + r"""
 for line in io.lines() do
     messages = {}
     local field, value = string.match(line, "^([%w_]+)=(.*)$")
@@ -255,15 +259,7 @@ def test_cli_filter_rewrites_mig_items_and_leaves_the_rest(lua51, tmp_path):
 
 # -- slurm_job_modify: scontrol update JobId=N ... on a pending job -----------------------------------
 
-MODIFY_HARNESS = r"""
-local messages = {}
-slurm = {
-    SUCCESS = 0, ERROR = -1,
-    log_user = function(fmt, ...) table.insert(messages, string.format(fmt, ...)) end,
-    log_info = function(...) end,
-    log_debug = function(...) end,
-}
-dofile(arg[1])
+MODIFY_HARNESS = FAKE_SLURM + r"""
 -- one case a line: "desc_field=value;...|rec_field=value;..." (the record as slurmctld keeps it; unused with
 -- arg[2] == "submit", which calls slurm_job_submit)
 local function fields(s)
