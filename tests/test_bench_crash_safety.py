@@ -2,21 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.helpers import load_benchmark
+
 pytest.importorskip("slurm_mig.democluster")
 
-_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "crash_safety.py"
-_spec = importlib.util.spec_from_file_location("crash_safety_bench", _PATH)
-crash_safety = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = crash_safety  # its dataclasses look their module up
-_spec.loader.exec_module(crash_safety)
+crash_safety = load_benchmark("crash_safety")
 
 
 class _FakeCluster:

@@ -2,17 +2,10 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 from slurm_mig.config import NodeConfig
+from tests.helpers import load_benchmark
 
-_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "load_api.py"
-_spec = importlib.util.spec_from_file_location("load_api_bench", _PATH)
-load_api = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = load_api
-_spec.loader.exec_module(load_api)
+load_api = load_benchmark("load_api")
 
 
 def test_load_api_prints_its_figures_beside_the_bound():

@@ -2,17 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
-_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "prolog_latency.py"
-_spec = importlib.util.spec_from_file_location("prolog_latency_bench", _PATH)
-prolog_latency = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = prolog_latency
-_spec.loader.exec_module(prolog_latency)
+from tests.helpers import load_benchmark
+
+prolog_latency = load_benchmark("prolog_latency")
 
 
 def test_p90_interpolates_between_ranks():

@@ -1008,24 +1008,16 @@ def test_node_requests_run_at_most_detail_concurrency_scontrol_calls(rig):
     """Each Prolog of a job no tick has seen asks scontrol from its own request thread. A burst must not
     take every Slurm command slot of the process (the tick's squeue, sinfo and Gres updates share them):
     at most DETAIL_CONCURRENCY run at once, the rest wait."""
-    running, most, lock = [0], [0], threading.Lock()
+    from tests.helpers import MostAtOnce
 
-    def slow(job_id):
-        with lock:
-            running[0] += 1
-            most[0] = max(most[0], running[0])
-        time.sleep(0.05)
-        with lock:
-            running[0] -= 1
-        return JobDetail(job_id=int(job_id), mig={})
-
-    rig.fake.scontrol_show_job = slow
+    probe = MostAtOnce()
+    rig.fake.scontrol_show_job = probe.wrap(lambda job_id: JobDetail(job_id=int(job_id), mig={}))
     threads = [threading.Thread(target=rig._slurm_detail, args=(str(100 + i),)) for i in range(30)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert most[0] == rig.DETAIL_CONCURRENCY
+    assert probe.most == rig.DETAIL_CONCURRENCY
     from slurm_mig.slurm import runner
 
     assert rig.DETAIL_CONCURRENCY < runner.MAX_CONCURRENT  # the tick's commands always find a slot

@@ -116,20 +116,12 @@ def test_one_process_runs_at_most_max_concurrent_slurm_commands(monkeypatch):
     wait for a slot within their timeout, and one that waits too long fails as a timeout."""
     import subprocess
     import threading
-    import time
 
-    running, most, lock = [0], [0], threading.Lock()
+    from tests.helpers import MostAtOnce
 
-    def fake_run(argv, **kw):
-        with lock:
-            running[0] += 1
-            most[0] = max(most[0], running[0])
-        time.sleep(0.05)
-        with lock:
-            running[0] -= 1
-        return subprocess.CompletedProcess(argv, 0, "ok", "")
-
-    monkeypatch.setattr(runner.subprocess, "run", fake_run)
+    probe = MostAtOnce()
+    ran = probe.wrap(lambda argv, **kw: subprocess.CompletedProcess(argv, 0, "ok", ""))
+    monkeypatch.setattr(runner.subprocess, "run", ran)
     results = []
     threads = [threading.Thread(target=lambda: results.append(runner.run_slurm(["scontrol", "show", "job", "1"])))
                for _ in range(4 * runner.MAX_CONCURRENT)]
@@ -137,7 +129,7 @@ def test_one_process_runs_at_most_max_concurrent_slurm_commands(monkeypatch):
         t.start()
     for t in threads:
         t.join()
-    assert most[0] == runner.MAX_CONCURRENT
+    assert probe.most == runner.MAX_CONCURRENT
     assert len(results) == 4 * runner.MAX_CONCURRENT and all(r.ok for r in results)
     # Every slot held: a command that cannot get one within its timeout is a timed-out result.
     for _ in range(runner.MAX_CONCURRENT):
