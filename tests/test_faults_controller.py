@@ -887,24 +887,36 @@ def test_history_retention_comes_from_the_config(rig, monkeypatch):
         {"keep_decisions": 7, "keep_events": 9, "keep_journal_days": 1.5}
 
 
-def test_notes_on_ended_jobs_written_by_a_rolled_back_tick_are_written_by_the_next(rig):
-    """The tick noted "saved" for its notes on ended jobs (the meta row a restarted controller reads) before its
-    transaction committed: after a rolled-back tick the next one, with the same notes, did not write them, and a
-    controller restarted then lost the Slurm record (exit status, end time) of a job whose Epilog never came."""
+def _job_1_ended_in_slurm(rig, *, started: float) -> None:
+    """After a first tick: job 1 runs on n1 since ``started`` in the store, and Slurm now lists it COMPLETED."""
     rig.tick()
     rig.store.upsert_job("1", profile="3g", submit_time=1.0)
-    rig.store.set_job_state("1", "RUNNING", now=time.time(), node="n1")
+    rig.store.set_job_state("1", "RUNNING", now=started, node="n1")
     rig.fake.queue = [replace(rig.fake.queue[0], state="COMPLETED"), rig.fake.queue[1]]
+
+
+def _roll_back_a_tick(rig) -> None:
+    """One tick whose transaction fails at the policy step (as on a full disk) and is rolled back."""
     plan = rig._plan
 
     def plan_then_fail(now):
         raise StoreError("disk or database full (test)")
 
     rig._plan = plan_then_fail
-    with pytest.raises(StoreError):
-        rig.tick()
+    try:
+        with pytest.raises(StoreError):
+            rig.tick()
+    finally:
+        rig._plan = plan
+
+
+def test_notes_on_ended_jobs_written_by_a_rolled_back_tick_are_written_by_the_next(rig):
+    """The tick noted "saved" for its notes on ended jobs (the meta row a restarted controller reads) before its
+    transaction committed: after a rolled-back tick the next one, with the same notes, did not write them, and a
+    controller restarted then lost the Slurm record (exit status, end time) of a job whose Epilog never came."""
+    _job_1_ended_in_slurm(rig, started=time.time())
+    _roll_back_a_tick(rig)
     assert "1" not in (rig.store.get_meta("ended_since") or {})
-    rig._plan = plan
     rig.tick()
     assert "1" in (rig.store.get_meta("ended_since") or {})
     assert "1" in Controller(Config(), rig.store, rig.fake)._ended_since
@@ -940,22 +952,11 @@ def test_a_rolled_back_tick_does_not_count_a_lost_epilogs_job_twice(rig):
     """A tick that settled a job whose Epilog never came counted it in jobs_finished_total inside its
     transaction; rolled back, its notes are restored (so the next tick settles the job again at once) and
     the next tick counted it a second time. It is counted once, by the tick that commits."""
-    rig.tick()
-    rig.store.upsert_job("1", profile="3g", submit_time=1.0)
-    rig.store.set_job_state("1", "RUNNING", now=time.time() - 2000, node="n1")
-    rig.fake.queue = [replace(rig.fake.queue[0], state="COMPLETED"), rig.fake.queue[1]]
+    _job_1_ended_in_slurm(rig, started=time.time() - 2000)
     rig._ended_since["1"] = (time.time() - 1000, ("COMPLETED", 0, time.time() - 1005))
     key = ("slurm_mig_jobs_finished_total", (("state", "COMPLETED"),))
-    plan = rig._plan
-
-    def plan_then_fail(now):
-        raise StoreError("disk or database full (test)")
-
-    rig._plan = plan_then_fail
-    with pytest.raises(StoreError):
-        rig.tick()
+    _roll_back_a_tick(rig)
     assert rig.store.get_job("1").state == "RUNNING"  # rolled back
-    rig._plan = plan
     rig.tick()
     assert rig.store.get_job("1").state == "COMPLETED"
     assert rig.metrics.counters.get(key) == 1.0
