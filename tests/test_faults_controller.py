@@ -816,18 +816,24 @@ def test_a_node_whose_mig_gpus_are_gone_stops_advertising_their_instances(rig, g
     assert writes and not any(writes[-1][1].values()) and writes[-1][2] == 14, writes
 
 
+def _job_5_ended_here(rig, profile: str, state: str, exit_code: int) -> list[float]:
+    """Job 5 ran on n1 and ended ten minutes ago, its outcome recorded; the rig's clock is ``t[0]``, returned."""
+    t = [time.time()]
+    rig.clock = lambda: t[0]
+    rig.store.upsert_job("5", profile=profile, submit_time=t[0] - 900, now=t[0] - 900)
+    rig.store.set_job_state("5", "RUNNING", now=t[0] - 800, node="n1")
+    rig.store.record_outcome("5", state=state, exit_code=exit_code, end_time=t[0] - 600, now=t[0] - 600)
+    rig.store.set_job_state("5", state, now=t[0] - 600, exit_code=exit_code)
+    return t
+
+
 @pytest.mark.parametrize("seen_by", ["tick", "prolog"])
 def test_a_job_id_slurm_uses_again_after_it_ended_here_is_a_new_run(rig, seen_by):
     """slurmctld restarted without its state (job ids start again) or an admin requeued a job that had
     completed: Slurm lists an id the store has as ended. The store kept it COMPLETED, so the policy never
     saw it waiting and its Prolog's bind failed ("it already ended"): answered 500, every time (found in
     review). Now it is tracked as a new run, with what Slurm says it asks for now."""
-    t = [time.time()]
-    rig.clock = lambda: t[0]
-    rig.store.upsert_job("5", profile="7g", submit_time=t[0] - 900, now=t[0] - 900)
-    rig.store.set_job_state("5", "RUNNING", now=t[0] - 800, node="n1")
-    rig.store.record_outcome("5", state="COMPLETED", exit_code=0, end_time=t[0] - 600, now=t[0] - 600)
-    rig.store.set_job_state("5", "COMPLETED", now=t[0] - 600, exit_code=0)
+    t = _job_5_ended_here(rig, "7g", "COMPLETED", 0)
     new = SlurmJob(job_id=5, name="again", user="zoe", state="PENDING", mig={"3g": 1},
                    tres_per_node="gres:mig:3g:1", submit_time=int(t[0]) - 5, priority=20)
     rig.fake.queue = [new]
@@ -968,12 +974,7 @@ def test_a_note_on_an_earlier_runs_end_does_not_settle_a_new_run(rig):
     when the new run ended before the next tick, that tick took the earlier run's note as over the Epilog
     grace and recorded the new run's end at once, with the old run's exit status and end time. A note
     older than the run's start belongs to an earlier run: the new run waits for its Epilog as any other."""
-    t = [time.time()]
-    rig.clock = lambda: t[0]
-    rig.store.upsert_job("5", profile="3g", submit_time=t[0] - 900, now=t[0] - 900)
-    rig.store.set_job_state("5", "RUNNING", now=t[0] - 800, node="n1")
-    rig.store.record_outcome("5", state="FAILED", exit_code=256, end_time=t[0] - 600, now=t[0] - 600)
-    rig.store.set_job_state("5", "FAILED", now=t[0] - 600, exit_code=256)
+    t = _job_5_ended_here(rig, "3g", "FAILED", 256)
     rig._ended_since["5"] = (t[0] - 610, ("FAILED", 256, t[0] - 615))  # the earlier run's note
     rig.fake.queue = []
     rig.fake.scontrol_show_job = lambda job_id: JobDetail(job_id=5, state="RUNNING", nodes=["n1"], mig={"3g": 1})
