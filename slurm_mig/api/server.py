@@ -15,6 +15,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable
 
 from slurm_mig.api.auth import HEADER, RESPONSE_HEADER, AuthError, Principal
+from slurm_mig.controlchars import visible
 from slurm_mig.errors import SlurmMigError
 
 log = logging.getLogger("slurm_mig.api")
@@ -24,14 +25,11 @@ IO_TIMEOUT_S = 30.0
 MAX_CONNECTIONS = 2048  # open connections served at once (one thread each); more get a 503
 EX_TEMPFAIL = 75  # the exit_code of errors that mean "try again later" (StoreBusy, StoreUnavailable)  # per socket read/write; hooks send their whole request at once
 
-# C0, DEL and C1 characters as visible \xNN in what the server logs: the request path comes from anyone
-# who can reach the port, before any authentication, and http.server keeps ESC in it, so a path could
-# move the cursor, clear or retitle the terminal of an admin reading the log, or hide earlier lines.
-_CONTROL = {c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0))}
 
-
-def _shown(text: str) -> str:
-    return str(text).translate(_CONTROL)
+def _shown(text) -> str:
+    """What the server logs: the request path comes from anyone who can reach the port, before any
+    authentication, and http.server keeps ESC in it."""
+    return visible(str(text))
 
 
 Route = Callable[[dict, Principal], dict]

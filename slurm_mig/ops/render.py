@@ -12,6 +12,8 @@ from typing import Iterable, Sequence
 
 from rich.text import Text
 
+from slurm_mig.controlchars import visible
+
 from slurm_mig.ops.views import fmt_clock, fmt_duration, kind_sort_key
 
 STYLE = {
@@ -28,15 +30,9 @@ STYLE = {
     "ok": "green",
 }
 
-# C0, DEL and C1: anyone who can name a job (sbatch -J) could otherwise move the cursor, retitle
-# or clear an operator's terminal, or hide lines, through any field we print. Shown as \xNN so
-# nothing is lost (rich keeps ESC in Text, so the dashboard needs this as much as print does).
-_CONTROL = {c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0))}
-
-
-def safe(text: str) -> str:
-    """``text`` with every control character written as a visible ``\\xNN``."""
-    return text.translate(_CONTROL)
+# Every field we print goes through safe (rich keeps ESC in Text, so the dashboard needs it as much as
+# print does): anyone who can name a job (sbatch -J) chose some of them.
+safe = visible
 
 
 def safe_tree(value):
