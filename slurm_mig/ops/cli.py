@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 
 JOB_STATE_GROUPS = {
     "live": ("PENDING", "REQUEUED", "RUNNING", "SUSPENDED", "COMPLETING"),
@@ -128,11 +129,14 @@ def _console(width: int):
     return Console(width=width, highlight=False, soft_wrap=False)
 
 
-def _note_if_stale(cfg, snap) -> None:
+def _note_if_stale(cfg, store, snap=None) -> None:
     """On stderr (so --json stays valid), when the controller is not ticking: what follows is what it
-    last wrote, not the live state (waits and run times are counted up to now all the same)."""
+    last wrote, not the live state (waits and run times are counted up to now all the same). Reads only
+    the controller's last tick unless the caller has a whole snapshot already."""
     from slurm_mig.ops import views as V
 
+    if snap is None:
+        snap = V.load_tick(store, V.Snapshot(now=time.time(), stale_after_s=cfg.controller.node_stale_after_s))
     c = V.controller_health(snap, cfg.controller.tick_interval_s)
     if c["state"] != "ok":
         print(f"slurm-mig: note: controller {c['state']} ({c['detail']}): this is what it last recorded, "
@@ -233,7 +237,7 @@ def _jobs(args) -> int:
     with store:
         jobs = V.jobs_view(store, states=states, user=args.user, partition=args.partition, profile=args.profile,
                            limit=args.limit)
-        _note_if_stale(cfg, V.load_snapshot(store, stale_after_s=cfg.controller.node_stale_after_s))
+        _note_if_stale(cfg, store)
     if args.json:
         _print_json(jobs)
         return 0
@@ -270,7 +274,7 @@ def _nodes(args) -> int:
     cfg, store = _open(args)
     with store:
         snap = V.load_snapshot(store, stale_after_s=cfg.controller.node_stale_after_s)
-    _note_if_stale(cfg, snap)
+    _note_if_stale(cfg, store, snap)
     nodes = V.node_views(snap, nodes=args.node, only=_partition_nodes(cfg, args.partition))
     if args.json:
         _print_json(nodes)
@@ -459,7 +463,7 @@ def _explain(args) -> int:
     with store:
         ex = V.explain_view(store, args.job_id)
         if ex["job"]["state"] in V.LIVE_JOB_STATES:
-            _note_if_stale(cfg, V.load_snapshot(store, stale_after_s=cfg.controller.node_stale_after_s))
+            _note_if_stale(cfg, store)
         per_node: dict[str, int] = {}
         for g in store.observed_gpus():
             per_node[g.node] = per_node.get(g.node, 0) + 1

@@ -205,8 +205,6 @@ class Snapshot:
 def load_snapshot(store, *, now: float | None = None, stale_after_s: float = 120.0, decisions: int = 10,
                   journal: int = 10, events: int = 30) -> Snapshot:
     """Read the state database once (one read transaction) for a dashboard frame."""
-    from slurm_mig.store.models import loads
-
     snap = Snapshot(now=time.time() if now is None else now, stale_after_s=stale_after_s)
     with store.snapshot():
         snap.nodes = store.nodes()
@@ -222,15 +220,26 @@ def load_snapshot(store, *, now: float | None = None, stale_after_s: float = 120
         snap.open_journal = store.open_journal_entries()
         snap.recent_journal = store.journal_entries(limit=journal)
         snap.decisions = _decision_rows(store, limit=decisions, include_noop=False, include_waiting=False)
+        load_tick(store, snap)
+        snap.events = store.recent_events(events)
+    return snap
+
+
+def load_tick(store, snap: Snapshot) -> Snapshot:
+    """Fill in what :func:`controller_health` needs of ``snap``: the controller's last decision, its last
+    tick (the newer of that and its last reservations write) and those reservations; all a command that
+    only says whether the controller is ticking has to read."""
+    from slurm_mig.store.models import loads
+
+    with store.snapshot():
         last = _decision_rows(store, limit=1, include_noop=True)
         snap.last_decision = last[0] if last else None
         meta = store._q("SELECT key, value, updated_at FROM meta WHERE key = 'reservations'")
-        if meta:
-            snap.last_tick = meta[0]["updated_at"]
-            snap.reservations = loads(meta[0]["value"], {}) or {}
-        if snap.last_decision and (snap.last_tick is None or snap.last_decision["time"] > snap.last_tick):
-            snap.last_tick = snap.last_decision["time"]
-        snap.events = store.recent_events(events)
+    if meta:
+        snap.last_tick = meta[0]["updated_at"]
+        snap.reservations = loads(meta[0]["value"], {}) or {}
+    if snap.last_decision and (snap.last_tick is None or snap.last_decision["time"] > snap.last_tick):
+        snap.last_tick = snap.last_decision["time"]
     return snap
 
 
