@@ -12,6 +12,8 @@ import argparse
 import sys
 import time
 
+from slurm_mig.argtypes import at_least
+
 JOB_STATE_GROUPS = {
     "live": ("PENDING", "REQUEUED", "RUNNING", "SUSPENDED", "COMPLETING"),
     "pending": ("PENDING", "REQUEUED"),
@@ -19,19 +21,6 @@ JOB_STATE_GROUPS = {
     "done": ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
              "BOOT_FAIL", "DEADLINE"),
 }
-
-
-def _size(least: int):
-    """An argparse type: a whole number of at least ``least`` (top's frame needs 12 rows)."""
-    def parse(text: str) -> int:
-        try:
-            n = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-        if n < least:
-            raise argparse.ArgumentTypeError(f"{n} is too small (at least {least})")
-        return n
-    return parse
 
 
 def _common(p: argparse.ArgumentParser, *, json_flag: bool = True) -> None:
@@ -66,7 +55,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     _common(p)
     p.add_argument("--node", metavar="NODES", help="hostlist or glob, e.g. gpu[01-04] or 'gpu*'")
     p.add_argument("--partition", help="only nodes of this Slurm partition (asks sinfo)")
-    p.add_argument("--width", type=_size(10), help="line width (default: the terminal's, or 100)")
+    p.add_argument("--width", type=at_least(10), help="line width (default: the terminal's, or 100)")
     p.set_defaults(func=_nodes)
 
     p = sub.add_parser("decisions", help="the policy's recent decisions and their reasons")
@@ -81,7 +70,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("explain", help="why a job waited, or landed where it did")
     _common(p)
     p.add_argument("job_id", metavar="JOBID")
-    p.add_argument("--width", type=_size(10), help="line width (default: the terminal's, or 100)")
+    p.add_argument("--width", type=at_least(10), help="line width (default: the terminal's, or 100)")
     p.add_argument("--replay", action="store_true",
                    help="also replay the job's surroundings in the simulator with the configured policy and "
                         "draw the simulated timeline")
@@ -96,8 +85,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--page", type=int, default=1, help="start on this page")
     p.add_argument("--view", choices=("auto", "gpus", "summary"), default="auto",
                    help="GPU bars, per-profile summary with one line per node, or auto (bars when they fit)")
-    p.add_argument("--width", type=_size(10), help="with --once: frame width (default: terminal, or 80)")
-    p.add_argument("--height", type=_size(12), help="with --once: frame height (default: terminal, or 24)")
+    p.add_argument("--width", type=at_least(10), help="with --once: frame width (default: terminal, or 80)")
+    p.add_argument("--height", type=at_least(12), help="with --once: frame height (default: terminal, or 24)")
     p.add_argument("--ascii", action="store_true", help="ASCII characters only (terminals without UTF-8)")
     p.set_defaults(func=_top)
 

@@ -8,21 +8,11 @@ import math
 import sys
 from pathlib import Path
 
+from slurm_mig.argtypes import at_least
 from slurm_mig.errors import ConfigError
 
 SYNTHETIC = ("poisson-mix", "small-heavy", "rl-good_scaling", "rl-bad_scaling", "rl-mix_extreme", "rl-mix_soft",
              "rl-wide_times", "miso-models")
-
-
-def _positive(text: str) -> int:
-    """An argparse type: a whole number of at least 1 (0 GPUs or -1 nodes is no cluster to simulate)."""
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
-    return n
 
 
 def register(subparsers) -> None:
@@ -36,7 +26,7 @@ def register(subparsers) -> None:
     b.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     b.add_argument("--speed", action="store_true",
                    help="run the speed benchmarks (100k jobs on 1,000 GPUs; a decision over 10k jobs x 8k GPUs)")
-    b.add_argument("--nodes", type=_positive, default=None, help="nodes of 8 GPUs for trace workloads (default 5)")
+    b.add_argument("--nodes", type=at_least(1), default=None, help="nodes of 8 GPUs for trace workloads (default 5)")
     b.add_argument("--no-synthetic", action="store_true", help="only the traces")
     b.add_argument("--policies", default=None, help="comma-separated subset of policies")
     b.add_argument("--verbose", "-v", action="store_true", help="log each simulation to stderr")
@@ -52,9 +42,9 @@ def register(subparsers) -> None:
     src.add_argument("--workload", choices=SYNTHETIC, help="a synthetic workload")
     s.add_argument("--policy", default="frag-aware", help="policy name (see `slurm-mig bench`); best-static "
                                                           "searches a static plan first")
-    s.add_argument("--nodes", type=_positive, default=None,
+    s.add_argument("--nodes", type=at_least(1), default=None,
                    help="nodes (default: 5 for traces, 2 for synthetic, the DB's MIG nodes for --db)")
-    s.add_argument("--gpus-per-node", type=_positive, default=None,
+    s.add_argument("--gpus-per-node", type=at_least(1), default=None,
                    help="GPUs per node (default 8; for --db the most MIG GPUs the DB saw on one node)")
     s.add_argument("--model", default=None,
                    help="GPU model (default H100-80GB; for --db the model of most MIG GPUs the DB saw)")
@@ -63,13 +53,13 @@ def register(subparsers) -> None:
     s.add_argument("--milli-map", default=None, help="gpu_milli -> profile, e.g. 1g:142,2g:285,3g:428,4g:571,7g:1000")
     s.add_argument("--no-time-limits", action="store_true", help="jobs carry no --time estimate")
     s.add_argument("--seed", type=int, default=0, help="seed for synthetic time limits / workloads")
-    s.add_argument("--jobs", type=_positive, default=2000, help="jobs in a synthetic workload")
+    s.add_argument("--jobs", type=at_least(1), default=2000, help="jobs in a synthetic workload")
     s.add_argument("--check", action="store_true", help="check every decision with check_decision()")
     s.add_argument("--json", action="store_true", help="print metrics as JSON")
     s.add_argument("--plot", metavar="PNG", help="write a timeline picture (needs matplotlib: pip install slurm-mig[plot])")
     s.add_argument("--from", dest="t_from", type=float, default=None, metavar="HOURS", help="plot from this time")
     s.add_argument("--to", dest="t_to", type=float, default=None, metavar="HOURS", help="plot up to this time")
-    s.add_argument("--max-gpus", type=_positive, default=48, help="GPUs drawn at most (default 48)")
+    s.add_argument("--max-gpus", type=at_least(1), default=48, help="GPUs drawn at most (default 48)")
     s.add_argument("--job", metavar="JOB_ID", help="explain this job: when it came, waited, ran, and why it waited")
     s.set_defaults(func=cmd_simulate)
 
