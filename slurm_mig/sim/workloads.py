@@ -494,14 +494,14 @@ def outcomes_db_cluster(path: str | Path) -> tuple[str, int, int] | None:
         return None
     model = max(sorted(models), key=lambda m: models[m])
     try:
-        get_model(model)
+        name = get_model(model).name
     except GeometryError:
         return None
     per_node: dict[str, int] = {}
     for node, m in rows:
         if m == model:
             per_node[node] = per_node.get(node, 0) + 1
-    return get_model(model).name, len(per_node), max(per_node.values())
+    return name, len(per_node), max(per_node.values())
 
 
 def load_outcomes_db(
