@@ -91,6 +91,17 @@ def test_old_version_database_upgrades_and_keeps_its_data(tmp_path):
     new.close()
 
 
+def test_an_error_that_only_mentions_a_lock_is_not_called_a_busy_database(tmp_path):
+    """An SQLite error whose text merely contains "locked" (met as "no column named blocked") was reported
+    as "stayed locked by another writer", which sends an admin after a lock that does not exist."""
+    s = open_store(tmp_path / "state.db")
+    with pytest.raises(StoreError, match="no column named unlocked_at") as info:
+        with s.transaction():
+            s._x("INSERT INTO jobs (job_id, unlocked_at) VALUES ('1', 'x')")
+    assert not isinstance(info.value, StoreBusy)
+    s.close()
+
+
 def test_database_from_a_newer_version_is_refused(tmp_path):
     path = tmp_path / "state.db"
     s = open_store(path)

@@ -229,8 +229,11 @@ def _translate(exc: sqlite3.Error, path: str, busy_timeout_s: float) -> SlurmMig
     msg = str(exc)
     low = msg.lower()
     code = getattr(exc, "sqlite_errorcode", None)
-    if isinstance(exc, sqlite3.OperationalError) and ("locked" in low or "busy" in low
-                                                      or code in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)):
+    # By code, or SQLite's own words: a message that merely contains "locked" ("no column named blocked")
+    # is not a lock.
+    if isinstance(exc, sqlite3.OperationalError) and (
+            (code is not None and code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED))
+            or any(w in low for w in ("database is locked", "table is locked", "database is busy"))):
         return StoreBusy(
             f"state database {path} stayed locked by another writer for more than the busy timeout "
             f"({busy_timeout_s:g} s); nothing was written (sqlite: {msg})"
