@@ -325,6 +325,20 @@ def test_explain_unknown_job(ro):
         V.explain_view(ro, "4242")
 
 
+def test_explain_a_job_slurm_will_not_start_says_why_not_that_the_controller_is_idle(tmp_path):
+    with open_store(tmp_path / "state.db") as store:
+        store.upsert_job("7", profile="2g", submit_time=100.0, now=100.0,
+                         blocked="waiting on a dependency (Slurm: Dependency)")
+    ro = V.open_readonly(tmp_path / "state.db")
+    try:
+        out = V.explain_view(ro, "7", now=130.0)
+    finally:
+        ro.close()
+    assert "Slurm will not start it now: waiting on a dependency" in out["verdict"]
+    assert "is the controller ticking" not in out["verdict"]
+    assert out["job"]["blocked"] == "waiting on a dependency (Slurm: Dependency)"
+
+
 def test_gpu_option_verdicts():
     base = {"node": "n1", "gpu": 0, "model": "H100-80GB", "available": True}
     assert V.gpu_option({**base, "layout": "3g@0,3g@4", "busy": []}, "3g")["verdict"] == "idle-instance"

@@ -75,7 +75,8 @@ def test_old_version_database_upgrades_and_keeps_its_data(tmp_path):
     assert migrate(old.db, target=1) == [1]
     assert schema_version(old.db) == 1
     assert "meta" not in old.db.table_names()
-    old.upsert_job("41", profile="3g", submit_time=5.0)
+    # Written as version 1's code wrote it (today's upsert_job names later columns).
+    old.db.execute("INSERT INTO jobs (job_id, profile, submit_time, updated_at) VALUES ('41', '3g', 5.0, 5.0)")
     old.add_event("test", "written by version 1")
     old.close()
 
@@ -83,6 +84,7 @@ def test_old_version_database_upgrades_and_keeps_its_data(tmp_path):
     assert new.schema_version == LATEST_VERSION
     assert "meta" in new.db.table_names()
     assert new.get_job("41").profile == "3g"
+    assert new.get_job("41").blocked is None  # version 3's column, on a job written before it
     assert new.recent_events(1)[0].message == "written by version 1"
     new.set_meta("k", {"a": 1})
     assert new.get_meta("k") == {"a": 1}

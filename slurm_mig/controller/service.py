@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from slurm_mig.api.auth import NODE_NAME
 from slurm_mig.api.origin import NodeOrigins
 from slurm_mig.controller.binding import NodeGpu, choose_binding
+from slurm_mig.controller.queue import queue_entries
 from slurm_mig.errors import SlurmMigError, SlurmUnavailable
 from slurm_mig.mig.layout import Layout, Slot, parse_layout
 from slurm_mig.mig.profiles import get_model
@@ -303,10 +304,15 @@ class Controller:
     def _sync_jobs(self, jobs, now: float, queried_at: float) -> None:
         seen = set()
         order = []
-        for j in sorted(jobs, key=lambda j: (-(j.priority or 0), j.submit_time or 0, j.job_id)):
-            if not j.wants_mig or not self._manages(j.partition):
-                continue
-            job_id = str(j.job_id)
+        mine = [j for j in sorted(jobs, key=lambda j: (-(j.priority or 0), j.submit_time or 0, j.job_id))
+                if j.wants_mig and self._manages(j.partition)]
+        # Array tasks that Slurm now runs (or ran) under ids of their own, and array records shown as tasks.
+        split = {f"{j.array_job_id}_{j.array_task_id}" for j in jobs
+                 if j.array_job_id and j.array_task_id is not None}
+        entries = queue_entries(mine)
+        as_tasks = {str(e.job.job_id) for e in entries if e.array_task}
+        for entry in entries:
+            j, job_id = entry.job, entry.job_id
             seen.add(job_id)
             try:
                 kind, count = mig_size_request(j.mig)
@@ -318,7 +324,7 @@ class Controller:
             self.store.upsert_job(job_id, profile=kind, count=count, user=j.user, name=j.name,
                                   partition=j.partition,
                                   time_limit_s=None if j.time_limit_min is None else j.time_limit_min * 60.0,
-                                  submit_time=j.submit_time, now=now)
+                                  submit_time=j.submit_time, now=now, blocked=entry.blocked)
             current = self.store.get_job(job_id)
             if current is not None and current.state in TERMINAL and j.state in ("PENDING", "RUNNING", "SUSPENDED") \
                     and (current.end_time or current.updated_at) < queried_at - 1:
@@ -352,11 +358,16 @@ class Controller:
         self.store.set_job_order(order)
         # Pending (or requeued) jobs Slurm no longer lists were cancelled (or purged after MinJobAge). A job a
         # Prolog requeued after our squeue (one submitted meanwhile) is not in its answer: left for the next.
-        gone = self.store.pending_jobs(include_bound=True) + [
+        gone = self.store.pending_jobs(include_bound=True, include_blocked=True) + [
             j for j in self.store.jobs(["REQUEUED"]) if j.updated_at < queried_at]
         for job in gone:
-            if job.job_id not in seen:
-                self.store.set_job_state(job.job_id, "CANCELLED", now=now, reason="no longer in Slurm's queue")
+            if job.job_id in seen:
+                continue
+            # An array task Slurm started under an id of its own lives on as that job; an array record
+            # (stored whole before its tasks were shown) lives on as its tasks.
+            if (job.job_id in split or job.job_id in as_tasks) and self.store.forget_pending_job(job.job_id):
+                continue
+            self.store.set_job_state(job.job_id, "CANCELLED", now=now, reason="no longer in Slurm's queue")
 
     def _revive(self, job_id: str, now: float) -> None:
         """A job the store has as ended is live in Slurm again: wait afresh, as a new run."""
@@ -1027,8 +1038,12 @@ class Controller:
                                                         for b in existing], "targets": {}}
             if existing:
                 self.store.release(job_id, now=now)
+            task = _array_task_of(detail)
+            if task is not None and task != job_id:
+                # The tick saw this job as a task of an array record: the task's row gives way to the job.
+                self.store.forget_pending_job(task)
             gpus = self._node_gpus(node, node_bindings, exclude_job=job_id)
-            reserved = self._reservation(job_id, node)
+            reserved = self._reservation(job_id, node) or (self._reservation(task, node) if task else ())
             plan = choose_binding(gpus, kind, count, reserved) if gpus else None
             if plan is None:
                 requeue_reason = f"no {count} x {kind} MIG instance can be made on {node} now (slices in use)"
@@ -1349,6 +1364,14 @@ def _started_since(before, after, nodes: set[str]) -> list[tuple[str, str]]:
         return {(str(j.job_id), n) for j in jobs if j.wants_mig and not j.pending and j.state not in TERMINAL
                 for n in j.nodes if n in nodes}
     return sorted(running(after) - running(before))
+
+
+def _array_task_of(detail) -> str | None:
+    """``"<array job id>_<task id>"`` of an array task from its ``scontrol show job``, else None."""
+    fields = getattr(detail, "fields", None) or {}
+    array_id, task = fields.get("ArrayJobId", ""), fields.get("ArrayTaskId", "")
+    job_id = f"{array_id}_{task}"
+    return job_id if JOB_ID.fullmatch(job_id) and "_" in job_id else None
 
 
 def _slurm_end(detail, state: str, now: float) -> tuple[str, int | None, float]:

@@ -419,7 +419,7 @@ def job_dict(job, now: float, reservation: dict | None = None) -> dict:
         "submit_time": job.submit_time, "start_time": start, "end_time": job.end_time,
         "wait_s": wait, "run_s": run, "time_limit_s": job.time_limit_s, "node": job.node,
         "instances": [i.to_json() for i in job.instances], "priority_order": job.priority_order,
-        "exit_code": job.exit_code, "reserved": reservation,
+        "exit_code": job.exit_code, "reserved": reservation, "blocked": job.blocked,
     }
 
 
@@ -985,7 +985,9 @@ def explain_verdict(job: dict, spans: list[dict], reconfigs: list[dict], events:
     requeues = [e for e in events if e["kind"] in ("requeue", "bind-failed")]
     if requeues:
         parts.append(f"requeued {len(requeues)} time(s): {requeues[-1]['message']}")
-    if job.get("state") in ("PENDING", "REQUEUED") and not waits:
+    if job.get("state") == "PENDING" and job.get("blocked"):
+        parts.append(f"Slurm will not start it now: {job['blocked']}; the policy carves for it once Slurm may")
+    elif job.get("state") in ("PENDING", "REQUEUED") and not waits:
         parts.append("no decision has considered it yet (is the controller ticking?)")
     if job.get("start_time") is not None and job.get("reason"):
         parts.append(f"bound: {job['reason']}")

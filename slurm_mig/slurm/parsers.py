@@ -126,6 +126,42 @@ def mig_request(tres_per_node: str | None) -> dict[str, int]:
     return out
 
 
+_TASK_RANGE = re.compile(r"([0-9]{1,9})(?:-([0-9]{1,9})(?::([0-9]{1,9}))?)?")
+
+
+def array_task_ids(spec: str, limit: int) -> list[int] | None:
+    """The first ``limit`` task ids of a job array's task expression, in order; None when unreadable.
+
+    Slurm prints them as squeue's ``array_task_string``: "1-12", "3-12%2" (a throttle), "1,4,7-9",
+    "0-99:3" (a step). A long expression is cut short with "..." (squeue's SLURM_BITSTR_LEN, 64
+    characters by default): the ids before the cut are returned, the one it splits is dropped.
+    """
+    text = (spec or "").split("%")[0].strip()
+    parts = text.split(",")
+    if "..." in text:
+        # Cut at a character count: the piece the cut went through may be a partial number.
+        parts = text.split("...")[0].split(",")[:-1]
+        if not parts:
+            return []
+    elif not text:
+        return None
+    ids: list[int] = []
+    for part in parts:
+        m = _TASK_RANGE.fullmatch(part.strip())
+        if m is None:
+            return None
+        first = int(m.group(1))
+        last = int(m.group(2)) if m.group(2) is not None else first
+        step = int(m.group(3)) if m.group(3) is not None else 1
+        if last < first or step < 1:
+            return None
+        for t in range(first, last + 1, step):
+            if len(ids) >= limit:
+                return ids
+            ids.append(t)
+    return ids
+
+
 def _detail_gres(value: str | None) -> dict[str, int]:
     """``mig:1g(CNT:2),mig:3g(IDX:0-1)`` (job GRES detail) -> ``{"1g": 2, "3g": 2}``."""
     out: dict[str, int] = {}
@@ -257,6 +293,9 @@ class SlurmJob:
     priority: int | None = None
     array_job_id: int | None = None
     array_task_id: int | None = None
+    # A job array's tasks Slurm has not split off yet share one pending record: its task ids ("3-12%2").
+    array_task_string: str = ""
+    array_max_tasks: int | None = None  # the throttle ("%2"); None: none
     flags: list[str] = field(default_factory=list)
 
     @property
@@ -335,6 +374,8 @@ def parse_squeue_json(doc: dict) -> list[SlurmJob]:
             priority=_num(j.get("priority")),
             array_job_id=_num(j.get("array_job_id")) or None,
             array_task_id=_num(j.get("array_task_id")),
+            array_task_string=_str(j.get("array_task_string")),
+            array_max_tasks=_num(j.get("array_max_tasks")) or None,
             flags=[str(f) for f in (j.get("flags") or [])] + extra_flags,
         ))
     return jobs

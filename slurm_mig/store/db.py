@@ -278,7 +278,7 @@ def _row_job(r: dict) -> Job:
         count=r["count"], time_limit_s=r["time_limit_s"], state=r["state"], reason=r["reason"],
         submit_time=r["submit_time"], start_time=r["start_time"], end_time=r["end_time"], node=r["node"],
         instances=bound_instances_from_json(loads(r["instances"], [])), priority_order=r["priority_order"],
-        exit_code=r["exit_code"], updated_at=r["updated_at"],
+        exit_code=r["exit_code"], updated_at=r["updated_at"], blocked=r["blocked"],
     )
 
 
@@ -677,12 +677,15 @@ class Store:
     # -- jobs ------------------------------------------------------------------
     def upsert_job(self, job_id: str, *, profile: str, count: int = 1, user: str = "", name: str = "",
                    partition: str = "", time_limit_s: float | None = None, submit_time: float | None = None,
-                   state: str | None = None, priority_order: int | None = None, now: float | None = None) -> None:
+                   state: str | None = None, priority_order: int | None = None, now: float | None = None,
+                   blocked: str | None = None) -> None:
         """Insert a job as Slurm reports it, or update its request fields.
 
         A new job starts PENDING unless ``state`` says otherwise; for an existing
         one ``state`` (when given) goes through set_job_state(), and start/end
-        times, bindings and the reason are kept.
+        times, bindings and the reason are kept. ``blocked``: why Slurm will not
+        start it now (it is then left out of the policy's view and its reason says
+        so); None: it may start.
         """
         job_id = str(job_id)
         if count < 1:
@@ -693,15 +696,21 @@ class Store:
         with self.transaction():
             self._x(
                 "INSERT INTO jobs (job_id, user, name, partition, profile, count, time_limit_s, state, submit_time, "
-                "priority_order, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, 'PENDING', ?, ?, ?) "
+                "priority_order, updated_at, blocked) VALUES (?, ?, ?, ?, ?, ?, ?, 'PENDING', ?, ?, ?, ?) "
                 "ON CONFLICT(job_id) DO UPDATE SET user = excluded.user, name = excluded.name, "
                 "partition = excluded.partition, profile = excluded.profile, count = excluded.count, "
                 "time_limit_s = excluded.time_limit_s, "
                 "priority_order = COALESCE(excluded.priority_order, jobs.priority_order), "
-                "updated_at = excluded.updated_at",
+                "updated_at = excluded.updated_at, blocked = excluded.blocked, "
+                # No longer blocked: its reason said why it could not start (the policy's next word follows).
+                "reason = CASE WHEN jobs.blocked IS NOT NULL AND excluded.blocked IS NULL AND jobs.state = 'PENDING' "
+                "THEN '' ELSE jobs.reason END",
                 (job_id, user, name, partition, profile, int(count), time_limit_s,
-                 t if submit_time is None else submit_time, priority_order, t),
+                 t if submit_time is None else submit_time, priority_order, t, blocked),
             )
+            if blocked is not None:
+                # What `jobs` and `explain` show; the policy's next word replaces it once it may start.
+                self._x("UPDATE jobs SET reason = ? WHERE job_id = ? AND state = 'PENDING'", (blocked, job_id))
             if state is not None:
                 self.set_job_state(job_id, state, now=t)
 
@@ -746,6 +755,14 @@ class Store:
             self.set_job_state(job_id, "PENDING", now=now, reason=reason)
             self._x("UPDATE jobs SET node = NULL, exit_code = NULL, instances = '[]' WHERE job_id = ?", (str(job_id),))
 
+    def forget_pending_job(self, job_id: str) -> bool:
+        """Delete a PENDING job that holds no binding (an array task Slurm now runs under an id of its
+        own); False, and nothing done, for any other job."""
+        with self.transaction():
+            cur = self._x("DELETE FROM jobs WHERE job_id = ? AND state = 'PENDING' AND NOT EXISTS "
+                          "(SELECT 1 FROM bindings b WHERE b.job_id = jobs.job_id)", (str(job_id),))
+        return bool(cur.rowcount)
+
     def get_job(self, job_id: str) -> Job | None:
         with self.snapshot():
             rows = self._q("SELECT * FROM jobs WHERE job_id = ?", (str(job_id),))
@@ -765,13 +782,16 @@ class Store:
         with self.snapshot():
             return [_row_job(r) for r in self._q(sql, params)]
 
-    def pending_jobs(self, *, include_bound: bool = False) -> list[Job]:
+    def pending_jobs(self, *, include_bound: bool = False, include_blocked: bool = False) -> list[Job]:
         """PENDING jobs in Slurm priority order (priority_order, then submit time).
 
         Jobs that already hold a live binding (assigned, waiting for Slurm to
         start them) are left out unless ``include_bound``: a policy must not place them again.
+        Jobs Slurm will not start now (``blocked``) are left out unless ``include_blocked``.
         """
         sql = "SELECT * FROM jobs j WHERE j.state = 'PENDING'"
+        if not include_blocked:
+            sql += " AND j.blocked IS NULL"
         if not include_bound:
             sql += " AND NOT EXISTS (SELECT 1 FROM bindings b WHERE b.job_id = j.job_id AND b.released_at IS NULL)"
         sql += " ORDER BY j.priority_order IS NULL, j.priority_order, j.submit_time, j.job_id"

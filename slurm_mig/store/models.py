@@ -46,6 +46,7 @@ class Job:
     priority_order: int | None
     exit_code: int | None
     updated_at: float
+    blocked: str | None = None  # why Slurm will not start it now (held, dependency, ...); None: it may
 
 
 @dataclass(frozen=True)

@@ -204,9 +204,17 @@ CREATE TABLE meta (
 );
 """
 
+_V3_BLOCKED_JOBS = """
+-- Why Slurm will not start a pending job now whatever the GPUs (held, a dependency, a begin time, an
+-- array at its task limit, a QOS or association limit); NULL: it may start. The policy carves only
+-- for jobs that may start.
+ALTER TABLE jobs ADD COLUMN blocked TEXT;
+"""
+
 MIGRATIONS: tuple[Migration, ...] = (
     (1, "base tables", _V1_BASE),
     (2, "indexes for the controller tick; meta table", _V2_INDEXES_AND_META),
+    (3, "jobs.blocked: pending jobs Slurm will not start now", _V3_BLOCKED_JOBS),
 )
 
 LATEST_VERSION = MIGRATIONS[-1][0]

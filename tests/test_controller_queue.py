@@ -1,0 +1,210 @@
+"""What the policy carves for: pending jobs Slurm may start, and each task of a job array.
+
+The squeue samples are Slurm 22.05's own output on the demo cluster (the fields the controller reads,
+copied as printed): a running 7g job, a held job, a job waiting on that one, one with a begin time an
+hour away and an array ``--array=1-6%2``; then the same queue after the 7g job was cancelled.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from slurm_mig.config import Config
+from slurm_mig.controller.queue import ARRAY_TASKS_AHEAD, queue_entries
+from slurm_mig.controller.service import Controller
+from slurm_mig.slurm.parsers import JobDetail, SlurmJob, SlurmNode, array_task_ids, parse_squeue_json
+from slurm_mig.store import open_store
+
+_KEYS = ("job_id", "array_job_id", "array_task_id", "array_task_string", "array_max_tasks", "job_state",
+         "state_reason", "priority", "tres_per_node", "dependency", "partition", "submit_time", "time_limit",
+         "name", "user_name", "nodes", "node_count")
+BEFORE = [
+    [1, 0, None, "", 0, "RUNNING", "None", 4294901759, "gres:mig:7g:1", "", "debug", 1795346074, 525600, "wrap", "root", "n1", 1],
+    [2, 0, None, "", 0, "PENDING", "JobHeldUser", 0, "gres:mig:1g:1", "", "debug", 1795346078, None, "wrap", "root", "", 1],
+    [3, 0, None, "", 0, "PENDING", "Dependency", 4294901758, "gres:mig:2g:1", "afterok:1(unfulfilled)", "debug", 1795346078, None, "wrap", "root", "", 1],
+    [4, 0, None, "", 0, "PENDING", "BeginTime", 4294901757, "gres:mig:3g:1", "", "debug", 1795346078, None, "wrap", "root", "", 1],
+    [5, 5, None, "1-6%2", 2, "PENDING", "ReqNodeNotAvail", 4294901756, "gres:mig:1g:1", "", "debug", 1795346078, None, "wrap", "root", "", 1],
+]
+AFTER = [
+    [1, 0, None, "", 0, "CANCELLED", "None", 4294901759, "gres:mig:7g:1", "", "debug", 1795346074, 525600, "wrap", "root", "n1", 1],
+    BEFORE[1],
+    [3, 0, None, "", 0, "PENDING", "DependencyNeverSatisfied", 4294901758, "gres:mig:2g:1", "afterok:1(failed)", "debug", 1795346078, None, "wrap", "root", "", 1],
+    BEFORE[3],
+    [6, 5, 1, "", 2, "RUNNING", "None", 4294901756, "gres:mig:1g:1", "", "debug", 1795346078, 525600, "wrap", "root", "n1", 1],
+    [7, 5, 2, "", 2, "RUNNING", "None", 4294901756, "gres:mig:1g:1", "", "debug", 1795346078, 525600, "wrap", "root", "n1", 1],
+    [5, 5, None, "3-6%2", 2, "PENDING", "JobArrayTaskLimit", 4294901756, "gres:mig:1g:1", "", "debug", 1795346078, None, "wrap", "root", "", 1],
+]
+
+
+def squeue(rows) -> list[SlurmJob]:
+    return parse_squeue_json(json.loads(json.dumps({"errors": [], "jobs": [dict(zip(_KEYS, r)) for r in rows]})))
+
+
+@pytest.mark.parametrize("spec, ids", [
+    ("1-12", [1, 2, 3, 4, 5]), ("3-6%2", [3, 4, 5, 6]), ("1,4,7-9", [1, 4, 7, 8, 9]), ("0-99:3", [0, 3, 6, 9, 12]),
+    ("5", [5]),
+    # squeue cuts a long expression at SLURM_BITSTR_LEN characters: the piece the cut split is dropped.
+    ("1,3,5,7,1...", [1, 3, 5, 7]), ("1,3,...", [1, 3]), ("1-3...", []),
+    ("", None), ("x", None), ("1-3,a", None), ("9-3", None), ("1-9:0", None),
+])
+def test_array_task_expressions(spec, ids):
+    assert array_task_ids(spec, 5) == ids
+
+
+def test_held_dependent_and_later_jobs_are_blocked_and_an_array_shows_its_tasks_up_to_its_limit():
+    entries = {e.job_id: e.blocked for e in queue_entries(squeue(BEFORE))}
+    assert entries["1"] is None  # running
+    assert "held by its user" in entries["2"]
+    assert "dependency" in entries["3"]
+    assert "begin time" in entries["4"]
+    # --array=1-6%2, nothing running yet: its first two tasks may start, and the array record is not a job.
+    assert entries["5_1"] is None and entries["5_2"] is None
+    assert not any(k in entries for k in ("5", "5_3"))
+
+
+def test_an_array_at_its_limit_shows_one_blocked_task_and_its_running_tasks_are_jobs_of_their_own():
+    entries = {e.job_id: e.blocked for e in queue_entries(squeue(AFTER))}
+    assert entries["6"] is None and entries["7"] is None
+    assert "limit" in entries["5_3"] and "5_4" not in entries
+    assert "can never be satisfied" in entries["3"]
+    # One task ends: Slurm's reason still says JobArrayTaskLimit, but a task may start.
+    rows = [r for r in AFTER if r[0] != 7]
+    entries = {e.job_id: e.blocked for e in queue_entries(squeue(rows))}
+    assert entries["5_3"] is None and "5_4" not in entries
+
+
+def test_an_unthrottled_array_shows_at_most_the_look_ahead():
+    big = [[9, 9, None, "1-5000", 0, "PENDING", "Resources", 100, "gres:mig:1g:1", "", "gpu", 1, 60, "a", "u", "", 1]]
+    entries = queue_entries(squeue(big))
+    assert [e.job_id for e in entries[:3]] == ["9_1", "9_2", "9_3"]
+    assert len(entries) == ARRAY_TASKS_AHEAD and all(e.blocked is None for e in entries)
+
+
+def test_an_unreadable_array_expression_leaves_the_record_one_job():
+    odd = [[9, 9, None, "1-3;", 0, "PENDING", "Resources", 100, "gres:mig:1g:1", "", "gpu", 1, 60, "a", "u", "", 1]]
+    assert [(e.job_id, e.blocked) for e in queue_entries(squeue(odd))] == [("9", None)]
+
+
+def test_a_qos_limit_and_a_priority_0_hold_block_but_waiting_for_resources_does_not():
+    rows = [[10, 0, None, "", 0, "PENDING", "QOSMaxGRESPerUser", 5, "gres:mig:1g:1", "", "gpu", 1, 60, "a", "u", "", 1],
+            [11, 0, None, "", 0, "PENDING", "None", 0, "gres:mig:1g:1", "", "gpu", 1, 60, "a", "u", "", 1],
+            [12, 0, None, "", 0, "PENDING", "Resources", 5, "gres:mig:1g:1", "", "gpu", 1, 60, "a", "u", "", 1],
+            [13, 0, None, "", 0, "PENDING", "ReqNodeNotAvail", 5, "gres:mig:1g:1", "", "gpu", 1, 60, "a", "u", "", 1],
+            [14, 0, None, "", 0, "PENDING", "Priority", 5, "gres:mig:1g:1", "", "gpu", 1, 60, "a", "u", "", 1]]
+    blocked = {e.job_id: e.blocked for e in queue_entries(squeue(rows))}
+    assert "QOS" in blocked["10"] and "held" in blocked["11"]
+    assert blocked["12"] is None and blocked["13"] is None and blocked["14"] is None
+
+
+# -- the controller ----------------------------------------------------------------------------------------
+
+class QueueSlurm:
+    """Slurm as the controller sees it: a queue the test sets, one idle node with one H100."""
+
+    def __init__(self, queue):
+        self.queue = queue
+        self.details: dict[str, JobDetail] = {}
+        self.gres: list = []
+
+    def jobs(self):
+        return list(self.queue)
+
+    def nodes(self):
+        return [SlurmNode(name="n1", state="idle", gres={}, gres_used={})]
+
+    def scontrol_show_job(self, job_id):
+        return self.details.get(str(job_id))
+
+    def update_node_gres(self, node, counts, **kw):
+        self.gres.append(dict(counts))
+        return ",".join(f"mig:{t}:{n}" for t, n in sorted(counts.items()))
+
+    def scontrol_requeue(self, job_id, **kw):
+        raise AssertionError(f"nothing here should be requeued ({job_id})")
+
+
+@pytest.fixture
+def ctl(tmp_path):
+    store = open_store(tmp_path / "state.db")
+    store.replace_observed("n1", [{"gpu": 0, "uuid": "GPU-0", "model": "H100-80GB", "mig_enabled": True}], [],
+                           now=time.time())
+    c = Controller(Config(), store, QueueSlurm([]))
+    yield c
+    store.close()
+
+
+def _desired(ctl) -> str:
+    d = ctl.store.desired("n1").get(0)
+    return d.spec if d else ""
+
+
+def test_the_policy_does_not_carve_for_jobs_slurm_will_not_start(ctl):
+    # A 7g job waiting on a dependency, and a 3g one held: nothing to carve for.
+    ctl.slurm.queue = squeue([
+        [3, 0, None, "", 0, "PENDING", "Dependency", 50, "gres:mig:7g:1", "afterok:1", "debug", 1, 60, "a", "u", "", 1],
+        [2, 0, None, "", 0, "PENDING", "JobHeldUser", 0, "gres:mig:3g:1", "", "debug", 1, 60, "a", "u", "", 1]])
+    ctl.tick()
+    assert _desired(ctl) == ""
+    assert [j.job_id for j in ctl.store.pending_jobs()] == []
+    blocked = {j.job_id: j for j in ctl.store.pending_jobs(include_blocked=True)}
+    assert "dependency" in blocked["3"].reason and "held" in blocked["2"].reason  # what `jobs` shows
+    # Its dependency met, the 7g job is carved for, and its reason no longer says it is blocked.
+    ctl.slurm.queue = squeue([
+        [3, 0, None, "", 0, "PENDING", "Resources", 50, "gres:mig:7g:1", "", "debug", 1, 60, "a", "u", "", 1]])
+    ctl.tick()
+    assert "7g" in _desired(ctl)
+    assert "dependency" not in ctl.store.get_job("3").reason
+    assert ctl.store.get_job("3").blocked is None
+
+
+def test_an_array_is_carved_for_task_by_task_and_a_started_task_replaces_its_row(ctl):
+    array = [4, 4, None, "1-7", 0, "PENDING", "Resources", 50, "gres:mig:1g:1", "", "debug", 1, 60, "a", "u", "", 1]
+    ctl.slurm.queue = squeue([array])
+    ctl.tick()
+    assert [j.job_id for j in ctl.store.pending_jobs()] == [f"4_{t}" for t in range(1, 8)]
+    assert _desired(ctl).count("1g") == 7  # the whole GPU as 1g slices, not one
+    # Slurm starts task 1 as job 11 and task 2 as job 12; the record keeps 3-7.
+    ctl.slurm.queue = squeue([
+        [11, 4, 1, "", 0, "RUNNING", "None", 50, "gres:mig:1g:1", "", "debug", 1, 60, "a", "u", "n1", 1],
+        [12, 4, 2, "", 0, "RUNNING", "None", 50, "gres:mig:1g:1", "", "debug", 1, 60, "a", "u", "n1", 1],
+        [4, 4, None, "3-7", 0, "PENDING", "Resources", 50, "gres:mig:1g:1", "", "debug", 1, 60, "a", "u", "", 1]])
+    ctl.tick()
+    assert ctl.store.get_job("4_1") is None and ctl.store.get_job("4_2") is None  # not "cancelled"
+    assert ctl.store.get_job("11").state == "RUNNING"
+    assert [j.job_id for j in ctl.store.pending_jobs()] == [f"4_{t}" for t in range(3, 8)]
+    # The whole array cancelled: its waiting tasks were cancelled.
+    ctl.slurm.queue = []
+    ctl.tick()
+    assert ctl.store.get_job("4_3").state == "CANCELLED"
+
+
+def test_an_array_record_stored_whole_by_an_older_version_gives_way_to_its_tasks(ctl):
+    ctl.store.upsert_job("4", profile="1g", submit_time=1.0)
+    ctl.slurm.queue = squeue([
+        [4, 4, None, "1-2", 0, "PENDING", "Resources", 50, "gres:mig:1g:1", "", "debug", 1, 60, "a", "u", "", 1]])
+    ctl.tick()
+    assert ctl.store.get_job("4") is None
+    assert [j.job_id for j in ctl.store.pending_jobs()] == ["4_1", "4_2"]
+
+
+def test_a_prolog_for_an_array_task_takes_the_tasks_place(ctl):
+    ctl.slurm.queue = squeue([
+        [4, 4, None, "1-2", 0, "PENDING", "Resources", 50, "gres:mig:1g:1", "", "debug", 1, 60, "a", "u", "", 1]])
+    ctl.tick()
+    # Task 2 starts first, as job 11.
+    ctl.slurm.details["11"] = JobDetail(job_id=11, name="a", user="u", state="RUNNING", partition="debug",
+                                        nodes=["n1"], tres_per_node="gres:mig:1g:1", mig={"1g": 1},
+                                        fields={"JobId": "11", "ArrayJobId": "4", "ArrayTaskId": "2"})
+    reserved = (ctl.store.get_meta("reservations") or {}).get("4_2")
+    gpu = {"index": 0, "uuid": "GPU-0", "name": "H100", "model": "H100-80GB", "mig_enabled": True, "instances": []}
+    reply = ctl.on_prolog({"node": "n1", "job_id": "11", "observed": [gpu], "bindings": {}}, None)
+    assert reply["action"] == "bind"
+    assert reserved  # frag-aware placed both tasks
+    # The instance the policy meant for task 2 goes to the job task 2 became.
+    assert [[i["gpu"], i["profile"], i["start"]] for i in reply["instances"]] == reserved["instances"]
+    assert ctl.store.get_job("4_2") is None
+    assert ctl.store.get_job("11") is not None
+    assert [j.job_id for j in ctl.store.pending_jobs()] == ["4_1"]
