@@ -355,6 +355,14 @@ class Controller:
                 # Ended without running on a MIG instance (e.g. cancelled while pending, or while it waited
                 # after a requeue before a tick saw it pending again).
                 self.store.set_job_state(job_id, j.state, now=now)
+            elif j.state in TERMINAL and current and current.state in ("COMPLETED", "FAILED") \
+                    and j.state != current.state and _same_run(current, j):
+                # The Epilog reads exit status 0 for a job cancelled or timed out (seen on Slurm 22.05): its
+                # COMPLETED is only a guess, Slurm's state is the fact (and training leaves cancelled runs out).
+                if self.store.correct_end_state(job_id, j.state, now=now):
+                    self.store.add_event("end", f"job {job_id}: Slurm says it ended {j.state} (its Epilog "
+                                         f"reported {current.state}, exit {current.exit_code})", node=current.node,
+                                         job_id=job_id, now=now)
         self.store.set_job_order(order)
         # Pending (or requeued) jobs Slurm no longer lists were cancelled (or purged after MinJobAge). A job a
         # Prolog requeued after our squeue (one submitted meanwhile) is not in its answer: left for the next.
@@ -1364,6 +1372,14 @@ def _started_since(before, after, nodes: set[str]) -> list[tuple[str, str]]:
         return {(str(j.job_id), n) for j in jobs if j.wants_mig and not j.pending and j.state not in TERMINAL
                 for n in j.nodes if n in nodes}
     return sorted(running(after) - running(before))
+
+
+def _same_run(job, listed) -> bool:
+    """Is Slurm's ended ``listed`` job the run the store ended as ``job`` (not an earlier run of a reused id)?
+    Their end times agree to within a few minutes (the Epilog's is taken on the node, after Slurm's)."""
+    if listed.end_time is None or job.end_time is None:
+        return False
+    return abs(float(listed.end_time) - float(job.end_time)) < 300.0
 
 
 def _array_task_of(detail) -> str | None:

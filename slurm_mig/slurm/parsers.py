@@ -289,6 +289,7 @@ class SlurmJob:
     tres_per_node: str = ""
     submit_time: int | None = None
     start_time: int | None = None  # epoch seconds; None when not (yet) known
+    end_time: int | None = None  # epoch seconds: when it ended (an ended job), or its limit's end (a running one)
     time_limit_min: int | None = None  # None = no limit / unknown
     priority: int | None = None
     array_job_id: int | None = None
@@ -370,6 +371,7 @@ def parse_squeue_json(doc: dict) -> list[SlurmJob]:
             tres_per_node=tres,
             submit_time=_epoch(j.get("submit_time")),
             start_time=_epoch(j.get("start_time")),
+            end_time=_epoch(j.get("end_time")),
             time_limit_min=_num(j.get("time_limit")),
             priority=_num(j.get("priority")),
             array_job_id=_num(j.get("array_job_id")) or None,

@@ -943,6 +943,19 @@ class Store:
         return rows[0]["job_id"] if rows else None
 
     # -- outcomes --------------------------------------------------------------
+    def correct_end_state(self, job_id: str, state: str, *, now: float | None = None) -> bool:
+        """Slurm's own word on how a job ended (CANCELLED, TIMEOUT, ...) over the one its Epilog gave: an
+        Epilog sees exit status 0 for a job cancelled or timed out. Changes the job and its outcome when
+        they say COMPLETED or FAILED; True when it changed anything."""
+        _check_state(state, TERMINAL_STATES, "end state")
+        job_id = str(job_id)
+        with self.transaction():
+            a = self._x("UPDATE jobs SET state = ?, updated_at = ? WHERE job_id = ? AND state IN ('COMPLETED', "
+                        "'FAILED') AND state != ?", (state, _now(now), job_id, state)).rowcount
+            b = self._x("UPDATE outcomes SET state = ? WHERE job_id = ? AND state IN ('COMPLETED', 'FAILED') "
+                        "AND state != ?", (state, job_id, state)).rowcount
+        return bool(a or b)
+
     def record_outcome(self, job_id: str, *, state: str, exit_code: int | None = None,
                        derived_exit_code: int | None = None, end_time: float | None = None,
                        now: float | None = None, **fields: Any) -> bool:

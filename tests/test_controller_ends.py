@@ -1,0 +1,76 @@
+"""How a job ended: Slurm's word over the Epilog's guess.
+
+On Slurm 22.05 (the demo cluster) the Epilog of a job cancelled with scancel, and of one killed at its
+time limit, reads SLURM_JOB_EXIT_CODE=0, so both were recorded COMPLETED; squeue then listed them
+CANCELLED and TIMEOUT (``"job_state": "TIMEOUT", "exit_code": 15, "state_reason": "TimeLimit"``).
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from slurm_mig.config import Config
+from slurm_mig.controller.service import Controller
+from slurm_mig.slurm.parsers import SlurmJob, SlurmNode
+from slurm_mig.store import open_store
+
+
+class EndedSlurm:
+    def __init__(self):
+        self.queue: list[SlurmJob] = []
+
+    def jobs(self):
+        return list(self.queue)
+
+    def nodes(self):
+        return [SlurmNode(name="n1", state="idle", gres={}, gres_used={})]
+
+    def scontrol_show_job(self, job_id):
+        return None
+
+    def update_node_gres(self, node, counts, **kw):
+        return ""
+
+
+@pytest.fixture
+def ctl(tmp_path):
+    store = open_store(tmp_path / "state.db")
+    c = Controller(Config(), store, EndedSlurm())
+    yield c
+    store.close()
+
+
+def _ended_by_epilog(store, job_id: str, end: float) -> None:
+    store.upsert_job(job_id, profile="1g", submit_time=end - 100, now=end - 100)
+    store.set_job_state(job_id, "RUNNING", now=end - 90, node="n1")
+    store.record_outcome(job_id, state="COMPLETED", exit_code=0, end_time=end, now=end)
+    store.set_job_state(job_id, "COMPLETED", now=end, exit_code=0)
+
+
+def _listed(job_id: int, state: str, end: float) -> SlurmJob:
+    return SlurmJob(job_id=job_id, state=state, mig={"1g": 1}, tres_per_node="gres:mig:1g:1", submit_time=1,
+                    start_time=int(end - 90), end_time=int(end), nodes=["n1"], priority=1)
+
+
+@pytest.mark.parametrize("state", ["CANCELLED", "TIMEOUT"])
+def test_slurms_end_state_replaces_the_epilogs_guess(ctl, state):
+    end = time.time() - 5
+    _ended_by_epilog(ctl.store, "3", end)
+    ctl.slurm.queue = [_listed(3, state, end + 1)]
+    ctl.tick()
+    assert ctl.store.get_job("3").state == state
+    assert [o.state for o in ctl.store.outcomes() if o.job_id == "3"] == [state]
+    assert any(f"Slurm says it ended {state}" in e.message for e in ctl.store.recent_events(10))
+    ctl.tick()  # said once
+    assert sum(f"Slurm says it ended {state}" in e.message for e in ctl.store.recent_events(10)) == 1
+
+
+def test_an_earlier_run_of_a_reused_id_does_not_rewrite_this_ones_end(ctl):
+    end = time.time() - 5
+    _ended_by_epilog(ctl.store, "3", end)
+    ctl.slurm.queue = [_listed(3, "CANCELLED", end - 3600)]  # another run, an hour before
+    ctl.tick()
+    assert ctl.store.get_job("3").state == "COMPLETED"
+    assert [o.state for o in ctl.store.outcomes()] == ["COMPLETED"]
