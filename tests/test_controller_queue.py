@@ -208,3 +208,14 @@ def test_a_prolog_for_an_array_task_takes_the_tasks_place(ctl):
     assert ctl.store.get_job("4_2") is None
     assert ctl.store.get_job("11") is not None
     assert [j.job_id for j in ctl.store.pending_jobs()] == ["4_1"]
+
+
+def test_held_tasks_of_a_throttled_array_do_not_use_up_its_limit():
+    # --array=1-6%2 with tasks 1 and 2 held (`scontrol hold 5_1 5_2` splits them off): Slurm's limit counts
+    # the tasks it runs, so tasks 3 and 4 may start. Counted against the limit, they were never carved for.
+    rows = [[6, 5, 1, "", 2, "PENDING", "JobHeldUser", 0, "gres:mig:1g:1", "", "debug", 1, 60, "a", "u", "", 1],
+            [7, 5, 2, "", 2, "PENDING", "JobHeldUser", 0, "gres:mig:1g:1", "", "debug", 1, 60, "a", "u", "", 1],
+            [5, 5, None, "3-6%2", 2, "PENDING", "Resources", 50, "gres:mig:1g:1", "", "debug", 1, 60, "a", "u", "", 1]]
+    entries = {e.job_id: e.blocked for e in queue_entries(squeue(rows))}
+    assert "held" in entries["6"] and "held" in entries["7"]
+    assert entries["5_3"] is None and entries["5_4"] is None and "5_5" not in entries

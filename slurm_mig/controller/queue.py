@@ -82,8 +82,10 @@ def queue_entries(jobs: list[SlurmJob], ahead: int = ARRAY_TASKS_AHEAD) -> list[
         blocked = None if reason == "JobArrayTaskLimit" else blocked_reason(j)
         room = len(ids)
         if j.array_max_tasks:
+            # Slurm's limit counts the tasks it runs; a split-off task that is held (or otherwise blocked)
+            # does not take a place, so counting it would keep the tasks that may start from the policy.
             others = sum(1 for o in jobs if o is not j and o.array_job_id == array_id
-                         and (o.state in _ACTIVE or o.pending))
+                         and (o.state in _ACTIVE or (o.pending and blocked_reason(o) is None)))
             room = max(0, j.array_max_tasks - others)
         limit = f"{BLOCKED_REASONS['JobArrayTaskLimit']} ({j.array_max_tasks} at once)"
         for i, task in enumerate(ids[:max(room, 1)]):
