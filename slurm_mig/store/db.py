@@ -952,8 +952,11 @@ class Store:
         with self.transaction():
             a = self._x("UPDATE jobs SET state = ?, updated_at = ? WHERE job_id = ? AND state IN ('COMPLETED', "
                         "'FAILED') AND state != ?", (state, _now(now), job_id, state)).rowcount
+            # The outcome is recorded once per job id: when it is an earlier run's (the id ran again), it
+            # keeps that run's end. Its start time is the run's it was taken from.
             b = self._x("UPDATE outcomes SET state = ? WHERE job_id = ? AND state IN ('COMPLETED', 'FAILED') "
-                        "AND state != ?", (state, job_id, state)).rowcount
+                        "AND state != ? AND start_time IS (SELECT j.start_time FROM jobs j WHERE j.job_id = ?)",
+                        (state, job_id, state, job_id)).rowcount
         return bool(a or b)
 
     def record_outcome(self, job_id: str, *, state: str, exit_code: int | None = None,
