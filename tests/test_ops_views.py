@@ -141,6 +141,22 @@ def test_open_readonly_refuses_an_empty_file(tmp_path):
         V.open_readonly(p)
 
 
+def test_open_readonly_reads_jobs_from_a_database_the_controller_has_not_migrated_yet(tmp_path):
+    # slurm-mig upgraded on the host, the controller not restarted yet: its database is still at version 2
+    # (no jobs.blocked), and the views, which never migrate, failed with KeyError: 'blocked'.
+    from slurm_mig.store.schema import migrate
+
+    path = tmp_path / "state.db"
+    old = open_store(path, migrate=False)
+    migrate(old.db, target=2)
+    old.db.execute("INSERT INTO jobs (job_id, profile, submit_time, updated_at) VALUES ('41', '3g', 5.0, 5.0)")
+    old.close()
+    os.chmod(path, 0o600)
+    store = V.open_readonly(path)
+    assert [(j["job_id"], j["blocked"]) for j in V.jobs_view(store, now=NOW)] == [("41", None)]
+    store.close()
+
+
 # -- nodes and GPUs ------------------------------------------------------------------------------
 
 def _gpu(nodes, name, index):
