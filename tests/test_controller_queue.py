@@ -219,3 +219,22 @@ def test_held_tasks_of_a_throttled_array_do_not_use_up_its_limit():
     entries = {e.job_id: e.blocked for e in queue_entries(squeue(rows))}
     assert "held" in entries["6"] and "held" in entries["7"]
     assert entries["5_3"] is None and entries["5_4"] is None and "5_5" not in entries
+
+
+def test_a_task_the_array_no_longer_shows_is_not_called_cancelled_while_its_record_waits(ctl):
+    array = [4, 4, None, "1-5%2", 2, "PENDING", "Resources", 50, "gres:mig:1g:1", "", "debug", 1, 60, "a", "u", "", 1]
+    # Task 6 was requeued: Slurm holds it back (BeginTime) a while, so it takes no place under the limit yet.
+    requeued = [9, 4, 6, "", 2, "PENDING", "BeginTime", 50, "gres:mig:1g:1", "", "debug", 1, 60, "a", "u", "", 1]
+    ctl.slurm.queue = squeue([array, requeued])
+    ctl.tick()
+    assert [j.job_id for j in ctl.store.pending_jobs()] == ["4_1", "4_2"]
+    # It may start now and takes a place: one task of the record is left to show. Task 2 still waits in
+    # Slurm; it was marked CANCELLED ("no longer in Slurm's queue"), then "live again after it ended".
+    requeued[6] = "Resources"
+    ctl.slurm.queue = squeue([array, requeued])
+    ctl.tick()
+    assert ctl.store.get_job("4_2") is None or ctl.store.get_job("4_2").state == "PENDING"
+    ctl.slurm.queue = squeue([array])  # task 6 cancelled: task 2 is shown again
+    ctl.tick()
+    assert ctl.store.get_job("4_2").state == "PENDING"
+    assert not [e for e in ctl.store.recent_events(50) if e.kind == "reused"]

@@ -311,6 +311,7 @@ class Controller:
                  if j.array_job_id and j.array_task_id is not None}
         entries = queue_entries(mine)
         as_tasks = {str(e.job.job_id) for e in entries if e.array_task}
+        arrays = {e.job_id.split("_")[0] for e in entries if e.array_task}
         for entry in entries:
             j, job_id = entry.job, entry.job_id
             seen.add(job_id)
@@ -372,8 +373,10 @@ class Controller:
             if job.job_id in seen:
                 continue
             # An array task Slurm started under an id of its own lives on as that job; an array record
-            # (stored whole before its tasks were shown) lives on as its tasks.
-            if (job.job_id in split or job.job_id in as_tasks) and self.store.forget_pending_job(job.job_id):
+            # (stored whole before its tasks were shown) lives on as its tasks; a task of a record still
+            # waiting, no longer shown (past its limit or the look-ahead), waits in it to be shown again.
+            if (job.job_id in split or job.job_id in as_tasks or job.job_id.split("_")[0] in arrays and
+                    "_" in job.job_id) and self.store.forget_pending_job(job.job_id):
                 continue
             self.store.set_job_state(job.job_id, "CANCELLED", now=now, reason="no longer in Slurm's queue")
 
