@@ -359,7 +359,7 @@ class Controller:
             elif j.state in TERMINAL and current and current.state in ("COMPLETED", "FAILED") \
                     and j.state != current.state and _same_run(current, j):
                 # The Epilog reads exit status 0 for a job cancelled or timed out (seen on Slurm 22.05): its
-                # COMPLETED is only a guess, Slurm's state is the fact (and training leaves cancelled runs out).
+                # COMPLETED is only a guess, Slurm's state is the fact.
                 if self.store.correct_end_state(job_id, j.state, now=now):
                     self.store.add_event("end", f"job {job_id}: Slurm says it ended {j.state} (its Epilog "
                                          f"reported {current.state}, exit {current.exit_code})", node=current.node,
