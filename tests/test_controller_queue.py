@@ -238,3 +238,26 @@ def test_a_task_the_array_no_longer_shows_is_not_called_cancelled_while_its_reco
     ctl.tick()
     assert ctl.store.get_job("4_2").state == "PENDING"
     assert not [e for e in ctl.store.recent_events(50) if e.kind == "reused"]
+
+
+def test_a_node_without_a_free_cpu_is_not_carved_for(tmp_path):
+    """Slurm starts nothing on a node whose CPUs are all allocated. Carved for there, two tasks of an
+    array waited ~20 s on the demo cluster (8 CPUs, 14 1g slices a node) while another node's GPUs idled."""
+    store = open_store(tmp_path / "state.db")
+    for n in ("n1", "n2"):
+        store.replace_observed(n, [{"gpu": 0, "uuid": f"GPU-{n}", "model": "H100-80GB", "mig_enabled": True}], [],
+                               now=time.time())
+
+    class TwoNodes(QueueSlurm):
+        def nodes(self):
+            return [SlurmNode(name="n1", state="allocated", gres={}, gres_used={}, cpus=8, alloc_cpus=8),
+                    SlurmNode(name="n2", state="mixed", gres={}, gres_used={}, cpus=8, alloc_cpus=3)]
+
+    ctl = Controller(Config(), store, TwoNodes(squeue([
+        [5, 0, None, "", 0, "PENDING", "Resources", 50, "gres:mig:3g:1", "", "debug", 1, 60, "a", "u", "", 1]])))
+    try:
+        ctl.tick()
+        assert "n1" not in {d for d in ("n1", "n2") if store.desired(d)}
+        assert "3g" in store.desired("n2")[0].spec
+    finally:
+        store.close()

@@ -21,7 +21,7 @@ import logging
 import re
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from slurm_mig.api.auth import NODE_NAME
 from slurm_mig.api.origin import NodeOrigins
@@ -208,6 +208,7 @@ class Controller:
         self._gres_warned: set[str] = set()
         self._gres_checked: set[str] = set()  # nodes told once about missing or too little mig:pad
         self._invalid_reg: set[str] = set()  # nodes Slurm drained for a mig GRES count below the layout's
+        self._no_free_cpu: set[str] = set()  # nodes whose every CPU Slurm has allocated, at the last sinfo
         self._unservable: set[str] = set()  # jobs whose MIG request cannot be served, said once each
         # Is a node's request encoded on its own host? Only MUNGE credentials say where they were made, so
         # under HMAC the check is off whatever [auth].node_origin says.
@@ -498,6 +499,7 @@ class Controller:
         return finished
 
     def _sync_nodes(self, nodes) -> None:
+        self._no_free_cpu = {n.name for n in nodes if n.cpus and n.alloc_cpus is not None and n.alloc_cpus >= n.cpus}
         for n in nodes:
             state = "up" if n.available else ("drain" if n.drained else "down")
             self.store.upsert_node(n.name, state=state)
@@ -529,6 +531,11 @@ class Controller:
     def _plan(self, now: float) -> "_Plan":
         """Ask the policy (or the fallback) about the stored state; nothing is written but metrics."""
         state = self.store.cluster_state(now, stale_after_s=self.cfg.controller.node_stale_after_s)
+        if self._no_free_cpu:
+            # Slurm starts nothing on a node without a free CPU, whatever its slices: carved for there, jobs
+            # waited while other nodes' GPUs sat idle (seen with 8-CPU nodes and 14 1g slices each).
+            state = replace(state, gpus=tuple(replace(g, available=False) if g.node in self._no_free_cpu else g
+                                              for g in state.gpus))
         self.metrics.clear_gauge("slurm_mig_queue_depth")
         depth: dict[str, int] = {kind_of_gres(t): 0 for t in GRES_TYPES}
         for j in state.pending:
