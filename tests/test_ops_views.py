@@ -355,6 +355,12 @@ def test_explain_a_job_slurm_will_not_start_says_why_not_that_the_controller_is_
     assert out["job"]["blocked"] == "waiting on a dependency (Slurm: Dependency)"
 
 
+@pytest.mark.parametrize("status, shown", [(0, "0:0"), (768, "3:0"), (9, "0:9"), (15, "0:15"), (None, "unknown")])
+def test_an_exit_status_is_shown_as_slurm_prints_it(status, shown):
+    # The store keeps the wait status (SLURM_JOB_EXIT_CODE): 768 is `exit 3`, which sacct prints 3:0.
+    assert V.fmt_exit(status) == shown
+
+
 def test_gpu_option_verdicts():
     base = {"node": "n1", "gpu": 0, "model": "H100-80GB", "available": True}
     assert V.gpu_option({**base, "layout": "3g@0,3g@4", "busy": []}, "3g")["verdict"] == "idle-instance"

@@ -373,7 +373,7 @@ def explain_lines(ex: dict, width: int = 100, now: float | None = None) -> list[
     add(times)
     if ex["outcome"]:
         o = ex["outcome"]
-        add(f"  outcome: {o['state']}, exit code {o['exit_code']}")
+        add(f"  outcome: {o['state']}, exit code {V.fmt_exit(o['exit_code'])} (exit:signal, as sacct prints it)")
     add("")
     add("In short: " + ex["verdict"])
     add("")

@@ -999,6 +999,14 @@ def explain_verdict(job: dict, spans: list[dict], reconfigs: list[dict], events:
 
 # -- formatting helpers shared by the text renderers ------------------------------------------------
 
+def fmt_exit(status: int | None) -> str:
+    """A job's wait status (what SLURM_JOB_EXIT_CODE holds, and the store keeps) as Slurm prints it:
+    "exit:signal", e.g. 768 -> "3:0" (exit 3), 9 -> "0:9" (killed by SIGKILL)."""
+    if status is None:
+        return "unknown"
+    return f"{(status >> 8) & 0xFF}:{status & 0x7F}"
+
+
 def fmt_duration(seconds: float | None) -> str:
     """12s, 3m05s, 1h02m, 2d03h; "-" for None."""
     if seconds is None:
