@@ -1086,3 +1086,32 @@ def test_an_unbound_job_keeps_the_gpus_slurms_gres_gpu_gave_it(rig, capsys):
     lines = capsys.readouterr().out.splitlines()
     assert not any(line.startswith("export CUDA_VISIBLE_DEVICES") for line in lines), lines
     assert "unset SLURM_MIG_INSTANCES" in lines, lines
+
+
+def _bind_here(rig, job_id: str, uuid: str) -> None:
+    from slurm_mig.node.localstate import NodeState
+    from slurm_mig.store.models import BoundInstance
+
+    NodeState(rig.tmp / "node" / "n1").write_binding(job_id, [BoundInstance(0, "1g.10gb", 0, uuid)])
+
+
+HET = {"SLURM_HET_SIZE": "2", "SLURM_JOB_ID_HET_GROUP_0": "81", "SLURM_JOB_ID_HET_GROUP_1": "82"}
+
+
+def test_a_heterogeneous_jobs_component_gets_its_own_instance(rig, capsys):
+    """In a het job's step every task is told the leader's job id (Slurm 22.05: SLURM_JOB_ID=1 on the node
+    running component 1, job 2), so component 1's tasks saw no GPU. The component bound here is used."""
+    _bind_here(rig, "82", "MIG-82")
+    capsys.readouterr()
+    assert rig.hook("taskprolog", "81", **HET) == 0
+    assert "export CUDA_VISIBLE_DEVICES=MIG-82" in capsys.readouterr().out.splitlines()
+
+
+def test_two_components_bound_on_one_node_show_their_tasks_no_gpu(rig, capsys):
+    # Slurm does not tell the TaskProlog which component a task is of: the leader's instance would be shared.
+    _bind_here(rig, "81", "MIG-81")
+    _bind_here(rig, "82", "MIG-82")
+    capsys.readouterr()
+    assert rig.hook("taskprolog", "81", **HET) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "export CUDA_VISIBLE_DEVICES=" in out and not any("MIG-8" in line for line in out), out

@@ -515,8 +515,24 @@ def taskprolog(env: dict, node_name: str, state_root: str) -> int:
     from slurm_mig.node.localstate import NodeState
 
     job_id = env.get("SLURM_JOB_ID", "")
+    state = NodeState(Path(state_root) / node_name)
+    components = _het_components(env)
+    if components:
+        # A heterogeneous job's step: every task is told the leader's job id (seen on Slurm 22.05), and the
+        # component that runs here was bound under its own. Slurm does not say which component a task is
+        # of, so when two are bound on this node the task cannot be given either's instances.
+        here = [c for c in components if _has_task_binding(state, c)]
+        if len(here) > 1:
+            print(f"print slurm-mig: components {', '.join(here)} of heterogeneous job {job_id} are both bound "
+                  f"on this node and Slurm does not say which this task belongs to: no GPU is shown to it")
+            print("export CUDA_VISIBLE_DEVICES=")
+            if "SLURM_MIG_INSTANCES" in env:
+                print("unset SLURM_MIG_INSTANCES")
+            return 0
+        if here:
+            job_id = here[0]
     try:
-        insts = NodeState(Path(state_root) / node_name).read_task_binding(job_id)
+        insts = state.read_task_binding(job_id)
     except (OSError, ValueError) as exc:
         # The job is bound but we cannot tell to what: it must see no GPU rather than every GPU.
         print(f"print slurm-mig: cannot read this job's MIG binding: {exc}")
@@ -797,6 +813,22 @@ def _cached_desired(node: Node) -> dict:
     except (OSError, ValueError):
         return {}
     return cached if isinstance(cached, dict) else {}
+
+
+def _het_components(env: dict) -> list[str]:
+    """The job ids of a heterogeneous job's components (SLURM_JOB_ID_HET_GROUP_<k>), [] for any other job."""
+    size = _int(env.get("SLURM_HET_SIZE"))
+    if not size or size < 2:
+        return []
+    ids = [env.get(f"SLURM_JOB_ID_HET_GROUP_{k}", "") for k in range(min(size, 128))]
+    return [j for j in ids if j.isascii() and j.isdigit()]
+
+
+def _has_task_binding(state, job_id: str) -> bool:
+    try:
+        return state.read_task_binding(job_id) is not None
+    except (OSError, ValueError):
+        return True  # there, if unreadable: the caller must not guess past it
 
 
 def _int(value) -> int | None:
