@@ -1115,3 +1115,12 @@ def test_two_components_bound_on_one_node_show_their_tasks_no_gpu(rig, capsys):
     assert rig.hook("taskprolog", "81", **HET) == 0
     out = capsys.readouterr().out.splitlines()
     assert "export CUDA_VISIBLE_DEVICES=" in out and not any("MIG-8" in line for line in out), out
+
+
+def test_a_job_submitted_from_a_het_job_does_not_take_its_components_instance(rig, capsys):
+    # sbatch inside the het job passes its SLURM_JOB_ID_HET_GROUP_* on: job 90 is not one of its components.
+    _bind_here(rig, "82", "MIG-82")
+    capsys.readouterr()
+    assert rig.hook("taskprolog", "90", **HET) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert not any("MIG-82" in line for line in out), out

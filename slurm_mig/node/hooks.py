@@ -517,7 +517,9 @@ def taskprolog(env: dict, node_name: str, state_root: str) -> int:
     job_id = env.get("SLURM_JOB_ID", "")
     state = NodeState(Path(state_root) / node_name)
     components = _het_components(env)
-    if components:
+    # A job submitted from inside a het job inherits its SLURM_JOB_ID_HET_GROUP_* (--export=ALL): only a
+    # step of the het job itself has its own id among them.
+    if components and job_id in components:
         # A heterogeneous job's step: every task is told the leader's job id (seen on Slurm 22.05), and the
         # component that runs here was bound under its own. Slurm does not say which component a task is
         # of, so when two are bound on this node the task cannot be given either's instances.
