@@ -1124,3 +1124,11 @@ def test_a_job_submitted_from_a_het_job_does_not_take_its_components_instance(ri
     assert rig.hook("taskprolog", "90", **HET) == 0
     out = capsys.readouterr().out.splitlines()
     assert not any("MIG-82" in line for line in out), out
+
+
+def test_the_end_event_shows_the_exit_status_as_explain_does(rig):
+    # explain prints the outcome as exit:signal ("3:0") and then the job's events: the raw wait status
+    # there ("exit 768") contradicted it on the same screen.
+    _run_job(rig, "31", "1g", exit_code="768")
+    ends = [e.message for e in rig.store.recent_events(50, job_id="31") if e.kind == "end"]
+    assert ends and "exit 3:0" in ends[0] and "768" not in ends[0], ends

@@ -363,7 +363,7 @@ class Controller:
                 # COMPLETED is only a guess, Slurm's state is the fact.
                 if self.store.correct_end_state(job_id, j.state, now=now):
                     self.store.add_event("end", f"job {job_id}: Slurm says it ended {j.state} (its Epilog "
-                                         f"reported {current.state}, exit {current.exit_code})", node=current.node,
+                                         f"reported {current.state}, exit {_exit_text(current.exit_code)})", node=current.node,
                                          job_id=job_id, now=now)
         self.store.set_job_order(order)
         # Pending (or requeued) jobs Slurm no longer lists were cancelled (or purged after MinJobAge). A job a
@@ -1267,7 +1267,7 @@ class Controller:
             if lingering:
                 self.store.add_event("lingering", f"job {job_id} ended with processes left on {lingering}",
                                      node=node, job_id=job_id, now=now)
-            self.store.add_event("end", f"job {job_id} ended on {node} (exit {exit_code})", node=node,
+            self.store.add_event("end", f"job {job_id} ended on {node} (exit {_exit_text(exit_code)})", node=node,
                                  job_id=job_id, now=now)
         if recorded:
             self.metrics.inc("slurm_mig_jobs_finished_total", (("state", state),))
@@ -1414,6 +1414,11 @@ def _slurm_end(detail, state: str, now: float) -> tuple[str, int | None, float]:
     except ValueError:
         pass
     return detail.state, exit_code, end
+
+
+def _exit_text(status: int | None) -> str:
+    # Events are shown under explain's "exit code 3:0": the raw wait status (768) there contradicted it.
+    return "unknown" if status is None else f"{(status >> 8) & 0xFF}:{status & 0x7F}"
 
 
 def _desired_layout(d) -> Layout | None:
