@@ -261,3 +261,27 @@ def test_a_node_without_a_free_cpu_is_not_carved_for(tmp_path):
         assert "3g" in store.desired("n2")[0].spec
     finally:
         store.close()
+
+
+def test_explain_says_a_node_without_a_free_cpu_is_why_its_gpus_were_left_out(tmp_path):
+    # Its GPUs reach the policy as unavailable; explain called the up node "down, drained, stale or MIG off".
+    from slurm_mig.ops import views as V
+
+    store = open_store(tmp_path / "state.db")
+    for n in ("n1", "n2"):
+        store.replace_observed(n, [{"gpu": 0, "uuid": f"GPU-{n}", "model": "H100-80GB", "mig_enabled": True}], [],
+                               now=time.time())
+
+    class TwoNodes(QueueSlurm):
+        def nodes(self):
+            return [SlurmNode(name="n1", state="allocated", gres={}, gres_used={}, cpus=8, alloc_cpus=8),
+                    SlurmNode(name="n2", state="mixed", gres={}, gres_used={}, cpus=8, alloc_cpus=3)]
+
+    ctl = Controller(Config(), store, TwoNodes(squeue([
+        [5, 0, None, "", 0, "PENDING", "Resources", 50, "gres:mig:3g:1", "", "debug", 1, 60, "a", "u", "", 1]])))
+    try:
+        ctl.tick()
+        options = {o["gpu"]: o for saw in V.explain_view(store, "5")["policy_saw"] for o in saw["options"]}
+        assert options["n1/0"]["verdict"] == "unavailable" and "CPU" in options["n1/0"]["why"], options["n1/0"]
+    finally:
+        store.close()

@@ -726,7 +726,8 @@ def gpu_option(g: dict, profile: str, count: int = 1) -> dict:
     model, layout, busy, reconf = _gpu_from_inputs(g)
     base = {"gpu": key, "layout": g.get("layout")}
     if not g.get("available", True):
-        return {**base, "verdict": "unavailable", "why": "node down, drained, stale or MIG off"}
+        # The controller also leaves out a node whose every CPU Slurm has allocated (Slurm starts nothing there).
+        return {**base, "verdict": "unavailable", "why": "node down, drained, stale, MIG off or without a free CPU"}
     if model is None or layout is None:
         return {**base, "verdict": "unavailable", "why": f"unknown GPU model {g.get('model')!r}"}
     try:
