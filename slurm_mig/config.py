@@ -51,6 +51,8 @@ class ControllerConfig:
     keep_decisions: int = 50_000
     keep_events: int = 200_000
     keep_journal_days: float = 30.0
+    # Slurm starts nothing on a node whose every CPU is allocated, unless the partition oversubscribes CPUs
+    cpu_full_nodes_wait: bool = True
 
 
 @dataclass(frozen=True)
@@ -203,6 +205,12 @@ def _string(allow_empty: bool = True) -> Callable:
     return check
 
 
+def _boolean(v: Any) -> bool:
+    if not isinstance(v, bool):
+        raise _Bad("true or false")
+    return v
+
+
 def _choice(*options: str, fold: Callable[[str], str] = str) -> Callable:
     want = "one of " + ", ".join(f'"{o}"' for o in options)
 
@@ -297,6 +305,7 @@ RULES: dict[str, dict[str, Callable]] = {
         "keep_decisions": _integer(1),
         "keep_events": _integer(1),
         "keep_journal_days": _number(0),
+        "cpu_full_nodes_wait": _boolean,
     },
     "node": {
         "controller_url": _url,

@@ -285,3 +285,25 @@ def test_explain_says_a_node_without_a_free_cpu_is_why_its_gpus_were_left_out(tm
         assert options["n1/0"]["verdict"] == "unavailable" and "CPU" in options["n1/0"]["why"], options["n1/0"]
     finally:
         store.close()
+
+
+def test_a_site_that_oversubscribes_cpus_keeps_cpu_full_nodes_in_play(tmp_path):
+    from dataclasses import replace
+
+    store = open_store(tmp_path / "state.db")
+    store.replace_observed("n1", [{"gpu": 0, "uuid": "GPU-n1", "model": "H100-80GB", "mig_enabled": True}], [],
+                           now=time.time())
+
+    class Full(QueueSlurm):
+        def nodes(self):
+            return [SlurmNode(name="n1", state="allocated", gres={}, gres_used={}, cpus=8, alloc_cpus=8)]
+
+    cfg = Config()
+    cfg = replace(cfg, controller=replace(cfg.controller, cpu_full_nodes_wait=False))
+    ctl = Controller(cfg, store, Full(squeue([
+        [5, 0, None, "", 0, "PENDING", "Resources", 50, "gres:mig:3g:1", "", "debug", 1, 60, "a", "u", "", 1]])))
+    try:
+        ctl.tick()
+        assert "3g" in store.desired("n1")[0].spec  # OverSubscribe=FORCE: Slurm may still start it there
+    finally:
+        store.close()

@@ -499,7 +499,8 @@ class Controller:
         return finished
 
     def _sync_nodes(self, nodes) -> None:
-        self._no_free_cpu = {n.name for n in nodes if n.cpus and n.alloc_cpus is not None and n.alloc_cpus >= n.cpus}
+        self._no_free_cpu = {n.name for n in nodes if n.cpus and n.alloc_cpus is not None and n.alloc_cpus >= n.cpus
+                             } if self.cfg.controller.cpu_full_nodes_wait else set()
         for n in nodes:
             state = "up" if n.available else ("drain" if n.drained else "down")
             self.store.upsert_node(n.name, state=state)
