@@ -94,8 +94,12 @@ def test_a_qos_limit_and_a_priority_0_hold_block_but_waiting_for_resources_does_
             [12, 0, None, "", 0, "PENDING", "Resources", 5, "gres:mig:1g:1", "", "gpu", 1, 60, "a", "u", "", 1],
             [13, 0, None, "", 0, "PENDING", "ReqNodeNotAvail", 5, "gres:mig:1g:1", "", "gpu", 1, 60, "a", "u", "", 1],
             [14, 0, None, "", 0, "PENDING", "Priority", 5, "gres:mig:1g:1", "", "gpu", 1, 60, "a", "u", "", 1]]
+    rows += [[15 + i, 0, None, "", 0, "PENDING", r, 5, "gres:mig:1g:1", "", "gpu", 1, 60, "a", "u", "", 1]
+             for i, r in enumerate(["MaxGRESPerAccount", "AssocGrpGRES", "PartitionTimeLimit", "PartitionDown",
+                                    "Licenses", "InvalidAccount"])]
     blocked = {e.job_id: e.blocked for e in queue_entries(squeue(rows))}
     assert "QOS" in blocked["10"] and "held" in blocked["11"]
+    assert all(blocked[str(15 + i)] for i in range(6)), blocked
     assert blocked["12"] is None and blocked["13"] is None and blocked["14"] is None
 
 

@@ -28,7 +28,20 @@ BLOCKED_REASONS = {
     "DependencyNeverSatisfied": "its dependency can never be satisfied",
     "BeginTime": "its begin time has not come",
     "JobArrayTaskLimit": "its array runs as many tasks as its limit allows",
+    "PartitionDown": "its partition is down",
+    "PartitionInactive": "its partition is inactive",
+    "PartitionTimeLimit": "its time limit is over its partition's",
+    "PartitionNodeLimit": "its node count is outside its partition's limits",
+    "PartitionConfig": "it asks for more than its partition allows",
+    "AccountNotAllowed": "its account may not use the partition",
+    "InvalidAccount": "its account is invalid",
+    "InvalidQOS": "its QOS is invalid",
+    "AccountingPolicy": "an accounting limit holds it",
+    "Licenses": "waiting for licenses",
 }
+# Slurm's limit reasons come in families (https://slurm.schedmd.com/job_reason_codes.html): QOSGrp*,
+# QOSMax*, AssocGrp*, AssocMax*, Max*PerAccount.
+LIMIT_PREFIXES = ("QOS", "Assoc", "Max")
 # Of an array's tasks, at most this many are shown to the policy at a time (more could not start in one
 # tick on any cluster its look-ahead covers); the rest follow as these start.
 ARRAY_TASKS_AHEAD = 128
@@ -52,15 +65,16 @@ class QueuedJob:
 def blocked_reason(job: SlurmJob) -> str | None:
     """Why Slurm will not start this pending job now whatever the GPUs, or None.
 
-    Held (priority 0, or a hold reason), a dependency, a begin time, an array at its limit, a QOS or
-    association limit (Slurm's reasons starting "QOS" or "Assoc").
+    Held (priority 0, or a hold reason), a dependency, a begin time, an array at its limit, its partition
+    down or its limits exceeded, an invalid account or QOS, licenses, a QOS or association limit. Never for
+    the reasons a job waiting for GPUs shows (Resources, Priority, ReqNodeNotAvail, None).
     """
     if not job.pending:
         return None
     reason = job.state_reason
     if reason in BLOCKED_REASONS:
         return f"{BLOCKED_REASONS[reason]} (Slurm: {reason})"
-    if reason.startswith(("QOS", "Assoc")):
+    if reason.startswith(LIMIT_PREFIXES):
         return f"over a QOS or association limit (Slurm: {reason})"
     if job.priority == 0:
         return f"held (priority 0; Slurm: {reason or 'no reason given'})"
