@@ -341,6 +341,21 @@ def test_explain_unknown_job(ro):
         V.explain_view(ro, "4242")
 
 
+def test_status_counts_jobs_slurm_will_not_start_apart_from_the_queue(state_db):
+    with open_store(state_db) as store:
+        store.upsert_job("900", profile="2g", submit_time=NOW - 7 * 86400, now=NOW,
+                         blocked="held by its user (Slurm: JobHeldUser)")
+    ro = V.open_readonly(state_db)
+    try:
+        before = V.status_view(V.load_snapshot(ro, now=NOW, stale_after_s=120), tick_interval_s=5)
+    finally:
+        ro.close()
+    # A job held for a week is neither demand nor the queue's oldest wait.
+    assert before["jobs"]["blocked"] == 1
+    assert before["jobs"]["oldest_pending"]["job_id"] != "900"
+    assert {p["profile"]: p["pending_jobs"] for p in before["profiles"]}.get("2g", 0) == 0
+
+
 def test_explain_a_job_slurm_will_not_start_says_why_not_that_the_controller_is_idle(tmp_path):
     with open_store(tmp_path / "state.db") as store:
         store.upsert_job("7", profile="2g", submit_time=100.0, now=100.0,

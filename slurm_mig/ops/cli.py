@@ -185,6 +185,8 @@ def _status(args) -> int:
     print(f"instances   busy {i['busy']}  idle {i['idle']}  reconfiguring {i['reconfiguring']}")
     j = st["jobs"]
     q = f"queue       {j['pending']} pending, {j['running']} running"
+    if j["blocked"]:
+        q += f", {j['blocked']} that Slurm will not start yet (held, dependency, ...: see `slurm-mig jobs`)"
     if j["oldest_pending"]:
         o = j["oldest_pending"]
         q += f"; oldest pending: job {o['job_id']} ({o['count']} x {o['profile']}) for {V.fmt_duration(o['wait_s'])}"

@@ -598,7 +598,10 @@ def status_view(snap: Snapshot, *, tick_interval_s: float = 5.0, healthz: bool |
                 nodes: list[dict] | None = None) -> dict:
     """The one-screen answer: controller, nodes, GPUs, instances by profile, the queue."""
     nodes = node_views(snap) if nodes is None else nodes
-    pending = [job_dict(j, snap.now, snap.reservations.get(j.job_id)) for j in snap.pending]
+    queued = [job_dict(j, snap.now, snap.reservations.get(j.job_id)) for j in snap.pending]
+    # Jobs Slurm will not start now (held, a dependency, ...) are not demand: a job held for a week is not
+    # the queue's oldest wait.
+    pending = [j for j in queued if not j["blocked"]]
     running = [j for j in snap.jobs.values() if j.state in RUNNING_STATES]
     gpu_nodes = [n for n in nodes if n["gpus"]]
     by_state: dict[str, int] = {}
@@ -625,7 +628,7 @@ def status_view(snap: Snapshot, *, tick_interval_s: float = 5.0, healthz: bool |
                  "fragmented_slices": sum(g["fragmented_slices"] for g in gpus)},
         "instances": inst,
         "profiles": profile_summary(nodes, pending),
-        "jobs": {"pending": len(pending), "running": len(running),
+        "jobs": {"pending": len(pending), "blocked": len(queued) - len(pending), "running": len(running),
                  "pending_by_profile": pending_by_profile(pending),
                  "oldest_pending": max(pending, key=lambda j: j["wait_s"] or 0.0) if pending else None},
         "reconfigurations": [journal_dict(e, snap.now) for e in snap.open_journal],
