@@ -577,3 +577,35 @@ def test_parse_scontrol_kv_and_mig_request():
     assert parsers.parse_mig_request({"tres_per_node": "gres:foo:1,gres:mig:3g:1"}) == ("3g", 1)
     assert parsers.parse_mig_request({"TresPerNode": ""}) is None
     assert parsers.parse_scontrol_kv("A=1 B=two words") == {"A": "1", "B": "two words"}
+
+
+# `scontrol -d show step` on Slurm 22.05 (the demo cluster), in a `mig:1g:2` job: a step run with
+# `srun --gres=mig:1g:1`, and one with `--gres=none` (a step run without --gres shows the job's mig:1g:2).
+STEP_WITH_GRES = """StepId=1.0 UserId=0 StartTime=2026-11-22T12:02:12 TimeLimit=UNLIMITED
+   State=RUNNING Partition=debug NodeList=n1
+   Nodes=1 CPUs=1 Tasks=1 Name=bash Network=(null)
+   TRES=cpu=1,mem=0,node=1
+   ResvPorts=(null)
+   CPUFreqReq=Default Dist=Cyclic
+   SrunHost:Pid=vm:10878
+   TresPerStep=cpu:1
+   TresPerNode=gres:mig:1g:1
+"""
+STEP_GRES_NONE = """StepId=1.4 UserId=0 StartTime=2026-11-22T12:02:12 TimeLimit=UNLIMITED
+   State=RUNNING Partition=debug NodeList=n1
+   Nodes=1 CPUs=2 Tasks=1 Name=bash Network=(null)
+   TRES=cpu=2,mem=0,node=1
+   ResvPorts=(null)
+   CPUFreqReq=Default Dist=Cyclic
+   SrunHost:Pid=vm:10995
+   TresPerStep=cpu:1
+"""
+
+
+def test_a_steps_mig_request_from_scontrol_show_step():
+    from slurm_mig.slurm.parsers import parse_step_mig_request
+
+    assert parse_step_mig_request(STEP_WITH_GRES) == {"1g": 1}
+    assert parse_step_mig_request(STEP_GRES_NONE) is None
+    assert parse_step_mig_request(STEP_WITH_GRES.replace("gres:mig:1g:1", "gres:gpu:1")) is None
+    assert parse_step_mig_request("") is None

@@ -510,7 +510,7 @@ def _local_choice(node: Node, job_id: str, observed: list[dict]) -> dict:
     return {"action": "bind", "instances": chosen, "targets": {}, "local": True}
 
 
-def taskprolog(env: dict, node_name: str, state_root: str) -> int:
+def taskprolog(env: dict, node_name: str, state_root: str, slurm_conf: str | None = None) -> int:
     """Print the job's CUDA_VISIBLE_DEVICES for Slurm to export (runs as the job's user)."""
     from slurm_mig.node.localstate import NodeState
 
@@ -555,6 +555,8 @@ def taskprolog(env: dict, node_name: str, state_root: str) -> int:
         if inherited:
             print("unset SLURM_MIG_INSTANCES")
         return 0
+    if len(insts) > 1:
+        insts = _step_instances(env, insts, slurm_conf)
     uuids = ",".join(i.uuid for i in insts)
     print(f"export CUDA_VISIBLE_DEVICES={uuids}")
     print(f"export SLURM_MIG_INSTANCES={','.join(f'{i.profile}@{i.gpu}:{i.start}' for i in insts)}")
@@ -817,6 +819,37 @@ def _cached_desired(node: Node) -> dict:
     return cached if isinstance(cached, dict) else {}
 
 
+# Step ids from here up are Slurm's batch, extern and interactive steps: they hold the whole job.
+_SPECIAL_STEPS = 0xFFFFFFF0
+
+
+def _step_instances(env: dict, insts: list, slurm_conf: str | None) -> list:
+    """The instances a one-task step that asked for fewer than its job holds is shown.
+
+    Slurm tells the task nothing of its step's GRES (22.05: no variable), so two concurrent
+    ``srun --gres=mig:1g`` steps of a ``mig:1g:2`` job both saw both instances and CUDA put both on the
+    first. Slurm's own record of the step says how many it asked for; the step gets that many, taken
+    round-robin by step id, so steps started together get different instances. Steps with several tasks
+    keep every instance (their tasks split them by SLURM_LOCALID), and so does any step Slurm cannot be
+    asked about.
+    """
+    from slurm_mig.slurm.parsers import parse_step_mig_request
+    from slurm_mig.slurm.runner import run_slurm
+
+    job, step = env.get("SLURM_JOB_ID", ""), env.get("SLURM_STEP_ID", "")
+    if not (job.isascii() and job.isdigit() and step.isascii() and step.isdigit()) or int(step) >= _SPECIAL_STEPS:
+        return insts
+    if _int(env.get("SLURM_STEP_NUM_TASKS")) != 1:
+        return insts
+    res = run_slurm(["scontrol", "-d", "show", "step", f"{job}.{step}"], timeout=5, slurm_conf=slurm_conf)
+    asked = parse_step_mig_request(res.stdout) if res.ok else None
+    want = sum(asked.values()) if asked else 0
+    if not 0 < want < len(insts):
+        return insts
+    first = int(step) * want % len(insts)
+    return [insts[(first + i) % len(insts)] for i in range(want)]
+
+
 def _het_components(env: dict) -> list[str]:
     """The job ids of a heterogeneous job's components (SLURM_JOB_ID_HET_GROUP_<k>), [] for any other job."""
     size = _int(env.get("SLURM_HET_SIZE"))
@@ -862,7 +895,7 @@ def main(argv: list[str] | None = None) -> int:
         settings = NodeSettings.load()
         _setup_logging(settings)
         if kind == "taskprolog":
-            return taskprolog(env, node_name, settings.state_root)
+            return taskprolog(env, node_name, settings.state_root, settings.slurm_conf)
         node = Node(node_name, settings)
         if kind == "prolog":
             return prolog(env, node)

@@ -162,6 +162,16 @@ def array_task_ids(spec: str, limit: int) -> list[int] | None:
     return ids
 
 
+def parse_step_mig_request(text: str) -> dict[str, int] | None:
+    """The per-node mig request of a job step, from ``scontrol -d show step J.S`` (its ``TresPerNode``:
+    "gres:mig:1g:1"); None when the step shows none. Slurm 22.05 gives a step run without ``--gres`` the
+    job's request, and one run with ``--gres=none`` no TresPerNode at all; None is read as "not known"."""
+    m = re.search(r"(?:^|\s)TresPerNode=(\S+)", text or "")
+    if m is None:
+        return None
+    return mig_request(m.group(1)) or None
+
+
 def _detail_gres(value: str | None) -> dict[str, int]:
     """``mig:1g(CNT:2),mig:3g(IDX:0-1)`` (job GRES detail) -> ``{"1g": 2, "3g": 2}``."""
     out: dict[str, int] = {}

@@ -297,6 +297,32 @@ def test_a_job_array_is_carved_for_task_by_task(demo):
     assert all(outcomes[j].state == "COMPLETED" and outcomes[j].exit_code == 0 for j in tasks.values()), outcomes
 
 
+def test_concurrent_steps_asking_one_instance_each_get_different_ones(demo):
+    """Slurm tells a task nothing of its step's GRES: two `srun --gres=mig:1g` steps of a mig:1g:2 job both
+    saw both instances, and CUDA put both on the first."""
+    out = demo.state / "jobs"
+    out.mkdir(exist_ok=True)
+    script = ("#!/bin/bash\n"
+              "show='echo \"S=$SLURM_STEP_ID CVD=$CUDA_VISIBLE_DEVICES\"; sleep 2'\n"
+              'srun --gres=mig:1g:1 -n1 --exact bash -c "$show" &\n'
+              'srun --gres=mig:1g:1 -n1 --exact bash -c "$show" &\n'
+              "wait\n"
+              'srun -n1 bash -c "$show"\n')
+    (out / "steps.sh").write_text(script)
+    res = subprocess.run(["sbatch", "--parsable", "--gres=mig:1g:2", "--ntasks=2", f"--output={out}/steps_%j.out",
+                          str(out / "steps.sh")], env=demo.env(), capture_output=True, text=True, timeout=30)
+    assert res.returncode == 0, res.stderr
+    job = res.stdout.strip().split(";")[0]
+    assert demo.wait_jobs([job], timeout=120)
+    lines = dict(line.split(" ", 1) for line in (out / f"steps_{job}.out").read_text().splitlines()
+                 if line.startswith("S="))
+    one, two, both = lines["S=0"], lines["S=1"], lines["S=2"]
+    assert one.startswith("CVD=MIG-") and "," not in one and two.startswith("CVD=MIG-") and "," not in two
+    assert one != two
+    # A step run without --gres holds the job's instances, as Slurm gives it the job's request.
+    assert sorted(both[4:].split(",")) == sorted([one[4:], two[4:]])
+
+
 def test_bad_request_rejected_at_submit(demo):
     for gres, msg, extra in [("mig:5g", "5g", []), ("mig:3g:99", "99", []), ("mig:abc", "abc", []),
                              ("mig:1g", "one node", ["--nodes=2"])]:
