@@ -1132,3 +1132,54 @@ def test_the_end_event_shows_the_exit_status_as_explain_does(rig):
     _run_job(rig, "31", "1g", exit_code="768")
     ends = [e.message for e in rig.store.recent_events(50, job_id="31") if e.kind == "end"]
     assert ends and "exit 3:0" in ends[0] and "768" not in ends[0], ends
+
+
+def _bind_two(rig, job_id: str) -> None:
+    from slurm_mig.node.localstate import NodeState
+    from slurm_mig.store.models import BoundInstance
+
+    NodeState(rig.tmp / "node" / "n1").write_binding(job_id, [BoundInstance(0, "1g.10gb", 0, f"MIG-{job_id}a"),
+                                                              BoundInstance(0, "1g.10gb", 1, f"MIG-{job_id}b")])
+
+
+def _scontrol_steps(monkeypatch, steps: dict[str, str]) -> list[str]:
+    """``scontrol -d show step J.S`` answers TresPerNode=<steps[J.S]> (fails for any other step)."""
+    from slurm_mig.slurm import runner
+
+    asked: list[str] = []
+
+    def run_slurm(argv, **kw):
+        asked.append(argv[-1])
+        if argv[-1] in steps:
+            return runner.SlurmResult(tuple(argv), 0, f"StepId={argv[-1]} UserId=0\n   TresPerNode={steps[argv[-1]]}\n",
+                                      "", 0.0)
+        return runner.SlurmResult(tuple(argv), 1, "", "Invalid job id specified", 0.0)
+
+    monkeypatch.setattr(runner, "run_slurm", run_slurm)
+    return asked
+
+
+def _cvd(out: str) -> str:
+    return next(line for line in out.splitlines() if line.startswith("export CUDA_VISIBLE_DEVICES="))
+
+
+def test_one_task_steps_asking_one_instance_each_see_different_ones(rig, capsys, monkeypatch):
+    _bind_two(rig, "70")
+    _scontrol_steps(monkeypatch, {"70.0": "gres:mig:1g:1", "70.1": "gres:mig:1g:1", "70.2": "gres:mig:1g:2"})
+    seen = []
+    for step in ("0", "1", "2"):
+        capsys.readouterr()
+        assert rig.hook("taskprolog", "70", SLURM_STEP_ID=step, SLURM_STEP_NUM_TASKS="1") == 0
+        seen.append(_cvd(capsys.readouterr().out))
+    assert seen == ["export CUDA_VISIBLE_DEVICES=MIG-70a", "export CUDA_VISIBLE_DEVICES=MIG-70b",
+                    "export CUDA_VISIBLE_DEVICES=MIG-70a,MIG-70b"]
+
+
+def test_a_het_step_is_not_cut_down_by_another_components_step_record(rig, capsys, monkeypatch):
+    """A het step's tasks are told the leader's job id, so ``scontrol show step <leader>.<step>`` describes
+    the leader's part of the step (here 3g:1), not the component bound on this node (1g:2)."""
+    _bind_two(rig, "82")
+    _scontrol_steps(monkeypatch, {"81.0": "gres:mig:3g:1"})
+    capsys.readouterr()
+    assert rig.hook("taskprolog", "81", SLURM_STEP_ID="0", SLURM_STEP_NUM_TASKS="1", **HET) == 0
+    assert _cvd(capsys.readouterr().out) == "export CUDA_VISIBLE_DEVICES=MIG-82a,MIG-82b"

@@ -519,7 +519,8 @@ def taskprolog(env: dict, node_name: str, state_root: str, slurm_conf: str | Non
     components = _het_components(env)
     # A job submitted from inside a het job inherits its SLURM_JOB_ID_HET_GROUP_* (--export=ALL): only a
     # step of the het job itself has its own id among them.
-    if components and job_id in components:
+    het_step = bool(components) and job_id in components
+    if het_step:
         # A heterogeneous job's step: every task is told the leader's job id (seen on Slurm 22.05), and the
         # component that runs here was bound under its own. Slurm does not say which component a task is
         # of, so when two are bound on this node the task cannot be given either's instances.
@@ -555,7 +556,9 @@ def taskprolog(env: dict, node_name: str, state_root: str, slurm_conf: str | Non
         if inherited:
             print("unset SLURM_MIG_INSTANCES")
         return 0
-    if len(insts) > 1:
+    # Not for a het step: its tasks know only the leader's job id, and the step record Slurm shows for
+    # it is the leader's part of the step, whose request need not be this component's.
+    if len(insts) > 1 and not het_step:
         insts = _step_instances(env, insts, slurm_conf)
     uuids = ",".join(i.uuid for i in insts)
     print(f"export CUDA_VISIBLE_DEVICES={uuids}")
