@@ -242,3 +242,19 @@ def test_run_once_prints_one_frame(store, capsys):
     out = capsys.readouterr().out.splitlines()
     assert len(out) == 24 and all(len(line) <= 80 for line in out)
     assert out[0].startswith("slurm-mig top")
+
+
+def test_a_job_slurm_will_not_start_is_no_demand_in_the_pending_rule(tmp_path):
+    # The header's queue count leaves it out (status_view); the Pending rule counted it and showed a job held
+    # for a week as its profile's oldest wait.
+    with open_store(tmp_path / "state.db") as s:
+        build_state(s)
+        s.upsert_job("900", profile="2g", submit_time=NOW - 7 * 86400, now=NOW,
+                     blocked="held by its user (Slurm: JobHeldUser)")
+    ro = V.open_readonly(tmp_path / "state.db")
+    try:
+        text = frame(ro, width=120, height=40, view="summary").plain()
+    finally:
+        ro.close()
+    assert "queue 3" in text and "── Pending 3" in text and "2gx1" not in text, text
+    assert "held by its user" in text  # still listed, with why

@@ -247,9 +247,13 @@ def build_frame(snap: V.Snapshot, opts: TopOptions, *, partition_nodes: set[str]
         spare = node_room - len(chunk)
 
     # The queue: by profile in the rule, then the jobs (oldest first in queue order).
-    by_prof = V.pending_by_profile(pending)
+    # Jobs Slurm will not start yet stay listed (with why) but are no demand, as in the header's queue count:
+    # a job held for a week is not its profile's oldest wait.
+    queued = [j for j in pending if not j["blocked"]]
+    by_prof = V.pending_by_profile(queued)
     right = "  ".join(f"{p['profile']}x{p['jobs']} {V.fmt_duration(p['oldest_wait_s'])}" for p in by_prof)
-    body.append(R.rule(f"Pending {P}", W, g, right if P else "queue empty"))
+    held = f" (+{P - len(queued)} Slurm will not start yet)" if P > len(queued) else ""
+    body.append(R.rule(f"Pending {len(queued)}{held}", W, g, right if P else "queue empty"))
     pend_rows = min(P, 3 + max(0, spare)) if P else 0
     if P > pend_rows:
         pend_rows = max(1, pend_rows - 1)
