@@ -311,3 +311,14 @@ def test_a_site_that_oversubscribes_cpus_keeps_cpu_full_nodes_in_play(tmp_path):
         assert "3g" in store.desired("n1")[0].spec  # OverSubscribe=FORCE: Slurm may still start it there
     finally:
         store.close()
+
+
+def test_a_job_submitted_to_several_partitions_is_not_blocked_by_one_partitions_reason():
+    # Slurm shows the reason of the last partition it tried: "a" down says nothing about "b".
+    rows = [[20, 0, None, "", 0, "PENDING", "PartitionDown", 5, "gres:mig:1g:1", "", "a,b", 1, 60, "x", "u", "", 1],
+            [21, 0, None, "", 0, "PENDING", "QOSMaxGRESPerUser", 5, "gres:mig:1g:1", "", "a,b", 1, 60, "x", "u", "", 1],
+            [22, 0, None, "", 0, "PENDING", "Dependency", 5, "gres:mig:1g:1", "", "a,b", 1, 60, "x", "u", "", 1],
+            [23, 0, None, "", 0, "PENDING", "PartitionDown", 5, "gres:mig:1g:1", "", "a", 1, 60, "x", "u", "", 1]]
+    blocked = {e.job_id: e.blocked for e in queue_entries(squeue(rows))}
+    assert blocked["20"] is None and blocked["21"] is None
+    assert "dependency" in blocked["22"] and "partition is down" in blocked["23"]

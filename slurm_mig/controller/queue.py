@@ -39,6 +39,10 @@ BLOCKED_REASONS = {
     "AccountingPolicy": "an accounting limit holds it",
     "Licenses": "waiting for licenses",
 }
+# Reasons that hold whichever partition the job runs in. Slurm shows one reason, from the last partition
+# it tried: a job submitted to "a,b" may show a's PartitionDown while b could start it.
+JOB_WIDE_REASONS = ("JobHeldUser", "JobHeldAdmin", "Dependency", "DependencyNeverSatisfied", "BeginTime",
+                    "JobArrayTaskLimit")
 # Slurm's limit reasons come in families (https://slurm.schedmd.com/job_reason_codes.html): QOSGrp*,
 # QOSMax*, AssocGrp*, AssocMax*, Max*PerAccount.
 LIMIT_PREFIXES = ("QOS", "Assoc", "Max")
@@ -67,11 +71,14 @@ def blocked_reason(job: SlurmJob) -> str | None:
 
     Held (priority 0, or a hold reason), a dependency, a begin time, an array at its limit, its partition
     down or its limits exceeded, an invalid account or QOS, licenses, a QOS or association limit. Never for
-    the reasons a job waiting for GPUs shows (Resources, Priority, ReqNodeNotAvail, None).
+    the reasons a job waiting for GPUs shows (Resources, Priority, ReqNodeNotAvail, None), nor, for a job
+    submitted to several partitions, for a reason that may be only one partition's.
     """
     if not job.pending:
         return None
     reason = job.state_reason
+    if "," in (job.partition or "") and reason not in JOB_WIDE_REASONS and job.priority != 0:
+        return None
     if reason in BLOCKED_REASONS:
         return f"{BLOCKED_REASONS[reason]} (Slurm: {reason})"
     if reason.startswith(LIMIT_PREFIXES):
