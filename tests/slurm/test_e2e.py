@@ -259,42 +259,78 @@ def test_controller_killed_and_restarted(demo):
     _no_shared_instances(demo, ids)
 
 
-def test_a_job_array_is_carved_for_task_by_task(demo):
-    """squeue lists an array's unsplit tasks as one record: read as one job, the policy carved for one
-    task per tick. Each task is a queue entry now, and each ran on an instance of its own."""
-    out = demo.state / "jobs"
+def _run_array(dc: DemoCluster, spec: str, tag: str, during=None) -> tuple[str, dict[str, str], "Watcher"]:
+    """Submit ``--array=spec`` of mig:1g tasks that print their instance and sleep 4 s; wait for the end.
+    Returns the array id, {task id: the job id Slurm ran it as} and the watcher's findings."""
+    out = dc.state / "jobs"
     out.mkdir(exist_ok=True)
-    res = subprocess.run(["sbatch", "--parsable", "--array=1-16", "--gres=mig:1g", "--requeue",
-                          f"--output={out}/arr_%a.out", "--wrap",
+    res = subprocess.run(["sbatch", "--parsable", f"--array={spec}", "--gres=mig:1g", "--requeue",
+                          f"--output={out}/{tag}_%a.out", "--wrap",
                           'echo "CVD=$CUDA_VISIBLE_DEVICES"; echo "MIG=$SLURM_MIG_INSTANCES"; sleep 4'],
-                         env=demo.env(), capture_output=True, text=True, timeout=30)
+                         env=dc.env(), capture_output=True, text=True, timeout=30)
     assert res.returncode == 0, res.stderr
     array = res.stdout.strip().split(";")[0]
-    deadline = time.time() + 180
-    tasks: dict[str, str] = {}  # task id -> the job id Slurm ran it as
-    while time.time() < deadline:
-        jobs = [j for j in demo.cluster.client().jobs() or [] if str(j.array_job_id) == array]
-        tasks.update({str(j.array_task_id): str(j.job_id) for j in jobs if j.array_task_id is not None})
-        if jobs and all(j.state not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING") for j in jobs):
-            break
-        time.sleep(1.0)
-    else:
-        raise AssertionError("array tasks still queued after 180 s")
+    w = Watcher(dc)
+    w.start()
+    try:
+        if during:
+            during()
+        deadline = time.time() + 180
+        tasks: dict[str, str] = {}
+        while time.time() < deadline:
+            jobs = [j for j in dc.cluster.client().jobs() or [] if str(j.array_job_id) == array]
+            tasks.update({str(j.array_task_id): str(j.job_id) for j in jobs if j.array_task_id is not None})
+            if jobs and all(j.state not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING") for j in jobs):
+                break
+            time.sleep(1.0)
+        else:
+            raise AssertionError("array tasks still queued after 180 s")
+    finally:
+        w.stop_flag.set()
+        w.join()
     time.sleep(2.0)  # the last Epilogs reach the controller
-    store = demo.store()
-    # A decision saw the tasks Slurm could not start on the instances there were (the demo's layouts hold
-    # six 1g) as jobs of their own, named as Slurm names them; before, it saw one job, the array record.
-    seen = [{p["job_id"] for p in d.inputs.get("pending", [])} for d in store.recent_decisions(200)]
-    assert any(len({j for j in s if j.startswith(f"{array}_")}) >= 2 for s in seen), seen[:3]
-    for task in range(1, 17):
-        text = (out / f"arr_{task}.out").read_text()
-        cvd = next(l[4:] for l in text.splitlines() if l.startswith("CVD="))
+    return array, tasks, w
+
+
+def _check_array(dc: DemoCluster, array: str, tasks: dict[str, str], n: int, tag: str) -> None:
+    store = dc.store()
+    for task in range(1, n + 1):
+        text = (dc.state / "jobs" / f"{tag}_{task}.out").read_text()
+        cvd = next(line[4:] for line in text.splitlines() if line.startswith("CVD="))
         assert cvd.startswith("MIG-") and "1g." in text, text
     # No task's row was left waiting, and none was recorded as cancelled: each became its own job.
     assert not [j.job_id for j in store.jobs() if j.job_id.startswith(f"{array}_")]
-    assert sorted(tasks, key=int) == [str(t) for t in range(1, 17)]
+    assert sorted(tasks, key=int) == [str(t) for t in range(1, n + 1)]
     outcomes = {o.job_id: o for o in store.outcomes()}
     assert all(outcomes[j].state == "COMPLETED" and outcomes[j].exit_code == 0 for j in tasks.values()), outcomes
+    _no_shared_instances(dc, list(tasks.values()))
+
+
+def test_a_job_array_is_carved_for_task_by_task(demo):
+    """squeue lists an array's unsplit tasks as one record: read as one job, the policy carved for one
+    task per tick. Each task is a queue entry now, and each ran on an instance of its own."""
+    array, tasks, w = _run_array(demo, "1-16", "arr")
+    assert not w.violations, w.violations[:5]
+    # A decision saw the tasks Slurm could not start on the instances there were (the demo's layouts hold
+    # six 1g) as jobs of their own, named as Slurm names them; before, it saw one job, the array record.
+    seen = [{p["job_id"] for p in d.inputs.get("pending", [])} for d in demo.store().recent_decisions(200)]
+    assert any(len({j for j in s if j.startswith(f"{array}_")}) >= 2 for s in seen), seen[:3]
+    _check_array(demo, array, tasks, 16, "arr")
+
+
+def test_a_throttled_array_survives_a_controller_kill(demo):
+    def crash():
+        time.sleep(2.5)
+        demo.kill_controller()
+        time.sleep(4)
+        demo.start_controller()
+
+    array, tasks, w = _run_array(demo, "1-12%5", "thr", during=crash)
+    assert not w.violations, w.violations[:5]
+    _check_array(demo, array, tasks, 12, "thr")
+    # Never carved for more tasks than the limit lets run.
+    seen = [{p["job_id"] for p in d.inputs.get("pending", [])} for d in demo.store().recent_decisions(500)]
+    assert max(len({j for j in s if j.startswith(f"{array}_")}) for s in seen) <= 5
 
 
 def test_concurrent_steps_asking_one_instance_each_get_different_ones(demo):
