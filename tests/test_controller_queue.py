@@ -59,7 +59,7 @@ def test_held_dependent_and_later_jobs_are_blocked_and_an_array_shows_its_tasks_
     assert entries["1"] is None  # running
     assert "held by its user" in entries["2"]
     assert "dependency" in entries["3"]
-    assert "begin time" in entries["4"]
+    assert "start time" in entries["4"] and "BeginTime" in entries["4"]
     # --array=1-6%2, nothing running yet: its first two tasks may start, and the array record is not a job.
     assert entries["5_1"] is None and entries["5_2"] is None
     assert not any(k in entries for k in ("5", "5_3"))
