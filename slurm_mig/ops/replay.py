@@ -44,7 +44,10 @@ def replay_job(store, job_id: str, *, policy: str = "first-fit", now: float | No
     t_lo = job.submit_time
     t_hi = job.start_time if job.start_time is not None else now
     others = [j for j in store.jobs() if j.submit_time is not None and j.submit_time <= t_hi
-              and (j.end_time is None or j.end_time >= t_lo) and j.state not in ("CANCELLED",)]
+              and (j.end_time is None or j.end_time >= t_lo)
+              # Cancelled while pending, it held nothing; cancelled while running (Slurm's end state now
+              # replaces the Epilog's COMPLETED), it held its instances like any other run.
+              and not (j.state == "CANCELLED" and j.start_time is None)]
     gpus = store.observed_gpus()
     models = Counter(g.model for g in gpus if g.model and g.mig_enabled)
     if not models:
