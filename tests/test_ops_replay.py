@@ -39,3 +39,12 @@ def test_a_job_cancelled_while_pending_is_left_out_of_the_replay(store):
     store.set_job_state("P", "CANCELLED", now=T + 50)
     r = replay_job(store, "X", now=T + 500)
     assert r["jobs"] == 1 and r["sim_wait_s"] < 5
+
+
+def test_a_job_slurm_will_not_start_is_no_competition_in_the_replay(store):
+    # Held since before X was submitted: it took no GPU, the policy never saw it, yet replayed it ran
+    # first, for its whole time limit.
+    store.upsert_job("H", profile="7g", submit_time=T + 50, time_limit_s=3600, now=T + 50,
+                     blocked="held by its user (Slurm: JobHeldUser)")
+    r = replay_job(store, "X", now=T + 500)
+    assert r["jobs"] == 1 and r["sim_wait_s"] < 5

@@ -47,7 +47,9 @@ def replay_job(store, job_id: str, *, policy: str = "first-fit", now: float | No
               and (j.end_time is None or j.end_time >= t_lo)
               # Cancelled while pending, it held nothing; cancelled while running (Slurm's end state now
               # replaces the Epilog's COMPLETED), it held its instances like any other run.
-              and not (j.state == "CANCELLED" and j.start_time is None)]
+              and not (j.state == "CANCELLED" and j.start_time is None)
+              # Held, waiting on a dependency, ...: not demand (the policy does not see it either).
+              and not (j.state == "PENDING" and j.blocked and j.job_id != job.job_id)]
     gpus = store.observed_gpus()
     models = Counter(g.model for g in gpus if g.model and g.mig_enabled)
     if not models:
