@@ -322,3 +322,20 @@ def test_a_job_submitted_to_several_partitions_is_not_blocked_by_one_partitions_
     blocked = {e.job_id: e.blocked for e in queue_entries(squeue(rows))}
     assert blocked["20"] is None and blocked["21"] is None
     assert "dependency" in blocked["22"] and "partition is down" in blocked["23"]
+
+
+def test_a_queue_of_held_jobs_still_shows_the_controller_ticking(ctl):
+    # Its only job held, the policy has nothing to decide: the tick wrote nothing `status` reads as a tick,
+    # and `status --check` called a live controller stale (it said "ok" while the held job was the queue).
+    from slurm_mig.ops import views as V
+
+    t = [time.time()]
+    ctl.clock = lambda: t[0]
+    ctl.slurm.queue = squeue([
+        [2, 0, None, "", 0, "PENDING", "JobHeldUser", 0, "gres:mig:3g:1", "", "debug", 1, 60, "a", "u", "", 1]])
+    for _ in range(4):
+        t[0] += 30
+        ctl.store.upsert_node("n1", last_seen=t[0])
+        ctl.tick()
+    health = V.controller_health(V.load_snapshot(ctl.store, now=t[0] + 1), 5.0)
+    assert health["state"] == "ok", health

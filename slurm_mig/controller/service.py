@@ -581,7 +581,10 @@ class Controller:
         if decision is None:
             return {"pending": len(state.pending), "changes": 0}
         if not state.pending and not decision.changes:
-            return {"pending": 0, "changes": 0, "policy": used.name}  # nothing to explain: keep the DB small
+            # Nothing to explain: keep the DB small. The reservations row is still the tick `status` reads
+            # (an idle queue, or one whose jobs Slurm will not start, read as a controller gone stale).
+            self.store.set_meta("reservations", {}, now=now)
+            return {"pending": 0, "changes": 0, "policy": used.name}
         signature = (tuple((c.key, str(c.target)) for c in decision.changes),
                      tuple((a.job_id, a.node, a.instances) for a in decision.assignments), decision.waiting)
         decision_id = None
