@@ -339,3 +339,17 @@ def test_a_queue_of_held_jobs_still_shows_the_controller_ticking(ctl):
         ctl.tick()
     health = V.controller_health(V.load_snapshot(ctl.store, now=t[0] + 1), 5.0)
     assert health["state"] == "ok", health
+
+
+def test_a_controller_whose_nodes_have_not_reported_a_gpu_yet_still_shows_it_ticks(tmp_path):
+    # A new install: Slurm answers, no node has reported a GPU, so there is no policy decision to record.
+    from slurm_mig.ops import views as V
+
+    store = open_store(tmp_path / "state.db")
+    ctl = Controller(Config(), store, QueueSlurm(squeue([
+        [5, 0, None, "", 0, "PENDING", "Resources", 50, "gres:mig:3g:1", "", "debug", 1, 60, "a", "u", "", 1]])))
+    try:
+        ctl.tick()
+        assert V.controller_health(V.load_snapshot(store, now=time.time() + 1), 5.0)["last_tick"] is not None
+    finally:
+        store.close()

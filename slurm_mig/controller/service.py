@@ -578,12 +578,13 @@ class Controller:
     def _commit(self, plan: "_Plan", now: float, held_back: set[str] = frozenset()) -> dict:
         """Record the plan's decision and its desired layouts, except on nodes in ``held_back``."""
         state, decision, used = plan.state, plan.decision, plan.used
-        if decision is None:
-            return {"pending": len(state.pending), "changes": 0}
-        if not state.pending and not decision.changes:
+        if decision is None or (not state.pending and not decision.changes):
             # Nothing to explain: keep the DB small. The reservations row is still the tick `status` reads
-            # (an idle queue, or one whose jobs Slurm will not start, read as a controller gone stale).
+            # (an idle queue, one whose jobs Slurm will not start, or a cluster whose nodes have not reported
+            # a GPU yet, read as a controller gone stale).
             self.store.set_meta("reservations", {}, now=now)
+            if decision is None:
+                return {"pending": len(state.pending), "changes": 0}
             return {"pending": 0, "changes": 0, "policy": used.name}
         signature = (tuple((c.key, str(c.target)) for c in decision.changes),
                      tuple((a.job_id, a.node, a.instances) for a in decision.assignments), decision.waiting)
