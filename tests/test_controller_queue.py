@@ -353,3 +353,23 @@ def test_a_controller_whose_nodes_have_not_reported_a_gpu_yet_still_shows_it_tic
         assert V.controller_health(V.load_snapshot(store, now=time.time() + 1), 5.0)["last_tick"] is not None
     finally:
         store.close()
+
+
+def test_a_tick_that_asked_squeue_before_a_task_started_does_not_queue_the_task_again(ctl):
+    # The Prolog gives task 2's place to job 11 after this tick's squeue, which still lists 2 as waiting:
+    # written again, the entry made the policy carve one slice too many until the next tick.
+    t = [time.time()]
+    ctl.clock = lambda: t[0]
+    record = [4, 4, None, "1-2", 0, "PENDING", "Resources", 50, "gres:mig:1g:1", "", "debug", 1, 60, "a", "u", "", 1]
+    ctl.slurm.queue = squeue([record])
+    ctl.tick()
+    ctl.slurm.details["11"] = JobDetail(job_id=11, name="a", user="u", state="RUNNING", partition="debug",
+                                        nodes=["n1"], tres_per_node="gres:mig:1g:1", mig={"1g": 1},
+                                        fields={"JobId": "11", "ArrayJobId": "4", "ArrayTaskId": "2"})
+    gpu = {"index": 0, "uuid": "GPU-0", "name": "H100", "model": "H100-80GB", "mig_enabled": True, "instances": []}
+    t[0] += 10
+    assert ctl.on_prolog({"node": "n1", "job_id": "11", "observed": [gpu], "bindings": {}}, None)["action"] == "bind"
+    t[0] -= 1  # this tick's squeue was asked a second before the Prolog
+    ctl.tick()
+    assert ctl.store.get_job("4_2") is None
+    assert [j.job_id for j in ctl.store.pending_jobs()] == ["4_1"]

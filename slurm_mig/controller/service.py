@@ -45,6 +45,8 @@ JOURNAL_TIMEOUT_S = 600.0
 # A job that ended in Slurm without an Epilog report for this long (at least two health-check intervals)
 # gets its outcome from Slurm's own record.
 EPILOG_GRACE_S = 60.0
+# How long a Prolog's word that an array task started under its own id outweighs squeue answers asked before.
+TAKEN_TASK_MEMORY_S = 120.0
 # How often one tick decides again when Slurm keeps starting jobs on nodes whose counts it is lowering.
 WITHDRAW_ROUNDS = 3
 
@@ -209,6 +211,9 @@ class Controller:
         self._gres_checked: set[str] = set()  # nodes told once about missing or too little mig:pad
         self._invalid_reg: set[str] = set()  # nodes Slurm drained for a mig GRES count below the layout's
         self._no_free_cpu: set[str] = set()  # nodes whose every CPU Slurm has allocated, at the last sinfo
+        # Array tasks ("5_3") whose place a Prolog gave to the job Slurm started them as, and when: a tick whose
+        # squeue was asked before that start must not make them queue entries again.
+        self._taken_tasks: dict[str, float] = {}
         self._unservable: set[str] = set()  # jobs whose MIG request cannot be served, said once each
         # Is a node's request encoded on its own host? Only MUNGE credentials say where they were made, so
         # under HMAC the check is off whatever [auth].node_origin says.
@@ -313,7 +318,11 @@ class Controller:
         entries = queue_entries(mine)
         as_tasks = {str(e.job.job_id) for e in entries if e.array_task}
         arrays = {e.job_id.split("_")[0] for e in entries if e.array_task}
-        for entry in entries:
+        for task, at in list(self._taken_tasks.items()):
+            if at < queried_at - TAKEN_TASK_MEMORY_S:
+                self._taken_tasks.pop(task, None)
+        taken = {t for t, at in list(self._taken_tasks.items()) if at >= queried_at}
+        for entry in [e for e in entries if e.job_id not in taken]:
             j, job_id = entry.job, entry.job_id
             seen.add(job_id)
             try:
@@ -1065,6 +1074,7 @@ class Controller:
             if task is not None and task != job_id:
                 # The tick saw this job as a task of an array record: the task's row gives way to the job.
                 self.store.forget_pending_job(task)
+                self._taken_tasks[task] = now
             gpus = self._node_gpus(node, node_bindings, exclude_job=job_id)
             reserved = self._reservation(job_id, node) or (self._reservation(task, node) if task else ())
             plan = choose_binding(gpus, kind, count, reserved) if gpus else None
