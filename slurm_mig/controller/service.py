@@ -33,6 +33,7 @@ from slurm_mig.mig.profiles import get_model
 from slurm_mig.mig.transitions import plan_transition
 from slurm_mig.policies import check_decision, get_policy
 from slurm_mig.slurm.gres import GRES_TO_KIND, GRES_TYPES, PAD_TYPE, gres_type_for_kind, mig_total, padded_total
+from slurm_mig.slurm.parsers import format_exit_status, wait_status
 
 log = logging.getLogger("slurm_mig.controller")
 
@@ -372,7 +373,7 @@ class Controller:
                 # COMPLETED is only a guess, Slurm's state is the fact.
                 if self.store.correct_end_state(job_id, j.state, now=now):
                     self.store.add_event("end", f"job {job_id}: Slurm says it ended {j.state} (its Epilog "
-                                         f"reported {current.state}, exit {_exit_text(current.exit_code)})", node=current.node,
+                                         f"reported {current.state}, exit {format_exit_status(current.exit_code)})", node=current.node,
                                          job_id=job_id, now=now)
         self.store.set_job_order(order)
         # Pending (or requeued) jobs Slurm no longer lists were cancelled (or purged after MinJobAge). A job a
@@ -1282,7 +1283,7 @@ class Controller:
             if lingering:
                 self.store.add_event("lingering", f"job {job_id} ended with processes left on {lingering}",
                                      node=node, job_id=job_id, now=now)
-            self.store.add_event("end", f"job {job_id} ended on {node} (exit {_exit_text(exit_code)})", node=node,
+            self.store.add_event("end", f"job {job_id} ended on {node} (exit {format_exit_status(exit_code)})", node=node,
                                  job_id=job_id, now=now)
         if recorded:
             self.metrics.inc("slurm_mig_jobs_finished_total", (("state", state),))
@@ -1420,20 +1421,12 @@ def _slurm_end(detail, state: str, now: float) -> tuple[str, int | None, float]:
     squeue's state and an unknown exit status when scontrol could not answer."""
     if detail is None:
         return state, None, now
-    exit_code, end = None, now
-    code, _, sig = (detail.fields.get("ExitCode") or "").partition(":")
-    if code.isascii() and code.isdigit() and sig.isascii() and sig.isdigit():
-        exit_code = (int(code) << 8) | int(sig)  # the wait status, as SLURM_JOB_EXIT_CODE has it
+    exit_code, end = wait_status(detail.fields.get("ExitCode")), now
     try:
         end = time.mktime(time.strptime(detail.fields.get("EndTime", ""), "%Y-%m-%dT%H:%M:%S"))
     except ValueError:
         pass
     return detail.state, exit_code, end
-
-
-def _exit_text(status: int | None) -> str:
-    # Events are shown under explain's "exit code 3:0": the raw wait status (768) there contradicted it.
-    return "unknown" if status is None else f"{(status >> 8) & 0xFF}:{status & 0x7F}"
 
 
 def _desired_layout(d) -> Layout | None:

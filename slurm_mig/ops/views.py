@@ -24,6 +24,7 @@ from typing import Any, Iterable, Sequence
 from slurm_mig.errors import SlurmMigError, StoreError
 from slurm_mig.mig.layout import Layout, Slot
 from slurm_mig.mig.profiles import GpuModel, get_model
+from slurm_mig.slurm.parsers import format_exit_status
 
 LIVE_JOB_STATES = ("PENDING", "REQUEUED", "RUNNING", "SUSPENDED", "COMPLETING")
 RUNNING_STATES = ("RUNNING", "SUSPENDED", "COMPLETING")
@@ -1004,11 +1005,8 @@ def explain_verdict(job: dict, spans: list[dict], reconfigs: list[dict], events:
 # -- formatting helpers shared by the text renderers ------------------------------------------------
 
 def fmt_exit(status: int | None) -> str:
-    """A job's wait status (what SLURM_JOB_EXIT_CODE holds, and the store keeps) as Slurm prints it:
-    "exit:signal", e.g. 768 -> "3:0" (exit 3), 9 -> "0:9" (killed by SIGKILL)."""
-    if status is None:
-        return "unknown"
-    return f"{(status >> 8) & 0xFF}:{status & 0x7F}"
+    """A job's wait status as Slurm prints it ("exit:signal"; the controller's end events say the same)."""
+    return format_exit_status(status)
 
 
 def fmt_duration(seconds: float | None) -> str:

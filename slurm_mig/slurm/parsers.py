@@ -172,6 +172,22 @@ def parse_step_mig_request(text: str) -> dict[str, int] | None:
     return mig_request(m.group(1)) or None
 
 
+def wait_status(exit_code: str | None) -> int | None:
+    """The wait status (what SLURM_JOB_EXIT_CODE holds, and the store keeps) of Slurm's ``ExitCode=3:0``
+    ("exit:signal"); None when it is not of that form."""
+    code, _, sig = (exit_code or "").partition(":")
+    if code.isascii() and code.isdigit() and sig.isascii() and sig.isdigit():
+        return (int(code) << 8) | int(sig)
+    return None
+
+
+def format_exit_status(status: int | None) -> str:
+    """A wait status as Slurm prints it, "exit:signal": 768 -> "3:0" (exit 3), 9 -> "0:9" (SIGKILL)."""
+    if status is None:
+        return "unknown"
+    return f"{(status >> 8) & 0xFF}:{status & 0x7F}"
+
+
 def _detail_gres(value: str | None) -> dict[str, int]:
     """``mig:1g(CNT:2),mig:3g(IDX:0-1)`` (job GRES detail) -> ``{"1g": 2, "3g": 2}``."""
     out: dict[str, int] = {}
