@@ -317,8 +317,9 @@ class Controller:
         split = {f"{j.array_job_id}_{j.array_task_id}" for j in jobs
                  if j.array_job_id and j.array_task_id is not None}
         entries = queue_entries(mine)
-        as_tasks = {str(e.job.job_id) for e in entries if e.array_task}
-        arrays = {e.job_id.split("_")[0] for e in entries if e.array_task}
+        # An array shown as tasks, by its record's id and the prefix of its tasks' ("5" of "5_3"): the same.
+        arrays = {str(e.job.job_id) for e in entries if e.array_task} | {
+            e.job_id.split("_")[0] for e in entries if e.array_task}
         for task, at in list(self._taken_tasks.items()):
             if at < queried_at - TAKEN_TASK_MEMORY_S:
                 self._taken_tasks.pop(task, None)
@@ -361,9 +362,7 @@ class Controller:
                 # Slurm's start time: the tick may see the job long after it started (controller restarted).
                 self.store.set_job_state(job_id, "RUNNING", now=min(now, j.start_time or now),
                                          node=(j.nodes or [None])[0])
-            elif j.state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
-                             "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE") and current and \
-                    current.state in ("PENDING", "REQUEUED"):
+            elif j.state in TERMINAL and current and current.state in ("PENDING", "REQUEUED"):
                 # Ended without running on a MIG instance (e.g. cancelled while pending, or while it waited
                 # after a requeue before a tick saw it pending again).
                 self.store.set_job_state(job_id, j.state, now=now)
@@ -372,9 +371,9 @@ class Controller:
                 # The Epilog reads exit status 0 for a job cancelled or timed out (seen on Slurm 22.05): its
                 # COMPLETED is only a guess, Slurm's state is the fact.
                 if self.store.correct_end_state(job_id, j.state, now=now):
-                    self.store.add_event("end", f"job {job_id}: Slurm says it ended {j.state} (its Epilog "
-                                         f"reported {current.state}, exit {format_exit_status(current.exit_code)})", node=current.node,
-                                         job_id=job_id, now=now)
+                    self.store.add_event("end", f"job {job_id}: Slurm says it ended {j.state} (its Epilog reported "
+                                         f"{current.state}, exit {format_exit_status(current.exit_code)})",
+                                         node=current.node, job_id=job_id, now=now)
         self.store.set_job_order(order)
         # Pending (or requeued) jobs Slurm no longer lists were cancelled (or purged after MinJobAge). A job a
         # Prolog requeued after our squeue (one submitted meanwhile) is not in its answer: left for the next.
@@ -386,8 +385,8 @@ class Controller:
             # An array task Slurm started under an id of its own lives on as that job; an array record
             # (stored whole before its tasks were shown) lives on as its tasks; a task of a record still
             # waiting, no longer shown (past its limit or the look-ahead), waits in it to be shown again.
-            if (job.job_id in split or job.job_id in as_tasks or job.job_id.split("_")[0] in arrays and
-                    "_" in job.job_id) and self.store.forget_pending_job(job.job_id):
+            lives_on = job.job_id in split or job.job_id.split("_")[0] in arrays
+            if lives_on and self.store.forget_pending_job(job.job_id):
                 continue
             self.store.set_job_state(job.job_id, "CANCELLED", now=now, reason="no longer in Slurm's queue")
 
