@@ -244,73 +244,59 @@ def test_a_task_the_array_no_longer_shows_is_not_called_cancelled_while_its_reco
     assert not [e for e in ctl.store.recent_events(50) if e.kind == "reused"]
 
 
-def test_a_node_without_a_free_cpu_is_not_carved_for(tmp_path):
-    """Slurm starts nothing on a node whose CPUs are all allocated. Carved for there, two tasks of an
-    array waited ~20 s on the demo cluster (8 CPUs, 14 1g slices a node) while another node's GPUs idled."""
-    store = open_store(tmp_path / "state.db")
-    for n in ("n1", "n2"):
-        store.replace_observed(n, [{"gpu": 0, "uuid": f"GPU-{n}", "model": "H100-80GB", "mig_enabled": True}], [],
-                               now=time.time())
+class CpuFullN1(QueueSlurm):
+    """n1 with every CPU allocated, n2 with CPUs free; one H100 each; a 3g job waits."""
 
-    class TwoNodes(QueueSlurm):
-        def nodes(self):
-            return [SlurmNode(name="n1", state="allocated", gres={}, gres_used={}, cpus=8, alloc_cpus=8),
-                    SlurmNode(name="n2", state="mixed", gres={}, gres_used={}, cpus=8, alloc_cpus=3)]
+    def nodes(self):
+        return [SlurmNode(name="n1", state="allocated", gres={}, gres_used={}, cpus=8, alloc_cpus=8),
+                SlurmNode(name="n2", state="mixed", gres={}, gres_used={}, cpus=8, alloc_cpus=3)]
 
-    ctl = Controller(Config(), store, TwoNodes(squeue([
-        [5, 0, None, "", 0, "PENDING", "Resources", 50, "gres:mig:3g:1", "", "debug", 1, 60, "a", "u", "", 1]])))
-    try:
+
+@pytest.fixture
+def cpu_full(tmp_path):
+    """A controller (with a Config the test may pass) over CpuFullN1, after one tick; its store is closed after."""
+    stores = []
+
+    def make(cfg: Config | None = None) -> Controller:
+        store = open_store(tmp_path / "state.db")
+        stores.append(store)
+        for n in ("n1", "n2"):
+            store.replace_observed(n, [{"gpu": 0, "uuid": f"GPU-{n}", "model": "H100-80GB", "mig_enabled": True}],
+                                   [], now=time.time())
+        ctl = Controller(cfg or Config(), store, CpuFullN1(squeue([
+            [5, 0, None, "", 0, "PENDING", "Resources", 50, "gres:mig:3g:1", "", "debug", 1, 60, "a", "u", "", 1]])))
         ctl.tick()
-        assert "n1" not in {d for d in ("n1", "n2") if store.desired(d)}
-        assert "3g" in store.desired("n2")[0].spec
-    finally:
+        return ctl
+
+    yield make
+    for store in stores:
         store.close()
 
 
-def test_explain_says_a_node_without_a_free_cpu_is_why_its_gpus_were_left_out(tmp_path):
+def test_a_node_without_a_free_cpu_is_not_carved_for(cpu_full):
+    """Slurm starts nothing on a node whose CPUs are all allocated. Carved for there, two tasks of an
+    array waited ~20 s on the demo cluster (8 CPUs, 14 1g slices a node) while another node's GPUs idled."""
+    store = cpu_full().store
+    assert "n1" not in {d for d in ("n1", "n2") if store.desired(d)}
+    assert "3g" in store.desired("n2")[0].spec
+
+
+def test_explain_says_a_node_without_a_free_cpu_is_why_its_gpus_were_left_out(cpu_full):
     # Its GPUs reach the policy as unavailable; explain called the up node "down, drained, stale or MIG off".
     from slurm_mig.ops import views as V
 
-    store = open_store(tmp_path / "state.db")
-    for n in ("n1", "n2"):
-        store.replace_observed(n, [{"gpu": 0, "uuid": f"GPU-{n}", "model": "H100-80GB", "mig_enabled": True}], [],
-                               now=time.time())
-
-    class TwoNodes(QueueSlurm):
-        def nodes(self):
-            return [SlurmNode(name="n1", state="allocated", gres={}, gres_used={}, cpus=8, alloc_cpus=8),
-                    SlurmNode(name="n2", state="mixed", gres={}, gres_used={}, cpus=8, alloc_cpus=3)]
-
-    ctl = Controller(Config(), store, TwoNodes(squeue([
-        [5, 0, None, "", 0, "PENDING", "Resources", 50, "gres:mig:3g:1", "", "debug", 1, 60, "a", "u", "", 1]])))
-    try:
-        ctl.tick()
-        options = {o["gpu"]: o for saw in V.explain_view(store, "5")["policy_saw"] for o in saw["options"]}
-        assert options["n1/0"]["verdict"] == "unavailable" and "CPU" in options["n1/0"]["why"], options["n1/0"]
-    finally:
-        store.close()
+    store = cpu_full().store
+    options = {o["gpu"]: o for saw in V.explain_view(store, "5")["policy_saw"] for o in saw["options"]}
+    assert options["n1/0"]["verdict"] == "unavailable" and "CPU" in options["n1/0"]["why"], options["n1/0"]
 
 
-def test_a_site_that_oversubscribes_cpus_keeps_cpu_full_nodes_in_play(tmp_path):
+def test_a_site_that_oversubscribes_cpus_keeps_cpu_full_nodes_in_play(cpu_full):
     from dataclasses import replace
-
-    store = open_store(tmp_path / "state.db")
-    store.replace_observed("n1", [{"gpu": 0, "uuid": "GPU-n1", "model": "H100-80GB", "mig_enabled": True}], [],
-                           now=time.time())
-
-    class Full(QueueSlurm):
-        def nodes(self):
-            return [SlurmNode(name="n1", state="allocated", gres={}, gres_used={}, cpus=8, alloc_cpus=8)]
 
     cfg = Config()
     cfg = replace(cfg, controller=replace(cfg.controller, cpu_full_nodes_wait=False))
-    ctl = Controller(cfg, store, Full(squeue([
-        [5, 0, None, "", 0, "PENDING", "Resources", 50, "gres:mig:3g:1", "", "debug", 1, 60, "a", "u", "", 1]])))
-    try:
-        ctl.tick()
-        assert "3g" in store.desired("n1")[0].spec  # OverSubscribe=FORCE: Slurm may still start it there
-    finally:
-        store.close()
+    store = cpu_full(cfg).store
+    assert "3g" in store.desired("n1")[0].spec  # OverSubscribe=FORCE: Slurm may still start it there
 
 
 def test_a_job_submitted_to_several_partitions_is_not_blocked_by_one_partitions_reason():
