@@ -526,23 +526,16 @@ def taskprolog(env: dict, node_name: str, state_root: str, slurm_conf: str | Non
         # of, so when two are bound on this node the task cannot be given either's instances.
         here = [c for c in components if _has_task_binding(state, c)]
         if len(here) > 1:
-            print(f"print slurm-mig: components {', '.join(here)} of heterogeneous job {job_id} are both bound "
-                  f"on this node and Slurm does not say which this task belongs to: no GPU is shown to it")
-            print("export CUDA_VISIBLE_DEVICES=")
-            if "SLURM_MIG_INSTANCES" in env:
-                print("unset SLURM_MIG_INSTANCES")
-            return 0
+            return _show_no_gpu(env, f"components {', '.join(here)} of heterogeneous job {job_id} are both bound "
+                                     f"on this node and Slurm does not say which this task belongs to: no GPU is "
+                                     f"shown to it")
         if here:
             job_id = here[0]
     try:
         insts = state.read_task_binding(job_id)
     except (OSError, ValueError) as exc:
         # The job is bound but we cannot tell to what: it must see no GPU rather than every GPU.
-        print(f"print slurm-mig: cannot read this job's MIG binding: {exc}")
-        print("export CUDA_VISIBLE_DEVICES=")
-        if "SLURM_MIG_INSTANCES" in env:
-            print("unset SLURM_MIG_INSTANCES")
-        return 0
+        return _show_no_gpu(env, f"cannot read this job's MIG binding: {exc}")
     if insts is None:
         # Not bound to an instance (not a MIG job, or its Prolog requeued it): such a job must see no
         # GPU rather than every GPU. A value Slurm's own gres/gpu plugin set is left alone, but not one a
@@ -820,6 +813,15 @@ def _cached_desired(node: Node) -> dict:
     except (OSError, ValueError):
         return {}
     return cached if isinstance(cached, dict) else {}
+
+
+def _show_no_gpu(env: dict, why: str) -> int:
+    """The TaskProlog's answer for a task that must see no GPU rather than a wrong one: says why to the task."""
+    print(f"print slurm-mig: {why}")
+    print("export CUDA_VISIBLE_DEVICES=")
+    if "SLURM_MIG_INSTANCES" in env:
+        print("unset SLURM_MIG_INSTANCES")
+    return 0
 
 
 # Step ids from here up are Slurm's batch, extern and interactive steps: they hold the whole job.
