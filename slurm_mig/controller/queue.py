@@ -16,6 +16,7 @@ starts the task under a job id of its own, that row gives way to the task's.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 from slurm_mig.slurm.parsers import SlurmJob, array_task_ids
@@ -92,6 +93,11 @@ def blocked_reason(job: SlurmJob) -> str | None:
 def queue_entries(jobs: list[SlurmJob], ahead: int = ARRAY_TASKS_AHEAD) -> list[QueuedJob]:
     """``jobs`` (in the caller's order) as queue entries: unsplit array records become one entry per
     task (the first ``ahead``), each blocked past the array's task limit; every other job is itself."""
+    # Slurm's limit counts the tasks it runs; a split-off task that is held (or otherwise blocked) does not
+    # take a place, so counting it would keep the tasks that may start from the policy. Counted once, not
+    # per throttled record: a tick reads every job.
+    taking_places = Counter(o.array_job_id for o in jobs if o.array_job_id and o.array_task_id is not None and
+                            (o.state in _ACTIVE or (o.pending and blocked_reason(o) is None)))
     out: list[QueuedJob] = []
     for j in jobs:
         ids = _pending_tasks(j, ahead)
@@ -104,11 +110,7 @@ def queue_entries(jobs: list[SlurmJob], ahead: int = ARRAY_TASKS_AHEAD) -> list[
         blocked = None if reason == "JobArrayTaskLimit" else blocked_reason(j)
         room = len(ids)
         if j.array_max_tasks:
-            # Slurm's limit counts the tasks it runs; a split-off task that is held (or otherwise blocked)
-            # does not take a place, so counting it would keep the tasks that may start from the policy.
-            others = sum(1 for o in jobs if o is not j and o.array_job_id == array_id
-                         and (o.state in _ACTIVE or (o.pending and blocked_reason(o) is None)))
-            room = max(0, j.array_max_tasks - others)
+            room = max(0, j.array_max_tasks - taking_places[array_id])
         limit = f"{BLOCKED_REASONS['JobArrayTaskLimit']} ({j.array_max_tasks} at once)"
         for i, task in enumerate(ids[:max(room, 1)]):
             out.append(QueuedJob(f"{array_id}_{task}", j, blocked or (limit if i >= room else None)))
