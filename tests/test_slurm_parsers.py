@@ -8,6 +8,7 @@ says so.
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -609,3 +610,75 @@ def test_a_steps_mig_request_from_scontrol_show_step():
     assert parse_step_mig_request(STEP_GRES_NONE) is None
     assert parse_step_mig_request(STEP_WITH_GRES.replace("gres:mig:1g:1", "gres:gpu:1")) is None
     assert parse_step_mig_request("") is None
+
+
+# -- where a job may run: --exclude, --nodelist, --constraint, --reservation, partitions -------------
+
+# squeue --json on the demo cluster (22.05), four pending jobs, trimmed to the fields read here: sbatch
+# --exclude=n1,n2; -C fast; --reservation=r1; -p debug,other.
+SQUEUE_JSON_WHERE = r"""{"jobs":[
+{"job_id":1,"job_state":"PENDING","partition":"debug","excluded_nodes":"n[1-2]","required_nodes":"","features":"","resv_name":"","tres_per_node":"gres:mig:2g:1","state_reason":"ReqNodeNotAvail","time_limit":null,"priority":4294901759,"submit_time":1795355438,"nodes":"","user_name":"root"},
+{"job_id":3,"job_state":"PENDING","partition":"debug","excluded_nodes":"","required_nodes":"","features":"fast","resv_name":"","tres_per_node":"gres:mig:2g:1","state_reason":"ReqNodeNotAvail","time_limit":null,"priority":4294901757,"submit_time":1795355438,"nodes":"","user_name":"root"},
+{"job_id":4,"job_state":"PENDING","partition":"debug","excluded_nodes":"","required_nodes":"n2","features":"","resv_name":"r1","tres_per_node":"gres:mig:1g:1","state_reason":"ReqNodeNotAvail","time_limit":60,"priority":4294901756,"submit_time":1795355438,"nodes":"","user_name":"root"},
+{"job_id":5,"job_state":"PENDING","partition":"debug,other","excluded_nodes":"","required_nodes":"","features":"","resv_name":"","tres_per_node":"gres:mig:2g:1","state_reason":"ReqNodeNotAvail","time_limit":null,"priority":4294901755,"submit_time":1795355438,"nodes":"","user_name":"root"}]}"""
+
+# sinfo --json on the same cluster (n3 given the feature "fast" with scontrol update), trimmed.
+SINFO_JSON_WHERE = r"""{"nodes":[{"name":"capacity","state":"unknown","state_flags":["DRAIN"],"partitions":["debug","other"],"features":"","active_features":""},{"name":"n1","state":"idle","state_flags":[],"partitions":["debug"],"features":"","active_features":""},{"name":"n2","state":"idle","state_flags":[],"partitions":["debug"],"features":"","active_features":""},{"name":"n3","state":"idle","state_flags":[],"partitions":["debug","other"],"features":"fast,nvlink","active_features":"fast"}]}"""
+
+# scontrol show reservation, and with -o, on the same cluster: r1 active on n2, a maintenance window on n1
+# starting in an hour.
+SCONTROL_RES = """ReservationName=r1 StartTime=2026-11-22T13:50:38 EndTime=2026-11-22T14:50:38 Duration=01:00:00
+   Nodes=n2 NodeCnt=1 CoreCnt=8 Features=(null) PartitionName=(null) Flags=SPEC_NODES
+   TRES=cpu=8
+   Users=root Groups=(null) Accounts=(null) Licenses=(null) State=ACTIVE BurstBuffer=(null) Watts=n/a
+   MaxStartDelay=(null)
+
+ReservationName=maint1 StartTime=2026-11-22T14:50:38 EndTime=2026-11-22T15:50:38 Duration=01:00:00
+   Nodes=n[1,4-5] NodeCnt=1 CoreCnt=8 Features=(null) PartitionName=(null) Flags=MAINT,SPEC_NODES
+   TRES=cpu=8
+   Users=root Groups=(null) Accounts=(null) Licenses=(null) State=INACTIVE BurstBuffer=(null) Watts=n/a
+   MaxStartDelay=(null)
+
+"""
+SCONTROL_RES_O = (
+    "ReservationName=r1 StartTime=2026-11-22T13:50:38 EndTime=2026-11-22T14:50:38 Duration=01:00:00 Nodes=n2 "
+    "NodeCnt=1 CoreCnt=8 Features=(null) PartitionName=(null) Flags=SPEC_NODES TRES=cpu=8 Users=root "
+    "Groups=(null) Accounts=(null) Licenses=(null) State=ACTIVE BurstBuffer=(null) Watts=n/a MaxStartDelay=(null)\n"
+    "ReservationName=maint1 StartTime=2026-11-22T14:50:38 EndTime=2026-11-22T15:50:38 Duration=01:00:00 "
+    "Nodes=n[1,4-5] NodeCnt=1 CoreCnt=8 Features=(null) PartitionName=(null) Flags=MAINT,SPEC_NODES TRES=cpu=8 "
+    "Users=root Groups=(null) Accounts=(null) Licenses=(null) State=INACTIVE BurstBuffer=(null) Watts=n/a "
+    "MaxStartDelay=(null)\n")
+
+
+def test_squeue_json_where_a_job_may_run():
+    jobs = {j.job_id: j for j in parsers.parse_squeue_json(json.loads(SQUEUE_JSON_WHERE))}
+    assert jobs[1].excluded_nodes == ["n1", "n2"] and jobs[1].required_nodes == []
+    assert jobs[1].features == "" and jobs[1].reservation == ""
+    assert jobs[3].features == "fast"
+    assert jobs[4].reservation == "r1" and jobs[4].required_nodes == ["n2"]
+    assert jobs[5].partition == "debug,other"
+
+
+def test_node_features_from_sinfo_and_scontrol():
+    nodes = {n.name: n for n in parsers.parse_sinfo_json(json.loads(SINFO_JSON_WHERE))}
+    assert nodes["n3"].features == {"fast"}  # the active ones, not every available one
+    assert nodes["n1"].features == frozenset()
+    newer = parsers.parse_sinfo_json({"nodes": [{"name": "g1", "active_features": ["a100", "ib"]},
+                                                {"name": "g2", "features": "h100"}]})
+    assert [n.features for n in newer] == [{"a100", "ib"}, {"h100"}]
+    text = "NodeName=n3 AvailableFeatures=fast,nvlink ActiveFeatures=fast State=IDLE\n"
+    assert parsers.parse_scontrol_nodes(text)[0].features == {"fast"}
+
+
+def test_reservations_from_scontrol_both_forms():
+    res = parsers.parse_reservations(SCONTROL_RES)
+    assert res == parsers.parse_reservations(SCONTROL_RES_O)
+    r1, maint = res
+    assert (r1.name, r1.nodes, r1.active, r1.flags) == ("r1", {"n2"}, True, {"SPEC_NODES"})
+    assert r1.end - r1.start == 3600
+    assert r1.start == time.mktime((2026, 11, 22, 13, 50, 38, 0, 0, -1))  # scontrol prints local time
+    assert (maint.nodes, maint.active, "MAINT" in maint.flags) == ({"n1", "n4", "n5"}, False, True)
+    assert maint.start == r1.end
+    assert parsers.parse_reservations("No reservations in the system\n") == []
+    # A record whose times cannot be read restricts nothing, rather than every node.
+    assert parsers.parse_reservations("ReservationName=x StartTime=soon EndTime=later Nodes=n1\n") == []

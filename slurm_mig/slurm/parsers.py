@@ -23,6 +23,7 @@ Things learned from the real 22.05 output (see tests/test_slurm_parsers.py):
 from __future__ import annotations
 
 import re
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -273,6 +274,7 @@ class SlurmNode:
     alloc_cpus: int | None = None
     address: str = ""  # NodeAddr: where slurmctld reaches the node (an address or a host name)
     hostname: str = ""  # NodeHostname
+    features: frozenset[str] = frozenset()  # active features (what --constraint matches)
 
     @property
     def drained(self) -> bool:
@@ -324,6 +326,11 @@ class SlurmJob:
     array_task_string: str = ""
     array_max_tasks: int | None = None  # the throttle ("%2"); None: none
     flags: list[str] = field(default_factory=list)
+    # Where Slurm may start it, besides its partitions: --nodelist, --exclude, --constraint, --reservation.
+    required_nodes: list[str] = field(default_factory=list)
+    excluded_nodes: list[str] = field(default_factory=list)
+    features: str = ""  # the --constraint expression, as Slurm keeps it ("fast&nvlink")
+    reservation: str = ""
 
     @property
     def pending(self) -> bool:
@@ -405,6 +412,10 @@ def parse_squeue_json(doc: dict) -> list[SlurmJob]:
             array_task_string=_str(j.get("array_task_string")),
             array_max_tasks=_num(j.get("array_max_tasks")) or None,
             flags=[str(f) for f in (j.get("flags") or [])] + extra_flags,
+            required_nodes=expand_hostlist(_str(j.get("required_nodes"))),
+            excluded_nodes=expand_hostlist(_str(j.get("excluded_nodes"))),
+            features=_null(_str(j.get("features"))),
+            reservation=_null(_str(j.get("resv_name"))),
         ))
     return jobs
 
@@ -429,6 +440,7 @@ def parse_sinfo_json(doc: dict) -> list[SlurmNode]:
             partitions=[str(p) for p in (n.get("partitions") or [])],
             cpus=_num(n.get("cpus")), alloc_cpus=_num(n.get("alloc_cpus")),
             address=_str(n.get("address")), hostname=_str(n.get("hostname")),
+            features=_feature_set(n.get("active_features") if "active_features" in n else n.get("features")),
         ))
     return nodes
 
@@ -486,8 +498,14 @@ def parse_scontrol_nodes(text: str) -> list[SlurmNode]:
             partitions=[p for p in _null(kv.get("Partitions")).split(",") if p],
             cpus=_num(kv.get("CPUTot")), alloc_cpus=_num(kv.get("CPUAlloc")),
             address=_null(kv.get("NodeAddr")), hostname=_null(kv.get("NodeHostName")),
+            features=_feature_set(_null(kv.get("ActiveFeatures", kv.get("AvailableFeatures")))),
         ))
     return nodes
+
+
+def _feature_set(value: Any) -> frozenset[str]:
+    """Node features from ``"fast,nvlink"`` (22.05 JSON, scontrol) or ``["fast", "nvlink"]`` (23.02+ JSON)."""
+    return frozenset(f.strip() for f in _null(_str(value)).split(",") if f.strip())
 
 
 @dataclass
@@ -572,6 +590,47 @@ def parse_scontrol_kv(text: str) -> dict[str, str]:
     out: dict[str, str] = {}
     for k, v in parse_kv(text):
         out.setdefault(k, v)
+    return out
+
+
+@dataclass(frozen=True)
+class SlurmReservation:
+    """One advanced reservation from ``scontrol show reservation``."""
+
+    name: str
+    start: float  # epoch seconds (scontrol prints local time)
+    end: float
+    nodes: frozenset[str]
+    flags: frozenset[str] = frozenset()  # MAINT, FLEX, MAGNETIC, ...
+    active: bool = False  # State=ACTIVE: it has started
+
+
+def _local_epoch(text: str) -> float | None:
+    """Epoch seconds from scontrol's local ``2026-11-22T13:50:38``; None for anything else."""
+    try:
+        return time.mktime(time.strptime(text, "%Y-%m-%dT%H:%M:%S"))
+    except (ValueError, OverflowError):
+        return None
+
+
+def parse_reservations(text: str) -> list[SlurmReservation]:
+    """Reservations from ``scontrol [-o] show reservation`` text ("No reservations in the system": []).
+
+    A record whose times cannot be read is left out: it restricts nothing rather than everything."""
+    out = []
+    for chunk in _records(text, "ReservationName"):
+        kv: dict[str, str] = {}
+        for k, v in parse_kv(chunk):
+            kv.setdefault(k, v)
+        start, end = _local_epoch(kv.get("StartTime", "")), _local_epoch(kv.get("EndTime", ""))
+        if start is None or end is None:
+            continue
+        out.append(SlurmReservation(
+            name=kv.get("ReservationName", ""), start=start, end=end,
+            nodes=frozenset(expand_hostlist(_null(kv.get("Nodes")))),
+            flags=frozenset(f.strip().upper() for f in _null(kv.get("Flags")).split(",") if f.strip()),
+            active=kv.get("State", "").upper() == "ACTIVE",
+        ))
     return out
 
 

@@ -248,6 +248,11 @@ class SlurmClient:
         jobs = parsers.parse_scontrol_jobs(res.stdout)
         return jobs[0] if jobs else None
 
+    def reservations(self) -> list[parsers.SlurmReservation] | None:
+        """Parsed ``scontrol -o show reservation``; None when scontrol failed."""
+        res = self.query(["scontrol", "-o", "show", "reservation"])
+        return None if res is None else parsers.parse_reservations(res.stdout)
+
     def scontrol_show_nodes(self, node: str | None = None) -> list[parsers.SlurmNode] | None:
         """Parsed ``scontrol show node [NODE]``; None when scontrol failed."""
         argv = ["scontrol", "show", "node"] + ([node] if node else [])
