@@ -435,6 +435,7 @@ class ClusterIndex:
         self.gpus: tuple[GpuState, ...] | None = None
         self.infos: list[GpuInfo] = []
         self.node_names: list[str] = []
+        self.node_index: dict[str, int] = {}
         self.node_gpus: list[list[int]] = []
         self.rank: list[int] = []
         self.keys: dict[str, KeyIndex] = {}
@@ -483,7 +484,7 @@ class ClusterIndex:
         self.gpus = gpus
         self.rebuilt = True
         self.node_names = sorted({g.node for g in gpus})
-        node_rank = {n: i for i, n in enumerate(self.node_names)}
+        node_rank = self.node_index = {n: i for i, n in enumerate(self.node_names)}
         self.node_gpus = [[] for _ in self.node_names]
         self.rank = [0] * len(gpus)
         self.infos = []
@@ -531,8 +532,14 @@ class Ctx:
         self.touched_nodes: set[int] = set()
         self.reservations: list[Reservation] = []
         self.assigned: list[Assignment] = []
+        # Nodes (indices) the job being placed may start on; None: any. Set by the dispatch loop per job.
+        self.allowed: frozenset[int] | None = None
         self._touched_ok: dict[tuple[str, int], list[int]] = {}  # touched nodes that could hold (key, count)
         self._touched_cap: dict[str, set[int]] = {}  # touched GPUs that could hold one x key
+
+    def allows(self, gidx: int) -> bool:
+        """May the job being placed start on GPU ``gidx``'s node?"""
+        return self.allowed is None or self.idx.infos[gidx].node in self.allowed
 
     def touched_with(self, key: str) -> set[int]:
         """GPUs this decision changed that could still hold one instance of ``key``."""
@@ -598,12 +605,15 @@ class Ctx:
         if extra is None:
             extra = self._touched_ok[(key, count)] = sorted(n for n in touched if self._node_cap(n, key) >= count)
         ncap = ki.node_cap
+        allowed = self.allowed
 
         def untouched() -> Iterator[int]:
             for n in ki.nodes:
-                if n not in touched and ncap[n] >= count:
+                if n not in touched and ncap[n] >= count and (allowed is None or n in allowed):
                     yield n
 
+        if allowed is not None:
+            extra = [n for n in extra if n in allowed]
         if not extra:
             yield from untouched()
         else:
@@ -613,7 +623,7 @@ class Ctx:
         """GPUs that could hold one instance of ``key`` now (ignoring reservations), unordered."""
         idx = self.idx
         ki = idx.key(key)
-        if not self.work:
+        if not self.work and self.allowed is None:
             return ki.gpus
         carve = idx.carve
         out = set(ki.gpus)
@@ -622,6 +632,8 @@ class Ctx:
                 out.add(g)
             else:
                 out.discard(g)
+        if self.allowed is not None:
+            out = {g for g in out if self.allows(g)}
         return out
 
     # -- reservations -------------------------------------------------------------
@@ -645,7 +657,7 @@ class Ctx:
                 if info.serial != ident or ki.earliest.get(g) != e:
                     heapq.heappop(heap)
                     continue
-                if g in self.work or g in taken:
+                if g in self.work or g in taken or not self.allows(g):
                     skipped.append(heapq.heappop(heap))
                     continue
                 best = (e, lc, rank, g)
@@ -653,7 +665,7 @@ class Ctx:
             for item in skipped:
                 heapq.heappush(heap, item)
             for g, w in self.work.items():
-                if g in taken:
+                if g in taken or not self.allows(g):
                     continue
                 pi = w.t.resolve(key)
                 if pi is None or not w.avail:
@@ -673,7 +685,7 @@ class Ctx:
         # Several instances on one node: sweep each node's step functions.
         best_node = None
         for n, gidxs in enumerate(idx.node_gpus):
-            if any(g in taken for g in gidxs):
+            if any(g in taken for g in gidxs) or (self.allowed is not None and n not in self.allowed):
                 continue
             events: list[tuple[float, int, int]] = []
             for g in gidxs:
@@ -732,6 +744,12 @@ class Ctx:
 PLACED, NO_ROOM, CONFLICT = "placed", "no-room", "conflict"
 
 
+def _node_set(idx: ClusterIndex, names: tuple[str, ...]) -> frozenset[int] | None:
+    """The node indices of ``names`` (a job's nodes); None when they cover every node."""
+    got = frozenset(idx.node_index[n] for n in names if n in idx.node_index)
+    return None if len(got) == len(idx.node_names) else got
+
+
 class DispatchPolicy:
     """Priority order with EASY backfill; subclasses choose where each job goes (``place``)."""
 
@@ -783,6 +801,7 @@ class DispatchPolicy:
         n = len(pending)
         i = 0
         stopped = ""
+        allowed_of: dict[tuple[str, ...], frozenset[int] | None] = {}
         while i < n:
             job = pending[i]
             i += 1
@@ -795,7 +814,13 @@ class DispatchPolicy:
                     i -= 1
                     stopped = f"beyond the backfill depth ({depth} jobs after the first blocked one)"
                     break
-            key = (job.profile, job.count)
+            key = (job.profile, job.count, job.nodes)
+            if job.nodes is None:
+                ctx.allowed = None
+            else:
+                ctx.allowed = allowed_of.get(job.nodes, False)
+                if ctx.allowed is False:
+                    ctx.allowed = allowed_of[job.nodes] = _node_set(idx, job.nodes)
             if key in dead:
                 if explain:
                     waiting.append((job.job_id, reasons[key]))
@@ -818,7 +843,11 @@ class DispatchPolicy:
                 blocked_at = i
             if status == NO_ROOM:
                 dead.add(key)
-                reason = reasons[key] = f"no node can hold {job.count} x {job.profile} on idle slices now"
+                where = "no node" if ctx.allowed is None else (
+                    f"none of the {len(ctx.allowed)} node(s) Slurm may start it on" if ctx.allowed else
+                    "no node: Slurm may start it on none of the GPU nodes now (its partition, --nodelist, --exclude, "
+                    "--constraint or a reservation)")
+                reason = reasons[key] = f"{where} can hold {job.count} x {job.profile} on idle slices now"
             else:
                 conflict_end[key] = end if ce is None else min(end, ce)
                 if not reserved_reason:
@@ -844,6 +873,7 @@ class DispatchPolicy:
         if i < n and explain:
             why = f"not considered: {stopped}" if stopped else "not considered"
             waiting.extend([(j.job_id, why) for j in pending[i:]])
+        ctx.allowed = None
         changes = self.finish(ctx, state)
         extra = {"reservations": [(r.job_id, r.t, sorted(idx.gpus[g].key for g in r.regions))
                                   for r in ctx.reservations],

@@ -57,6 +57,9 @@ class PendingJob:
     time_limit_s: float | None = None  # the user's --time, a runtime estimate
     user: str = ""
     partition: str = ""
+    # The nodes Slurm may start it on (its partitions, --nodelist, --exclude, --constraint, reservations),
+    # sorted; None: any node.
+    nodes: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -131,8 +134,9 @@ def check_decision(state: ClusterState, decision: Decision) -> None:
     instance; one change per GPU; every assigned instance exists after the
     changes, is neither busy nor being created or destroyed by an earlier
     change, and is given to one job only; a job's instances are on one node and
-    match its profile and count; only pending jobs are assigned; nothing is
-    changed or assigned on a GPU whose node is down or drained.
+    match its profile and count, on a node Slurm may start it on; only pending
+    jobs are assigned; nothing is changed or assigned on a GPU whose node is
+    down or drained.
     """
     gpus = {g.key: g for g in state.gpus}
     pending = {j.job_id: j for j in state.pending}
@@ -163,6 +167,8 @@ def check_decision(state: ClusterState, decision: Decision) -> None:
         seen_jobs.add(a.job_id)
         if len(a.instances) != job.count:
             raise DecisionError(f"job {a.job_id} wants {job.count} instance(s), got {len(a.instances)}")
+        if job.nodes is not None and a.node not in job.nodes:
+            raise DecisionError(f"job {a.job_id} assigned to {a.node}, where Slurm will not start it")
         for gpu_index, slot in a.instances:
             key = f"{a.node}/{gpu_index}"
             g = gpus.get(key)

@@ -282,7 +282,7 @@ class FragAwarePolicy(DispatchPolicy):
                 """Score g's options; whether it had any (a GPU held by a reservation has none)."""
                 nonlocal best
                 pi = info.t.resolve(key)
-                if pi is None or not info.avail:
+                if pi is None or not info.avail or not ctx.allows(g):
                     return False
                 nd = info.node
                 ns = node_cache.get(nd)

@@ -681,7 +681,7 @@ class RLPolicy(FragAwarePolicy):
 
         def consider(g: int, info: GpuInfo) -> None:
             pi = info.t.resolve(key)
-            if pi is None or not info.avail:
+            if pi is None or not info.avail or not ctx.allows(g):
                 return
             nd = info.node
             ns = node_cache.get(nd)
@@ -709,7 +709,7 @@ class RLPolicy(FragAwarePolicy):
                         break
                 seen = 0
                 for _, _, g in groups.get(sig, ()):
-                    if g in ctx.work:
+                    if g in ctx.work or not ctx.allows(g):
                         continue
                     consider(g, idx.infos[g])
                     seen += 1
