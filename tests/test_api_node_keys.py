@@ -149,6 +149,9 @@ class NoSlurm:
     def jobs(self):
         return []
 
+    def reservations(self):
+        return []
+
     def nodes(self):
         return []
 

@@ -104,6 +104,9 @@ class QuietSlurm:
     def jobs(self):
         return []
 
+    def reservations(self):
+        return []
+
     def nodes(self):
         return list(NODES)
 

@@ -24,6 +24,9 @@ class EndedSlurm:
     def jobs(self):
         return list(self.queue)
 
+    def reservations(self):
+        return []
+
     def nodes(self):
         return [SlurmNode(name="n1", state="idle", gres={}, gres_used={})]
 

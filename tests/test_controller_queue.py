@@ -9,14 +9,19 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 
 import pytest
 
 from slurm_mig.config import Config
 from slurm_mig.controller.queue import ARRAY_TASKS_AHEAD, queue_entries
 from slurm_mig.controller.service import Controller
-from slurm_mig.slurm.parsers import JobDetail, SlurmJob, SlurmNode, array_task_ids, parse_squeue_json
+from slurm_mig.slurm.parsers import (
+    JobDetail, SlurmJob, SlurmNode, array_task_ids, parse_reservations, parse_sinfo_json, parse_squeue_json,
+)
 from slurm_mig.store import open_store
+
+from tests.test_slurm_parsers import SCONTROL_RES, SINFO_JSON_WHERE, SQUEUE_JSON_WHERE
 
 _KEYS = ("job_id", "array_job_id", "array_task_id", "array_task_string", "array_max_tasks", "job_state",
          "state_reason", "priority", "tres_per_node", "dependency", "partition", "submit_time", "time_limit",
@@ -115,6 +120,9 @@ class QueueSlurm:
 
     def jobs(self):
         return list(self.queue)
+
+    def reservations(self):
+        return []
 
     def nodes(self):
         return [SlurmNode(name="n1", state="idle", gres={}, gres_used={})]
@@ -359,3 +367,55 @@ def test_a_tick_that_asked_squeue_before_a_task_started_does_not_queue_the_task_
     ctl.tick()
     assert ctl.store.get_job("4_2") is None
     assert [j.job_id for j in ctl.store.pending_jobs()] == ["4_1"]
+
+
+class WhereSlurm(QueueSlurm):
+    """The demo cluster's answers (tests/test_slurm_parsers.py): n1-n3, one H100 each; n3 in partition
+    "other" with feature "fast"; reservation r1 active on n2, a maintenance window on n1 within the hour."""
+
+    def __init__(self, queue):
+        super().__init__(queue)
+        self.res: list | None = parse_reservations(SCONTROL_RES)
+
+    def nodes(self):
+        return [replace(n, gres={}, gres_used={}) for n in parse_sinfo_json(json.loads(SINFO_JSON_WHERE))]
+
+    def reservations(self):
+        return self.res
+
+
+def test_jobs_are_carved_for_only_where_slurm_may_start_them(tmp_path):
+    """On the demo cluster a --exclude=n1,n2 job, a -p debug,other job (n1 under a maintenance window
+    within its time limit, n2 reserved) and a -C fast job were carved for on n1, and waited
+    (ReqNodeNotAvail) beside an idle n3; a --reservation=r1 job belongs on r1's n2."""
+    store = open_store(tmp_path / "state.db")
+    try:
+        for n in ("n1", "n2", "n3"):
+            store.replace_observed(n, [{"gpu": 0, "uuid": f"GPU-{n}", "model": "H100-80GB", "mig_enabled": True}],
+                                   [], now=time.time())
+        slurm = WhereSlurm(parse_squeue_json(json.loads(SQUEUE_JSON_WHERE)))
+        ctl = Controller(Config(), store, slurm, clock=lambda: parse_reservations(SCONTROL_RES)[0].start + 60)
+        ctl.tick()
+        where = {j: r["node"] for j, r in (store.get_meta("reservations") or {}).items()}
+        assert where == {"1": "n3", "3": "n3", "4": "n2", "5": "n3"}, where
+        assert store.desired("n3")[0].spec.count("2g") == 3 and "1g" in store.desired("n2")[0].spec
+        assert not store.desired("n1")
+        # explain shows why n1 and n2 were not its options
+        from slurm_mig.ops import views as V
+
+        options = {o["gpu"]: o for saw in V.explain_view(store, "1")["policy_saw"] for o in saw["options"]}
+        assert options["n1/0"]["verdict"] == options["n2/0"]["verdict"] == "not-its-node", options
+        assert options["n3/0"]["verdict"] != "not-its-node"
+        # scontrol show reservation fails: the maintenance window is still kept clear, not forgotten.
+        slurm.res = None
+        slurm.queue = squeue([[8, 0, None, "", 0, "PENDING", "Resources", 5, "gres:mig:7g:1", "", "debug",
+                               1795355438, None, "x", "u", "", 1]])
+        ctl.tick()
+        assert not store.desired("n1") and "8" not in (store.get_meta("reservations") or {})
+        assert "none of the 1 node(s) Slurm may start it on" in store.get_job("8").reason  # n3, being carved
+        # Slurm lists no reservation now: n1 is the 7g job's.
+        slurm.res = []
+        ctl.tick()
+        assert (store.get_meta("reservations") or {})["8"]["node"] == "n1"
+    finally:
+        store.close()

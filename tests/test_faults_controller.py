@@ -57,6 +57,9 @@ class FlakySlurm:
         self._wait()
         return None if self.down else list(self.queue)
 
+    def reservations(self):
+        return []
+
     def nodes(self):
         self._wait()
         return None if self.down else [SlurmNode(name="n1", state="idle", gres={"3g": 2}, gres_used={})]

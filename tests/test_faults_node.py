@@ -41,6 +41,9 @@ class StubSlurm:
     def jobs(self):
         return list(self.queue)
 
+    def reservations(self):
+        return []
+
     def nodes(self):
         return []
 

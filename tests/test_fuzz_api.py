@@ -49,6 +49,9 @@ class StubSlurm:
     def jobs(self):
         return []
 
+    def reservations(self):
+        return []
+
     def nodes(self):
         return []
 

@@ -395,6 +395,9 @@ def test_hostile_job_fields_survive_the_tick_and_the_store(names, users):
         def jobs(self):
             return jobs
 
+        def reservations(self):
+            return []
+
         def nodes(self):
             return []
 

@@ -160,6 +160,9 @@ class _Slurm:
     def jobs(self):
         return self._jobs
 
+    def reservations(self):
+        return []
+
     def nodes(self):
         return []
 

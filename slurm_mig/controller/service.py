@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, replace
 from slurm_mig.api.auth import NODE_NAME
 from slurm_mig.api.origin import NodeOrigins
 from slurm_mig.controller.binding import NodeGpu, choose_binding
+from slurm_mig.controller.eligibility import eligible_nodes
 from slurm_mig.controller.queue import queue_entries
 from slurm_mig.errors import SlurmMigError, SlurmUnavailable
 from slurm_mig.mig.layout import Layout, Slot, parse_layout
@@ -212,6 +213,11 @@ class Controller:
         self._gres_checked: set[str] = set()  # nodes told once about missing or too little mig:pad
         self._invalid_reg: set[str] = set()  # nodes Slurm drained for a mig GRES count below the layout's
         self._no_free_cpu: set[str] = set()  # nodes whose every CPU Slurm has allocated, at the last sinfo
+        # Slurm's advanced reservations at the last good query, and each queued job's nodes (None: any) from
+        # its partitions, --nodelist, --exclude, --constraint and reservations at the last squeue.
+        self._reservations: list = []
+        self._job_nodes: dict[str, tuple[str, ...] | None] = {}
+        self._nodes_seen: list = []
         # Array tasks ("5_3") whose place a Prolog gave to the job Slurm started them as, and when: a tick whose
         # squeue was asked before that start must not make them queue entries again.
         self._taken_tasks: dict[str, float] = {}
@@ -240,6 +246,13 @@ class Controller:
             queried_at = now
             jobs = self.slurm.jobs()
             nodes = self.slurm.nodes()
+            reservations = self.slurm.reservations()
+            if reservations is not None:
+                self._reservations = reservations
+            else:  # stale, not empty: forgetting a maintenance window would carve on its nodes again
+                log.warning("scontrol show reservation failed: using the reservations seen last")
+            if nodes is not None:
+                self._nodes_seen = nodes
             if jobs is None or nodes is None:
                 self.metrics.inc("slurm_mig_slurm_query_failures_total")
                 log.warning("Slurm query failed (jobs=%s nodes=%s): using stored state",
@@ -317,6 +330,7 @@ class Controller:
         split = {f"{j.array_job_id}_{j.array_task_id}" for j in jobs
                  if j.array_job_id and j.array_task_id is not None}
         entries = queue_entries(mine)
+        self._job_nodes = self._eligible(entries, queried_at)
         # An array shown as tasks, by its record's id and the prefix of its tasks' ("5" of "5_3"): the same.
         arrays = {str(e.job.job_id) for e in entries if e.array_task} | {
             e.job_id.split("_")[0] for e in entries if e.array_task}
@@ -389,6 +403,22 @@ class Controller:
             if lives_on and self.store.forget_pending_job(job.job_id):
                 continue
             self.store.set_job_state(job.job_id, "CANCELLED", now=now, reason="no longer in Slurm's queue")
+
+    def _eligible(self, entries, now: float) -> dict[str, tuple[str, ...] | None]:
+        """Each pending queue entry's nodes (None: any), worked out once per kind of request: a queue is
+        mostly jobs that ask for the same partition and nothing else, and an array's tasks share a record."""
+        seen: dict[tuple, tuple[str, ...] | None] = {}
+        out = {}
+        for e in entries:
+            j = e.job
+            if not j.pending:
+                continue
+            sig = (j.partition, tuple(j.required_nodes), tuple(j.excluded_nodes), j.features, j.reservation,
+                   j.time_limit_min)
+            if sig not in seen:
+                seen[sig] = eligible_nodes(j, self._nodes_seen, self._reservations, now)
+            out[e.job_id] = seen[sig]
+        return out
 
     def _revive(self, job_id: str, now: float) -> None:
         """A job the store has as ended is live in Slurm again: wait afresh, as a new run."""
@@ -546,6 +576,23 @@ class Controller:
             # waited while other nodes' GPUs sat idle (seen with 8-CPU nodes and 14 1g slices each).
             state = replace(state, gpus=tuple(replace(g, available=False) if g.node in self._no_free_cpu else g
                                               for g in state.gpus))
+        if any(self._job_nodes.get(j.job_id) is not None for j in state.pending):
+            # Carved on a node Slurm will not start it on (another partition, --exclude, a maintenance
+            # window), a job waited beside idle nodes it could use (controller/eligibility.py).
+            gpu_nodes = {g.node for g in state.gpus}
+            mine: dict[int, tuple[str, ...] | None] = {}
+
+            def on_gpu_nodes(nodes: tuple[str, ...] | None) -> tuple[str, ...] | None:
+                """The GPU nodes of ``nodes``; None when that is all of them (the policy's fast path)."""
+                if nodes is None:
+                    return None
+                if id(nodes) not in mine:
+                    kept = tuple(n for n in nodes if n in gpu_nodes)
+                    mine[id(nodes)] = None if len(kept) == len(gpu_nodes) else kept
+                return mine[id(nodes)]
+
+            state = replace(state, pending=tuple(replace(j, nodes=on_gpu_nodes(self._job_nodes.get(j.job_id)))
+                                                 for j in state.pending))
         self.metrics.clear_gauge("slurm_mig_queue_depth")
         depth: dict[str, int] = {kind_of_gres(t): 0 for t in GRES_TYPES}
         for j in state.pending:

@@ -724,11 +724,16 @@ def _gpu_from_inputs(g: dict) -> tuple[GpuModel | None, Layout | None, set[Slot]
     return model, layout, slots(g.get("busy")), slots(g.get("reconfiguring"))
 
 
-def gpu_option(g: dict, profile: str, count: int = 1) -> dict:
-    """Could this GPU (as a policy saw it, decision inputs JSON) hold ``profile``? And if not, why not."""
+def gpu_option(g: dict, profile: str, count: int = 1, nodes: list | None = None) -> dict:
+    """Could this GPU (as a policy saw it, decision inputs JSON) hold ``profile``? And if not, why not.
+    ``nodes``: the only nodes Slurm may start the job on (None: any)."""
     key = f"{g.get('node')}/{g.get('gpu')}"
     model, layout, busy, reconf = _gpu_from_inputs(g)
     base = {"gpu": key, "layout": g.get("layout")}
+    if nodes is not None and g.get("node") not in nodes:
+        return {**base, "verdict": "not-its-node",
+                "why": "Slurm will not start the job on this node (its partition, --nodelist, --exclude, "
+                       "--constraint or a reservation)"}
     if not g.get("available", True):
         # The controller also leaves out a node whose every CPU Slurm has allocated (Slurm starts nothing there).
         return {**base, "verdict": "unavailable", "why": "node down, drained, stale, MIG off or without a free CPU"}
@@ -775,7 +780,8 @@ def _policy_saw(inputs: dict, job_id: str, profile: str, count: int) -> dict:
     for j in ahead:
         ahead_by[j.get("profile", "?")] = ahead_by.get(j.get("profile", "?"), 0) + int(j.get("count") or 1)
     gpus = inputs.get("gpus") or []
-    options = [gpu_option(g, profile, count) for g in gpus]
+    nodes = pending[pos].get("nodes") if pos is not None else None
+    options = [gpu_option(g, profile, count, nodes) for g in gpus]
     verdicts: dict[str, int] = {}
     for o in options:
         verdicts[o["verdict"]] = verdicts.get(o["verdict"], 0) + 1
@@ -954,7 +960,7 @@ def _trim_options(options: list[dict], chosen: set[str] | None, limit: int) -> l
         return options
     keep = [o for o in options if o["chosen"]]
     per: dict[str, int] = {}
-    order = ["idle-instance", "free-slices", "re-carve", "blocked", "unavailable", "no-profile"]
+    order = ["idle-instance", "free-slices", "re-carve", "blocked", "unavailable", "not-its-node", "no-profile"]
     for o in sorted(options, key=lambda o: order.index(o["verdict"]) if o["verdict"] in order else 99):
         if o["chosen"]:
             continue

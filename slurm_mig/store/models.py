@@ -288,7 +288,9 @@ def state_to_json(state: Any) -> dict:
         ],
         "pending": [
             {"job_id": j.job_id, "profile": j.profile, "count": j.count, "submit_time": j.submit_time,
-             "time_limit_s": j.time_limit_s, "user": j.user, "partition": j.partition}
+             "time_limit_s": j.time_limit_s, "user": j.user, "partition": j.partition,
+             # only where Slurm restricts the job: the nodes it may start on
+             **({} if j.nodes is None else {"nodes": list(j.nodes)})}
             for j in state.pending
         ],
     }

@@ -366,3 +366,36 @@ def test_bad_request_rejected_at_submit(demo):
                              capture_output=True, text=True, timeout=30)
         assert res.returncode != 0
         assert "slurm-mig" in res.stderr and msg in res.stderr, res.stderr
+
+
+def test_a_job_is_carved_for_only_on_nodes_slurm_may_start_it_on(demo):
+    """Carved on a node Slurm would not start it on, a job waited (ReqNodeNotAvail) beside idle nodes it
+    could use: a `--exclude` job, and a job without a time limit on a node under a maintenance window."""
+    env = demo.env()
+
+    def scontrol(*args):
+        res = subprocess.run(["scontrol", *args], env=env, capture_output=True, text=True, timeout=30)
+        assert res.returncode == 0, res.stderr
+
+    def submit(*args):
+        res = subprocess.run(["sbatch", "--parsable", "--gres=mig:4g", *args, "--wrap", "sleep 3"], env=env,
+                             capture_output=True, text=True, timeout=30)
+        assert res.returncode == 0, res.stderr
+        return res.stdout.strip().split(";")[0]
+
+    scontrol("create", "reservation", "ReservationName=e2e_maint", "Users=root", "Nodes=n1", "StartTime=now+3600",
+             "Duration=60", "Flags=MAINT")
+    try:
+        # No 4g exists yet: the policy carves. n1 is under the window (the job has no limit), n2 excluded.
+        unlimited = submit("--exclude=n2")
+        # Ends long before the window: n1 is one of its nodes.
+        short = submit("--exclude=n2,n3", "--time=10")
+        assert demo.wait_jobs([unlimited, short], timeout=90), demo.squeue()
+    finally:
+        scontrol("delete", "ReservationName=e2e_maint")
+    store = demo.store()
+    try:
+        assert store.get_job(unlimited).node == "n3" and store.get_job(short).node == "n1"
+        assert all(store.get_job(j).state == "COMPLETED" for j in (unlimited, short))
+    finally:
+        store.close()

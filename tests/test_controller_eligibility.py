@@ -1,0 +1,87 @@
+"""Which nodes Slurm may start a pending job on (controller/eligibility.py), from the literal squeue,
+sinfo and scontrol output captured on the demo cluster (tests/test_slurm_parsers.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from slurm_mig.controller.eligibility import eligible_nodes, feature_matcher
+from slurm_mig.slurm import parsers
+from slurm_mig.slurm.parsers import SlurmJob, SlurmNode, SlurmReservation
+
+from tests.test_slurm_parsers import SCONTROL_RES, SINFO_JSON_WHERE, SQUEUE_JSON_WHERE
+
+NODES = parsers.parse_sinfo_json(json.loads(SINFO_JSON_WHERE))  # capacity, n1, n2, n3 (n3: "fast", in "other")
+RES = parsers.parse_reservations(SCONTROL_RES)  # r1 active on n2; maint1 on n1 from r1's end
+NOW = RES[0].start + 60
+
+
+@pytest.mark.parametrize("expr, node, expect", [
+    ("fast", {"fast"}, True),
+    ("fast", {"slow"}, False),
+    ("fast&nvlink", {"fast"}, False),
+    ("fast&nvlink", {"fast", "nvlink"}, True),
+    ("a100|h100", {"h100"}, True),
+    ("a100|h100", {"v100"}, False),
+    ("[a100|h100]", {"a100"}, True),
+    ("ib&(a100|h100)", {"ib", "h100"}, True),
+    ("ib&(a100|h100)", {"h100"}, False),
+    ("gpu-80gb", {"gpu-80gb"}, True),
+])
+def test_constraint_expressions(expr, node, expect):
+    match = feature_matcher(expr)
+    assert match is not None and match(frozenset(node)) is expect
+
+
+@pytest.mark.parametrize("expr", ["", "  ", "a*2", "[a*2&b*1]", "a&b|c", "!a", "a&", "(a|b", "a)", "a||b"])
+def test_constraints_it_does_not_read_restrict_nothing(expr):
+    assert feature_matcher(expr) is None
+
+
+def test_jobs_from_the_demo_cluster():
+    jobs = {j.job_id: j for j in parsers.parse_squeue_json(json.loads(SQUEUE_JSON_WHERE))}
+    where = {i: eligible_nodes(j, NODES, RES, NOW) for i, j in jobs.items()}
+    # --exclude=n1,n2, no time limit: n3 (and the placeholder, which has no GPU) -- not n2 (r1's either way)
+    assert where[1] == ("capacity", "n3")
+    # -C fast: the node with the feature active
+    assert where[3] == ("n3",)
+    # --reservation=r1 (and -w n2): r1's node, although maint1 would keep others off n1
+    assert where[4] == ("n2",)
+    # -p debug,other without a limit: not n1 (maint1 starts within any limit), not n2 (r1 holds it)
+    assert where[5] == ("capacity", "n3")
+
+
+def test_nothing_restricting_a_job_is_none():
+    job = SlurmJob(job_id=9, state="PENDING", partition="debug", time_limit_min=30)
+    assert eligible_nodes(job, NODES, [], NOW) is None
+    # a 30-minute job ends before maint1 starts (50 minutes away); r1 still holds n2
+    assert eligible_nodes(job, NODES, RES, NOW) == ("capacity", "n1", "n3")
+    # a 2-hour one does not
+    longer = SlurmJob(job_id=9, state="PENDING", partition="debug", time_limit_min=120)
+    assert eligible_nodes(longer, NODES, RES, NOW) == ("capacity", "n3")
+
+
+def test_partitions():
+    job = SlurmJob(job_id=9, state="PENDING", partition="other", time_limit_min=30)
+    assert eligible_nodes(job, NODES, [], NOW) == ("capacity", "n3")
+    unknown = SlurmJob(job_id=9, state="PENDING", partition="nosuch")
+    assert eligible_nodes(unknown, NODES, [], NOW) == ()
+    # nodes that do not say their partitions (an older sinfo): partitions restrict nothing
+    bare = [SlurmNode(name=n.name, state="idle") for n in NODES]
+    assert eligible_nodes(job, bare, [], NOW) is None
+
+
+def test_reservation_flags_and_ends():
+    job = SlurmJob(job_id=9, state="PENDING", partition="debug")
+    magnetic = SlurmReservation("m", NOW - 60, NOW + 3600, frozenset({"n1"}), frozenset({"MAGNETIC"}), True)
+    ended = SlurmReservation("old", NOW - 7200, NOW - 3600, frozenset({"n1"}), frozenset(), True)
+    assert eligible_nodes(job, NODES, [magnetic, ended], NOW) is None
+    flex = SlurmReservation("f", NOW - 60, NOW + 3600, frozenset({"n2"}), frozenset({"FLEX"}), True)
+    inside = SlurmJob(job_id=9, state="PENDING", partition="debug", reservation="f")
+    assert eligible_nodes(inside, NODES, [flex], NOW) is None  # FLEX: its nodes and any other
+    strict = SlurmReservation("f", NOW - 60, NOW + 3600, frozenset({"n2"}), frozenset(), True)
+    assert eligible_nodes(inside, NODES, [strict], NOW) == ("n2",)
+    # a reservation that is not in Slurm's answer (deleted since): nothing to hold the job to
+    assert eligible_nodes(inside, NODES, [], NOW) is None
