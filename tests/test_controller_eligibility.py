@@ -85,3 +85,20 @@ def test_reservation_flags_and_ends():
     assert eligible_nodes(inside, NODES, [strict], NOW) == ("n2",)
     # a reservation that is not in Slurm's answer (deleted since): nothing to hold the job to
     assert eligible_nodes(inside, NODES, [], NOW) is None
+
+
+def test_a_job_asking_for_a_list_of_reservations_may_use_any_of_them():
+    """sbatch --reservation=a,b (Slurm 23.02+): "If the job can use more than one reservation specify their
+    names in a comma separate list ... All reservations will be listed in scontrol/squeue" (sbatch.html
+    #OPT_reservation). Read as one name, neither matched, and both were taken from the job: it could run
+    nowhere Slurm would start it."""
+    ra = SlurmReservation("a", NOW - 60, NOW + 3600, frozenset({"n1"}), frozenset(), True)
+    rb = SlurmReservation("b", NOW - 60, NOW + 3600, frozenset({"n2"}), frozenset(), True)
+    job = SlurmJob(job_id=9, state="PENDING", partition="debug", reservation="a,b", time_limit_min=30)
+    assert eligible_nodes(job, NODES, [ra, rb], NOW) == ("n1", "n2")
+    # one of them FLEX: any node (outside other reservations)
+    flex = SlurmReservation("b", NOW - 60, NOW + 3600, frozenset({"n2"}), frozenset({"FLEX"}), True)
+    assert eligible_nodes(job, NODES, [ra, flex], NOW) is None
+    # one name of the list unknown to Slurm's answer: the others still hold the job
+    only = SlurmJob(job_id=9, state="PENDING", partition="debug", reservation="a,gone", time_limit_min=30)
+    assert eligible_nodes(only, NODES, [ra, rb], NOW) == ("n1",)

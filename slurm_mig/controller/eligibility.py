@@ -88,7 +88,7 @@ def eligible_nodes(job: SlurmJob, nodes: Iterable[SlurmNode], reservations: Iter
     * its partitions ("a,b": either), when sinfo says which partitions each node is in;
     * ``--nodelist`` and ``--exclude``;
     * ``--constraint``, matched against each node's active features (see :func:`feature_matcher`);
-    * ``--reservation``: that reservation's nodes (unless it is FLEX);
+    * ``--reservation``: that reservation's nodes (unless it is FLEX); with a list (``a,b``), any of theirs;
     * every other reservation's nodes while it is active, or if it starts before the job's time limit
       would end (a job without a limit never fits before one), as Slurm's backfill does. MAGNETIC
       reservations, which take jobs that did not ask for them, are left out.
@@ -108,11 +108,13 @@ def eligible_nodes(job: SlurmJob, nodes: Iterable[SlurmNode], reservations: Iter
         allowed = {n for n in allowed if match(features.get(n, frozenset()))}
     limit = job.time_limit_min
     end = now + limit * 60.0 if limit else math.inf
+    # --reservation=a,b (Slurm 23.02+): the job may use any of them, and squeue lists them all.
+    asked = {name.strip() for name in (job.reservation or "").split(",") if name.strip()}
+    own = [r for r in reservations if r.name in asked]
+    if own and all(r.nodes and "FLEX" not in r.flags for r in own):
+        allowed &= frozenset().union(*(r.nodes for r in own))
     for r in reservations:
-        if r.name == job.reservation:
-            if r.nodes and "FLEX" not in r.flags:
-                allowed &= r.nodes
-        elif "MAGNETIC" not in r.flags and r.end > now and (r.active or r.start < end):
+        if r.name not in asked and "MAGNETIC" not in r.flags and r.end > now and (r.active or r.start < end):
             allowed -= r.nodes
     if allowed == names:
         return None
