@@ -4,6 +4,7 @@ sinfo and scontrol output captured on the demo cluster (tests/test_slurm_parsers
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -102,3 +103,19 @@ def test_a_job_asking_for_a_list_of_reservations_may_use_any_of_them():
     # one name of the list unknown to Slurm's answer: the others still hold the job
     only = SlurmJob(job_id=9, state="PENDING", partition="debug", reservation="a,gone", time_limit_min=30)
     assert eligible_nodes(only, NODES, [ra, rb], NOW) == ("n1",)
+
+
+def test_a_reservation_of_some_cores_leaves_its_nodes_to_other_jobs():
+    """scontrol create reservation CoreCnt=2 Nodes=n1: Slurm's job_test_resv takes only the reserved cores
+    from other jobs ("reservation %s uses partial nodes"), and only a reservation of whole nodes
+    (RESV_CTLD_FULL_NODE) takes the nodes (src/slurmctld/reservation.c). Taking n1 kept jobs off it."""
+    nodes = [replace(n, cpus=8) for n in NODES]
+    job = SlurmJob(job_id=9, state="PENDING", partition="debug", time_limit_min=30)
+    text = SCONTROL_RES.split("\n\n")[0]  # r1: active on n2, TRES=cpu=8 (all of n2's 8)
+    assert parsers.parse_reservations(text)[0].cpus == 8
+    assert eligible_nodes(job, nodes, parsers.parse_reservations(text), NOW) == ("capacity", "n1", "n3")
+    cores = parsers.parse_reservations(text.replace("CoreCnt=8", "CoreCnt=2").replace("TRES=cpu=8", "TRES=cpu=2"))
+    assert cores[0].cpus == 2
+    assert eligible_nodes(job, nodes, cores, NOW) is None
+    # node CPUs unknown: the whole node, as before
+    assert eligible_nodes(job, NODES, cores, NOW) == ("capacity", "n1", "n3")

@@ -90,7 +90,8 @@ def eligible_nodes(job: SlurmJob, nodes: Iterable[SlurmNode], reservations: Iter
     * ``--constraint``, matched against each node's active features (see :func:`feature_matcher`);
     * ``--reservation``: that reservation's nodes (unless it is FLEX); with a list (``a,b``), any of theirs;
     * every other reservation's nodes while it is active, or if it starts before the job's time limit
-      would end (a job without a limit never fits before one), as Slurm's backfill does. MAGNETIC
+      would end (a job without a limit never fits before one; one holding only some of its nodes' cores
+      leaves them usable), as Slurm's backfill does. MAGNETIC
       reservations, which take jobs that did not ask for them, are left out.
     """
     nodes = list(nodes)
@@ -113,9 +114,18 @@ def eligible_nodes(job: SlurmJob, nodes: Iterable[SlurmNode], reservations: Iter
     own = [r for r in reservations if r.name in asked]
     if own and all(r.nodes and "FLEX" not in r.flags for r in own):
         allowed &= frozenset().union(*(r.nodes for r in own))
+    cpus = {n.name: n.cpus for n in nodes}
     for r in reservations:
-        if r.name not in asked and "MAGNETIC" not in r.flags and r.end > now and (r.active or r.start < end):
+        if r.name not in asked and "MAGNETIC" not in r.flags and r.end > now and (r.active or r.start < end) \
+                and not _some_cores(r, cpus):
             allowed -= r.nodes
     if allowed == names:
         return None
     return tuple(sorted(allowed))
+
+
+def _some_cores(r: SlurmReservation, cpus: dict[str, int | None]) -> bool:
+    """Whether ``r`` holds only some cores of its nodes (``CoreCnt=`` at creation): Slurm keeps other jobs
+    off those cores, not off the nodes (reservation.c job_test_resv: "reservation %s uses partial nodes")."""
+    total = [cpus.get(n) for n in r.nodes]
+    return r.cpus is not None and bool(total) and all(total) and r.cpus < sum(total)

@@ -603,6 +603,7 @@ class SlurmReservation:
     nodes: frozenset[str]
     flags: frozenset[str] = frozenset()  # MAINT, FLEX, MAGNETIC, ...
     active: bool = False  # State=ACTIVE: it has started
+    cpus: int | None = None  # TRES=cpu=N: the CPUs it holds (below its nodes' total: only some cores)
 
 
 def _local_epoch(text: str) -> float | None:
@@ -630,6 +631,7 @@ def parse_reservations(text: str) -> list[SlurmReservation]:
             nodes=frozenset(expand_hostlist(_null(kv.get("Nodes")))),
             flags=frozenset(f.strip().upper() for f in _null(kv.get("Flags")).split(",") if f.strip()),
             active=kv.get("State", "").upper() == "ACTIVE",
+            cpus=_num(dict(t.split("=", 1) for t in _null(kv.get("TRES")).split(",") if "=" in t).get("cpu")),
         ))
     return out
 
