@@ -119,3 +119,20 @@ def test_a_reservation_of_some_cores_leaves_its_nodes_to_other_jobs():
     assert eligible_nodes(job, nodes, cores, NOW) is None
     # node CPUs unknown: the whole node, as before
     assert eligible_nodes(job, NODES, cores, NOW) == ("capacity", "n1", "n3")
+
+
+def test_a_node_without_the_cpus_a_job_asks_for_is_not_its():
+    """On the demo cluster, -c 4, -n 2 -c 3 and --exclusive jobs were carved on n1 beside a -c 6 job
+    (2 CPUs free) and waited for it to end while n2 idled."""
+    from tests.test_slurm_parsers import SINFO_JSON_CPUS, SQUEUE_JSON_CPUS
+
+    nodes = parsers.parse_sinfo_json(json.loads(SINFO_JSON_CPUS))
+    jobs = {j.job_id: j for j in parsers.parse_squeue_json(json.loads(SQUEUE_JSON_CPUS))}
+    assert [eligible_nodes(jobs[i], nodes, [], NOW) for i in (2, 3, 4)] == [("capacity", "n2")] * 3
+    two = SlurmJob(job_id=9, state="PENDING", partition="debug", cpus=2)
+    assert eligible_nodes(two, nodes, [], NOW) is None  # n1 has 2 free
+    # a site whose GPU partitions oversubscribe CPUs turns it off ([controller] cpu_full_nodes_wait = false)
+    assert eligible_nodes(jobs[2], nodes, [], NOW, cpus_fit=False) is None
+    # CPUs unknown (an older sinfo): nothing to go by
+    bare = [SlurmNode(name=n.name, state="idle", partitions=n.partitions) for n in nodes]
+    assert eligible_nodes(jobs[4], bare, [], NOW) is None

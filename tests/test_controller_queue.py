@@ -21,7 +21,9 @@ from slurm_mig.slurm.parsers import (
 )
 from slurm_mig.store import open_store
 
-from tests.test_slurm_parsers import SCONTROL_RES, SINFO_JSON_WHERE, SQUEUE_JSON_WHERE
+from tests.test_slurm_parsers import (
+    SCONTROL_RES, SINFO_JSON_CPUS, SINFO_JSON_WHERE, SQUEUE_JSON_CPUS, SQUEUE_JSON_WHERE,
+)
 
 _KEYS = ("job_id", "array_job_id", "array_task_id", "array_task_string", "array_max_tasks", "job_state",
          "state_reason", "priority", "tres_per_node", "dependency", "partition", "submit_time", "time_limit",
@@ -417,5 +419,27 @@ def test_jobs_are_carved_for_only_where_slurm_may_start_them(tmp_path):
         slurm.res = []
         ctl.tick()
         assert (store.get_meta("reservations") or {})["8"]["node"] == "n1"
+    finally:
+        store.close()
+
+
+class CpuSlurm(QueueSlurm):
+    """The demo cluster's answers with a -c 6 job running on n1 (2 of 8 CPUs free) and three jobs that ask
+    for more CPUs than that, or a whole node (tests/test_slurm_parsers.py)."""
+
+    def nodes(self):
+        return [replace(n, gres={}, gres_used={}) for n in parse_sinfo_json(json.loads(SINFO_JSON_CPUS))]
+
+
+def test_jobs_are_not_carved_for_on_a_node_without_the_cpus_they_ask_for(tmp_path):
+    store = open_store(tmp_path / "state.db")
+    try:
+        for n in ("n1", "n2"):
+            store.replace_observed(n, [{"gpu": 0, "uuid": f"GPU-{n}", "model": "H100-80GB", "mig_enabled": True}],
+                                   [], now=time.time())
+        ctl = Controller(Config(), store, CpuSlurm(parse_squeue_json(json.loads(SQUEUE_JSON_CPUS))))
+        ctl.tick()
+        where = {j: r["node"] for j, r in (store.get_meta("reservations") or {}).items()}
+        assert where == {"2": "n2", "3": "n2", "4": "n2"}, where
     finally:
         store.close()

@@ -682,3 +682,18 @@ def test_reservations_from_scontrol_both_forms():
     assert parsers.parse_reservations("No reservations in the system\n") == []
     # A record whose times cannot be read restricts nothing, rather than every node.
     assert parsers.parse_reservations("ReservationName=x StartTime=soon EndTime=later Nodes=n1\n") == []
+
+
+# squeue --json and sinfo --json on the demo cluster (2 nodes x 8 CPUs), trimmed: job 1 runs on n1 with
+# -c 6; job 2 asks -c 4, job 3 -n 2 -c 3, job 4 --exclusive.
+SQUEUE_JSON_CPUS = r"""{"jobs":[{"job_id":1,"job_state":"RUNNING","partition":"debug","tres_per_node":"gres:mig:3g:1","state_reason":"None","time_limit":525600,"priority":4294901759,"submit_time":1795356625,"nodes":"n1","user_name":"root","cpus":6,"shared":null,"tasks":1},{"job_id":2,"job_state":"PENDING","partition":"debug","tres_per_node":"gres:mig:1g:1","state_reason":"Resources","time_limit":null,"priority":4294901758,"submit_time":1795356629,"nodes":"","user_name":"root","cpus":4,"shared":null,"tasks":1},{"job_id":3,"job_state":"PENDING","partition":"debug","tres_per_node":"gres:mig:1g:1","state_reason":"ReqNodeNotAvail","time_limit":null,"priority":4294901757,"submit_time":1795356629,"nodes":"","user_name":"root","cpus":6,"shared":null,"tasks":2},{"job_id":4,"job_state":"PENDING","partition":"debug","tres_per_node":"gres:mig:1g:1","state_reason":"Priority","time_limit":null,"priority":4294901756,"submit_time":1795356629,"nodes":"","user_name":"root","cpus":1,"shared":"none","tasks":1}]}"""
+SINFO_JSON_CPUS = r"""{"nodes":[{"name":"capacity","state":"unknown","state_flags":["DRAIN","NOT_RESPONDING"],"partitions":["debug"],"cpus":8,"alloc_cpus":0},{"name":"n1","state":"mixed","state_flags":[],"partitions":["debug"],"cpus":8,"alloc_cpus":6},{"name":"n2","state":"idle","state_flags":[],"partitions":["debug"],"cpus":8,"alloc_cpus":0}]}"""
+
+
+def test_squeue_json_cpus_asked_and_exclusive():
+    jobs = {j.job_id: j for j in parsers.parse_squeue_json(json.loads(SQUEUE_JSON_CPUS))}
+    assert [(jobs[i].cpus, jobs[i].exclusive) for i in (1, 2, 3, 4)] == [(6, False), (4, False), (6, False),
+                                                                         (1, True)]
+    newer = parsers.parse_squeue_json({"jobs": [{"job_id": 5, "cpus": {"set": True, "number": 3},
+                                                 "shared": ["none"]}]})
+    assert (newer[0].cpus, newer[0].exclusive) == (3, True)

@@ -82,7 +82,7 @@ def feature_matcher(expr: str) -> Callable[[frozenset[str]], bool] | None:
 
 
 def eligible_nodes(job: SlurmJob, nodes: Iterable[SlurmNode], reservations: Iterable[SlurmReservation],
-                   now: float) -> tuple[str, ...] | None:
+                   now: float, *, cpus_fit: bool = True) -> tuple[str, ...] | None:
     """The nodes (sorted names) Slurm may start ``job`` on now, or None when nothing restricts it.
 
     * its partitions ("a,b": either), when sinfo says which partitions each node is in;
@@ -92,7 +92,11 @@ def eligible_nodes(job: SlurmJob, nodes: Iterable[SlurmNode], reservations: Iter
     * every other reservation's nodes while it is active, or if it starts before the job's time limit
       would end (a job without a limit never fits before one; one holding only some of its nodes' cores
       leaves them usable), as Slurm's backfill does. MAGNETIC
-      reservations, which take jobs that did not ask for them, are left out.
+      reservations, which take jobs that did not ask for them, are left out;
+    * with ``cpus_fit`` (``[controller] cpu_full_nodes_wait``), nodes with fewer free CPUs than the job
+      asks for (``-c``, ``-n``), or any allocated CPU for an ``--exclusive`` job: Slurm starts it on none
+      of them until CPUs free (a necessary condition only: whole cores, memory and this tick's other
+      jobs are not counted, so a node kept is not sure to fit).
     """
     nodes = list(nodes)
     names = {n.name for n in nodes}
@@ -119,6 +123,11 @@ def eligible_nodes(job: SlurmJob, nodes: Iterable[SlurmNode], reservations: Iter
         if r.name not in asked and "MAGNETIC" not in r.flags and r.end > now and (r.active or r.start < end) \
                 and not _some_cores(r, cpus):
             allowed -= r.nodes
+    if cpus_fit and (job.cpus or job.exclusive):
+        for n in nodes:
+            if n.name in allowed and n.cpus is not None and n.alloc_cpus is not None and (
+                    n.cpus - n.alloc_cpus < (job.cpus or 1) or (job.exclusive and n.alloc_cpus > 0)):
+                allowed.discard(n.name)
     if allowed == names:
         return None
     return tuple(sorted(allowed))

@@ -414,9 +414,10 @@ class Controller:
             if not j.pending:
                 continue
             sig = (j.partition, tuple(j.required_nodes), tuple(j.excluded_nodes), j.features, j.reservation,
-                   j.time_limit_min)
+                   j.time_limit_min, j.cpus, j.exclusive)
             if sig not in seen:
-                seen[sig] = eligible_nodes(j, self._nodes_seen, self._reservations, now)
+                seen[sig] = eligible_nodes(j, self._nodes_seen, self._reservations, now,
+                                           cpus_fit=self.cfg.controller.cpu_full_nodes_wait)
             out[e.job_id] = seen[sig]
         return out
 

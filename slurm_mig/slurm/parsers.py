@@ -331,6 +331,8 @@ class SlurmJob:
     excluded_nodes: list[str] = field(default_factory=list)
     features: str = ""  # the --constraint expression, as Slurm keeps it ("fast&nvlink")
     reservation: str = ""
+    cpus: int | None = None  # CPUs it asks for (-n x -c; a MIG job runs on one node)
+    exclusive: bool = False  # --exclusive: a node with no CPU allocated to another job
 
     @property
     def pending(self) -> bool:
@@ -416,6 +418,9 @@ def parse_squeue_json(doc: dict) -> list[SlurmJob]:
             excluded_nodes=expand_hostlist(_str(j.get("excluded_nodes"))),
             features=_null(_str(j.get("features"))),
             reservation=_null(_str(j.get("resv_name"))),
+            cpus=_num(j.get("cpus")),
+            # 22.05 writes "none" for --exclusive ("user", "mcs", "oversubscribe" otherwise), 23.02+ a list
+            exclusive="none" in _str(j.get("shared")).lower().split(","),
         ))
     return jobs
 
