@@ -733,7 +733,7 @@ def gpu_option(g: dict, profile: str, count: int = 1, nodes: list | None = None)
     if nodes is not None and g.get("node") not in nodes:
         return {**base, "verdict": "not-its-node",
                 "why": "Slurm will not start the job on this node (its partition, --nodelist, --exclude, "
-                       "--constraint or a reservation)"}
+                       "--constraint, a reservation, or fewer free CPUs than the job asks for)"}
     if not g.get("available", True):
         # The controller also leaves out a node whose every CPU Slurm has allocated (Slurm starts nothing there).
         return {**base, "verdict": "unavailable", "why": "node down, drained, stale, MIG off or without a free CPU"}

@@ -846,7 +846,7 @@ class DispatchPolicy:
                 where = "no node" if ctx.allowed is None else (
                     f"none of the {len(ctx.allowed)} node(s) Slurm may start it on" if ctx.allowed else
                     "no node: Slurm may start it on none of the GPU nodes now (its partition, --nodelist, --exclude, "
-                    "--constraint or a reservation)")
+                    "--constraint, a reservation, or their free CPUs)")
                 reason = reasons[key] = f"{where} can hold {job.count} x {job.profile} on idle slices now"
             else:
                 conflict_end[key] = end if ce is None else min(end, ce)
