@@ -250,7 +250,9 @@ class FragAwarePolicy(DispatchPolicy):
                             lb = v
             if lb is not None:
                 out.append((lb, sig))
-        out.sort(key=lambda x: x[0])
+        # Equal bounds in signature order, not in the order the signatures entered the groups: that differs
+        # between a fresh index and one updated from an earlier state, and decide must be a pure function.
+        out.sort()
         return out
 
     def _node(self, ctx: Ctx, node: int, local: dict | None = None) -> tuple[int, int, float, float]:
