@@ -418,12 +418,15 @@ def test_check_decision_refuses_busy_shared_miscounted_repeated_and_wrong_size_a
             check_decision(ClusterState(0.0, (gpu,), jobs), Decision(assignments=assignments))
 
 
+@pytest.mark.parametrize("policy", ["frag-aware", "rl-network"])
 @pytest.mark.parametrize("exact_limit", [4, 10**9])
-def test_a_reserved_node_does_not_hide_the_idle_gpus_beyond_it(exact_limit):
+def test_a_reserved_node_does_not_hide_the_idle_gpus_beyond_it(exact_limit, policy):
     """Large-cluster mode visits a few GPUs per group; it counted GPUs that a reservation holds, so when
     those came first (here: node n00, reserved for the 8-GPU job X), the 1-GPU job Y waited while 280
-    GPUs sat idle (found in review). Small ``exact_limit`` forces that mode on a small state."""
+    GPUs sat idle (found in review). Small ``exact_limit`` forces that mode on a small state. The RL
+    policy's candidate list (what its network scores) had the same fault, found in a later review."""
     from slurm_mig.policies.frag_aware import FragAwarePolicy
+    from slurm_mig.policies.rl import RLPolicy, frag_aware_chooser
 
     one = Slot(0, "1g.10gb")
     gpus = []
@@ -433,6 +436,8 @@ def test_a_reserved_node_does_not_hide_the_idle_gpus_beyond_it(exact_limit):
                              ((one, end),)))
         gpus += [GpuState(f"n{n:02d}", i, H100, Layout.empty(H100)) for i in range(1, 8)]
     state = ClusterState(10.0, tuple(gpus), (PendingJob("X", "7g", 8, 1.0, 100.0), PendingJob("Y", "7g", 1, 2.0, 2000.0)))
-    d = FragAwarePolicy(exact_limit=exact_limit).decide(state)
+    pol = FragAwarePolicy(exact_limit=exact_limit) if policy == "frag-aware" else \
+        RLPolicy(chooser=frag_aware_chooser, exact_limit=exact_limit, guard_chooser=lambda row: None)
+    d = pol.decide(state)
     check_decision(state, d)
     assert [(a.job_id, a.node != "n00") for a in d.assignments] == [("Y", True)], d.waiting

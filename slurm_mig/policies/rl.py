@@ -679,15 +679,18 @@ class RLPolicy(FragAwarePolicy):
         node_cache: dict[int, tuple] = {}
         K = self.max_candidates
 
-        def consider(g: int, info: GpuInfo) -> None:
+        def consider(g: int, info: GpuInfo) -> bool:
+            """Add g's options; whether it had any (a GPU held by a reservation has none)."""
             pi = info.t.resolve(key)
             if pi is None or not info.avail or not ctx.allows(g):
-                return
+                return False
             nd = info.node
             ns = node_cache.get(nd)
             if ns is None:
                 ns = node_cache[nd] = self._node(ctx, nd)
+            before = len(out)
             self._scored_options(ctx, g, info, pi, end, ns, out, conflicted)
+            return len(out) > before
 
         ki = idx.key(key)
         if len(ki.gpus) <= self.exact_limit:
@@ -709,12 +712,14 @@ class RLPolicy(FragAwarePolicy):
                         break
                 seen = 0
                 for _, _, g in groups.get(sig, ()):
-                    if g in ctx.work or not ctx.allows(g):
+                    if g in ctx.work:
                         continue
-                    consider(g, idx.infos[g])
-                    seen += 1
-                    if seen >= self.group_width:
-                        break
+                    # Only GPUs that offer a place count, as in frag-aware: the first ones are often the node
+                    # a reservation holds, and stopping there hid the idle GPUs beyond it.
+                    if consider(g, idx.infos[g]):
+                        seen += 1
+                        if seen >= self.group_width:
+                            break
         out.sort(key=_order_key)
         del out[K:]
         return out, conflicted[0]
