@@ -431,32 +431,27 @@ class CpuSlurm(QueueSlurm):
         return [replace(n, gres={}, gres_used={}) for n in parse_sinfo_json(json.loads(SINFO_JSON_CPUS))]
 
 
-def test_jobs_are_not_carved_for_on_a_node_without_the_cpus_they_ask_for(tmp_path):
+@pytest.fixture
+def cpu_ticked(tmp_path):
+    """A store with n1 and n2 (one H100 each) after one tick over CpuSlurm; closed after the test."""
     store = open_store(tmp_path / "state.db")
-    try:
-        for n in ("n1", "n2"):
-            store.replace_observed(n, [{"gpu": 0, "uuid": f"GPU-{n}", "model": "H100-80GB", "mig_enabled": True}],
-                                   [], now=time.time())
-        ctl = Controller(Config(), store, CpuSlurm(parse_squeue_json(json.loads(SQUEUE_JSON_CPUS))))
-        ctl.tick()
-        where = {j: r["node"] for j, r in (store.get_meta("reservations") or {}).items()}
-        assert where == {"2": "n2", "3": "n2", "4": "n2"}, where
-    finally:
-        store.close()
+    for n in ("n1", "n2"):
+        store.replace_observed(n, [{"gpu": 0, "uuid": f"GPU-{n}", "model": "H100-80GB", "mig_enabled": True}],
+                               [], now=time.time())
+    Controller(Config(), store, CpuSlurm(parse_squeue_json(json.loads(SQUEUE_JSON_CPUS)))).tick()
+    yield store
+    store.close()
 
 
-def test_explain_says_cpus_can_be_why_a_node_is_not_the_jobs(tmp_path):
+def test_jobs_are_not_carved_for_on_a_node_without_the_cpus_they_ask_for(cpu_ticked):
+    where = {j: r["node"] for j, r in (cpu_ticked.get_meta("reservations") or {}).items()}
+    assert where == {"2": "n2", "3": "n2", "4": "n2"}, where
+
+
+def test_explain_says_cpus_can_be_why_a_node_is_not_the_jobs(cpu_ticked):
     # The -c 4 job (2) is kept off n1 for its CPUs (2 of 8 free): explain called n1 not its node for "its
     # partition, --nodelist, --exclude, --constraint or a reservation", none of which the job has.
     from slurm_mig.ops import views as V
 
-    store = open_store(tmp_path / "state.db")
-    try:
-        for n in ("n1", "n2"):
-            store.replace_observed(n, [{"gpu": 0, "uuid": f"GPU-{n}", "model": "H100-80GB", "mig_enabled": True}],
-                                   [], now=time.time())
-        Controller(Config(), store, CpuSlurm(parse_squeue_json(json.loads(SQUEUE_JSON_CPUS)))).tick()
-        options = {o["gpu"]: o for saw in V.explain_view(store, "2")["policy_saw"] for o in saw["options"]}
-        assert options["n1/0"]["verdict"] == "not-its-node" and "CPU" in options["n1/0"]["why"], options["n1/0"]
-    finally:
-        store.close()
+    options = {o["gpu"]: o for saw in V.explain_view(cpu_ticked, "2")["policy_saw"] for o in saw["options"]}
+    assert options["n1/0"]["verdict"] == "not-its-node" and "CPU" in options["n1/0"]["why"], options["n1/0"]
