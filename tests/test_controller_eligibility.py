@@ -67,8 +67,11 @@ def test_nothing_restricting_a_job_is_none():
 def test_partitions():
     job = SlurmJob(job_id=9, state="PENDING", partition="other", time_limit_min=30)
     assert eligible_nodes(job, NODES, [], NOW) == ("capacity", "n3")
+    # a partition sinfo does not list (hidden from the controller's user) says nothing of its nodes
     unknown = SlurmJob(job_id=9, state="PENDING", partition="nosuch")
-    assert eligible_nodes(unknown, NODES, [], NOW) == ()
+    assert eligible_nodes(unknown, NODES, [], NOW) is None
+    assert eligible_nodes(SlurmJob(job_id=9, state="PENDING", partition="nosuch,other"), NODES, [], NOW) == \
+        ("capacity", "n3")
     # nodes that do not say their partitions (an older sinfo): partitions restrict nothing
     bare = [SlurmNode(name=n.name, state="idle") for n in NODES]
     assert eligible_nodes(job, bare, [], NOW) is None

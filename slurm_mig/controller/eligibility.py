@@ -102,7 +102,10 @@ def eligible_nodes(job: SlurmJob, nodes: Iterable[SlurmNode], reservations: Iter
     names = {n.name for n in nodes}
     allowed = set(names)
     parts = {p.strip() for p in (job.partition or "").split(",") if p.strip()}
-    if parts and any(n.partitions for n in nodes):
+    # Only partitions sinfo lists restrict: one it does not show (a hidden partition, as seen by a user
+    # other than root or SlurmUser) says nothing of its nodes, and reading it as "no node" would keep the
+    # job waiting for good.
+    if parts & {p for n in nodes for p in n.partitions}:
         allowed = {n.name for n in nodes if parts & set(n.partitions)}
     if job.required_nodes:
         allowed &= set(job.required_nodes)
