@@ -473,6 +473,14 @@ def parse_kv(text: str) -> list[tuple[str, str]]:
     return pairs
 
 
+def _first_values(text: str) -> dict[str, str]:
+    """``Key=Value`` pairs of scontrol text; a key given twice keeps its first value."""
+    kv: dict[str, str] = {}
+    for k, v in parse_kv(text):
+        kv.setdefault(k, v)
+    return kv
+
+
 def _records(text: str, first_key: str) -> list[str]:
     """Split scontrol output into one chunk per record (multi-line or ``-o``)."""
     starts = [m.start() for m in re.finditer(rf"(?m)^{re.escape(first_key)}=", text)]
@@ -487,9 +495,7 @@ def parse_scontrol_nodes(text: str) -> list[SlurmNode]:
     """Nodes from ``scontrol [-d] [-o] show node`` text."""
     nodes = []
     for chunk in _records(text, "NodeName"):
-        kv: dict[str, str] = {}
-        for k, v in parse_kv(chunk):
-            kv.setdefault(k, v)
+        kv = _first_values(chunk)
         base, flags = parse_node_state(kv.get("State"))
         gres_raw = _null(kv.get("Gres"))
         reason = _null(kv.get("Reason"))
@@ -592,10 +598,7 @@ def parse_scontrol_kv(text: str) -> dict[str, str]:
     jobs = parse_scontrol_jobs(text)
     if jobs:
         return dict(jobs[0].fields)
-    out: dict[str, str] = {}
-    for k, v in parse_kv(text):
-        out.setdefault(k, v)
-    return out
+    return _first_values(text)
 
 
 @dataclass(frozen=True)
@@ -625,9 +628,7 @@ def parse_reservations(text: str) -> list[SlurmReservation]:
     A record whose times cannot be read is left out: it restricts nothing rather than everything."""
     out = []
     for chunk in _records(text, "ReservationName"):
-        kv: dict[str, str] = {}
-        for k, v in parse_kv(chunk):
-            kv.setdefault(k, v)
+        kv = _first_values(chunk)
         start, end = _local_epoch(kv.get("StartTime", "")), _local_epoch(kv.get("EndTime", ""))
         if start is None or end is None:
             continue
