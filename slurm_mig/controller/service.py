@@ -34,7 +34,7 @@ from slurm_mig.mig.profiles import get_model
 from slurm_mig.mig.transitions import plan_transition
 from slurm_mig.policies import check_decision, get_policy
 from slurm_mig.slurm.gres import GRES_TO_KIND, GRES_TYPES, PAD_TYPE, gres_type_for_kind, mig_total, padded_total
-from slurm_mig.slurm.parsers import format_exit_status, wait_status
+from slurm_mig.slurm.parsers import format_exit_status, local_epoch, wait_status
 
 log = logging.getLogger("slurm_mig.controller")
 
@@ -1468,12 +1468,8 @@ def _slurm_end(detail, state: str, now: float) -> tuple[str, int | None, float]:
     squeue's state and an unknown exit status when scontrol could not answer."""
     if detail is None:
         return state, None, now
-    exit_code, end = wait_status(detail.fields.get("ExitCode")), now
-    try:
-        end = time.mktime(time.strptime(detail.fields.get("EndTime", ""), "%Y-%m-%dT%H:%M:%S"))
-    except ValueError:
-        pass
-    return detail.state, exit_code, end
+    end = local_epoch(detail.fields.get("EndTime", ""))
+    return detail.state, wait_status(detail.fields.get("ExitCode")), now if end is None else end
 
 
 def _desired_layout(d) -> Layout | None:

@@ -614,7 +614,7 @@ class SlurmReservation:
     cpus: int | None = None  # TRES=cpu=N: the CPUs it holds (below its nodes' total: only some cores)
 
 
-def _local_epoch(text: str) -> float | None:
+def local_epoch(text: str) -> float | None:
     """Epoch seconds from scontrol's local ``2026-11-22T13:50:38``; None for anything else."""
     try:
         return time.mktime(time.strptime(text, "%Y-%m-%dT%H:%M:%S"))
@@ -629,7 +629,7 @@ def parse_reservations(text: str) -> list[SlurmReservation]:
     out = []
     for chunk in _records(text, "ReservationName"):
         kv = _first_values(chunk)
-        start, end = _local_epoch(kv.get("StartTime", "")), _local_epoch(kv.get("EndTime", ""))
+        start, end = local_epoch(kv.get("StartTime", "")), local_epoch(kv.get("EndTime", ""))
         if start is None or end is None:
             continue
         out.append(SlurmReservation(
