@@ -41,8 +41,6 @@ def feature_matcher(expr: str) -> Callable[[frozenset[str]], bool] | None:
             return None
         tokens.append(m.group(1) or m.group(2))
         pos = m.end()
-        while pos < len(expr) and expr[pos].isspace():
-            pos += 1
     at = 0
 
     def group(close: str | None):
