@@ -305,6 +305,22 @@ def test_cli_backend_from_the_config_file(state, tmp_path, capsys, monkeypatch):
     assert json.loads(capsys.readouterr().out)["backend"] == "simulated"
 
 
+def test_cli_reads_this_nodes_gpus_from_a_per_node_config(tmp_path, capsys, monkeypatch):
+    """A sim_state_path with {node} (one file per node, as the demo's) names the node's file for the hooks;
+    `nvml` opened a file literally called "{node}.json", and ignored `slurm-mig --config`."""
+    for var in ("SLURM_MIG_SIM_STATE", "SLURM_MIG_NVML_BACKEND", "SLURM_MIG_CONFIG"):
+        monkeypatch.delenv(var, raising=False)
+    for name, layout in (("gpu01", "7g@0"), ("gpu02", "3g@0,3g@4")):
+        init_state(tmp_path / f"{name}.json", ["H100-80GB"], layouts={0: layout}, seed=name)
+    cfg = tmp_path / "slurm-mig.toml"
+    cfg.write_text(f'[node]\nnvml_backend = "simulated"\nsim_state_path = "{tmp_path}/{{node}}.json"\n')
+    monkeypatch.setenv("SLURMD_NODENAME", "gpu01")
+    assert main(["--config", str(cfg), "nvml", "show", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["gpus"][0]["layout"] == "7g@0"
+    assert main(["--config", str(cfg), "nvml", "show", "--json", "--node", "gpu02"]) == 0
+    assert json.loads(capsys.readouterr().out)["gpus"][0]["layout"] == "3g@0,3g@4"
+
+
 def test_cli_errors_are_clear(tmp_path, capsys, monkeypatch):
     monkeypatch.delenv("SLURM_MIG_SIM_STATE", raising=False)
     monkeypatch.delenv("SLURM_MIG_NVML_BACKEND", raising=False)

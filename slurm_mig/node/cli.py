@@ -104,9 +104,9 @@ def _sync(args: argparse.Namespace) -> int:
         os.environ["SLURM_MIG_CONFIG"] = args.config
     settings = NodeSettings.load()
     _setup_logging(settings)
-    import socket
+    from slurm_mig.node.localstate import local_node_name
 
-    name = args.node or os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+    name = args.node or local_node_name()
     node = Node(name, settings)
     while True:
         try:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import logging
 import os
 import re
-import socket
 import sys
 import time
 from dataclasses import dataclass
@@ -893,8 +892,10 @@ def main(argv: list[str] | None = None) -> int:
     """Run one hook. Always exits 0 for a job-level problem: only a broken node may be drained."""
     argv = sys.argv[1:] if argv is None else argv
     kind = argv[0] if argv else ""
+    from slurm_mig.node.localstate import local_node_name
+
     env = dict(os.environ)
-    node_name = env.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+    node_name = local_node_name(env)
     settings = None
     try:
         settings = NodeSettings.load()

@@ -88,6 +88,14 @@ def _safe_job_id(job_id: str) -> str:
     return job_id
 
 
+def local_node_name(env: dict | None = None) -> str:
+    """This node's Slurm name as the hooks take it: $SLURMD_NODENAME, else the short host name."""
+    import socket
+
+    env = os.environ if env is None else env
+    return env.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+
+
 def _atomic_write(path: Path, data: bytes, mode: int, uid: int | None = None, gid: int | None = None) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
     try:

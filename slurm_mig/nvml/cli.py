@@ -28,11 +28,17 @@ ENV_SIM_STATE = "SLURM_MIG_SIM_STATE"
 ENV_SIM_DELAY = "SLURM_MIG_SIM_DELAY_SCALE"
 
 
-def _node_config():
+def _node_config(path: str | None = None):
     """The config file's [node] section, if there is a config file (else None: no file, no opinion)."""
     from slurm_mig.config import find_config, load_config
 
-    return load_config().node if find_config() is not None else None
+    return load_config(path).node if find_config(path) is not None else None
+
+
+def _node_name(args: argparse.Namespace) -> str:
+    from slurm_mig.node.localstate import local_node_name
+
+    return getattr(args, "node", None) or local_node_name()
 
 
 def backend_settings(args: argparse.Namespace) -> dict[str, Any]:
@@ -40,12 +46,14 @@ def backend_settings(args: argparse.Namespace) -> dict[str, Any]:
     (what the hooks on this node use); real NVML when none says."""
     state = getattr(args, "sim_state", None) or os.environ.get(ENV_SIM_STATE) or None
     kind = getattr(args, "backend", None) or os.environ.get(ENV_BACKEND)
-    node = _node_config() if kind is None and state is None else None
+    node = _node_config(getattr(args, "config", None)) if kind is None and state is None else None
     config_delay = None
     if node is not None:
         kind = node.nvml_backend
         if kind == "simulated":
-            state, config_delay = node.sim_state_path, node.sim_delay_scale
+            # As the hooks read it: "{node}" stands for the node's name (one file per node on one host).
+            state = node.sim_state_path.replace("{node}", _node_name(args))
+            config_delay = node.sim_delay_scale
     kind = kind or ("simulated" if state else "real")
     kind = kind.strip().lower()
     if kind == "sim":
@@ -261,6 +269,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     common.add_argument("--sim-state", metavar="PATH", help=f"simulated node state file (default: ${ENV_SIM_STATE})")
     common.add_argument("--sim-delay-scale", type=float, metavar="X",
                         help=f"multiply the simulated create/destroy times (default: ${ENV_SIM_DELAY} or 0)")
+    common.add_argument("--node", metavar="NAME",
+                        help="this node's Slurm name: a {node} in [node].sim_state_path becomes NAME "
+                             "(default: $SLURMD_NODENAME or the short host name)")
 
     nvml = subparsers.add_parser("nvml", help="MIG GPUs through NVML (or simulated ones)",
                                  description="Look at MIG GPUs, move one to a layout, manage simulated GPUs.")
