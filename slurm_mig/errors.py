@@ -40,6 +40,14 @@ class TransitionBlocked(SlurmMigError):
         self.blocking = blocking
 
 
+class BindingsUnreadable(SlurmMigError):
+    """A node's binding records cannot be read (an unreadable folder, a damaged or foreign record).
+
+    A tool that changes MIG layouts outside the hooks refuses then: it cannot tell which instances
+    jobs hold, and guessing "none" could destroy one a job is about to use.
+    """
+
+
 class SlurmCommandError(SlurmMigError):
     """A Slurm command that had to succeed failed (non-zero exit, timeout or missing binary).
 

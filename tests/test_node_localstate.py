@@ -94,6 +94,31 @@ def test_an_oversized_record_is_refused_unread_with_a_log_line(state, caplog):
         state.read_binding("100")
 
 
+def test_strict_reading_refuses_what_it_cannot_read_and_the_hooks_reading_is_unchanged(tmp_path, caplog):
+    """`nvml apply` has no controller to know what a damaged record's job holds: strict reading raises
+    where the hooks count the job as bound to nothing known. A node with no records has no bindings."""
+    from slurm_mig.errors import BindingsUnreadable
+
+    assert NodeState(tmp_path / "none").all_bindings(strict=True) == {}
+    state = NodeState(tmp_path / "n1").ensure()
+    state.write_binding("100", MINE)
+    assert state.all_bindings(strict=True) == {"100": MINE}
+    (state.records_dir / "101.json").write_text("{torn")
+    with caplog.at_level(logging.ERROR):
+        assert state.all_bindings() == {"100": MINE, "101": []}
+    with pytest.raises(BindingsUnreadable, match="job 101"):
+        state.all_bindings(strict=True)
+    (state.records_dir / "101.json").unlink()
+    (state.records_dir / "102.json").mkdir()
+    with pytest.raises(BindingsUnreadable, match="job 102"):
+        state.all_bindings(strict=True)
+    shutil.rmtree(state.records_dir)
+    state.records_dir.write_text("")  # a folder that cannot be listed (glob says "nothing" of it)
+    assert state.all_bindings() == {}
+    with pytest.raises(BindingsUnreadable, match="cannot list"):
+        state.all_bindings(strict=True)
+
+
 def _legacy(state, job_id: str, data: bytes, uid: int, gid: int) -> None:
     """A binding file as slurm-mig wrote it before records/: owned by the job's user, 0400, no record."""
     path = state.bindings_dir / f"{job_id}.json"

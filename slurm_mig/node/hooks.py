@@ -208,19 +208,14 @@ class Node:
         return [self._apply_one(int(gpu_s), spec, models.get(int(gpu_s))) for gpu_s, spec in sorted(targets.items())]
 
     def apply_lock(self):
-        """One layout change at a time on this node (Prolog and health check may overlap)."""
+        """One layout change at a time on this node (Prolog, health check and `nvml apply` may overlap)."""
         import contextlib
-        import fcntl
 
         @contextlib.contextmanager
         def held():
             self.state.ensure()
-            fd = os.open(self.state.root / "apply.lock", os.O_RDWR | os.O_CREAT, 0o600)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX)
+            with self.state.layout_lock():
                 yield
-            finally:
-                os.close(fd)
 
         return held()
 

@@ -233,18 +233,62 @@ class NodeState:
         for path in (self._copy_path(job_id), self._record_path(job_id)):
             path.unlink(missing_ok=True)
 
-    def all_bindings(self) -> dict[str, list[BoundInstance]]:
-        """Every job bound on this node; unreadable/corrupt records count as bound to nothing known."""
+    def all_bindings(self, *, strict: bool = False) -> dict[str, list[BoundInstance]]:
+        """Every job bound on this node; unreadable/corrupt records count as bound to nothing known.
+
+        ``strict``: for a tool that changes layouts without a controller's view of the node (``nvml
+        apply``), which cannot know what such a record's job holds: an unreadable records folder or
+        record raises BindingsUnreadable instead. A missing folder is no binding in either mode, and a
+        record removed while it is read (an Epilog) is skipped.
+        """
         out: dict[str, list[BoundInstance]] = {}
-        if not self.records_dir.exists():
-            return out
-        for path in sorted(self.records_dir.glob("*.json")):
+        for path in self._record_paths(strict):
             try:
                 out[path.stem] = _instances(_read_json_object(path))
             except (OSError, ValueError) as exc:
+                if strict and isinstance(exc, FileNotFoundError):
+                    continue
+                if strict:
+                    from slurm_mig.errors import BindingsUnreadable
+
+                    raise BindingsUnreadable(f"the binding record of job {path.stem} ({path}) is unreadable: "
+                                             f"{getattr(exc, 'strerror', None) or exc}") from exc
                 log.error("binding record %s unreadable (%s); counted as bound to nothing known", path, exc)
                 out[path.stem] = []
         return out
+
+    def _record_paths(self, strict: bool) -> list[Path]:
+        if not strict:
+            return sorted(self.records_dir.glob("*.json")) if self.records_dir.exists() else []
+        # Not glob: it yields nothing for a folder it cannot list, which would read as "no bindings".
+        try:
+            names = [e.name for e in os.scandir(self.records_dir) if e.name.endswith(".json")]
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            from slurm_mig.errors import BindingsUnreadable
+
+            raise BindingsUnreadable(f"cannot list the binding records in {self.records_dir}: "
+                                     f"{exc.strerror or exc}") from exc
+        return [self.records_dir / n for n in sorted(names)]
+
+    def layout_lock(self):
+        """Hold this node's layout lock (``<root>/apply.lock``): the hooks change layouts and write
+        bindings under it, so a holder sees every binding and no Prolog binds meanwhile. The folder
+        must exist (see ensure)."""
+        import contextlib
+        import fcntl
+
+        @contextlib.contextmanager
+        def held():
+            fd = os.open(self.root / "apply.lock", os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                yield
+            finally:
+                os.close(fd)
+
+        return held()
 
     def binding_times(self) -> dict[str, float]:
         """Job id -> when its binding record was last written (mtime), for every record."""

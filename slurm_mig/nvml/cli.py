@@ -1,7 +1,7 @@
 """`slurm-mig nvml ...`: look at MIG GPUs, move one to a layout, manage simulated GPUs.
 
     slurm-mig nvml show [--json]
-    slurm-mig nvml apply --gpu 0 --layout 3g@0,2g@4,1g@6 [--dry-run] [--busy 3g@0] [--json]
+    slurm-mig nvml apply --gpu 0 --layout 3g@0,2g@4,1g@6 [--dry-run] [--busy 3g@0] [--ignore-bindings] [--json]
     slurm-mig nvml assert --gpu 0 --layout 3g@0,2g@4,1g@6 [--json]
     slurm-mig nvml sim-init --gpus H100-80GB:2 [--layout 3g@0,3g@4 | --layout 1=7g@0] [--force]
     slurm-mig nvml sim-busy --gpu 0 3g@0 --owner job42 | --clear
@@ -9,18 +9,23 @@
 The backend comes from ``--backend real|simulated`` and ``--sim-state PATH``,
 defaulting to $SLURM_MIG_NVML_BACKEND and $SLURM_MIG_SIM_STATE; with neither,
 a configured simulated state means "simulated", otherwise "real".
+
+``apply`` keeps every instance a job is bound to on this node (the hooks' binding
+records under ``[node].cache_dir``), as it keeps the ones NVML reports in use.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
-from slurm_mig.errors import ConfigError, TransitionBlocked
-from slurm_mig.mig.layout import Layout, parse_layout
+from slurm_mig.errors import BindingsUnreadable, ConfigError, GeometryError, TransitionBlocked
+from slurm_mig.mig.layout import Layout, Slot, parse_layout
 from slurm_mig.mig.profiles import get_model
 
 ENV_BACKEND = "SLURM_MIG_NVML_BACKEND"
@@ -163,6 +168,62 @@ def _target(backend, gpu: int, spec: str) -> Layout:
     return parse_layout(spec, model)
 
 
+def _node_state(args: argparse.Namespace):
+    """This node's binding records, where its hooks keep them: ``<[node].cache_dir>/<node name>`` (the
+    default cache_dir without a config file, as for the hooks)."""
+    from slurm_mig.config import load_config
+    from slurm_mig.node.localstate import NodeState
+
+    return NodeState(Path(load_config(getattr(args, "config", None)).node.cache_dir) / _node_name(args))
+
+
+def _bound_instances(state, backend, gpu: int, model) -> tuple[dict, list[str]]:
+    """The instances on GPU ``gpu`` that jobs are bound to (Slot -> job ids), and a note for each binding
+    that names an instance the GPU does not have (nothing there to keep; the hooks skip those too).
+
+    Strict: a binding record that cannot be read, or names a profile the model lacks, raises
+    BindingsUnreadable; "no bindings" is only said of a node whose records are all readable.
+    """
+    held: dict = {}
+    for job, insts in state.all_bindings(strict=True).items():
+        for i in insts:
+            if i.gpu != gpu:
+                continue
+            try:
+                slot = Slot(i.start, model.profile(i.profile).name)
+            except GeometryError as exc:
+                raise BindingsUnreadable(f"the binding of job {job} names {i.profile}@{i.start} on GPU {gpu}, "
+                                         f"which a {model.name} cannot have ({exc})") from exc
+            held.setdefault(slot, []).append(job)
+    present = {i.slot for i in backend.instances(gpu)}
+    notes = [f"job {', '.join(jobs)}: bound to {slot} on GPU {gpu}, which the GPU does not have; nothing to keep"
+             for slot, jobs in sorted(held.items()) if slot not in present]
+    return {slot: jobs for slot, jobs in held.items() if slot in present}, notes
+
+
+def _take_layout_lock(stack: contextlib.ExitStack, state) -> None:
+    """Hold the lock the hooks change layouts and write bindings under, so no Prolog binds an instance
+    between our reading the bindings and our last step. A node without its folder has had no hook run:
+    nothing bound, and no lock to share."""
+    try:
+        os.stat(state.root)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise BindingsUnreadable(f"cannot read this node's state folder {state.root}: {exc.strerror or exc}") from exc
+    try:
+        stack.enter_context(state.layout_lock())
+    except OSError as exc:
+        raise BindingsUnreadable(f"cannot take the layout lock in {state.root}: {exc.strerror or exc}") from exc
+
+
+IGNORE_BINDINGS_WARNING = (
+    "slurm-mig: WARNING: --ignore-bindings: this node's binding records ({root}) are not read. An instance "
+    "bound to a job whose processes have not started yet can be destroyed, and that job then starts with a "
+    "CUDA_VISIBLE_DEVICES naming an instance that no longer exists. Use it only on a node with no jobs "
+    "(drained, `squeue -w {node}` empty).")
+
+
 def _cmd_apply(args: argparse.Namespace) -> int:
     from slurm_mig.nvml.apply import apply_layout
 
@@ -170,21 +231,44 @@ def _cmd_apply(args: argparse.Namespace) -> int:
     try:
         target = _target(backend, args.gpu, args.layout)
         extra = [s for item in args.busy for s in parse_layout(item, target.model).slots] if args.busy else []
-        try:
-            result = apply_layout(backend, args.gpu, target, extra_busy=extra, dry_run=args.dry_run)
-        except TransitionBlocked as exc:
-            busy = ", ".join(map(str, exc.blocking))
-            if args.json:
-                print(json.dumps({"gpu": args.gpu, "target": str(target), "ok": False, "refused": True,
-                                  "blocking": [str(s) for s in exc.blocking], "error": str(exc)}, indent=2))
-            print(f"slurm-mig: refused: GPU {args.gpu} cannot move to {target}: busy instance(s) {busy} "
-                  f"would have to be destroyed. Nothing was changed; wait for their jobs to end or choose a "
-                  f"layout that keeps them. ({exc})", file=sys.stderr)
-            return exc.exit_code
+        state = _node_state(args)
+        with contextlib.ExitStack() as stack:
+            if not args.dry_run:
+                _take_layout_lock(stack, state)
+            if args.ignore_bindings:
+                print(IGNORE_BINDINGS_WARNING.format(root=state.records_dir, node=_node_name(args)), file=sys.stderr)
+                held, notes = {}, []
+            else:
+                try:
+                    held, notes = _bound_instances(state, backend, args.gpu, target.model)
+                except BindingsUnreadable as exc:
+                    raise BindingsUnreadable(
+                        f"{exc}. Nothing was changed: a job may hold an instance on this node. Repair or remove "
+                        f"the record (docs/failure-modes.md), or, on a node with no jobs, pass --ignore-bindings"
+                    ) from exc
+            for note in notes:
+                print(f"slurm-mig: note: {note}", file=sys.stderr)
+            try:
+                result = apply_layout(backend, args.gpu, target, extra_busy=[*extra, *held], dry_run=args.dry_run)
+            except TransitionBlocked as exc:
+                why = {s: f" (bound to job {', '.join(held[s])})" for s in exc.blocking if s in held}
+                busy = ", ".join(f"{s}{why.get(s, '')}" for s in exc.blocking)
+                if args.json:
+                    print(json.dumps({"gpu": args.gpu, "target": str(target), "ok": False, "refused": True,
+                                      "blocking": [str(s) for s in exc.blocking],
+                                      "bound": {str(s): held[s] for s in exc.blocking if s in held},
+                                      "error": str(exc)}, indent=2))
+                print(f"slurm-mig: refused: GPU {args.gpu} cannot move to {target}: busy instance(s) {busy} "
+                      f"would have to be destroyed. Nothing was changed; wait for their jobs to end or choose a "
+                      f"layout that keeps them. ({exc})", file=sys.stderr)
+                return exc.exit_code
     finally:
         backend.close()
     if args.json:
-        print(json.dumps(result.to_json(), indent=2))
+        doc = result.to_json()
+        doc["bound"] = {str(s): jobs for s, jobs in sorted(held.items())}
+        doc["bindings_checked"] = not args.ignore_bindings
+        print(json.dumps(doc, indent=2))
     else:
         from rich.console import Console
 
@@ -197,6 +281,8 @@ def _cmd_apply(args: argparse.Namespace) -> int:
             if not args.dry_run:
                 mark += " ... " + ("ok" if step in result.done else "FAILED" if step == result.failed else "skipped")
             console.print(f"  {n}. {mark}")
+        for slot, jobs in sorted(held.items()):
+            console.print(f"  kept: {slot}, bound to job {', '.join(jobs)}", highlight=False)
         if not args.dry_run and result.after is not None:
             console.print(f"GPU {args.gpu} now: {result.after}")
     if not result.ok:
@@ -270,8 +356,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     common.add_argument("--sim-delay-scale", type=float, metavar="X",
                         help=f"multiply the simulated create/destroy times (default: ${ENV_SIM_DELAY} or 0)")
     common.add_argument("--node", metavar="NAME",
-                        help="this node's Slurm name: a {node} in [node].sim_state_path becomes NAME "
-                             "(default: $SLURMD_NODENAME or the short host name)")
+                        help="this node's Slurm name: apply honours the bindings in <[node].cache_dir>/NAME, and "
+                             "a {node} in [node].sim_state_path becomes NAME (default: $SLURMD_NODENAME or the "
+                             "short host name)")
 
     nvml = subparsers.add_parser("nvml", help="MIG GPUs through NVML (or simulated ones)",
                                  description="Look at MIG GPUs, move one to a layout, manage simulated GPUs.")
@@ -286,7 +373,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--layout", required=True, metavar="SPEC", help='e.g. "3g@0,2g@4,1g@6" or "empty"')
     p.add_argument("--dry-run", action="store_true", help="print the plan, change nothing")
     p.add_argument("--busy", action="append", metavar="SPEC",
-                   help="also treat these instances as busy (bound to a job with no process yet)")
+                   help="also treat these instances as busy (instances bound to jobs on this node are, always)")
+    p.add_argument("--ignore-bindings", action="store_true",
+                   help="do not read this node's binding records (DANGER: only on a node with no jobs)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=_cmd_apply)
 
