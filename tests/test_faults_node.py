@@ -180,6 +180,34 @@ def _run_job(rig: Rig, job_id: str, kind: str, *, exit_code: str = "0") -> None:
     assert rig.hook("epilog", job_id, SLURM_JOB_EXIT_CODE=exit_code) == 0
 
 
+class FakeClock:
+    """The hooks' ``time`` module with a clock that moves only when a hook sleeps: the Epilog's wait is
+    measured in the seconds it would take, however fast this machine is. ``at(t, fn)`` runs ``fn`` once the
+    clock reaches ``t`` (a job's leftover processes exiting); wall-clock time (end_time) stays real."""
+
+    def __init__(self):
+        self.now = 0.0
+        self.slept = 0.0
+        self.events: list = []
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+        self.slept += seconds
+        due = [e for e in self.events if e[0] <= self.now]
+        self.events = [e for e in self.events if e[0] > self.now]
+        for _, fn in due:
+            fn()
+
+    def at(self, t: float, fn) -> None:
+        self.events.append((t, fn))
+
+    def __getattr__(self, name):
+        return getattr(time, name)
+
+
 # -- the baseline: no fault ---------------------------------------------------------------
 
 def test_a_job_without_faults_binds_runs_and_records_once(rig):
@@ -374,7 +402,7 @@ def test_gpu_falls_off_the_bus_with_a_job_on_it(rig, caplog):
 def test_an_epilog_that_cannot_read_the_gpu_keeps_the_binding(rig, monkeypatch):
     """The GPU cannot be read at the job's end (lost, driver gone): nothing says its processes are gone, so
     the binding stays (no layout change may destroy the instance) while the outcome still goes out."""
-    monkeypatch.setattr(hooks.time, "sleep", lambda s: None)
+    monkeypatch.setattr(hooks, "time", FakeClock())  # the Epilog would wait for processes to exit
     rig.job("7", "3g")
     assert rig.hook("prolog", "7") == 0
     gpu = json.loads(rig.record_file("7").read_text())["instances"][0]["gpu"]
@@ -678,7 +706,7 @@ def test_an_epilog_keeps_the_binding_of_an_instance_that_still_runs_processes(ri
     the binding, so no layout change destroys its instance; the outcome is recorded all the same. The Epilog
     used to clear every mark on the job's instances before its busy check, so on the simulated GPU it never
     found one still in use and dropped the binding."""
-    monkeypatch.setattr(hooks.time, "sleep", lambda s: None)  # the Epilog's wait for processes to exit
+    monkeypatch.setattr(hooks, "time", FakeClock())  # the Epilog's wait for processes to exit
     rig.job("32", "3g")
     assert rig.hook("prolog", "32") == 0
     (b,) = json.loads(rig.record_file("32").read_text())["instances"]
@@ -698,6 +726,74 @@ def test_an_epilog_keeps_the_binding_of_an_instance_that_still_runs_processes(ri
     assert rig.hook("prolog", "33") == 0
     assert rig.hook("epilog", "33", SLURM_JOB_EXIT_CODE="0") == 0
     assert not rig.record_file("33").exists()
+
+
+def _job_with_leftover_processes(rig, job_id: str, kind: str, count: int) -> list[dict]:
+    """Run the Prolog of a ``count`` x ``kind`` job and leave a process on each of its instances (a mark
+    other than the job's own, which the Epilog clears with the job)."""
+    rig.job(job_id, kind, count)
+    assert rig.hook("prolog", job_id) == 0
+    bound = json.loads(rig.record_file(job_id).read_text())["instances"]
+    assert len(bound) == count
+    for b in bound:
+        rig.gpu.set_in_use(b["gpu"], b["uuid"], f"pid 4242, left by job {job_id}")
+    return bound
+
+
+def _count_listings(monkeypatch) -> list:
+    """Every NVML instance listing a hook makes, by GPU (the simulated backend's own, counted)."""
+    calls: list[int] = []
+    real = SimulatedBackend.instances
+
+    def counted(self, gpu):
+        calls.append(gpu)
+        return real(self, gpu)
+
+    monkeypatch.setattr(SimulatedBackend, "instances", counted)
+    return calls
+
+
+@pytest.mark.parametrize("kind,count", [("1g", 7), ("7g", 2)])
+def test_an_epilog_waits_one_bound_for_all_of_a_jobs_lingering_instances(rig, monkeypatch, caplog, kind, count):
+    """A job whose processes outlive it on every one of its instances: the Epilog waits at most 5 s in all (the
+    admin guide's figure against PrologEpilogTimeout), polling every instance together with one listing per
+    GPU per poll, then keeps the binding as for one lingering instance, and no layout change destroys any of
+    them. It used to wait 5 s for each in turn: 35 s for a mig:1g:7 job, 10 s for 2 x 7g, with one listing
+    per instance per poll."""
+    bound = _job_with_leftover_processes(rig, "40", kind, count)
+    gpus = {b["gpu"] for b in bound}
+    clock = FakeClock()
+    monkeypatch.setattr(hooks, "time", clock)
+    listings = _count_listings(monkeypatch)
+    with caplog.at_level(logging.ERROR):
+        assert rig.hook("epilog", "40", SLURM_JOB_EXIT_CODE="0") == 0
+    assert clock.slept <= 5.0, f"the Epilog waited {clock.slept:.1f} s for {count} lingering instance(s)"
+    assert clock.slept >= 4.5, "the Epilog gave up before the processes had their time to exit"
+    polls = round(clock.slept / 0.5) + 1
+    assert len([g for g in listings if g in gpus]) <= polls * len(gpus)
+    assert rig.store.outcome("40") is not None
+    assert rig.record_file("40").exists() and rig.binding_file("40").exists()
+    lingering = [r.getMessage() for r in caplog.records if "still run processes" in r.getMessage()]
+    assert len(lingering) == 1 and all(b["uuid"] in lingering[0] for b in bound)
+    monkeypatch.setattr(hooks, "time", time)  # the real clock again for the health check
+    _answer_reports_with(rig, monkeypatch, desired={str(g): "7g@0" if kind != "7g" else "1g@0" for g in gpus})
+    assert rig.report() == 0
+    for b in bound:
+        assert b["uuid"] in {i.uuid for i in rig.gpu.instances(b["gpu"]) if i.in_use}
+
+
+def test_an_epilog_releases_instances_whose_processes_exit_within_the_bound(rig, monkeypatch):
+    """Leftover processes on seven instances exit one after another, the last 3.5 s after the job: the Epilog
+    waits for the last (never releasing a busy instance), no longer, and drops the binding."""
+    bound = _job_with_leftover_processes(rig, "41", "1g", 7)
+    clock = FakeClock()
+    for k, b in enumerate(bound):
+        clock.at(0.5 * (k + 1), lambda b=b: rig.gpu.set_in_use(b["gpu"], b["uuid"], None))
+    monkeypatch.setattr(hooks, "time", clock)
+    assert rig.hook("epilog", "41", SLURM_JOB_EXIT_CODE="0") == 0
+    assert 3.5 <= clock.slept <= 4.0
+    assert not rig.record_file("41").exists() and not rig.binding_file("41").exists()
+    assert rig.store.outcome("41") is not None
 
 
 def test_a_release_the_controller_asks_for_is_confirmed_with_slurm(rig, monkeypatch, caplog):

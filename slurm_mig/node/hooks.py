@@ -566,21 +566,7 @@ def epilog(env: dict, node: Node) -> int:
     # The simulated GPU's stand-in for the job's processes ends with it; a process that outlived the job
     # (another mark) stays, and keeps the binding below, as a real GPU's leftover process does.
     node.end_job_processes(job_id, insts)
-    lingering = []
-    for i in insts:
-        # Real GPUs: processes may take a moment to exit after the job's cgroup is killed.
-        try:
-            for _ in range(10):
-                busy = [x for x in node.backend.instances(i.gpu) if x.uuid == i.uuid and x.in_use]
-                if not busy:
-                    break
-                time.sleep(0.5)
-            else:
-                lingering.append(i.to_json())
-        except Exception as exc:  # NVML cannot read the GPU (lost, driver gone): the outcome still goes out
-            log.error("job %s: cannot check %s@%d on GPU %d (%s); its binding is kept until the GPU can be read",
-                      job_id, i.profile, i.start, i.gpu, exc)
-            lingering.append(i.to_json())
+    lingering = [i.to_json() for i in _wait_for_processes(node, job_id, insts)]
     # Slurm raises SLURM_JOB_RESTART_COUNT when it requeues a job, before this Epilog runs: a binding made
     # at a lower count belongs to an attempt that was requeued (e.g. its Prolog was killed and the wrapper
     # requeued it), whose end is not the job's outcome.
@@ -606,6 +592,43 @@ def epilog(env: dict, node: Node) -> int:
     else:
         node.state.remove_binding(job_id)
     return 0
+
+
+EPILOG_WAIT_S = 5.0  # how long the Epilog waits, for all of a job's instances together, for processes to exit
+EPILOG_POLL_S = 0.5
+
+
+def _wait_for_processes(node: Node, job_id: str, insts: list) -> list:
+    """The instances of ``insts`` that still run processes after EPILOG_WAIT_S, or whose GPU cannot be read.
+
+    On a real GPU a job's processes may take a moment to exit after its cgroup is killed. Every instance is
+    polled together against one deadline, with one listing per GPU per poll, so a job with many instances
+    waits no longer than a job with one: the admin guide gives this bound against Slurm's
+    PrologEpilogTimeout. A GPU that cannot be read (lost, driver gone) is not asked again: its instances
+    count as busy, so their binding is kept until it can be read.
+    """
+    deadline = time.monotonic() + EPILOG_WAIT_S
+    waiting, unreadable = list(insts), []
+    while waiting:
+        busy = []
+        for gpu in sorted({i.gpu for i in waiting}):
+            on_gpu = [i for i in waiting if i.gpu == gpu]
+            try:
+                in_use = {x.uuid for x in node.backend.instances(gpu) if x.in_use}
+            except Exception as exc:  # noqa: BLE001 - the outcome still goes out
+                for i in on_gpu:
+                    log.error("job %s: cannot check %s@%d on GPU %d (%s); its binding is kept until the GPU "
+                              "can be read", job_id, i.profile, i.start, i.gpu, exc)
+                unreadable += on_gpu
+                continue
+            busy += [i for i in on_gpu if i.uuid in in_use]
+        waiting = busy
+        left = deadline - time.monotonic()
+        if not waiting or left <= 0:
+            break
+        time.sleep(min(EPILOG_POLL_S, left))
+    kept = {id(i) for i in waiting + unreadable}
+    return [i for i in insts if id(i) in kept]  # in the binding's order, as the controller is told
 
 
 def _hold_back(node: Node, job_id: str) -> None:
