@@ -593,6 +593,66 @@ def test_epilog_killed_after_queueing_its_outcome_is_delivered_later(rig):
     assert rig.report() == 0 and len([x for x in rig.store.outcomes() if x.job_id == "13"]) == 1
 
 
+def _lose_answers(rig, route: str) -> list[dict]:
+    """The controller handles each ``route`` message, then its answer is lost (a 500 after the work is
+    done: a dropped connection, a timeout, a restart at the wrong moment). Returns the payloads seen."""
+    handle, seen = rig.srv.routes[route], []
+
+    def lost(payload, principal):
+        seen.append(payload)
+        handle(payload, principal)
+        raise RuntimeError("answer lost for the test")
+
+    rig.srv.routes[route] = lost
+    return seen
+
+
+def _events_of(rig, job_id: str, kind: str) -> list[str]:
+    return [e.message for e in rig.store.recent_events(200, job_id=job_id) if e.kind == kind]
+
+
+def test_an_epilog_delivered_again_after_its_answer_was_lost_writes_its_events_once(rig):
+    rig.job("32", "1g")
+    assert rig.hook("prolog", "32") == 0
+    seen = _lose_answers(rig, "/v1/epilog")
+    assert rig.hook("epilog", "32", SLURM_JOB_EXIT_CODE="0") == 0  # the client's retry is a second delivery
+    assert len(list((rig.tmp / "node" / "n1" / "outbox").glob("*.json"))) == 1
+    rig.srv.routes["/v1/epilog"] = rig.ctl.on_epilog
+    assert rig.report() == 0  # the outbox sends it a third time, and this answer arrives
+    assert len(_events_of(rig, "32", "end")) == 1, _events_of(rig, "32", "end")
+    assert len(seen) == 2 and len({p.get("message_id") for p in seen}) == 1
+    assert len([o for o in rig.store.outcomes() if o.job_id == "32"]) == 1
+    assert list((rig.tmp / "node" / "n1" / "outbox").glob("*.json")) == []
+
+
+def test_a_bound_message_queued_after_a_lost_answer_writes_its_start_event_once(rig):
+    # send_or_queue: the direct try and the queued copy are one message, with one id.
+    rig.job("33", "1g")
+    _lose_answers(rig, "/v1/bound")
+    assert rig.hook("prolog", "33") == 0
+    rig.srv.routes["/v1/bound"] = rig.ctl.on_bound
+    assert rig.report() == 0
+    assert len(_events_of(rig, "33", "start")) == 1, _events_of(rig, "33", "start")
+    assert list((rig.tmp / "node" / "n1" / "outbox").glob("*.json")) == []
+
+
+def test_a_message_without_an_id_from_an_older_node_still_writes_its_events(rig):
+    rig.job("34", "1g")
+    assert rig.hook("prolog", "34") == 0
+    insts = [i.to_json() for i in rig.live("34")]
+    for _ in range(2):
+        rig.ctl.on_epilog({"job_id": "34", "node": "n1", "exit_code": 0, "instances": insts}, None)
+    assert len(_events_of(rig, "34", "end")) == 2
+
+
+@pytest.mark.parametrize("mid", ["../x", "AB" * 16, "ab", 7])
+def test_a_message_id_that_is_not_lowercase_hex_is_refused(rig, mid):
+    from slurm_mig.api.server import RequestRejected
+
+    with pytest.raises(RequestRejected, match="message_id"):
+        rig.ctl.on_epilog({"job_id": "35", "node": "n1", "message_id": mid}, None)
+
+
 def test_a_late_node_made_binding_does_not_bring_an_ended_job_back(rig):
     rig.job("14", "3g")
     rig.srv.stop()  # controller down: the Prolog binds an existing instance by itself and queues /v1/bound

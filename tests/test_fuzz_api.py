@@ -194,6 +194,7 @@ fields = {
     "results": st.lists(result, max_size=3) | json_any, "exit_code": number | scalar,
     "derived_ec": number | scalar, "end_time": number | scalar, "local": scalar,
     "lingering": instances, "time": number, "bound_at": number,
+    "message_id": st.sampled_from(["0" * 32, "ab" * 8]) | text | json_any, "message_at": number | scalar,
 }
 # Mostly a good node and job id, so the hostile fields reach the handlers' inner code.
 payload = (st.fixed_dictionaries({"node": good_node, "job_id": good_job}, optional=fields)

@@ -557,6 +557,15 @@ def test_events(db):
     assert [e.message for e in db.recent_events(job_id="2")] == ["event 2"]
 
 
+def test_a_node_message_is_found_by_the_id_its_events_carry(db):
+    mid = "ab" * 16
+    db.add_event("end", "job 1 ended", {"message": mid}, job_id="1", now=100.0)
+    db.add_event("end", "job 2 ended", {"i": 2}, job_id="2", now=200.0)
+    assert db.message_seen(mid) and db.message_seen(mid, since=99.0)
+    assert not db.message_seen(mid, since=101.0)  # only events from `since` on are searched
+    assert not db.message_seen("cd" * 16)
+
+
 def test_node_state(db):
     db.upsert_node("n1", state="drain", health="ECC errors", health_detail={"xid": 48})
     n = db.node("n1")

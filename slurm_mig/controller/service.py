@@ -51,6 +51,9 @@ EPILOG_GRACE_S = 60.0
 TAKEN_TASK_MEMORY_S = 120.0
 # How often one tick decides again when Slurm keeps starting jobs on nodes whose counts it is lowering.
 WITHDRAW_ROUNDS = 3
+# How far before a node message's own time (the node's clock) its earlier deliveries' events are looked for:
+# node and controller clocks may differ (HMAC refuses a request more than [auth].max_clock_skew_s off).
+MESSAGE_CLOCK_MARGIN_S = 600.0
 
 
 @dataclass
@@ -902,6 +905,11 @@ class Controller:
             return [e for e in open_entries if e.id in ids]
         return [e for e in open_entries if not gpus or e.gpu in gpus]
 
+    def _message_events(self, message: tuple[str | None, float | None], now: float) -> "_MessageEvents":
+        """The event writer of a node message (``_v_message``); call inside the handler's transaction."""
+        margin = max(MESSAGE_CLOCK_MARGIN_S, 2 * float(self.cfg.auth.max_clock_skew_s))
+        return _MessageEvents(self.store, *message, now, margin)
+
     def _finish_reconfig(self, entry_id: int, state: str, **kw):
         """journal_finish(), and the reconfiguration's duration (start -> finish) into
         slurm_mig_reconfiguration_seconds (done and failed ones; abandoned ones never ran)."""
@@ -1222,11 +1230,13 @@ class Controller:
         observed_at = _v_time(payload.get("observed_at"), "observed_at")
         if local and not insts:
             raise _rejected("instances: a binding made by the node alone must list its instances")
+        message = _v_message(payload)
         now = self.clock()
         # When the node bound it: a binding it made alone may be delivered long after, from its outbox.
         bound_at = min(_v_time(payload.get("bound_at"), "bound_at") or now, now)
         detail = self._slurm_detail(job_id) if local else None
         with self.store.transaction():
+            events = self._message_events(message, now)
             if local:
                 # Bound by the node alone while we were down: adopt it.
                 if not self.store.get_job(job_id):
@@ -1240,14 +1250,14 @@ class Controller:
                     # said it ended, while we never saw it run): history only, but its start time is known now.
                     self.store._x("UPDATE jobs SET start_time = COALESCE(start_time, ?), node = COALESCE(node, ?) "
                                   "WHERE job_id = ?", (bound_at, node, job_id))
-                    self.store.add_event("late", f"job {job_id}: node-made binding on {node} reported after the "
-                                         f"job ended", node=node, job_id=job_id, now=now)
+                    events.add("late", f"job {job_id}: node-made binding on {node} reported after the "
+                               f"job ended", node=node, job_id=job_id, now=now)
                     return {"ok": True}
                 try:
                     self.store.bind(job_id, node, insts, now=now)
                 except SlurmMigError as exc:
-                    self.store.add_event("conflict", f"job {job_id} bound locally on {node}: {exc}", node=node,
-                                         job_id=job_id, now=now)
+                    events.add("conflict", f"job {job_id} bound locally on {node}: {exc}", node=node,
+                               job_id=job_id, now=now)
                 self.store.set_job_state(job_id, "RUNNING", now=bound_at, node=node, reason="bound by the node alone")
             for i in insts:
                 self.store._x("UPDATE bindings SET uuid = ? WHERE job_id = ? AND node = ? AND gpu = ? AND start = ? "
@@ -1262,17 +1272,19 @@ class Controller:
                 now_layout = self.store.observed_layout(node, e.gpu)
                 if now_layout is not None and str(now_layout) == e.to_layout:
                     self._finish_reconfig(e.id, "done", outcome=f"applied by the prolog of job {job_id}", now=now)
-            self.store.add_event("start", f"job {job_id} started on {node} with "
-                                 + ", ".join(f"{i['profile']}@{i['gpu']}:{i['start']}" for i in insts),
-                                 node=node, job_id=job_id, now=now)
+            events.add("start", f"job {job_id} started on {node} with "
+                       + ", ".join(f"{i['profile']}@{i['gpu']}:{i['start']}" for i in insts),
+                       node=node, job_id=job_id, now=now)
         return {"ok": True}
 
     def on_bind_failed(self, payload: dict, principal) -> dict:
         node = self._check_node(payload, principal)
         job_id = self._check_job(payload)
         results = _v_results(payload.get("results"), need_gpu=False)
+        message = _v_message(payload)
         now = self.clock()
         with self.store.transaction():
+            events = self._message_events(message, now)
             # Only this node's binding: a late message about an earlier attempt must not free a later one.
             self.store.release(job_id, node=node, now=now)
             job = self.store.get_job(job_id)
@@ -1281,9 +1293,10 @@ class Controller:
             gpus = {r["gpu"] for r in results if r["gpu"] is not None}
             for e in self._entries_of(node, job_id, gpus):
                 self._finish_reconfig(e.id, "failed", error=str(results)[:2000], now=now)
-            self.store.add_event("bind-failed", f"job {job_id} on {node}: {results}"[:2000],
-                                 node=node, job_id=job_id, now=now)
-        self.metrics.inc("slurm_mig_hook_errors_total", (("kind", "bind_failed"),))
+            events.add("bind-failed", f"job {job_id} on {node}: {results}"[:2000],
+                       node=node, job_id=job_id, now=now)
+        if not events.seen:  # counted once per failure, not per delivery
+            self.metrics.inc("slurm_mig_hook_errors_total", (("kind", "bind_failed"),))
         return {"ok": True}
 
     def on_epilog(self, payload: dict, principal) -> dict:
@@ -1297,7 +1310,9 @@ class Controller:
         lingering = _v_instances(payload.get("lingering"), "lingering")
         unreadable = _v_bool(payload.get("binding_unreadable"), "binding_unreadable")
         requeued = _v_bool(payload.get("requeued"), "requeued")
+        message = _v_message(payload)
         with self.store.transaction():
+            events = self._message_events(message, now)
             job = self.store.get_job(job_id)
             if unreadable and not insts:
                 insts = [b.to_json() for b in self.store.bound_instances(job_id)]  # the node's file was damaged
@@ -1309,17 +1324,17 @@ class Controller:
                 # The job runs (or ran) on another node: this is a stale attempt's Epilog, or a node speaking
                 # beyond itself. It may not end the job there, record its outcome or free its instances.
                 where = ", ".join(sorted(bound_on)) or job.node
-                self.store.add_event("conflict", f"job {job_id}: an Epilog from {node}, where it is not bound "
-                                     f"(it is on {where}); ignored", node=node, job_id=job_id, now=now)
+                events.add("conflict", f"job {job_id}: an Epilog from {node}, where it is not bound "
+                           f"(it is on {where}); ignored", node=node, job_id=job_id, now=now)
                 log.warning("job %s: Epilog from %s ignored: the job is bound on %s", job_id, node, where)
                 return {"ok": True, "recorded": False}
             if requeued:
                 # This attempt was requeued (by its Prolog's wrapper after a crash, an admin, a node failure):
                 # it is not how the job ended. Its instances are free; the outcome waits for the final run.
                 self.store.release(job_id, node=node, starts=[(i["gpu"], i["start"]) for i in insts], now=now)
-                self.store.add_event("requeue", f"job {job_id}: an attempt on {node} ended by a requeue; its "
-                                     f"instances are released, the outcome waits for the run that completes",
-                                     node=node, job_id=job_id, now=now)
+                events.add("requeue", f"job {job_id}: an attempt on {node} ended by a requeue; its "
+                           f"instances are released, the outcome waits for the run that completes",
+                           node=node, job_id=job_id, now=now)
                 return {"ok": True, "recorded": False}
             state = "COMPLETED" if exit_code == 0 else "FAILED"
             recorded = self.store.record_outcome(job_id, state=state, exit_code=exit_code,
@@ -1328,10 +1343,10 @@ class Controller:
                 self.store.set_job_state(job_id, state, now=now, exit_code=exit_code)
             self.store.release(job_id, node=node, starts=[(i["gpu"], i["start"]) for i in insts], now=now)
             if lingering:
-                self.store.add_event("lingering", f"job {job_id} ended with processes left on {lingering}",
-                                     node=node, job_id=job_id, now=now)
-            self.store.add_event("end", f"job {job_id} ended on {node} (exit {format_exit_status(exit_code)})", node=node,
-                                 job_id=job_id, now=now)
+                events.add("lingering", f"job {job_id} ended with processes left on {lingering}",
+                           node=node, job_id=job_id, now=now)
+            events.add("end", f"job {job_id} ended on {node} (exit {format_exit_status(exit_code)})", node=node,
+                       job_id=job_id, now=now)
         if recorded:
             self.metrics.inc("slurm_mig_jobs_finished_total", (("state", state),))
             if job.start_time and job.submit_time:
@@ -1400,8 +1415,10 @@ class Controller:
         results = _v_results(payload.get("results"), need_gpu=True)
         observed = _v_observed(payload.get("observed"))
         observed_at = _v_time(payload.get("observed_at"), "observed_at")
+        message = _v_message(payload)
         now = self.clock()
         with self.store.transaction():
+            events = self._message_events(message, now)
             # The GPUs as the apply left them: the journal entries close below, and without this the policy
             # would see the layout from before the change until the next health check (30 s by default).
             self._store_observed(node, observed, observed_at)
@@ -1412,9 +1429,10 @@ class Controller:
                     if e.gpu == gi:
                         self._finish_reconfig(e.id, "done" if ok else "failed",
                                               outcome=r["done"], error=r["error"], now=now)
-                self.metrics.inc("slurm_mig_reconfigurations_total", (("result", "ok" if ok else "failed"),))
-                self.store.add_event("applied", f"{node}/{gi}: {r['before']} -> {r['after']}"
-                                     + ("" if ok else f" FAILED: {r['error']}"), node=node, now=now)
+                if not events.seen:  # counted once per change, not per delivery
+                    self.metrics.inc("slurm_mig_reconfigurations_total", (("result", "ok" if ok else "failed"),))
+                events.add("applied", f"{node}/{gi}: {r['before']} -> {r['after']}"
+                           + ("" if ok else f" FAILED: {r['error']}"), node=node, now=now)
         return {"ok": True}
 
 
@@ -1427,6 +1445,30 @@ class _Plan:
     used: object = None
     latency: float = 0.0
     changes: list = field(default_factory=list)  # (LayoutChange, layout now, steps) that change something
+
+
+class _MessageEvents:
+    """The events of one node message, written once however often the message is delivered.
+
+    A node re-sends a message whose answer it did not get (its client retries once; the outbox sends it
+    again at the next hook or health check), each time with a fresh credential, so the channel's replay
+    check cannot tell it from a new request. The node gives each message an id (``message_id``) and its
+    own time (``message_at``); the events of a delivery carry the id in their details, and a later
+    delivery that finds them writes none. Create it inside the handler's transaction. A message without
+    an id (from an older node) has its events written at each delivery, as before.
+    """
+
+    def __init__(self, store, message_id: str | None, message_at: float | None, now: float, margin_s: float):
+        self.store, self.id = store, message_id
+        since = None if message_at is None else min(message_at, now) - margin_s
+        self.seen = message_id is not None and store.message_seen(message_id, since=since)
+
+    def add(self, kind: str, message: str, *, node: str | None = None, job_id: str | None = None,
+            now: float | None = None) -> None:
+        """Store.add_event(), unless an earlier delivery of this message wrote its events."""
+        if not self.seen:
+            self.store.add_event(kind, message, {"message": self.id} if self.id else None, node=node,
+                                 job_id=job_id, now=now)
 
 
 def _load_ended(store) -> dict[str, tuple[float, tuple | None]]:
@@ -1539,6 +1581,17 @@ def _v_time(value, what: str) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1e11:
         raise _rejected(f"{what}: expected a time in seconds since the epoch, got {_show(value)}")
     return float(value)
+
+
+_MESSAGE_ID = re.compile(r"[0-9a-f]{16,64}")
+
+
+def _v_message(payload: dict) -> tuple[str | None, float | None]:
+    """(message_id, message_at) of a node message (see _MessageEvents); (None, None) from an older node."""
+    message_id = payload.get("message_id")
+    if message_id is not None and (not isinstance(message_id, str) or not _MESSAGE_ID.fullmatch(message_id)):
+        raise _rejected(f"message_id: expected 16 to 64 lowercase hex digits, got {_show(message_id)}")
+    return message_id, _v_time(payload.get("message_at"), "message_at")
 
 
 def _v_text(value, what: str, *, optional: bool = True, max_len: int = MAX_TEXT) -> str | None:

@@ -183,7 +183,10 @@ class Node:
         """Deliver a message, or keep it: in the outbox when the controller is unreachable (sent later),
         as ``<outbox>/*.refused`` for an admin when the controller refused it (an outcome is never dropped)."""
         from slurm_mig.api.client import ControllerRefused, ControllerUnavailable
+        from slurm_mig.node.localstate import identified
 
+        # The id goes with the first try: the controller may have handled it when only its answer was lost.
+        payload = identified(payload)
         try:
             return self.client.call(route, payload)
         except ControllerUnavailable as exc:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import secrets
 import tempfile
 import time
 from dataclasses import dataclass
@@ -112,6 +113,15 @@ def _atomic_write(path: Path, data: bytes, mode: int, uid: int | None = None, gi
             os.close(fd)
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def identified(payload: dict) -> dict:
+    """``payload`` with an id of its own (``message_id``) and the node's time (``message_at``), added once:
+    every delivery of a message (a retry, the outbox re-sending one whose answer was lost) carries the
+    same id, so the controller writes its events once (controller.service._MessageEvents)."""
+    if "message_id" in payload:
+        return payload
+    return {**payload, "message_id": secrets.token_hex(16), "message_at": time.time()}
 
 
 class NodeState:
@@ -311,10 +321,11 @@ class NodeState:
 
     # -- outbox --------------------------------------------------------------
     def enqueue(self, path: str, payload: dict) -> Path:
-        """Keep a message for the controller until it can be delivered (at-least-once; the controller dedupes)."""
+        """Keep a message for the controller until it can be delivered (at-least-once; the controller dedupes
+        by the message's id, see :func:`identified`)."""
         name = f"{time.time_ns():020d}-{os.getpid()}.json"
         target = self.outbox_dir / name
-        _atomic_write(target, json.dumps({"path": path, "payload": payload}).encode(), 0o600)
+        _atomic_write(target, json.dumps({"path": path, "payload": identified(payload)}).encode(), 0o600)
         return target
 
     def pending_messages(self) -> list[tuple[Path, str, dict]]:

@@ -1172,6 +1172,17 @@ class Store:
                         (cutoff,)).rowcount
         return {"decisions": d, "events": e, "journal": j}
 
+    def message_seen(self, message_id: str, *, since: float | None = None) -> bool:
+        """Has an event been written for the node message ``message_id`` (``details["message"]``, see
+        controller.service._MessageEvents)? Only events from ``since`` on are searched (None: all), which
+        keeps the look-up to the events_time index's recent rows. Ask inside the transaction that writes
+        the message's events, so that a second delivery cannot slip in between."""
+        where, params = "json_extract(details, '$.message') = ?", [str(message_id)]
+        if since is not None:
+            where, params = "time >= ? AND " + where, [float(since), *params]
+        with self.snapshot():
+            return bool(self._q(f"SELECT 1 FROM events WHERE {where} LIMIT 1", params))
+
     def add_event(self, kind: str, message: str, details: dict | None = None, *, node: str | None = None,
                   job_id: str | None = None, now: float | None = None) -> int:
         with self.transaction():
