@@ -61,6 +61,22 @@ def test_jobs(cfg, capsys):
     assert rc == 2 and "unknown state BOGUS" in err
 
 
+def test_jobs_and_explain_json_give_the_exit_status_as_sacct_does_beside_the_raw_one(cfg, capsys, tmp_path):
+    # The raw field is the wait status (768 for `exit 3`); text output and sacct say "3:0".
+    with open_store(tmp_path / "state.db") as s:
+        s.upsert_job("301", profile="1g", user="alice", now=NOW - 60)
+        s.set_job_state("301", "RUNNING", now=NOW - 50, node="gpu01")
+        s.set_job_state("301", "FAILED", now=NOW - 10, exit_code=768)
+        s.record_outcome("301", state="FAILED", exit_code=768, now=NOW - 10)
+    rc, out, _ = run(capsys, "--config", cfg, "jobs", "--state", "done", "--json")
+    assert rc == 0 and [(j["exit_code"], j["exit"]) for j in json.loads(out)] == [(768, "3:0")]
+    rc, out, _ = run(capsys, "--config", cfg, "jobs", "--state", "pending", "--json")
+    assert {j["exit"] for j in json.loads(out)} == {None}  # not ended: no status, not "unknown"
+    rc, out, _ = run(capsys, "--config", cfg, "explain", "301", "--json")
+    data = json.loads(out)
+    assert data["job"]["exit"] == data["outcome"]["exit"] == "3:0" and data["outcome"]["exit_code"] == 768
+
+
 def test_nodes(cfg, capsys):
     rc, out, _ = run(capsys, "--config", cfg, "nodes", "--width", "100")
     assert rc == 0

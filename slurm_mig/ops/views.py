@@ -403,6 +403,12 @@ def hot_nodes(nodes: list[dict]) -> list[dict]:
 
 # -- jobs -----------------------------------------------------------------------------------
 
+def exit_json(status: int | None) -> str | None:
+    """A wait status for JSON as sacct prints it ("3:0" for 768), None when unknown; scripts get the
+    raw status beside it as ``exit_code``."""
+    return None if status is None else format_exit_status(status)
+
+
 def job_dict(job, now: float, reservation: dict | None = None) -> dict:
     """A store Job as JSON, with wait and run times."""
     start = job.start_time
@@ -420,7 +426,8 @@ def job_dict(job, now: float, reservation: dict | None = None) -> dict:
         "submit_time": job.submit_time, "start_time": start, "end_time": job.end_time,
         "wait_s": wait, "run_s": run, "time_limit_s": job.time_limit_s, "node": job.node,
         "instances": [i.to_json() for i in job.instances], "priority_order": job.priority_order,
-        "exit_code": job.exit_code, "reserved": reservation, "blocked": job.blocked,
+        "exit_code": job.exit_code, "exit": exit_json(job.exit_code), "reserved": reservation,
+        "blocked": job.blocked,
     }
 
 
@@ -941,6 +948,7 @@ def explain_view(store, job_id: str, *, now: float | None = None, max_options: i
     return {
         "job": info,
         "outcome": None if outcome is None else {"state": outcome.state, "exit_code": outcome.exit_code,
+                                                 "exit": exit_json(outcome.exit_code),
                                                  "wait_s": outcome.wait_s, "run_s": outcome.run_s,
                                                  "end_time": outcome.end_time},
         "decisions": {"count": len(decisions), "spans": spans},
