@@ -93,3 +93,48 @@ def test_a_later_runs_end_does_not_rewrite_the_outcome_of_the_run_recorded_for_t
     ctl.tick()
     assert ctl.store.get_job("3").state == "CANCELLED"
     assert [(o.state, o.end_time) for o in ctl.store.outcomes()] == [("COMPLETED", end1)]
+
+
+# -- slurm_mig_jobs_finished_total counts the end state Slurm gives, not the Epilog's guess ------------
+
+def _finished(ctl) -> dict[str, float]:
+    return {labels[0][1]: v for (name, labels), v in ctl.metrics.counters.items()
+            if name == "slurm_mig_jobs_finished_total" and v}
+
+
+def _epilog_says_completed(ctl, job_id: str) -> float:
+    """Job ``job_id`` ran on n1 and its Epilog reported exit status 0, through the node API."""
+    now = time.time()
+    ctl.store.upsert_job(job_id, profile="1g", submit_time=now - 100, now=now - 100)
+    ctl.store.set_job_state(job_id, "RUNNING", now=now - 90, node="n1")
+    assert ctl.on_epilog({"job_id": job_id, "node": "n1", "exit_code": 0, "end_time": now,
+                          "instances": [{"gpu": 0, "profile": "1g.10gb", "start": 0}]}, None)["recorded"]
+    return now
+
+
+@pytest.mark.parametrize("state", ["CANCELLED", "TIMEOUT"])
+def test_jobs_finished_counts_slurms_end_state_not_the_epilogs(ctl, state):
+    end = _epilog_says_completed(ctl, "3")
+    ctl.slurm.queue = [_listed(3, state, end)]
+    ctl.tick()
+    assert _finished(ctl) == {state: 1.0}
+    ctl.tick()  # counted once
+    assert _finished(ctl) == {state: 1.0}
+
+
+def test_jobs_finished_counts_the_epilogs_state_when_slurm_agrees(ctl):
+    end = _epilog_says_completed(ctl, "3")
+    ctl.slurm.queue = [_listed(3, "COMPLETED", end)]
+    ctl.tick()
+    ctl.tick()
+    assert _finished(ctl) == {"COMPLETED": 1.0}
+
+
+def test_jobs_finished_counts_the_epilogs_state_once_slurm_has_forgotten_the_job(ctl):
+    t = [_epilog_says_completed(ctl, "3")]
+    ctl.clock = lambda: t[0]
+    ctl.tick()  # Slurm lists nothing (purged after MinJobAge): its word may still come from a late squeue
+    assert _finished(ctl) == {}
+    t[0] += 61
+    ctl.tick()
+    assert _finished(ctl) == {"COMPLETED": 1.0}

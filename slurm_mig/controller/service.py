@@ -51,6 +51,9 @@ EPILOG_GRACE_S = 60.0
 TAKEN_TASK_MEMORY_S = 120.0
 # How often one tick decides again when Slurm keeps starting jobs on nodes whose counts it is lowering.
 WITHDRAW_ROUNDS = 3
+# An outcome an Epilog reported is counted in slurm_mig_jobs_finished_total once a tick has seen Slurm list
+# the job as ended (so with Slurm's state where it corrected the Epilog's), or this long after it was recorded.
+END_STATE_WAIT_S = 60.0
 # How far before a node message's own time (the node's clock) its earlier deliveries' events are looked for:
 # node and controller clocks may differ (HMAC refuses a request more than [auth].max_clock_skew_s off).
 MESSAGE_CLOCK_MARGIN_S = 600.0
@@ -212,6 +215,9 @@ class Controller:
         # a controller restarted in between would otherwise record the outcome without its exit status.
         self._ended_since: dict[str, tuple[float, tuple | None]] = _load_ended(store)
         self._ended_saved = dict(self._ended_since)
+        # job -> when its Epilog's outcome was recorded, not yet counted in jobs_finished_total (_final_end_states).
+        self._unconfirmed: dict[str, float] = {}
+        self._unconfirmed_lock = threading.Lock()
         self._gres_warned: set[str] = set()
         self._gres_checked: set[str] = set()  # nodes told once about missing or too little mig:pad
         self._invalid_reg: set[str] = set()  # nodes Slurm drained for a mig GRES count below the layout's
@@ -269,10 +275,11 @@ class Controller:
             lost = self._lost_epilogs(jobs, now) if jobs is not None else {}
             ended, saved = dict(self._ended_since), self._ended_saved
             finished: list[str] = []  # states of the jobs settled below, counted once the transaction commits
+            listed_ended: set[str] = set()
             try:
                 with self.store.transaction():
                     if jobs is not None:
-                        self._sync_jobs(jobs, now, queried_at)
+                        listed_ended = self._sync_jobs(jobs, now, queried_at)
                         finished = self._settle_lost_epilogs(lost, now)
                         if self._ended_since != self._ended_saved:
                             self.store.set_meta("ended_since", {j: [first, list(rec) if rec else None]
@@ -289,6 +296,8 @@ class Controller:
                 self._ended_since = {**ended, **self._ended_since}
                 self._ended_saved = saved
                 raise
+            if jobs is not None:
+                finished += self._final_end_states(listed_ended, now)
             for state in finished:
                 self.metrics.inc("slurm_mig_jobs_finished_total", (("state", state),))
             gres_now = {n.name: {t: n.gres.get(t, 0) for t in GRES_TYPES} for n in nodes or []}
@@ -324,8 +333,9 @@ class Controller:
                                  (0.01, 0.05, 0.1, 0.5, 1, 5))
             return summary
 
-    def _sync_jobs(self, jobs, now: float, queried_at: float) -> None:
-        seen = set()
+    def _sync_jobs(self, jobs, now: float, queried_at: float) -> set[str]:
+        """Bring the store's jobs in line with Slurm's answer ``jobs``; returns the ids Slurm lists as ended."""
+        seen, ended = set(), set()
         order = []
         mine = [j for j in sorted(jobs, key=lambda j: (-(j.priority or 0), j.submit_time or 0, j.job_id))
                 if j.wants_mig and self._manages(j.partition)]
@@ -344,6 +354,8 @@ class Controller:
         for entry in [e for e in entries if e.job_id not in taken]:
             j, job_id = entry.job, entry.job_id
             seen.add(job_id)
+            if j.state in TERMINAL:
+                ended.add(job_id)
             try:
                 kind, count = mig_size_request(j.mig)
             except ValueError as exc:
@@ -406,6 +418,21 @@ class Controller:
             if lives_on and self.store.forget_pending_job(job.job_id):
                 continue
             self.store.set_job_state(job.job_id, "CANCELLED", now=now, reason="no longer in Slurm's queue")
+        return ended
+
+    def _final_end_states(self, listed_ended: set[str], now: float) -> list[str]:
+        """The end states of Epilog-reported outcomes that are final now, each given once, to be counted in
+        jobs_finished_total: the job is in ``listed_ended`` (Slurm lists it as ended, and this tick's
+        _sync_jobs has put Slurm's state over the Epilog's where they differ), or its outcome was recorded
+        END_STATE_WAIT_S ago (Slurm forgot the job, or runs the id again). Call once the tick's transaction
+        has committed, and only on a tick whose Slurm query succeeded."""
+        with self._unconfirmed_lock:
+            due = [j for j, at in self._unconfirmed.items() if j in listed_ended or now - at >= END_STATE_WAIT_S]
+        states = [o.state for o in map(self.store.outcome, due) if o is not None]
+        with self._unconfirmed_lock:
+            for job_id in due:
+                self._unconfirmed.pop(job_id, None)
+        return states
 
     def _eligible(self, entries, now: float) -> dict[str, tuple[str, ...] | None]:
         """Each pending queue entry's nodes (None: any), worked out once per kind of request: a queue is
@@ -1348,7 +1375,10 @@ class Controller:
             events.add("end", f"job {job_id} ended on {node} (exit {format_exit_status(exit_code)})", node=node,
                        job_id=job_id, now=now)
         if recorded:
-            self.metrics.inc("slurm_mig_jobs_finished_total", (("state", state),))
+            # Counted in jobs_finished_total once its end state is final (_final_end_states): the Epilog reads
+            # exit status 0 for a job cancelled or timed out, and a counter cannot take a job back.
+            with self._unconfirmed_lock:
+                self._unconfirmed[job_id] = now
             if job.start_time and job.submit_time:
                 self.metrics.observe("slurm_mig_wait_seconds", max(0.0, job.start_time - job.submit_time),
                                      (1, 5, 15, 30, 60, 300, 900, 3600))
