@@ -135,40 +135,36 @@ def _install(args) -> int:
         v_json = {"version": "default", "active": True}
     else:
         v_json = st.install(target).to_json()
-    pin = _pinned(args)
+    pin = pinned_by(args)
     if args.json:
         print(json.dumps({**v_json, "pinned_by": pin or None}))
     elif pin:
         print(f"active policy version: {target}")
     else:
         print(f"active policy version: {target} (the controller's rl policy reloads it within seconds)")
-    _warn_if_pinned(pin)
+    warn_if_pinned(pin)
     return 0
 
 
-def _pinned(args) -> str:
-    """What makes the rl policy run another model than the store's active version ('' when nothing)."""
-    import os
+def pinned_by(args) -> str:
+    """What makes the rl policy run another model than the store's active version ('' when nothing):
+    the environment, else the model_path of ``args.config`` when given, else of the config found."""
+    from slurm_mig.policies.rl import model_pin
 
-    env = os.environ.get("SLURM_MIG_RL_MODEL")
-    if env:
-        return f"$SLURM_MIG_RL_MODEL={env}"
+    config_path = None
     if getattr(args, "config", None):
         from slurm_mig.config import load_config
         from slurm_mig.errors import SlurmMigError
 
         try:
-            path = load_config(args.config).policy.model_path
+            config_path = load_config(args.config).policy.model_path
         except SlurmMigError:
-            path = ""
-    else:
-        from slurm_mig.policies.rl import _config_model_path
-
-        path = _config_model_path()
-    return f"[policy].model_path = {path}" if path else ""
+            config_path = ""
+    return model_pin(config_path)
 
 
-def _warn_if_pinned(pin: str) -> None:
+def warn_if_pinned(pin: str) -> None:
+    """Say on stderr that ``pin`` (from :func:`pinned_by`) keeps the controller off the store's version."""
     # Installing succeeds either way; an admin who expects the new version to run must hear that it will not.
     if pin:
         print(f"slurm-mig: warning: {pin} pins the rl policy's model, so the controller keeps running that "
@@ -224,5 +220,5 @@ def _retrain(args) -> int:
     else:
         print(mod.format_report(report))
     if report.get("decision") == "installed":
-        _warn_if_pinned(_pinned(args))
+        warn_if_pinned(pinned_by(args))
     return 0

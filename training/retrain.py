@@ -341,9 +341,9 @@ def main(argv: list[str] | None = None) -> int:
                 log=None if a.json else (lambda m: print(m, file=sys.stderr)))
     print(json.dumps(r, default=str) if a.json else format_report(r))
     if a.install and r.get("decision") == "installed":
-        from slurm_mig.policy_cli import _pinned, _warn_if_pinned
+        from slurm_mig.policy_cli import pinned_by, warn_if_pinned
 
-        _warn_if_pinned(_pinned(a))
+        warn_if_pinned(pinned_by(a))
     return 0
 
 

@@ -242,6 +242,22 @@ def _config_model_path() -> str:
         return ""
 
 
+def _pins(config_model_path: str | None = None) -> list[tuple[str, str]]:
+    """The settings that pin the rl policy's model over the store, in the order they win: (what, path)."""
+    config = _config_model_path() if config_model_path is None else config_model_path
+    return [("$SLURM_MIG_RL_MODEL=", os.environ.get("SLURM_MIG_RL_MODEL") or ""),
+            ("[policy].model_path = ", config or "")]
+
+
+def model_pin(config_model_path: str | None = None) -> str:
+    """What makes the rl policy run another model than the store's active version ('' when nothing),
+    e.g. ``$SLURM_MIG_RL_MODEL=/x.onnx``; ``config_model_path`` stands for the found config's setting."""
+    for what, path in _pins(config_model_path):
+        if path:
+            return what + path
+    return ""
+
+
 def resolve_model_path(explicit: str | Path | None = None, *, candidate: bool = False) -> Path:
     """Which model file the ``rl`` (or ``rl-candidate``) policy uses now (see module doc)."""
     if candidate:
@@ -250,7 +266,7 @@ def resolve_model_path(explicit: str | Path | None = None, *, candidate: bool = 
             raise PolicyModelError(f"no candidate model in the policy store {store_dir()} "
                                    "(`slurm-mig policy retrain` writes one)")
         return c
-    for p in (explicit, os.environ.get("SLURM_MIG_RL_MODEL"), _config_model_path()):
+    for p in (explicit, *(path for _, path in _pins())):
         if p:
             return Path(p)
     active = _store_active(store_dir())
