@@ -79,20 +79,23 @@ def test_an_earlier_run_of_a_reused_id_does_not_rewrite_this_ones_end(ctl):
     assert [o.state for o in ctl.store.outcomes()] == ["COMPLETED"]
 
 
-def test_a_later_runs_end_does_not_rewrite_the_outcome_of_the_run_recorded_for_the_id(ctl):
-    # Run 1 completed and its outcome was recorded (once per job id). The id ran again (requeued after it
-    # ended, or reused) and that run was cancelled: the job says CANCELLED, run 1's outcome stays COMPLETED.
+def test_slurms_end_state_corrects_only_the_latest_runs_outcome(ctl):
+    # Run 1 completed and its outcome was recorded. The id ran again (requeued after it ended, or reused)
+    # and that run was cancelled: its own outcome is recorded (it was dropped when outcomes were one per
+    # job id) and corrected to CANCELLED; run 1's outcome stays COMPLETED.
     end1 = time.time() - 3600
     _ended_by_epilog(ctl.store, "3", end1)
     ctl.store.restart_job("3", now=end1 + 10, reason="live again")
     end2 = time.time() - 5
     ctl.store.set_job_state("3", "RUNNING", now=end2 - 90, node="n1")
-    assert not ctl.store.record_outcome("3", state="COMPLETED", exit_code=0, end_time=end2, now=end2)
+    assert ctl.store.record_outcome("3", state="COMPLETED", exit_code=0, end_time=end2, now=end2)
     ctl.store.set_job_state("3", "COMPLETED", now=end2, exit_code=0)
     ctl.slurm.queue = [_listed(3, "CANCELLED", end2 + 1)]
     ctl.tick()
     assert ctl.store.get_job("3").state == "CANCELLED"
-    assert [(o.state, o.end_time) for o in ctl.store.outcomes()] == [("COMPLETED", end1)]
+    assert [(o.run, o.state, o.end_time) for o in ctl.store.outcomes()] == [(1, "COMPLETED", end1),
+                                                                           (2, "CANCELLED", end2)]
+    assert ctl.store.outcome("3").state == "CANCELLED"
 
 
 # -- slurm_mig_jobs_finished_total counts the end state Slurm gives, not the Epilog's guess ------------

@@ -122,6 +122,27 @@ def test_explain(cfg, capsys):
     assert rc != 0 and "no record of job 999" in err
 
 
+def test_explain_says_which_run_of_a_reused_job_id_the_outcome_is(cfg, tmp_path, capsys):
+    # Job 301 ran, ended, and its id is live again (reused, or requeued after it ended).
+    with open_store(tmp_path / "state.db") as s:
+        s.upsert_job("301", profile="1g", submit_time=NOW - 900, now=NOW - 900)
+        s.set_job_state("301", "RUNNING", now=NOW - 800, node="gpu01")
+        s.record_outcome("301", state="COMPLETED", exit_code=0, end_time=NOW - 700, now=NOW - 700)
+        s.set_job_state("301", "COMPLETED", now=NOW - 700, exit_code=0)
+        s.restart_job("301", now=NOW - 600, reason="live in Slurm again")
+    rc, out, _ = run(capsys, "--config", cfg, "explain", "301")
+    assert rc == 0 and "outcome of an earlier run of this id (run 1): COMPLETED, exit code 0:0" in out
+    with open_store(tmp_path / "state.db") as s:
+        s.set_job_state("301", "RUNNING", now=NOW - 500, node="gpu01")
+        s.record_outcome("301", state="FAILED", exit_code=256, end_time=NOW - 100, now=NOW - 100)
+        s.set_job_state("301", "FAILED", now=NOW - 100, exit_code=256)
+    rc, out, _ = run(capsys, "--config", cfg, "explain", "301")
+    assert rc == 0 and "outcome (run 2 of this id): FAILED, exit code 1:0" in out
+    rc, out, _ = run(capsys, "--config", cfg, "explain", "301", "--json")
+    o = json.loads(out)["outcome"]
+    assert (o["state"], o["run_s"], o["run"], o["earlier_run"]) == ("FAILED", 400.0, 2, False)
+
+
 def test_explain_replay(cfg, capsys):
     pytest.importorskip("slurm_mig.sim.engine")
     rc, out, _ = run(capsys, "--config", cfg, "explain", "201", "--replay", "--width", "100")

@@ -421,6 +421,43 @@ def test_retrain_without_the_alibaba_trace_never_draws_an_alibaba_episode(tmp_pa
         got["sample"](rng)
 
 
+def test_retrains_trace_has_both_runs_of_a_reused_job_id(tmp_path, monkeypatch):
+    """A job id that ran twice (Slurm reused it, or requeued it after it ended): its second run's outcome
+    was dropped, so the trace lacked it; both are jobs of the history now, under ids of their own."""
+    import training.retrain as retrain_mod
+    from slurm_mig.store import open_store
+
+    got = {}
+
+    class Stop(Exception):
+        pass
+
+    def fake_train(args, *, vcases, **kw):
+        got["history"] = vcases[0].workload
+        raise Stop
+
+    monkeypatch.setattr(retrain_mod, "train", fake_train)
+    db = tmp_path / "state.db"
+    _fill_db(db)
+    store = open_store(str(db))
+    store.upsert_job("500", profile="3g", submit_time=900.0, time_limit_s=600.0, now=900.0)
+    for start, end in ((905.0, 950.0), (965.0, 995.0)):  # before the others: in the history
+        if start > 905.0:
+            store.restart_job("500", now=960.0, reason="live in Slurm again")
+        store.set_job_state("500", "RUNNING", now=start, node="n1")
+        assert store.record_outcome("500", state="COMPLETED", exit_code=0, end_time=end, now=end)
+        store.set_job_state("500", "COMPLETED", now=end)
+    store.close()
+    said = []
+    with pytest.raises(Stop):
+        retrain_mod.retrain(db, store=tmp_path / "store", out=tmp_path / "work", log=said.append)
+    assert said[0].startswith("42 outcomes from")
+    ids = [j.job_id for j in got["history"].jobs]
+    assert len(ids) == len(set(ids))
+    runs = {j.job_id: j.duration_s for j in got["history"].jobs if j.job_id.startswith("500")}
+    assert runs == {"500": 45.0, "500#2": 30.0}
+
+
 def test_guard_training_with_no_multi_gpu_query_says_so(tmp_path, capsys):
     """A played.json where no multi-GPU job was ever blocked gave a torch error ("cannot sample
     n_sample <= 0 samples"); it is now said in words."""

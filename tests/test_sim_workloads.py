@@ -203,6 +203,31 @@ def test_replay_of_a_real_state_store(tmp_path):
     assert got == {"101": ("2g", 1, 0.0, 300.0, 900.0), "102": ("7g", 2, 20.0, 15.0, None)}
 
 
+def test_replay_has_each_run_of_a_reused_job_id_as_a_job_of_its_own(tmp_path):
+    """The retraining trace: a job id Slurm reused (or requeued after it ended) ran twice; its second run
+    was missing (one outcome per job id), and two jobs of one id would be one to the simulator."""
+    store_mod = pytest.importorskip("slurm_mig.store")
+    path = tmp_path / "slurm-mig.db"
+    store = store_mod.open_store(path)
+    try:
+        for submit, start, end in ((50.0, 60.0, 360.0), (1000.0, 1030.0, 1090.0)):
+            if submit > 50.0:
+                store.restart_job("101", now=submit, reason="live in Slurm again")
+            else:
+                store.upsert_job("101", profile="2g", submit_time=submit, time_limit_s=900.0, now=submit)
+            store.set_job_state("101", "RUNNING", now=start, node="n1")
+            assert store.record_outcome("101", state="COMPLETED", exit_code=0, end_time=end, now=end)
+            store.set_job_state("101", "COMPLETED", now=end)
+        store.record_outcome("102", state="FAILED", profile="7g.80gb", count=2, submit_time=70.0, start_time=80.0,
+                             end_time=95.0, now=400.0)
+    finally:
+        store.close()
+    w = load_outcomes_db(path)
+    got = {j.job_id: (j.profile, j.count, j.submit_time, j.duration_s, j.time_limit_s) for j in w.jobs}
+    assert got == {"101": ("2g", 1, 0.0, 300.0, 900.0), "102": ("7g", 2, 20.0, 15.0, None),
+                   "101#2": ("2g", 1, 0.0, 60.0, 900.0)}
+
+
 def test_simulate_db_replays_on_the_sites_gpus(tmp_path, capsys):
     """`simulate --db` (and the command `explain` prints) used to replay any site on 1 node x 8 H100-80GB:
     an A30 site's 4g jobs (a whole A30) became half an H100, and 3 nodes' history queued on one."""

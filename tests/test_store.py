@@ -504,6 +504,121 @@ def test_outcome_for_a_job_the_store_never_saw(db):
         db.record_outcome("100", state="FAILED", profile="1g", colour="red")
 
 
+def _one_run(db, job_id: str, start: float, end: float, state: str = "COMPLETED") -> bool:
+    """The job runs from ``start`` and its Epilog reports at ``end``: record_outcome's result."""
+    db.set_job_state(job_id, "RUNNING", now=start, node="n1")
+    recorded = db.record_outcome(job_id, state=state, exit_code=0 if state == "COMPLETED" else 1, end_time=end,
+                                 now=end)
+    db.set_job_state(job_id, state, now=end)
+    return recorded
+
+
+def test_each_run_of_a_reused_job_id_has_its_own_outcome(db):
+    """Slurm reuses job ids (a fresh StateSaveLocation, MaxJobId wrapping, a requeue after the end): the
+    second run's outcome was dropped, as outcomes were recorded once per job id."""
+    db.upsert_job("7", profile="3g", submit_time=10.0, user="ann")
+    assert _one_run(db, "7", 40.0, 100.0)
+    db.restart_job("7", now=500.0, reason="live in Slurm again")
+    assert _one_run(db, "7", 600.0, 900.0, state="FAILED")
+    assert db.get_job("7").run == 2
+    got = [(o.job_id, o.run, o.state, o.start_time, o.end_time, o.run_s) for o in db.outcomes()]
+    assert got == [("7", 1, "COMPLETED", 40.0, 100.0, 60.0), ("7", 2, "FAILED", 600.0, 900.0, 300.0)]
+    assert (db.outcome("7").run, db.outcome("7").state) == (2, "FAILED")  # the latest run's
+    assert db.db.execute("SELECT COUNT(*) FROM outcomes").fetchone()[0] == 2
+
+
+def test_the_same_run_reported_twice_is_still_one_outcome(db):
+    # Slurm's record settled the run (lost Epilog), then the Epilog's own report arrived from the outbox;
+    # and an Epilog re-sent. Each run once, the first word kept.
+    db.upsert_job("7", profile="1g", submit_time=10.0)
+    assert _one_run(db, "7", 40.0, 100.0, state="FAILED")
+    assert db.record_outcome("7", state="COMPLETED", exit_code=0, end_time=101.0, now=120.0) is False
+    db.restart_job("7", now=500.0, reason="live in Slurm again")
+    assert _one_run(db, "7", 600.0, 900.0)
+    assert db.record_outcome("7", state="COMPLETED", exit_code=0, end_time=900.0, now=950.0) is False
+    assert [(o.run, o.state, o.end_time) for o in db.outcomes()] == [(1, "FAILED", 100.0), (2, "COMPLETED", 900.0)]
+
+
+def test_a_job_row_made_again_for_an_id_with_outcomes_is_a_later_run(db):
+    # A revived job's row, forgotten while pending (an array task Slurm runs under an id of its own), then
+    # listed again: numbered after the runs recorded, so its outcome is not taken for theirs.
+    db.upsert_job("7", profile="1g", submit_time=10.0)
+    assert _one_run(db, "7", 40.0, 100.0)
+    db.restart_job("7", now=500.0, reason="live in Slurm again")
+    assert db.forget_pending_job("7")
+    db.upsert_job("7", profile="1g", submit_time=600.0)
+    assert _one_run(db, "7", 700.0, 800.0)
+    assert db.get_job("7").run == 2
+    assert [o.run for o in db.outcomes()] == [1, 2]
+
+
+def test_correct_end_state_corrects_only_the_current_runs_outcome(db):
+    db.upsert_job("7", profile="1g", submit_time=10.0)
+    assert _one_run(db, "7", 40.0, 100.0)
+    db.restart_job("7", now=500.0, reason="live in Slurm again")
+    assert _one_run(db, "7", 600.0, 900.0)
+    assert db.correct_end_state("7", "TIMEOUT", now=901.0)
+    assert [(o.run, o.state) for o in db.outcomes()] == [(1, "COMPLETED"), (2, "TIMEOUT")]
+    assert db.get_job("7").state == "TIMEOUT"
+    assert not db.correct_end_state("7", "CANCELLED", now=902.0)  # not COMPLETED or FAILED any more
+    assert [o.state for o in db.outcomes()] == ["COMPLETED", "TIMEOUT"]
+
+
+def _version_3_store(path):
+    """A version-3 database with outcomes written as version 3's code wrote them (one per job id)."""
+    old = open_store(path, migrate=False)
+    assert migrate(old.db, target=3) == [1, 2, 3]
+    jobs = [  # job_id, state, start_time: 41 ended; 42 runs again; 43 ran again and ended, its outcome lost
+        ("41", "COMPLETED", 20.0), ("42", "PENDING", None), ("43", "CANCELLED", 300.0), ("44", "RUNNING", 30.0)]
+    for job_id, state, start in jobs:
+        old.db.execute("INSERT INTO jobs (job_id, profile, state, submit_time, start_time, updated_at) "
+                       "VALUES (?, '3g', ?, 5.0, ?, 5.0)", (job_id, state, start))
+    for job_id, start, end in (("41", 20.0, 80.0), ("42", 25.0, 90.0), ("43", 30.0, 70.0), ("99", 1.0, 2.0)):
+        old.db.execute("INSERT INTO outcomes (job_id, profile, count, gpus, instances, user, submit_time, "
+                       "start_time, end_time, wait_s, run_s, exit_code, state, recorded_at) VALUES "
+                       "(?, '3g', 1, '[0]', '[]', 'ann', 5.0, ?, ?, ?, ?, 0, 'COMPLETED', ?)",
+                       (job_id, start, end, start - 5.0, end - start, end))
+    old.close()
+
+
+def test_version_3_outcomes_migrate_to_one_per_run(tmp_path):
+    path = tmp_path / "state.db"
+    _version_3_store(path)
+    new = open_store(path)  # migrates on open
+    assert new.schema_version == LATEST_VERSION
+    got = [(o.job_id, o.run, o.state, o.start_time, o.end_time, o.run_s) for o in new.outcomes()]
+    assert got == [("99", 1, "COMPLETED", 1.0, 2.0, 1.0), ("43", 1, "COMPLETED", 30.0, 70.0, 40.0),
+                   ("41", 1, "COMPLETED", 20.0, 80.0, 60.0), ("42", 1, "COMPLETED", 25.0, 90.0, 65.0)]
+    assert {(o.user, o.gpus, o.wait_s) for o in new.outcomes() if o.job_id == "41"} == {("ann", (0,), 15.0)}
+    # The recorded outcome is run 1; a job already running again is on run 2, one that never did on run 1.
+    assert {j: new.get_job(j).run for j in ("41", "42", "43", "44")} == {"41": 1, "42": 2, "43": 2, "44": 1}
+    assert "outcomes_end" in {r["name"] for r in new.db.query("SELECT name FROM sqlite_master WHERE type = 'index'")}
+    assert not new.record_outcome("41", state="FAILED", exit_code=1)  # its run's outcome is in
+    assert _one_run(new, "42", 200.0, 260.0)  # the run that went on
+    assert [(o.run, o.end_time) for o in new.outcomes() if o.job_id == "42"] == [(1, 90.0), (2, 260.0)]
+    with pytest.raises(StoreError, match="UNIQUE"):
+        with new.transaction():
+            new._x("INSERT INTO outcomes (job_id, run, profile, count, state, recorded_at) "
+                   "VALUES ('41', 1, '3g', 1, 'FAILED', 0)")
+    new.close()
+
+
+def test_outcomes_of_a_version_3_database_read_without_migrating_it(tmp_path):
+    # The read-only views (`slurm-mig explain`) open the database without migrating it: before the
+    # controller is restarted on the new version it has no run column.
+    from slurm_mig.ops import views as V
+
+    path = tmp_path / "state.db"
+    _version_3_store(path)
+    os.chmod(path, 0o600)
+    ro = V.open_readonly(path)
+    assert ro.schema_version == 3
+    assert (ro.outcome("42").run, ro.outcome("42").end_time) == (1, 90.0)
+    assert [o.job_id for o in ro.outcomes()] == ["99", "43", "41", "42"]
+    assert V.explain_view(ro, "42", now=100.0)["outcome"]["run"] == 1
+    ro.close()
+
+
 # -- journal, desired layouts, events, decisions ------------------------------------
 
 def test_reconfiguration_journal(db):

@@ -375,7 +375,10 @@ def explain_lines(ex: dict, width: int = 100, now: float | None = None) -> list[
     add(times)
     if ex["outcome"]:
         o = ex["outcome"]
-        add(f"  outcome: {o['state']}, exit code {V.fmt_exit(o['exit_code'])} (exit:signal, as sacct prints it)")
+        which = (f" of an earlier run of this id (run {o['run']})" if o.get("earlier_run")
+                 else f" (run {o['run']} of this id)" if o.get("run", 1) > 1 else "")
+        add(f"  outcome{which}: {o['state']}, exit code {V.fmt_exit(o['exit_code'])} "
+            "(exit:signal, as sacct prints it)")
     add("")
     add("In short: " + ex["verdict"])
     add("")

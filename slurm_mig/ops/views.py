@@ -947,10 +947,12 @@ def explain_view(store, job_id: str, *, now: float | None = None, max_options: i
                                   "t0": s.t0, "t1": s.t1, "job_id": s.job_id} for s in segs]}
     return {
         "job": info,
+        # The latest recorded run's; an earlier run's while the id runs again (a reused id, a requeue).
         "outcome": None if outcome is None else {"state": outcome.state, "exit_code": outcome.exit_code,
                                                  "exit": exit_json(outcome.exit_code),
                                                  "wait_s": outcome.wait_s, "run_s": outcome.run_s,
-                                                 "end_time": outcome.end_time},
+                                                 "end_time": outcome.end_time, "run": outcome.run,
+                                                 "earlier_run": outcome.run != job.run},
         "decisions": {"count": len(decisions), "spans": spans},
         "policy_saw": saw,
         "reconfigurations": reconfigs,

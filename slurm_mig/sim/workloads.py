@@ -516,7 +516,9 @@ def load_outcomes_db(
     """Replay the jobs recorded in the state DB's ``outcomes`` table.
 
     Reads job_id, profile, count, submit_time, start_time, end_time (and
-    time_limit_s, run_s when present) with a plain sqlite3 query. Run time =
+    time_limit_s, run_s, run when present) with a plain sqlite3 query. Each
+    run of a reused job id is a job of its own: the first keeps the id, a
+    later one is named ``<id>#<run>`` (the simulator keys jobs by id). Run time =
     end_time - start_time (or run_s); submit_time falls back to start_time.
     Rows without a usable run time, with an unknown profile, or with a value
     that is not a number (text in a time column) are skipped and counted in
@@ -537,14 +539,14 @@ def load_outcomes_db(
         if not cols:
             raise ConfigError(f"{path} has no {table!r} table (is it a slurm-mig state DB?)")
         want = [c for c in ("job_id", "profile", "count", "submit_time", "start_time", "end_time",
-                            "time_limit_s", "run_s") if c in cols]
+                            "time_limit_s", "run_s", "run") if c in cols]
         if "job_id" not in want or "profile" not in want:
             raise ConfigError(f"{path}:{table} lacks job_id/profile columns")
         for row in con.execute(f"SELECT {', '.join(want)} FROM {table}"):
             r = dict(zip(want, row))
             try:  # SQLite keeps whatever a column was given: a text time must not end the whole replay
                 r.update({k: _number(r.get(k)) for k in ("count", "submit_time", "start_time", "end_time",
-                                                          "time_limit_s", "run_s")})
+                                                          "time_limit_s", "run_s", "run")})
             except ValueError:
                 skipped["not_a_number"] += 1
                 continue
@@ -561,7 +563,9 @@ def load_outcomes_db(
             submit = r.get("submit_time")
             if submit is None:
                 submit = start if start is not None else 0.0
-            jobs.append(Job(str(r["job_id"]), float(submit), kind, int(r.get("count") or 1), float(run),
+            nth = int(r.get("run") or 1)
+            name = str(r["job_id"]) if nth <= 1 else f"{r['job_id']}#{nth}"
+            jobs.append(Job(name, float(submit), kind, int(r.get("count") or 1), float(run),
                             r.get("time_limit_s"), speed))
     except sqlite3.Error as exc:
         raise ConfigError(f"cannot read {table} from {path}: {exc}") from exc

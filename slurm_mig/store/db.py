@@ -281,6 +281,7 @@ def _row_job(r: dict) -> Job:
         exit_code=r["exit_code"], updated_at=r["updated_at"],
         # Absent from a version-2 database that the read-only views open without migrating it.
         blocked=r.get("blocked"),
+        run=r.get("run") or 1,  # absent before version 4
     )
 
 
@@ -697,8 +698,10 @@ class Store:
         t = _now(now)
         with self.transaction():
             self._x(
+                # A new row for an id with outcomes (its old row was forgotten) is a later run of the id.
                 "INSERT INTO jobs (job_id, user, name, partition, profile, count, time_limit_s, state, submit_time, "
-                "priority_order, updated_at, blocked) VALUES (?, ?, ?, ?, ?, ?, ?, 'PENDING', ?, ?, ?, ?) "
+                "priority_order, updated_at, blocked, run) VALUES (?, ?, ?, ?, ?, ?, ?, 'PENDING', ?, ?, ?, ?, "
+                "(SELECT COALESCE(MAX(o.run), 0) + 1 FROM outcomes o WHERE o.job_id = ?)) "
                 "ON CONFLICT(job_id) DO UPDATE SET user = excluded.user, name = excluded.name, "
                 "partition = excluded.partition, profile = excluded.profile, count = excluded.count, "
                 "time_limit_s = excluded.time_limit_s, "
@@ -708,7 +711,7 @@ class Store:
                 "reason = CASE WHEN jobs.blocked IS NOT NULL AND excluded.blocked IS NULL AND jobs.state = 'PENDING' "
                 "THEN '' ELSE jobs.reason END",
                 (job_id, user, name, partition, profile, int(count), time_limit_s,
-                 t if submit_time is None else submit_time, priority_order, t, blocked),
+                 t if submit_time is None else submit_time, priority_order, t, blocked, job_id),
             )
             if blocked is not None:
                 # What `jobs` and `explain` show; the policy's next word replaces it once it may start.
@@ -751,11 +754,13 @@ class Store:
                 self.release(job_id, now=t)
 
     def restart_job(self, job_id: str, *, now: float | None = None, reason: str) -> None:
-        """A job that ended here runs again under the same id: PENDING afresh, without the ended run's node,
-        exit code and instances (its outcome row stays)."""
+        """A job that ended here runs again under the same id: PENDING afresh as its next run, without the
+        ended run's node, exit code and instances (its outcome row stays, the next run gets its own)."""
         with self.transaction():
             self.set_job_state(job_id, "PENDING", now=now, reason=reason)
-            self._x("UPDATE jobs SET node = NULL, exit_code = NULL, instances = '[]' WHERE job_id = ?", (str(job_id),))
+            # run + 1 whether or not the ended run recorded an outcome: a number is never given twice.
+            self._x("UPDATE jobs SET node = NULL, exit_code = NULL, instances = '[]', run = run + 1 "
+                    "WHERE job_id = ?", (str(job_id),))
 
     def forget_pending_job(self, job_id: str) -> bool:
         """Delete a PENDING job that holds no binding (an array task Slurm now runs under an id of its
@@ -947,24 +952,25 @@ class Store:
     # -- outcomes --------------------------------------------------------------
     def correct_end_state(self, job_id: str, state: str, *, now: float | None = None) -> bool:
         """Slurm's own word on how a job ended (CANCELLED, TIMEOUT, ...) over the one its Epilog gave: an
-        Epilog sees exit status 0 for a job cancelled or timed out. Changes the job and its outcome when
-        they say COMPLETED or FAILED; True when it changed anything."""
+        Epilog sees exit status 0 for a job cancelled or timed out. Changes the job and its current run's
+        outcome when they say COMPLETED or FAILED (an earlier run's keeps its end); True when it changed
+        anything."""
         _check_state(state, TERMINAL_STATES, "end state")
         job_id = str(job_id)
         with self.transaction():
             a = self._x("UPDATE jobs SET state = ?, updated_at = ? WHERE job_id = ? AND state IN ('COMPLETED', "
                         "'FAILED') AND state != ?", (state, _now(now), job_id, state)).rowcount
-            # The outcome is recorded once per job id: when it is an earlier run's (the id ran again), it
-            # keeps that run's end. Its start time is the run's it was taken from.
             b = self._x("UPDATE outcomes SET state = ? WHERE job_id = ? AND state IN ('COMPLETED', 'FAILED') "
-                        "AND state != ? AND start_time IS (SELECT j.start_time FROM jobs j WHERE j.job_id = ?)",
+                        "AND state != ? AND run = (SELECT j.run FROM jobs j WHERE j.job_id = ?)",
                         (state, job_id, state, job_id)).rowcount
         return bool(a or b)
 
     def record_outcome(self, job_id: str, *, state: str, exit_code: int | None = None,
                        derived_exit_code: int | None = None, end_time: float | None = None,
                        now: float | None = None, **fields: Any) -> bool:
-        """Record how ``job_id`` ended, exactly once: True when written, False if it already was.
+        """Record how the current run of ``job_id`` ended, exactly once per run: True when written, False
+        if it already was. The run is the jobs row's (schema migration 4); without a jobs row there is no
+        telling runs apart, and it counts as the latest run recorded.
 
         Missing fields (profile, count, node, instances, user, partition,
         time_limit_s, submit/start times) come from the jobs row; ``fields``
@@ -979,10 +985,12 @@ class Store:
         job_id = str(job_id)
         t = _now(now)
         with self.transaction():
-            if self._q("SELECT 1 FROM outcomes WHERE job_id = ?", (job_id,)):
-                return False
             rows = self._q("SELECT * FROM jobs WHERE job_id = ?", (job_id,))
             job = _row_job(rows[0]) if rows else None
+            run = rows[0]["run"] if rows else self._q(
+                "SELECT COALESCE(MAX(run), 1) AS run FROM outcomes WHERE job_id = ?", (job_id,))[0]["run"]
+            if self._q("SELECT 1 FROM outcomes WHERE job_id = ? AND run = ?", (job_id, run)):
+                return False
             if job is None and "profile" not in fields:
                 raise StoreError(f"cannot record an outcome for unknown job {job_id} without its profile")
             v: dict[str, Any] = {}
@@ -998,25 +1006,29 @@ class Store:
             wait_s = max(0.0, start - submit) if start is not None and submit is not None else None
             run_s = (end - start) if start is not None and end is not None else None
             cur = self._x(
-                "INSERT INTO outcomes (job_id, profile, count, node, gpus, instances, user, partition, time_limit_s, "
-                "submit_time, start_time, end_time, wait_s, run_s, exit_code, derived_exit_code, state, recorded_at) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(job_id) DO NOTHING",
-                (job_id, v["profile"], int(v.get("count") or 1), v.get("node"), dumps(list(gpus)),
+                "INSERT INTO outcomes (job_id, run, profile, count, node, gpus, instances, user, partition, "
+                "time_limit_s, submit_time, start_time, end_time, wait_s, run_s, exit_code, derived_exit_code, "
+                "state, recorded_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                "ON CONFLICT(job_id, run) DO NOTHING",
+                (job_id, int(run), v["profile"], int(v.get("count") or 1), v.get("node"), dumps(list(gpus)),
                  dumps([i.to_json() for i in instances]), v.get("user") or "", v.get("partition") or "",
                  v.get("time_limit_s"), submit, start, end, wait_s, run_s, exit_code, derived_exit_code, state, t),
             )
             return cur.rowcount == 1
 
     def outcome(self, job_id: str) -> Outcome | None:
+        """The outcome of the latest recorded run of ``job_id`` (None if no run of it was recorded)."""
         rows = self._outcomes("WHERE job_id = ?", (str(job_id),))
-        return rows[0] if rows else None
+        return max(rows, key=lambda o: o.run) if rows else None
 
     def outcomes(self, *, since: float | None = None, limit: int | None = None) -> list[Outcome]:
-        """Recorded outcomes by end time (optionally those ending at or after ``since``)."""
+        """Recorded outcomes, every run of every job id, by end time (optionally those ending at or after
+        ``since``)."""
         where, params = "", []
         if since is not None:
             where, params = "WHERE end_time >= ?", [since]
-        tail = " ORDER BY end_time, job_id" + (" LIMIT ?" if limit is not None else "")
+        # rowid: the order runs were recorded in, and a column a version-3 database (read unmigrated) has.
+        tail = " ORDER BY end_time, job_id, rowid" + (" LIMIT ?" if limit is not None else "")
         if limit is not None:
             params.append(int(limit))
         return self._outcomes(where + tail, params)
@@ -1031,6 +1043,8 @@ class Store:
             start_time=r["start_time"], end_time=r["end_time"], wait_s=r["wait_s"], run_s=r["run_s"],
             exit_code=r["exit_code"], derived_exit_code=r["derived_exit_code"], state=r["state"],
             recorded_at=r["recorded_at"],
+            # Absent from a version-3 database that the read-only views open without migrating it.
+            run=r.get("run") or 1,
         ) for r in rows]
 
     # -- decisions -------------------------------------------------------------

@@ -47,6 +47,7 @@ class Job:
     exit_code: int | None
     updated_at: float
     blocked: str | None = None  # why Slurm will not start it now (held, dependency, ...); None: it may
+    run: int = 1  # which run of the job id this row tracks now (ids are reused; Store.restart_job)
 
 
 @dataclass(frozen=True)
@@ -178,6 +179,7 @@ class Outcome:
     derived_exit_code: int | None
     state: str
     recorded_at: float
+    run: int = 1  # which run of the job id (ids are reused): 1, 2, ... in the order they ran
 
 
 @dataclass(frozen=True)

@@ -211,10 +211,63 @@ _V3_BLOCKED_JOBS = """
 ALTER TABLE jobs ADD COLUMN blocked TEXT;
 """
 
+_V4_OUTCOME_RUNS = """
+-- One outcome per run of a job id, not one per id: Slurm reuses ids (a controller rebuilt with a fresh
+-- StateSaveLocation, ids wrapping at MaxJobId, a job requeued after it ended), and the outcome of the
+-- id's second run was dropped. A run is the jobs row's ``run``: 1 for its first, one more each time the
+-- id runs again after it ended here (Store.restart_job). The Epilog's report carries nothing that tells
+-- runs apart, and the jobs row's start_time is no key: it is NULL for a run whose Epilog arrived before
+-- a tick saw it running, so two such runs would be one. An outcome takes the run of the jobs row it is
+-- recorded from; (job_id, run) is unique, so the same run reported twice (a retried Epilog, a re-sent
+-- outbox message, an Epilog arriving after Slurm's own record settled the run) still writes one row.
+ALTER TABLE jobs ADD COLUMN run INTEGER NOT NULL DEFAULT 1 CHECK (run >= 1);
+
+CREATE TABLE outcomes_v4 (
+    job_id        TEXT NOT NULL,
+    run           INTEGER NOT NULL DEFAULT 1 CHECK (run >= 1),  -- the jobs row's run it was recorded from
+    profile       TEXT NOT NULL,
+    count         INTEGER NOT NULL,
+    node          TEXT,
+    gpus          TEXT NOT NULL DEFAULT '[]',        -- JSON [gpu index, ...]
+    instances     TEXT NOT NULL DEFAULT '[]',        -- JSON [{gpu, profile, start, uuid}]
+    user          TEXT NOT NULL DEFAULT '',
+    partition     TEXT NOT NULL DEFAULT '',
+    time_limit_s  REAL,
+    submit_time   REAL,
+    start_time    REAL,
+    end_time      REAL,
+    wait_s        REAL,
+    run_s         REAL,
+    exit_code     INTEGER,
+    derived_exit_code INTEGER,
+    state         TEXT NOT NULL,
+    recorded_at   REAL NOT NULL,
+    PRIMARY KEY (job_id, run)                        -- recorded exactly once per run
+);
+INSERT INTO outcomes_v4 (job_id, run, profile, count, node, gpus, instances, user, partition, time_limit_s,
+                         submit_time, start_time, end_time, wait_s, run_s, exit_code, derived_exit_code, state,
+                         recorded_at)
+    SELECT job_id, 1, profile, count, node, gpus, instances, user, partition, time_limit_s, submit_time,
+           start_time, end_time, wait_s, run_s, exit_code, derived_exit_code, state, recorded_at
+    FROM outcomes ORDER BY rowid;
+DROP TABLE outcomes;
+ALTER TABLE outcomes_v4 RENAME TO outcomes;
+CREATE INDEX outcomes_end ON outcomes(end_time);
+
+-- A job already running again when this version came (its id's one outcome is an earlier run's: the job
+-- is live, or ended with another start time, which is the run the outcome was taken from) is on run 2.
+UPDATE jobs SET run = 2 WHERE EXISTS (
+    SELECT 1 FROM outcomes o WHERE o.job_id = jobs.job_id AND (
+        jobs.state NOT IN ('COMPLETED', 'FAILED', 'CANCELLED', 'TIMEOUT', 'NODE_FAIL', 'PREEMPTED',
+                           'OUT_OF_MEMORY', 'BOOT_FAIL', 'DEADLINE')
+        OR o.start_time IS NOT jobs.start_time));
+"""
+
 MIGRATIONS: tuple[Migration, ...] = (
     (1, "base tables", _V1_BASE),
     (2, "indexes for the controller tick; meta table", _V2_INDEXES_AND_META),
     (3, "jobs.blocked: pending jobs Slurm will not start now", _V3_BLOCKED_JOBS),
+    (4, "outcomes: one per run of a job id (ids are reused); jobs.run", _V4_OUTCOME_RUNS),
 )
 
 LATEST_VERSION = MIGRATIONS[-1][0]
