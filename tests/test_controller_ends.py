@@ -98,6 +98,22 @@ def test_slurms_end_state_corrects_only_the_latest_runs_outcome(ctl):
     assert ctl.store.outcome("3").state == "CANCELLED"
 
 
+def test_a_reused_ids_new_run_waits_from_its_own_submission(ctl):
+    # The id's new run kept the first run's submit time: its wait (in `jobs`, `explain`, its outcome and
+    # the retrainer's trace) was counted from a submission an hour before, by another job.
+    end1 = time.time() - 3600
+    _ended_by_epilog(ctl.store, "3", end1)
+    submitted = int(time.time() - 60)
+    ctl.slurm.queue = [SlurmJob(job_id=3, state="PENDING", mig={"1g": 1}, tres_per_node="gres:mig:1g:1",
+                                submit_time=submitted, priority=1)]
+    ctl.tick()
+    job = ctl.store.get_job("3")
+    assert (job.state, job.run, job.submit_time) == ("PENDING", 2, submitted)
+    ctl.store.set_job_state("3", "RUNNING", now=submitted + 20, node="n1")
+    assert ctl.store.record_outcome("3", state="COMPLETED", exit_code=0, end_time=submitted + 50)
+    assert [(o.run, o.wait_s) for o in ctl.store.outcomes()] == [(1, 10.0), (2, 20.0)]
+
+
 # -- slurm_mig_jobs_finished_total counts the end state Slurm gives, not the Epilog's guess ------------
 
 def _finished(ctl) -> dict[str, float]:

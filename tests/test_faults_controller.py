@@ -837,8 +837,9 @@ def test_a_job_id_slurm_uses_again_after_it_ended_here_is_a_new_run(rig, seen_by
     saw it waiting and its Prolog's bind failed ("it already ended"): answered 500, every time (found in
     review). Now it is tracked as a new run, with what Slurm says it asks for now."""
     t = _job_5_ended_here(rig, "7g", "COMPLETED", 0)
+    submitted = int(t[0]) - 5
     new = SlurmJob(job_id=5, name="again", user="zoe", state="PENDING", mig={"3g": 1},
-                   tres_per_node="gres:mig:3g:1", submit_time=int(t[0]) - 5, priority=20)
+                   tres_per_node="gres:mig:3g:1", submit_time=submitted, priority=20)
     rig.fake.queue = [new]
     if seen_by == "tick":
         rig.tick()
@@ -846,12 +847,16 @@ def test_a_job_id_slurm_uses_again_after_it_ended_here_is_a_new_run(rig, seen_by
         assert job.state == "PENDING" and job.profile == "3g" and job.end_time is None, job
         assert [j.job_id for j in rig.store.pending_jobs(include_bound=True)] == ["5"]
     else:
+        local = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(submitted))  # as scontrol prints it
         rig.fake.scontrol_show_job = lambda job_id: JobDetail(job_id=5, state="RUNNING", nodes=["n1"],
-                                                              mig={"3g": 1})
+                                                              mig={"3g": 1}, fields={"SubmitTime": local})
     status, resp = post(rig, "/v1/prolog", {"job_id": "5", "node": "n1", "observed": OBSERVED, "bindings": {}})
     assert status == 200 and resp["action"] == "bind", resp
     assert resp["instances"][0]["profile"] == "3g.40gb"
-    assert rig.store.get_job("5").state == "RUNNING" and rig.store.bound_instances("5")
+    job = rig.store.get_job("5")
+    assert job.state == "RUNNING" and rig.store.bound_instances("5")
+    # The new run: numbered, and waiting from its own submission, not the ended run's (15 min before).
+    assert (job.run, job.submit_time) == (2, submitted)
     # The old run's outcome is kept.
     assert rig.store.outcome("5").profile == "7g"
 

@@ -212,7 +212,7 @@ def test_replay_has_each_run_of_a_reused_job_id_as_a_job_of_its_own(tmp_path):
     try:
         for submit, start, end in ((50.0, 60.0, 360.0), (1000.0, 1030.0, 1090.0)):
             if submit > 50.0:
-                store.restart_job("101", now=submit, reason="live in Slurm again")
+                store.restart_job("101", now=submit, reason="live in Slurm again", submit_time=submit)
             else:
                 store.upsert_job("101", profile="2g", submit_time=submit, time_limit_s=900.0, now=submit)
             store.set_job_state("101", "RUNNING", now=start, node="n1")
@@ -225,7 +225,7 @@ def test_replay_has_each_run_of_a_reused_job_id_as_a_job_of_its_own(tmp_path):
     w = load_outcomes_db(path)
     got = {j.job_id: (j.profile, j.count, j.submit_time, j.duration_s, j.time_limit_s) for j in w.jobs}
     assert got == {"101": ("2g", 1, 0.0, 300.0, 900.0), "102": ("7g", 2, 20.0, 15.0, None),
-                   "101#2": ("2g", 1, 0.0, 60.0, 900.0)}
+                   "101#2": ("2g", 1, 950.0, 60.0, 900.0)}
 
 
 def test_simulate_db_replays_on_the_sites_gpus(tmp_path, capsys):

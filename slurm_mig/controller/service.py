@@ -373,7 +373,7 @@ class Controller:
                 # Ended here before we asked Slurm, live in its answer: the id was reused (slurmctld restarted
                 # without its state) or the job was requeued after it ended. Left terminal, the policy never saw
                 # it and every Prolog's bind failed ("it already ended").
-                self._revive(job_id, now)
+                self._revive(job_id, now, submit_time=j.submit_time)
                 self._ended_since.pop(job_id, None)
                 current = self.store.get_job(job_id)
             if j.state == "PENDING":
@@ -451,10 +451,12 @@ class Controller:
             out[e.job_id] = seen[sig]
         return out
 
-    def _revive(self, job_id: str, now: float) -> None:
-        """A job the store has as ended is live in Slurm again: wait afresh, as a new run."""
+    def _revive(self, job_id: str, now: float, *, submit_time: float | None = None) -> None:
+        """A job the store has as ended is live in Slurm again: wait afresh, as a new run submitted when
+        Slurm says (a reused id is a new job; Slurm gives a requeued batch job a new submit time, so that
+        its next run is an accounting record of its own), else when the ended run was."""
         self.store.restart_job(job_id, now=now, reason="live in Slurm again after it ended here "
-                               "(job id reused, or requeued after it ended)")
+                               "(job id reused, or requeued after it ended)", submit_time=submit_time)
         self.store.add_event("reused", f"job {job_id}: live in Slurm again after it ended here; tracked as a new run",
                              job_id=job_id, now=now)
         log.warning("job %s is live in Slurm again after it ended here (id reused or requeued): tracked as a new run",
@@ -1138,7 +1140,8 @@ class Controller:
                 again = self._request_of(detail)
                 if again is None:
                     return {"action": "skip"}  # this run asks for no MIG instance (of ours)
-                self._revive(job_id, now)
+                fields = getattr(detail, "fields", None) or {}
+                self._revive(job_id, now, submit_time=local_epoch(fields.get("SubmitTime", "")))
                 self.store.upsert_job(job_id, profile=again[0], count=again[1], user=detail.user,
                                       name=detail.name, partition=detail.partition, now=now)
             req = self._job_request(job_id, detail)

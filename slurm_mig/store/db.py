@@ -753,14 +753,16 @@ class Store:
             if state in TERMINAL_STATES:
                 self.release(job_id, now=t)
 
-    def restart_job(self, job_id: str, *, now: float | None = None, reason: str) -> None:
+    def restart_job(self, job_id: str, *, now: float | None = None, reason: str,
+                    submit_time: float | None = None) -> None:
         """A job that ended here runs again under the same id: PENDING afresh as its next run, without the
-        ended run's node, exit code and instances (its outcome row stays, the next run gets its own)."""
+        ended run's node, exit code and instances (its outcome row stays, the next run gets its own).
+        ``submit_time``: the new run's, as Slurm gives it (upsert_job keeps the first one it saw)."""
         with self.transaction():
             self.set_job_state(job_id, "PENDING", now=now, reason=reason)
             # run + 1 whether or not the ended run recorded an outcome: a number is never given twice.
-            self._x("UPDATE jobs SET node = NULL, exit_code = NULL, instances = '[]', run = run + 1 "
-                    "WHERE job_id = ?", (str(job_id),))
+            self._x("UPDATE jobs SET node = NULL, exit_code = NULL, instances = '[]', run = run + 1, "
+                    "submit_time = COALESCE(?, submit_time) WHERE job_id = ?", (submit_time, str(job_id)))
 
     def forget_pending_job(self, job_id: str) -> bool:
         """Delete a PENDING job that holds no binding (an array task Slurm now runs under an id of its
