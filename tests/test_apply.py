@@ -17,7 +17,9 @@ from slurm_mig.mig.profiles import get_model
 from slurm_mig.mig.transitions import plan_transition
 from slurm_mig.nvml import (
     InsufficientResources,
+    MigModePending,
     NotSupported,
+    ResetRequired,
     apply_layout,
     assert_layout,
     observed_layout,
@@ -145,6 +147,19 @@ def test_model_mismatch_and_mig_off_are_refused(sim):
     sim.set_mig_mode(1, False)
     with pytest.raises(NotSupported):
         apply_layout(sim, 1, L("7g@0"))
+
+
+def test_a_gpu_whose_mig_mode_changes_at_its_next_reset_is_left_as_it_is(sim):
+    """`nvidia-smi -mig 0` waiting for a GPU reset read as plain "MIG on": apply_layout went on carving a GPU
+    the admin was taking out of MIG mode. Now it refuses, dry runs included; reading it still works."""
+    sim.set_in_use(0, "3g@0", "job 1")
+    sim.set_mig_mode(0, False, pending=True)
+    for dry_run in (True, False):
+        with pytest.raises(MigModePending, match="creates and destroys nothing"):
+            apply_layout(sim, 0, L("3g@0,3g@4"), dry_run=dry_run)
+    assert str(observed_layout(sim, 0)) == "3g@0,2g@4,1g@6"
+    assert not assert_layout(sim, 0, L("3g@0,2g@4,1g@6"))
+    assert isinstance(MigModePending("x"), ResetRequired)  # handled as NVML's RESET_REQUIRED is
 
 
 def test_assert_layout(sim):

@@ -22,6 +22,7 @@ from slurm_mig.api.auth import HmacAuth, create_key, load_key
 from slurm_mig.api.server import ApiServer
 from slurm_mig.config import Config
 from slurm_mig.controller.service import Controller
+from slurm_mig.mig.layout import Slot
 from slurm_mig.node import hooks
 from slurm_mig.nvml.simulated import SimulatedBackend, init_state
 from slurm_mig.store import open_store
@@ -265,6 +266,29 @@ def test_an_older_gpu_report_arriving_later_does_not_undo_a_newer_one(rig):
     assert str(rig.store.observed_layout("n1", 1)) == "7g@0"
     rig.ctl.on_report({"node": "n1", "observed": stale, "observed_at": newest + 1, "bindings": {}}, "n1")
     assert str(rig.store.observed_layout("n1", 1)) == "3g@0"
+
+
+def test_a_gpu_whose_mig_mode_changes_at_its_next_reset_is_left_as_it_is(rig):
+    """An admin ran `nvidia-smi -i 1 -mig 0` while a job runs on GPU 1: the change waits for a GPU reset.
+    The node reported the GPU as plainly MIG on, so the controller went on re-carving it and binding new
+    jobs to it. Now the node reports the pending change, and the controller leaves the GPU as it is: no
+    layout sent, no policy change or new job there, Slurm told only of the instance its job holds; that
+    instance and its job run on."""
+    for slot in ("3g@0", "2g@4", "1g@6"):
+        rig.gpu.set_in_use(0, slot, "job 8")  # GPU 0 is full
+    rig.gpu.set_in_use(1, "3g@0", "job 9")
+    rig.gpu.set_mig_mode(1, False, pending=True)
+    rig.store.set_desired("n1", 1, "3g@0,3g@4", "test")  # decided before the admin's command
+    assert rig.report() == 0
+    assert _sim_layout(rig, 1) == "3g@0,2g@4,1g@6"  # the node was not told to re-carve it
+    gpu1 = next(g for g in rig.store.observed_gpus("n1") if g.gpu == 1)
+    assert gpu1.mig_enabled and gpu1.blocked == "MIG mode changes to off at the next GPU reset"
+    assert [g.available for g in rig.store.cluster_state().gpus if g.node == "n1"] == [True, False]
+    assert str(rig.ctl.intended_layouts("n1")[1]) == "3g@0"  # GRES: the busy instance only
+    rig.job("1", "2g")  # GPU 1's idle 2g@4 is the only 2g on the node
+    assert rig.hook("prolog", "1") == 0
+    assert ("requeue", "1") in rig.slurm.calls and rig.live("1") == ()
+    assert _sim_layout(rig, 1) == "3g@0,2g@4,1g@6" and rig.gpu.owners(1) == {Slot(0, "3g.40gb"): "job 9"}
 
 
 def _journal(rig) -> list[tuple[int, int, str, str, str]]:

@@ -25,10 +25,12 @@ from slurm_mig.nvml import (
     InvalidArgument,
     MigBackend,
     MigInstance,
+    MigModePending,
     NoPermission,
     NotFound,
     NotSupported,
     NvmlError,
+    apply_layout,
     observed_layout,
 )
 from slurm_mig.nvml.simulated import SimulatedBackend, init_state
@@ -169,6 +171,15 @@ def test_the_busy_instance_is_reported_busy(ro_backend, request):
     assert busy == [Slot(4, "2g.20gb")]
 
 
+def test_the_mig_mode_is_read_with_its_pending_half(ro_backend):
+    """Read-only on a real GPU too: nvmlDeviceGetMigMode's pending value is read, and a pending change is
+    one that differs from the current mode."""
+    for g in ro_backend.gpus():
+        assert g.mig_pending is None or isinstance(g.mig_pending, bool)
+        assert g.mig_pending != g.mig_enabled
+        assert g.mig_mode.startswith("on" if g.mig_enabled else "off")
+
+
 def test_simulated_reports_the_busy_instance(tmp_path):
     backend = init_state(tmp_path / "n.json", SIM_GPUS, layouts=SIM_LAYOUTS)
     backend.set_in_use(0, "2g@4", "job 1")
@@ -264,3 +275,29 @@ def test_a_freed_place_can_be_used_by_another_profile(rw_backend):
     for start in (0, 2):
         rw_backend.create(0, Slot(start, "2g"))
     assert observed_layout(rw_backend, 0) == Layout.of(rw_backend.gpus()[0].model, [("2g", 0), ("2g", 2), ("3g", 4)])
+
+
+def _set_pending(backend, gpu: int, enabled: bool) -> None:
+    """An admin's `nvidia-smi -i GPU -mig 0|1` that waits for a GPU reset."""
+    if isinstance(backend, SimulatedBackend):
+        backend.set_mig_mode(gpu, enabled, pending=True)
+    else:
+        import sys
+
+        sys.modules["pynvml"].nvmlDeviceGetCount.__self__.mig_pending = int(enabled)  # the fake pynvml's FakeNvml
+
+
+def test_a_mig_disable_pending_a_reset_is_reported_and_nothing_is_carved_there(rw_backend):
+    rw_backend.create(0, Slot(0, "3g"))
+    _set_pending(rw_backend, 0, False)
+    (gpu, *_) = rw_backend.gpus()
+    assert (gpu.mig_enabled, gpu.mig_pending, gpu.mig_mode) == (True, False, "on, disable pending")
+    before = rw_backend.instances(0)
+    assert [m.slot for m in before] == [Slot(0, "3g.40gb")]  # still there until the reset
+    target = Layout.of(gpu.model, [("3g", 0), ("3g", 4)])
+    for dry_run in (True, False):
+        with pytest.raises(MigModePending, match="MIG mode change pending a GPU reset"):
+            apply_layout(rw_backend, 0, target, dry_run=dry_run)
+    with pytest.raises(MigModePending):
+        apply_layout(rw_backend, 0, Layout.of(gpu.model, []))  # nor does it destroy
+    assert rw_backend.instances(0) == before

@@ -270,8 +270,11 @@ class FakeNvml:
         _, gi, ci = h
         return f"MIG-{gi:08d}-0000-4000-8000-{ci:012d}"
 
+    mig_pending: int | None = None  # the mode a change waiting for a GPU reset will set (None: none waits)
+
     def nvmlDeviceGetMigMode(self, h):
-        return [1, 1] if self.mig else [0, 0]
+        current = 1 if self.mig else 0
+        return [current, current if self.mig_pending is None else self.mig_pending]
 
     old_driver = False  # no ...InfoV functions: pynvml raises FUNCTION_NOT_FOUND for version=2
 
@@ -559,3 +562,23 @@ def test_mig_mode_enabled_but_pending_a_reset_is_not_enabled(fake_nvml):
     sys.modules["pynvml"].nvmlDeviceGetMigMode = fake_nvml.nvmlDeviceGetMigMode
     assert RealBackend().gpus()[0].mig_enabled is False
     assert RealBackend().instances(0) == []
+
+
+@pytest.mark.parametrize("mode, enabled, pending, words", [
+    ([1, 1], True, None, "on"),
+    ([0, 0], False, None, "off"),
+    ([1, 0], True, False, "on, disable pending"),  # `nvidia-smi -mig 0` waiting for a GPU reset
+    ([0, 1], False, True, "off, enable pending"),  # `nvidia-smi -mig 1` on an A100 waiting for a reset
+])
+def test_both_halves_of_the_mig_mode_are_read(fake_nvml, mode, enabled, pending, words):
+    """nvmlDeviceGetMigMode -> [current, pending]. The pending half was dropped, so a GPU whose admin had
+    run `nvidia-smi -mig 0` read as plainly on and the controller kept carving there."""
+    backend = RealBackend()
+    if enabled:
+        backend.create(0, Slot(0, "3g"))
+    fake_nvml.mig = bool(mode[0])
+    fake_nvml.mig_pending = mode[1]
+    (gpu,) = backend.gpus()
+    assert (gpu.mig_enabled, gpu.mig_pending, gpu.mig_mode) == (enabled, pending, words)
+    # Until the reset the instances are there and listed as they are.
+    assert [m.slot for m in backend.instances(0)] == ([Slot(0, "3g.40gb")] if enabled else [])

@@ -381,6 +381,24 @@ def test_mig_mode_cannot_be_disabled_with_instances(state):
         SimulatedBackend(state, allow_config=False).set_mig_mode(0, True)
 
 
+def test_a_mig_mode_change_pending_a_reset_waits_for_the_reset(state):
+    """`nvidia-smi -mig 0` on a GPU with instances (or `-mig 1` on an A100 that needs a reset): the change
+    is recorded, the instances and the job on one run on, and the reset makes it so."""
+    b = init_state(state, ["A100-40GB", "A100-40GB"], layouts={0: "3g@0,3g@4"})
+    b.set_in_use(0, "3g@0", "job 1")
+    b.set_mig_mode(0, False, pending=True)
+    b.set_mig_mode(1, False)
+    b.set_mig_mode(1, True, pending=True)
+    gpus = b.gpus()
+    assert [(g.mig_enabled, g.mig_pending) for g in gpus] == [(True, False), (False, True)]
+    assert [str(m.slot) for m in b.instances(0)] == ["3g.20gb@0", "3g.20gb@4"] and b.owners(0)
+    b.set_mig_mode(1, False, pending=True)  # asking for the current mode cancels the change
+    assert b.gpus()[1].mig_pending is None
+    b.set_mig_mode(1, True, pending=True)
+    b.reset()
+    assert [(g.mig_enabled, g.mig_pending) for g in b.gpus()] == [(False, None), (True, None)]
+
+
 def test_importing_the_nvml_package_stays_light():
     out = _run("""
         import sys, time

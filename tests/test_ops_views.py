@@ -159,6 +159,31 @@ def test_open_readonly_reads_jobs_from_a_database_the_controller_has_not_migrate
 
 # -- nodes and GPUs ------------------------------------------------------------------------------
 
+def test_a_blocked_gpu_is_shown_with_why_and_nothing_creatable(tmp_path):
+    with open_store(tmp_path / "b.db") as store:
+        store.replace_observed("n1", [{"gpu": 0, "model": "H100-80GB", "mig_enabled": True, "mig_pending": False}],
+                               [{"gpu": 0, "profile": "3g", "start": 0, "in_use": True}], now=NOW)
+        g = V.node_views(V.load_snapshot(store, now=NOW))[0]["gpus"][0]
+    assert (g["status"], g["blocked"]) == ("blocked", "MIG mode changes to off at the next GPU reset")
+    assert g["largest_free_kind"] is None and g["layout"] == "3g@0"
+
+
+def test_node_views_read_gpus_from_a_database_the_controller_has_not_migrated_yet(tmp_path):
+    from slurm_mig.store.schema import migrate
+
+    path = tmp_path / "state.db"
+    old = open_store(path, migrate=False)
+    migrate(old.db, target=4)  # no gpus.blocked
+    old.db.execute("INSERT INTO nodes (name, state) VALUES ('n1', 'up')")
+    old.db.execute("INSERT INTO gpus (node, gpu, model, mig_enabled, last_observed) VALUES ('n1', 0, 'H100-80GB', 1, 5.0)")
+    old.close()
+    os.chmod(path, 0o600)
+    store = V.open_readonly(path)
+    (g,) = V.node_views(V.load_snapshot(store, now=NOW))[0]["gpus"]
+    assert (g["status"], g["blocked"]) == ("ok", None)
+    store.close()
+
+
 def _gpu(nodes, name, index):
     node = next(n for n in nodes if n["name"] == name)
     return next(g for g in node["gpus"] if g["gpu"] == index)

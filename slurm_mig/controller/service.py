@@ -809,10 +809,21 @@ class Controller:
             if not g.model or not g.mig_enabled:
                 continue
             obs = self.store.observed_layout(node, g.gpu)
+            if g.blocked and obs is not None:
+                # Left as it is, and no new job goes there: Slurm is told of the instances jobs hold, not of
+                # the idle ones (it would start jobs there that could only be requeued).
+                busy = self._busy_starts(node, g.gpu)
+                out[g.gpu] = obs.without(s for s in obs.slots if s.start not in busy)
+                continue
             d = desired.get(g.gpu)
             lay = _desired_layout(d)
             out[g.gpu] = lay if lay is not None else obs
         return out
+
+    def _busy_starts(self, node: str, gpu: int) -> set[int]:
+        """Where the instances of ``node``'s GPU ``gpu`` that are in use or bound to a live job start."""
+        busy = {i.start for i in self.store.observed_instances(node, gpu) if i.in_use}
+        return busy | {b.start for _jid, _node, b in self.store.live_bindings(node) if b.gpu == gpu}
 
     def _pad_gpus(self, node: str, layouts: dict) -> int:
         """How many GPUs node ``node``'s padded mig total counts (7 each): every GPU it reports, usable or not
@@ -1026,7 +1037,8 @@ class Controller:
         gpus, insts = [], []
         for g in observed:
             gpus.append({"gpu": g["index"], "uuid": g.get("uuid"), "model": g.get("model"),
-                         "mig_enabled": bool(g.get("mig_enabled")) and not g.get("lost"), "name": g.get("name")})
+                         "mig_enabled": bool(g.get("mig_enabled")) and not g.get("lost"), "name": g.get("name"),
+                         "mig_pending": None if g.get("lost") else g.get("mig_pending")})
             for i in g.get("instances", []):
                 insts.append({"gpu": g["index"], "profile": i["profile"], "start": i["start"], "uuid": i.get("uuid"),
                               "in_use": bool(i.get("in_use")) or (g["index"], i["start"]) in held})
@@ -1231,8 +1243,8 @@ class Controller:
                 bound.setdefault(int(i["gpu"]), set()).add(Slot(int(i["start"]), str(i["profile"])))
         out = []
         for g in self.store.observed_gpus(node):
-            if not g.model or not g.mig_enabled:
-                continue
+            if not g.model or not g.mig_enabled or g.blocked:
+                continue  # (blocked: nothing new is carved or bound there; its jobs run on)
             obs = self.store.observed_layout(node, g.gpu)
             for i in self.store.observed_instances(node, g.gpu):
                 if i.in_use:
@@ -1403,7 +1415,10 @@ class Controller:
                 if job is not None and job.state in TERMINAL and now - (job.end_time or job.updated_at) > 30:
                     release.append(str(job_id))
             desired = {}
+            blocked = {g.gpu for g in self.store.observed_gpus(node) if g.blocked}
             for gi, d in self.store.desired(node).items():
+                if gi in blocked:
+                    continue  # the node would refuse it (MigModePending): the GPU stays as it is
                 obs = self.store.observed_layout(node, gi)
                 lay = _desired_layout(d)
                 if lay is None:
@@ -1686,6 +1701,9 @@ def _v_observed(value) -> list[dict] | None:
                  "name": _v_text(g.get("name"), f"{what}.name"), "model": model,
                  "mig_enabled": _v_bool(g.get("mig_enabled"), f"{what}.mig_enabled"),
                  "lost": _v_bool(g.get("lost"), f"{what}.lost"),
+                 # the MIG mode a change waiting for a GPU reset will set; absent (None): none waits
+                 "mig_pending": None if g.get("mig_pending") is None else _v_bool(g.get("mig_pending"),
+                                                                                   f"{what}.mig_pending"),
                  "instances": [_v_instance(i, f"{what}.instances[{k}]", gpu=index)
                                for k, i in enumerate(_v_list(g.get("instances"), f"{what}.instances"))]}
         if model:

@@ -130,6 +130,9 @@ class Node:
             entry = {"index": g.index, "uuid": g.uuid, "name": g.name,
                      "model": g.model.name if g.model else None, "mig_enabled": g.mig_enabled,
                      "lost": getattr(g, "lost", False), "instances": []}
+            if g.mig_pending is not None:
+                # A MIG mode change waits for a GPU reset: the controller carves nothing there meanwhile.
+                entry["mig_pending"] = g.mig_pending
             if g.model is not None and g.mig_enabled and not entry["lost"]:
                 try:
                     for i in self.backend.instances(g.index):
@@ -298,8 +301,8 @@ class Node:
 
         results = []
         for g in self.backend.gpus():
-            if g.model is None or not g.mig_enabled or g.lost:
-                continue
+            if g.model is None or not g.mig_enabled or g.lost or g.mig_pending is not None:
+                continue  # (a MIG mode change pending a reset: apply_layout refuses to touch the GPU)
             try:
                 insts = self.backend.instances(g.index)
             except Exception:  # noqa: BLE001 - observe() reports this GPU's error; the others go on
@@ -781,7 +784,8 @@ def _cache_desired(node: Node, resp: dict, observed: list[dict], observed_at: fl
                     and isinstance(old.get(key), str):
                 desired[key], targets_at[key] = old[key], at  # a Prolog's target, newer than this report
                 continue
-            if not g.get("model") or not g.get("mig_enabled") or g.get("lost") or g.get("error"):
+            if not g.get("model") or not g.get("mig_enabled") or g.get("lost") or g.get("error") \
+                    or g.get("mig_pending") is not None:
                 continue
             try:
                 layout = Layout.of(get_model(g["model"]), [Slot(int(i["start"]), str(i["profile"]))

@@ -22,6 +22,7 @@ from slurm_mig.nvml.base import (
     InvalidArgument,
     MigBackend,
     MigInstance,
+    MigModePending,
     NoPermission,
     NotFound,
     NotSupported,
@@ -57,6 +58,6 @@ def open_backend(kind: str = "simulated", **opts: Any) -> MigBackend:
 __all__ = [
     "ApplyResult", "LayoutDiff", "apply_layout", "assert_layout",
     "GpuInfo", "GpuLost", "InsufficientResources", "InUse", "InvalidArgument", "MigBackend", "MigInstance",
-    "NoPermission", "NotFound", "NotSupported", "NvmlError", "NvmlUnavailable", "ResetRequired",
+    "MigModePending", "NoPermission", "NotFound", "NotSupported", "NvmlError", "NvmlUnavailable", "ResetRequired",
     "observed_layout", "open_backend", "BACKEND_KINDS",
 ]

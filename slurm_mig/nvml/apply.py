@@ -18,7 +18,7 @@ from slurm_mig.errors import InvalidLayout
 from slurm_mig.mig.layout import Layout, Slot
 from slurm_mig.mig.profiles import GpuModel
 from slurm_mig.mig.transitions import Step, plan_transition
-from slurm_mig.nvml.base import InvalidArgument, MigBackend, MigInstance, NotSupported, NvmlError
+from slurm_mig.nvml.base import InvalidArgument, MigBackend, MigInstance, MigModePending, NotSupported, NvmlError
 
 BeforeStep = Callable[[Step], None]
 AfterStep = Callable[[Step, "BaseException | None"], None]
@@ -118,7 +118,8 @@ class LayoutDiff:
         return f"GPU {self.gpu} has {self.observed}, not {self.target}: " + "; ".join(parts)
 
 
-def _gpu_model(backend: MigBackend, gpu: int) -> GpuModel:
+def _gpu_model(backend: MigBackend, gpu: int, *, to_change: bool = True) -> GpuModel:
+    """GPU ``gpu``'s model, or a typed error saying why its layout cannot be read (or, ``to_change``, changed)."""
     gpus = backend.gpus()
     if not 0 <= gpu < len(gpus):
         raise InvalidArgument(f"no GPU {gpu} (this node has {len(gpus)})")
@@ -128,6 +129,11 @@ def _gpu_model(backend: MigBackend, gpu: int) -> GpuModel:
     if not info.mig_enabled:
         raise NotSupported(f"GPU {gpu} ({info.name}) does not have MIG mode enabled; "
                            "slurm-mig never changes MIG mode itself")
+    if to_change and info.mig_pending is not None:
+        # The admin is switching MIG mode (it takes effect at the GPU's reset): carving new instances there
+        # would only be lost at the reset, and destroying them is the admin's call. Busy instances run on.
+        raise MigModePending(f"GPU {gpu} ({info.name}) has a MIG mode change pending a GPU reset (MIG "
+                             f"{info.mig_mode}); slurm-mig creates and destroys nothing on it until the reset")
     return info.model
 
 
@@ -150,7 +156,8 @@ def apply_layout(backend: MigBackend, gpu: int, target: Layout, *, extra_busy: I
     InvalidLayout is raised). An idle half-made instance (no compute instance)
     the target keeps is destroyed and created again. Raises TransitionBlocked (with ``.blocking``)
     before doing anything if a busy instance would have to go, InvalidLayout
-    for a bad target or a model mismatch. ``before_step(step)`` runs before
+    for a bad target or a model mismatch, MigModePending (changing nothing, dry run
+    included) on a GPU whose MIG mode is set to change at its next reset. ``before_step(step)`` runs before
     each step and ``after_step(step, error_or_None)`` after it. A step that
     raises an NvmlError ends the run: the result carries the step and error
     (nothing is swallowed: see ``result.error``/``raise_for_error()``); any
@@ -199,7 +206,7 @@ def apply_layout(backend: MigBackend, gpu: int, target: Layout, *, extra_busy: I
 
 def assert_layout(backend: MigBackend, gpu: int, target: Layout) -> LayoutDiff:
     """How GPU ``gpu`` differs from ``target`` (falsy when it matches). Changes nothing."""
-    model = _gpu_model(backend, gpu)
+    model = _gpu_model(backend, gpu, to_change=False)
     if model.name != target.model.name:
         raise InvalidLayout(f"GPU {gpu} is a {model.name}; the target layout is for a {target.model.name}")
     return LayoutDiff(gpu, _observe(backend, gpu, model)[0], target)

@@ -55,6 +55,11 @@ class ResetRequired(NvmlError):
     code = 16
 
 
+class MigModePending(ResetRequired):
+    """The GPU's MIG mode is set to change at its next reset (``nvidia-smi -mig 0`` or ``-mig 1`` not yet
+    in effect). slurm-mig creates and destroys nothing on such a GPU: it is the admin's until the reset."""
+
+
 class InUse(NvmlError):
     code = 19
 
@@ -71,8 +76,19 @@ class GpuInfo:
     uuid: str  # "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"
     name: str  # what nvmlDeviceGetName says
     model: GpuModel | None  # None when we do not know this part's MIG geometry
-    mig_enabled: bool
+    mig_enabled: bool  # the current MIG mode (nvmlDeviceGetMigMode's first value)
     lost: bool = False  # NVML says GPU_IS_LOST: listed so the others stay usable; its calls raise GpuLost
+    # The MIG mode a change waiting for a GPU reset will set (nvmlDeviceGetMigMode's second value, where it
+    # differs from the first); None when no change is pending. Instances stay as they are until the reset.
+    mig_pending: bool | None = None
+
+    @property
+    def mig_mode(self) -> str:
+        """The MIG mode in words: "on", "off", "on, disable pending" or "off, enable pending"."""
+        now = "on" if self.mig_enabled else "off"
+        if self.mig_pending is None:
+            return now
+        return f"{now}, {'enable' if self.mig_pending else 'disable'} pending"
 
 
 @dataclass(frozen=True)

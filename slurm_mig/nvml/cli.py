@@ -99,6 +99,7 @@ def _gpu_entries(backend) -> list[dict]:
         entry: dict[str, Any] = {
             "index": g.index, "uuid": g.uuid, "name": g.name,
             "model": g.model.name if g.model else None, "mig_enabled": g.mig_enabled, "lost": g.lost,
+            "mig_pending": g.mig_pending, "mig_mode": g.mig_mode,
             "layout": None, "instances": [], "error": None,
         }
         if not g.lost:
@@ -137,7 +138,7 @@ def _cmd_show(args: argparse.Namespace) -> int:
         console.print(f"No GPUs ({kind} backend).")
         return 0
     for e in entries:
-        state = "LOST" if e["lost"] else ("MIG on" if e["mig_enabled"] else "MIG off")
+        state = "LOST" if e["lost"] else f"MIG {e['mig_mode']}"
         title = f"GPU {e['index']}: {e['name'] or '?'} ({e['model'] or 'unknown model'}) {e['uuid']} [{state}]"
         if e["layout"] is not None:
             title += f"  layout {e['layout']}"
@@ -150,6 +151,10 @@ def _cmd_show(args: argparse.Namespace) -> int:
             table.add_row(i["profile"], f"{i['start']}:{i['size']}", str(i["gi_id"]), str(i["ci_id"]),
                           i["uuid"], "yes" if i["in_use"] else "no")
         console.print(table)
+        if e["mig_pending"] is not None and not e["lost"]:
+            console.print(f"[yellow]GPU {e['index']}: MIG mode changes to "
+                          f"{'on' if e['mig_pending'] else 'off'} at the next GPU reset; slurm-mig creates and "
+                          f"destroys nothing on it until then[/yellow]")
         if e["error"]:
             console.print(f"[red]GPU {e['index']}: {e['error']}[/red]")
     return 0

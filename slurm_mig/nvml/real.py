@@ -187,12 +187,17 @@ class RealBackend:
     def _model(self, handle: Any) -> GpuModel | None:
         return model_from_nvml_name(_text(self._call("nvmlDeviceGetName", handle)))
 
-    def _mig_enabled(self, handle: Any) -> bool:
+    def _mig_mode(self, handle: Any) -> tuple[bool, bool | None]:
+        """(MIG on now, the mode a change waiting for a GPU reset will set, or None when none waits)."""
         try:
-            current, _pending = self._call("nvmlDeviceGetMigMode", handle)
+            current, pending = self._call("nvmlDeviceGetMigMode", handle)
         except NotSupported:
-            return False
-        return int(current) == _MIG_ENABLED
+            return False, None
+        on, will_be = int(current) == _MIG_ENABLED, int(pending) == _MIG_ENABLED
+        return on, (None if will_be == on else will_be)
+
+    def _mig_enabled(self, handle: Any) -> bool:
+        return self._mig_mode(handle)[0]
 
     def gpus(self) -> list[GpuInfo]:
         out = []
@@ -201,7 +206,8 @@ class RealBackend:
                 h = self._handle(i)
                 name = _text(self._call("nvmlDeviceGetName", h))
                 uuid = _text(self._call("nvmlDeviceGetUUID", h))
-                out.append(GpuInfo(i, uuid, name, model_from_nvml_name(name), self._mig_enabled(h)))
+                on, pending = self._mig_mode(h)
+                out.append(GpuInfo(i, uuid, name, model_from_nvml_name(name), on, mig_pending=pending))
             except GpuLost:
                 out.append(GpuInfo(i, "", "", None, False, lost=True))
         return out

@@ -328,7 +328,8 @@ class SimulatedBackend:
         if self._fault_pending(state, "gpus", None):
             self._raise_fault("gpus", None)
         return [
-            GpuInfo(i, g["uuid"], g["name"], self._model(g), bool(g["mig_enabled"]) and not g["lost"], lost=g["lost"])
+            GpuInfo(i, g["uuid"], g["name"], self._model(g), bool(g["mig_enabled"]) and not g["lost"], lost=g["lost"],
+                    mig_pending=None if g["lost"] else g.get("mig_pending"))
             for i, g in enumerate(state["gpus"])
         ]
 
@@ -481,8 +482,13 @@ class SimulatedBackend:
         g = self._gpu(self._snapshot(), gpu)
         return {Slot(i["start"], i["profile"]): i["owner"] for i in g["instances"] if i["owner"] is not None}
 
-    def set_mig_mode(self, gpu: int, enabled: bool) -> None:
-        """Turn MIG mode on or off (off needs no instances left: InUse otherwise)."""
+    def set_mig_mode(self, gpu: int, enabled: bool, *, pending: bool = False) -> None:
+        """Turn MIG mode on or off (off needs no instances left: InUse otherwise).
+
+        ``pending=True`` is ``nvidia-smi -mig 0|1`` on a GPU that must be reset first: the change is
+        recorded (``GpuInfo.mig_pending``) and takes effect at the next reset(); the current mode and
+        the instances, busy ones included, stay until then. Asking for the current mode clears it.
+        """
         self._check_config_allowed(f"set MIG mode on GPU {gpu}")
         with self._gpu_lock(gpu), self._txn() as state:
             g = self._gpu(state, gpu)
@@ -490,9 +496,13 @@ class SimulatedBackend:
             if err is not None:
                 raise err
             self._check_usable(g, gpu)
+            if pending:
+                g["mig_pending"] = None if bool(enabled) == bool(g["mig_enabled"]) else bool(enabled)
+                return
             if not enabled and g["instances"]:
                 raise InUse(f"GPU {gpu}: cannot disable MIG mode while {len(g['instances'])} instance(s) exist")
             g["mig_enabled"] = bool(enabled)
+            g["mig_pending"] = None
 
     def fail_next(self, op: str, error: type[NvmlError] | NvmlError | str, *, gpu: int | None = None,
                   times: int = 1) -> None:
@@ -528,16 +538,19 @@ class SimulatedBackend:
     def reset(self, *, mig_mode: bool | None = None) -> None:
         """A driver reload or reboot: every instance vanishes and lost GPUs come back.
 
-        MIG mode survives on A100/A30 and is lost on Hopper and later (FACTS §2)
-        unless ``mig_mode`` says what it should be afterwards.
+        A pending MIG mode change (set_mig_mode(..., pending=True)) takes effect. Otherwise MIG mode
+        survives on A100/A30 and is lost on Hopper and later (FACTS §2); ``mig_mode`` overrides both.
         """
         with self._txn() as state:
             for g in state["gpus"]:
                 g["instances"] = []
                 g["lost"] = False
                 g["generation"] += 1
+                pending = g.pop("mig_pending", None)
                 if mig_mode is not None:
                     g["mig_enabled"] = bool(mig_mode)
+                elif pending is not None:
+                    g["mig_enabled"] = bool(pending)
                 elif not g["model"].startswith(_MODE_PERSISTS):
                     g["mig_enabled"] = False
 

@@ -297,6 +297,8 @@ def _nodes(args) -> int:
             if rc:
                 t.append(f"  reconfiguration #{rc['id']} {rc['state']} {rc['progress']}/{rc['steps']} steps "
                          f"-> {rc['to']}", style=R.STYLE["warn"])
+            if gpu.get("blocked"):
+                t.append(f"  blocked: {gpu['blocked']}", style=R.STYLE["warn"])
             t.append(f"  free: up to {gpu['largest_free_kind'] or 'nothing'}", style=R.STYLE["dim"])
             con.print(R.crop(t, width), no_wrap=True, crop=True)
             bar_w = min(8 * 12, width - 4)

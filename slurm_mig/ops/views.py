@@ -311,7 +311,7 @@ def gpu_view(snap: Snapshot, node: str, g) -> dict:
             reconf_slices += size
     total = model.memory_slices if model else 0
     largest_kind, largest = (None, 0)
-    if model is not None and g.mig_enabled:
+    if model is not None and g.mig_enabled and not g.blocked:  # (blocked: nothing is created there)
         try:
             largest_kind, largest = _largest_creatable(model, locked)
         except SlurmMigError:
@@ -329,13 +329,15 @@ def gpu_view(snap: Snapshot, node: str, g) -> dict:
         status = "mig-off"
     elif model is None:
         status = "unknown-model"
+    elif g.blocked:
+        status = "blocked"
     elif entry is not None:
         status = "reconfiguring" if entry.state == "in_progress" else "planned"
     else:
         status = "ok"
     return {
         "node": node, "gpu": g.gpu, "model": g.model, "name": g.name, "uuid": g.uuid,
-        "mig_enabled": bool(g.mig_enabled), "status": status, "slices": total,
+        "mig_enabled": bool(g.mig_enabled), "status": status, "blocked": g.blocked, "slices": total,
         "layout": layout or ("empty" if model else ""),
         "desired": d["layout"] if d else None,
         "reconfiguration": None if entry is None else {

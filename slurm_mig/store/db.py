@@ -603,9 +603,9 @@ class Store:
             self._x("DELETE FROM gpus WHERE node = ?", (node,))
             for g in gpu_rows:
                 self._x(
-                    "INSERT INTO gpus (node, gpu, uuid, name, model, mig_enabled, last_observed) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?)",
-                    (node, g.gpu, g.uuid, g.name, g.model, int(g.mig_enabled), t),
+                    "INSERT INTO gpus (node, gpu, uuid, name, model, mig_enabled, last_observed, blocked) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    (node, g.gpu, g.uuid, g.name, g.model, int(g.mig_enabled), t, g.blocked),
                 )
             for i, profile in normalised:
                 self._x(
@@ -621,7 +621,7 @@ class Store:
         with self.snapshot():
             rows = self._q(sql + " ORDER BY node, gpu", params)
         return [ObservedGpu(r["gpu"], r["uuid"], r["model"], bool(r["mig_enabled"]), r["name"], r["last_observed"],
-                            r["node"]) for r in rows]
+                            r["node"], r.get("blocked")) for r in rows]  # (no column before schema 5)
 
     def observed_instances(self, node: str | None = None, gpu: int | None = None) -> list[ObservedInstance]:
         where, params = [], []
@@ -1230,8 +1230,8 @@ class Store:
         entries are still creating added (when they fit). ``reconfiguring`` =
         every instance an open journal entry names. ``busy`` = instances bound
         to a live job, plus any the node reports in use. ``busy_until`` = start
-        + time limit of running bound jobs. ``available`` = node up, MIG on,
-        and (with ``stale_after_s``) seen recently. ``pending`` = pending_jobs().
+        + time limit of running bound jobs. ``available`` = node up, MIG on, the
+        GPU not blocked, and (with ``stale_after_s``) seen recently. ``pending`` = pending_jobs().
         GPUs whose model slurm-mig does not know are left out.
         """
         from slurm_mig.policies.base import ClusterState, GpuState, PendingJob
@@ -1317,7 +1317,9 @@ class Store:
                 if b["start_time"] is not None and b["time_limit_s"] is not None:
                     until.append((slot, float(b["start_time"]) + float(b["time_limit_s"])))
             node = nodes.get(g["node"])
-            available = bool(g["mig_enabled"]) and node is not None and node["state"] == "up"
+            # A blocked GPU (a MIG mode change pending a reset) keeps its layout and busy instances in view,
+            # but no policy may change it or start a job on it, as on a drained node.
+            available = bool(g["mig_enabled"]) and not g.get("blocked") and node is not None and node["state"] == "up"
             if available and stale_after_s is not None:
                 available = node["last_seen"] is not None and t - node["last_seen"] <= stale_after_s
             gpus.append(dict(

@@ -71,6 +71,9 @@ class ObservedGpu:
     name: str | None = None  # nvmlDeviceGetName
     last_observed: float | None = None
     node: str | None = None  # filled in when read back from the store
+    # Why slurm-mig must leave this GPU's layout as it is and start no new job on it (a MIG mode change
+    # pending a GPU reset); None: it may. Its instances, and the jobs on them, run on.
+    blocked: str | None = None
 
 
 @dataclass(frozen=True)
@@ -239,8 +242,17 @@ def as_observed_gpu(item: Any) -> ObservedGpu:
         model = get_model(model).name
     else:
         model = None
+    blocked = _get(item, "blocked") or blocked_reason(_get(item, "mig_pending"))
     return ObservedGpu(int(gpu), _get(item, "uuid"), model, bool(_get(item, "mig_enabled", default=False)),
-                       _get(item, "name"))
+                       _get(item, "name"), blocked=blocked)
+
+
+def blocked_reason(mig_pending: bool | None) -> str | None:
+    """Why slurm-mig must leave a GPU as it is (ObservedGpu.blocked), from what its node reported: the MIG
+    mode a change waiting for a GPU reset will set (nvml GpuInfo.mig_pending). None: nothing stops it."""
+    if mig_pending is None:
+        return None
+    return f"MIG mode changes to {'on' if mig_pending else 'off'} at the next GPU reset"
 
 
 def as_observed_instance(item: Any) -> ObservedInstance:

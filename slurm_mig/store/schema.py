@@ -263,11 +263,18 @@ UPDATE jobs SET run = 2 WHERE EXISTS (
         OR o.start_time IS NOT jobs.start_time));
 """
 
+_V5_BLOCKED_GPUS = """
+-- Why slurm-mig must not change this GPU's layout or start new jobs on it now, although its MIG mode is
+-- on (a MIG mode change waiting for a GPU reset); NULL: it may. Its instances and their jobs run on.
+ALTER TABLE gpus ADD COLUMN blocked TEXT;
+"""
+
 MIGRATIONS: tuple[Migration, ...] = (
     (1, "base tables", _V1_BASE),
     (2, "indexes for the controller tick; meta table", _V2_INDEXES_AND_META),
     (3, "jobs.blocked: pending jobs Slurm will not start now", _V3_BLOCKED_JOBS),
     (4, "outcomes: one per run of a job id (ids are reused); jobs.run", _V4_OUTCOME_RUNS),
+    (5, "gpus.blocked: GPUs slurm-mig must leave as they are", _V5_BLOCKED_GPUS),
 )
 
 LATEST_VERSION = MIGRATIONS[-1][0]
