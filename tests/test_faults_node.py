@@ -291,6 +291,27 @@ def test_a_gpu_whose_mig_mode_changes_at_its_next_reset_is_left_as_it_is(rig):
     assert _sim_layout(rig, 1) == "3g@0,2g@4,1g@6" and rig.gpu.owners(1) == {Slot(0, "3g.40gb"): "job 9"}
 
 
+def test_a_gpu_instance_of_a_profile_not_in_our_tables_is_reported_and_never_carved_over(rig):
+    """An admin made a GPU instance of a profile our tables do not list (a +gfx variant, a newer driver's)
+    on GPU 1's slice 6. The node did not see it, so the controller took slice 6 for free and every carve
+    there failed with INSUFFICIENT_RESOURCES, tick after tick. Now the node reports it; the controller
+    leaves that GPU as it is (as for a pending MIG mode change) and the instance is never touched."""
+    for slot in ("3g@0", "2g@4", "1g@6"):
+        rig.gpu.set_in_use(0, slot, "job 8")  # GPU 0 is full
+    rig.gpu.destroy(1, Slot(6, "1g"))
+    rig.gpu.make_foreign(1, 6, 1, profile_id=47)
+    assert rig.report() == 0
+    gpu1 = next(g for g in rig.store.observed_gpus("n1") if g.gpu == 1)
+    assert gpu1.blocked == "GPU instance(s) of a profile slurm-mig does not know: profile id 47 at 6:1"
+    assert [g.available for g in rig.store.cluster_state().gpus if g.node == "n1"] == [True, False]
+    rig.job("1", "1g")  # without it, 1g@6 on GPU 1 looked free
+    assert rig.hook("prolog", "1") == 0
+    assert ("requeue", "1") in rig.slurm.calls and rig.live("1") == ()
+    assert [(f.start, f.profile_id) for f in rig.gpu.foreign_instances(1)] == [(6, 47)]
+    assert _sim_layout(rig, 1) == "3g@0,2g@4"
+    assert not [e for e in _journal(rig) if e[3] == "failed"]
+
+
 def _journal(rig) -> list[tuple[int, int, str, str, str]]:
     return [(r["id"], r["gpu"], r["to_layout"], r["state"], r["outcome"] or r["error"] or "")
             for r in rig.store._q("SELECT * FROM reconfig_journal ORDER BY id")]

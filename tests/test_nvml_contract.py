@@ -31,6 +31,7 @@ from slurm_mig.nvml import (
     NotSupported,
     NvmlError,
     apply_layout,
+    foreign_instances,
     observed_layout,
 )
 from slurm_mig.nvml.simulated import SimulatedBackend, init_state
@@ -180,6 +181,18 @@ def test_the_mig_mode_is_read_with_its_pending_half(ro_backend):
         assert g.mig_mode.startswith("on" if g.mig_enabled else "off")
 
 
+def test_foreign_instances_are_well_formed_and_beside_ours(ro_backend):
+    """Read-only on a real GPU too: GPU instances of profiles our tables do not list (none, usually) have a
+    placement on the GPU that none of ours overlaps."""
+    for g in ro_backend.gpus():
+        if g.lost or g.model is None or not g.mig_enabled:
+            continue
+        ours = observed_layout(ro_backend, g.index).used_mask
+        for f in foreign_instances(ro_backend, g.index):
+            assert 0 <= f.start and f.start + f.size <= g.model.memory_slices and not f.mask & ours
+            assert all(f.profile_id != p.id for p in g.model.profiles)
+
+
 def test_simulated_reports_the_busy_instance(tmp_path):
     backend = init_state(tmp_path / "n.json", SIM_GPUS, layouts=SIM_LAYOUTS)
     backend.set_in_use(0, "2g@4", "job 1")
@@ -301,3 +314,26 @@ def test_a_mig_disable_pending_a_reset_is_reported_and_nothing_is_carved_there(r
     with pytest.raises(MigModePending):
         apply_layout(rw_backend, 0, Layout.of(gpu.model, []))  # nor does it destroy
     assert rw_backend.instances(0) == before
+
+
+def _make_foreign(backend, gpu: int, start: int, size: int, profile_id: int) -> None:
+    """A GPU instance of a profile our tables do not list, made by hand (NVML profile index 0xA)."""
+    if isinstance(backend, SimulatedBackend):
+        backend.make_foreign(gpu, start, size, profile_id=profile_id)
+    else:
+        import sys
+
+        sys.modules["pynvml"].nvmlDeviceGetCount.__self__.add_foreign(0xA, profile_id, start, size)
+
+
+def test_an_instance_of_a_profile_not_in_our_tables_holds_its_slices(rw_backend):
+    _make_foreign(rw_backend, 0, 0, 2, 47)
+    model = rw_backend.gpus()[0].model
+    assert rw_backend.instances(0) == []  # not one of ours: never bound, never destroyed
+    assert [(f.start, f.size, f.profile_id) for f in foreign_instances(rw_backend, 0)] == [(0, 2, 47)]
+    with pytest.raises(InsufficientResources):
+        rw_backend.create(0, Slot(0, "1g"))
+    with pytest.raises(InsufficientResources, match="profile id 47 at 0:2"):
+        apply_layout(rw_backend, 0, Layout.of(model, [("4g", 0)]), dry_run=True)
+    assert apply_layout(rw_backend, 0, Layout.of(model, [("2g", 2), ("3g", 4)])).reached
+    assert len(foreign_instances(rw_backend, 0)) == 1

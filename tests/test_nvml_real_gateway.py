@@ -35,6 +35,7 @@ from slurm_mig.nvml import (
     ResetRequired,
 )
 from slurm_mig.nvml import real
+from slurm_mig.nvml.apply import apply_layout
 from slurm_mig.nvml.real import RealBackend, nvml_call, nvml_shutdown
 
 
@@ -250,7 +251,23 @@ class FakeNvml:
         return self.model.profile_by_id(gi_profile_id)
 
     def _layout(self) -> Layout:
-        return Layout(self.model, frozenset(Slot(g["start"], g["profile"]) for g in self.gis.values()))
+        return Layout(self.model, frozenset(Slot(g["start"], g["profile"]) for g in self.gis.values()
+                                            if "profile_id" not in g))
+
+    # Profiles outside our tables this driver offers: NVML profile index -> GpuInstanceProfileInfo-like
+    extra_profiles: dict = {}
+
+    def add_foreign(self, index: int, profile_id: int, start: int, size: int, busy: bool = False) -> int:
+        """A GPU instance (with its compute instance) of a profile our tables do not list, made by hand."""
+        self.extra_profiles = {**self.extra_profiles,
+                               index: types.SimpleNamespace(id=profile_id, instanceCount=1, sliceCount=1)}
+        gi = next(n for n in range(1, 64) if n not in self.gis)
+        self.gis[gi] = {"profile_id": profile_id, "start": start, "size": size, "cis": {0: busy}}
+        return gi
+
+    def _taken_by_foreign(self, start: int, size: int) -> bool:
+        mask = ((1 << size) - 1) << start
+        return any(((1 << g["size"]) - 1) << g["start"] & mask for g in self.gis.values() if "profile_id" in g)
 
     # device
     def nvmlDeviceGetCount(self):
@@ -282,19 +299,25 @@ class FakeNvml:
         if self.old_driver and version == 2:
             raise FakeNVMLError(13)
         by_index = {p.nvml_index: p for p in self.model.profiles}
+        if index in self.extra_profiles:
+            return self.extra_profiles[index]
         if index not in by_index:
             raise FakeNVMLError(3)
         p = by_index[index]
         return types.SimpleNamespace(id=p.id, instanceCount=p.max_count, sliceCount=p.compute_slices)
 
     def nvmlDeviceGetGpuInstances(self, h, profile_id, array, count_ref):
-        found = [gi for gi, g in self.gis.items() if self._profile(profile_id).name == g["profile"]]
+        found = [gi for gi, g in self.gis.items()
+                 if (g["profile_id"] if "profile_id" in g else self.model.profile(g["profile"]).id) == profile_id]
         for i, gi in enumerate(found):
             array[i] = gi
         count_ref._obj.value = len(found)
 
     def nvmlGpuInstanceGetInfo(self, gi):
         g = self.gis[gi]
+        if "profile_id" in g:
+            return types.SimpleNamespace(id=gi, profileId=g["profile_id"],
+                                         placement=types.SimpleNamespace(start=g["start"], size=g["size"]))
         p = self.model.profile(g["profile"])
         return types.SimpleNamespace(id=gi, profileId=p.id,
                                      placement=types.SimpleNamespace(start=g["start"], size=p.memory_slices))
@@ -304,7 +327,8 @@ class FakeNvml:
         assert isinstance(placement, type(ctypes.byref(ctypes.c_int()))), "C wants a pointer to the struct"
         p = self._profile(profile_id)
         st = placement._obj
-        if st.size != p.memory_slices or not self._layout().can_add(p, st.start):
+        if st.size != p.memory_slices or not self._layout().can_add(p, st.start) \
+                or self._taken_by_foreign(st.start, st.size):
             raise FakeNVMLError(23)
         gi = next(n for n in range(1, 64) if n not in self.gis)
         self.gis[gi] = {"profile": p.name, "start": st.start, "cis": {}}
@@ -582,3 +606,21 @@ def test_both_halves_of_the_mig_mode_are_read(fake_nvml, mode, enabled, pending,
     assert (gpu.mig_enabled, gpu.mig_pending, gpu.mig_mode) == (enabled, pending, words)
     # Until the reset the instances are there and listed as they are.
     assert [m.slot for m in backend.instances(0)] == ([Slot(0, "3g.40gb")] if enabled else [])
+
+
+def test_a_gpu_instance_of_a_profile_not_in_our_tables_is_seen_and_left_alone(fake_nvml):
+    """A GPU instance of a profile our tables do not list (here a 1g+gfx, NVML index 0xA, made by hand)
+    was invisible: instances are listed by the table's profiles, so its slices looked free and every
+    carve there failed with INSUFFICIENT_RESOURCES. It is now listed apart, with NVML's placement."""
+    backend = RealBackend()
+    backend.create(0, Slot(4, "3g"))
+    gi = fake_nvml.add_foreign(0xA, 47, start=0, size=2, busy=True)
+    assert [m.slot for m in backend.instances(0)] == [Slot(4, "3g.40gb")]  # never bound, never destroyed
+    (f,) = backend.foreign_instances(0)
+    assert (f.start, f.size, f.profile_id, f.gi_id, f.compute_slices, f.in_use) == (0, 2, 47, gi, 1, True)
+    fake_nvml.calls.clear()
+    with pytest.raises(InsufficientResources, match="profile id 47 at 0:2"):
+        apply_layout(backend, 0, Layout.of(fake_nvml.model, [("4g", 0), ("3g", 4)]))
+    assert fake_nvml.calls == []  # refused before any NVML change
+    apply_layout(backend, 0, Layout.of(fake_nvml.model, [("2g", 2), ("3g", 4)])).raise_for_error()
+    assert gi in fake_nvml.gis and len(backend.foreign_instances(0)) == 1

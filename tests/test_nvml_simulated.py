@@ -21,6 +21,7 @@ from slurm_mig.nvml import (
     GpuLost,
     InsufficientResources,
     InUse,
+    InvalidArgument,
     NoPermission,
     NotFound,
     NvmlError,
@@ -397,6 +398,27 @@ def test_a_mig_mode_change_pending_a_reset_waits_for_the_reset(state):
     b.set_mig_mode(1, True, pending=True)
     b.reset()
     assert [(g.mig_enabled, g.mig_pending) for g in b.gpus()] == [(False, None), (True, None)]
+
+
+def test_a_gpu_instance_of_a_profile_not_in_our_tables_made_by_hand(state):
+    b = init_state(state, ["H100-80GB"], layouts={0: "3g@4"})
+    with pytest.raises(InvalidArgument):
+        b.make_foreign(0, 0, 1, profile_id=19)  # 1g.10gb is in the table: create() it
+    with pytest.raises(InsufficientResources):
+        b.make_foreign(0, 4, 1, profile_id=47)  # the 3g holds slice 4
+    with pytest.raises(InsufficientResources):
+        b.make_foreign(0, 0, 2, profile_id=47, compute_slices=5)  # 3 + 5 compute slices > 7
+    f = b.make_foreign(0, 0, 2, profile_id=47, owner="someone")
+    assert (f.start, f.size, f.profile_id, f.in_use) == (0, 2, 47, True) and b.foreign_instances(0) == [f]
+    assert f.gi_id not in {m.gi_id for m in b.instances(0)}
+    with pytest.raises(InUse):
+        b.destroy_foreign(0, 0)
+    with pytest.raises(InUse):
+        b.set_mig_mode(0, False)
+    with pytest.raises(NotFound):
+        b.destroy(0, Slot(0, "1g.dm"))  # not ours to destroy
+    b.reset(mig_mode=True)
+    assert b.foreign_instances(0) == []
 
 
 def test_importing_the_nvml_package_stays_light():

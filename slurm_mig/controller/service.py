@@ -1038,7 +1038,8 @@ class Controller:
         for g in observed:
             gpus.append({"gpu": g["index"], "uuid": g.get("uuid"), "model": g.get("model"),
                          "mig_enabled": bool(g.get("mig_enabled")) and not g.get("lost"), "name": g.get("name"),
-                         "mig_pending": None if g.get("lost") else g.get("mig_pending")})
+                         "mig_pending": None if g.get("lost") else g.get("mig_pending"),
+                         "foreign": [] if g.get("lost") else g.get("foreign") or []})
             for i in g.get("instances", []):
                 insts.append({"gpu": g["index"], "profile": i["profile"], "start": i["start"], "uuid": i.get("uuid"),
                               "in_use": bool(i.get("in_use")) or (g["index"], i["start"]) in held})
@@ -1679,6 +1680,16 @@ def _v_instance(value, what: str, *, gpu: int | None = None) -> dict:
     }
 
 
+def _v_foreign(value, what: str) -> dict:
+    """A GPU instance of a profile the node's tables do not list: {start, size, profile_id, in_use?}."""
+    if not isinstance(value, dict):
+        raise _rejected(f"{what}: expected an object with start, size and profile_id, got {_show(value)}")
+    start = _v_int(value.get("start"), f"{what}.start", 0, 7)
+    return {"start": start, "size": _v_int(value.get("size"), f"{what}.size", 1, 8 - start),
+            "profile_id": _v_int(value.get("profile_id"), f"{what}.profile_id", 0, 2 ** 32),
+            "in_use": _v_bool(value.get("in_use"), f"{what}.in_use")}
+
+
 def _v_instances(value, what: str) -> list[dict]:
     return [_v_instance(v, f"{what}[{i}]") for i, v in enumerate(_v_list(value, what))]
 
@@ -1705,7 +1716,9 @@ def _v_observed(value) -> list[dict] | None:
                  "mig_pending": None if g.get("mig_pending") is None else _v_bool(g.get("mig_pending"),
                                                                                    f"{what}.mig_pending"),
                  "instances": [_v_instance(i, f"{what}.instances[{k}]", gpu=index)
-                               for k, i in enumerate(_v_list(g.get("instances"), f"{what}.instances"))]}
+                               for k, i in enumerate(_v_list(g.get("instances"), f"{what}.instances"))],
+                 "foreign": [_v_foreign(f, f"{what}.foreign[{k}]")
+                             for k, f in enumerate(_v_list(g.get("foreign"), f"{what}.foreign"))]}
         if model:
             try:
                 m = get_model(model)

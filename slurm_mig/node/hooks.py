@@ -125,6 +125,8 @@ class Node:
     # -- observation -----------------------------------------------------------
     def observe(self) -> list[dict]:
         """Every GPU and its instances, as JSON for the controller."""
+        from slurm_mig.nvml import foreign_instances
+
         out = []
         for g in self.backend.gpus():
             entry = {"index": g.index, "uuid": g.uuid, "name": g.name,
@@ -138,6 +140,11 @@ class Node:
                     for i in self.backend.instances(g.index):
                         entry["instances"].append({"profile": i.slot.profile, "start": i.slot.start,
                                                    "uuid": i.uuid, "in_use": i.in_use})
+                    # Instances of profiles our tables do not list hold slices: the controller must know.
+                    foreign = [{"start": f.start, "size": f.size, "profile_id": f.profile_id, "in_use": f.in_use}
+                               for f in foreign_instances(self.backend, g.index)]
+                    if foreign:
+                        entry["foreign"] = foreign
                 except Exception as exc:  # one bad GPU must not hide the others
                     entry["error"] = f"{type(exc).__name__}: {exc}"
             out.append(entry)
@@ -785,7 +792,7 @@ def _cache_desired(node: Node, resp: dict, observed: list[dict], observed_at: fl
                 desired[key], targets_at[key] = old[key], at  # a Prolog's target, newer than this report
                 continue
             if not g.get("model") or not g.get("mig_enabled") or g.get("lost") or g.get("error") \
-                    or g.get("mig_pending") is not None:
+                    or g.get("mig_pending") is not None or g.get("foreign"):
                 continue
             try:
                 layout = Layout.of(get_model(g["model"]), [Slot(int(i["start"]), str(i["profile"]))

@@ -15,6 +15,7 @@ from slurm_mig.errors import ConfigError
 
 from slurm_mig.nvml.apply import ApplyResult, LayoutDiff, apply_layout, assert_layout
 from slurm_mig.nvml.base import (
+    ForeignInstance,
     GpuInfo,
     GpuLost,
     InsufficientResources,
@@ -29,6 +30,7 @@ from slurm_mig.nvml.base import (
     NvmlError,
     NvmlUnavailable,
     ResetRequired,
+    foreign_instances,
     observed_layout,
 )
 
@@ -57,7 +59,8 @@ def open_backend(kind: str = "simulated", **opts: Any) -> MigBackend:
 
 __all__ = [
     "ApplyResult", "LayoutDiff", "apply_layout", "assert_layout",
-    "GpuInfo", "GpuLost", "InsufficientResources", "InUse", "InvalidArgument", "MigBackend", "MigInstance",
-    "MigModePending", "NoPermission", "NotFound", "NotSupported", "NvmlError", "NvmlUnavailable", "ResetRequired",
-    "observed_layout", "open_backend", "BACKEND_KINDS",
+    "ForeignInstance", "GpuInfo", "GpuLost", "InsufficientResources", "InUse", "InvalidArgument", "MigBackend",
+    "MigInstance", "MigModePending", "NoPermission", "NotFound", "NotSupported", "NvmlError", "NvmlUnavailable",
+    "ResetRequired",
+    "foreign_instances", "observed_layout", "open_backend", "BACKEND_KINDS",
 ]

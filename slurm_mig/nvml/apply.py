@@ -18,7 +18,16 @@ from slurm_mig.errors import InvalidLayout
 from slurm_mig.mig.layout import Layout, Slot
 from slurm_mig.mig.profiles import GpuModel
 from slurm_mig.mig.transitions import Step, plan_transition
-from slurm_mig.nvml.base import InvalidArgument, MigBackend, MigInstance, MigModePending, NotSupported, NvmlError
+from slurm_mig.nvml.base import (
+    InsufficientResources,
+    InvalidArgument,
+    MigBackend,
+    MigInstance,
+    MigModePending,
+    NotSupported,
+    NvmlError,
+    foreign_instances,
+)
 
 BeforeStep = Callable[[Step], None]
 AfterStep = Callable[[Step, "BaseException | None"], None]
@@ -146,6 +155,24 @@ def _normalise(model: GpuModel, slots: Iterable[Slot]) -> frozenset[Slot]:
     return frozenset(Slot(s.start, model.profile(s.profile).name) for s in slots)
 
 
+def _check_foreign(backend: MigBackend, gpu: int, target: Layout) -> None:
+    """Raise InsufficientResources, before anything is done, if ``target`` needs slices (memory or compute)
+    that a GPU instance of a profile our tables do not list holds: it is never ours to destroy."""
+    foreign = foreign_instances(backend, gpu)
+    if not foreign:
+        return
+    in_way = [f for f in foreign if f.mask & target.used_mask]
+    left = target.model.compute_slices - sum(f.compute_slices or 0 for f in foreign)
+    if in_way:
+        why = f"its slices are held by GPU instance(s) slurm-mig does not manage: {', '.join(map(str, in_way))}"
+    elif target.compute_used > left:
+        why = (f"it needs {target.compute_used} compute slices and the GPU instance(s) slurm-mig does not manage "
+               f"({', '.join(map(str, foreign))}) leave {left}")
+    else:
+        return
+    raise InsufficientResources(f"GPU {gpu} cannot hold {target}: {why}; nothing was changed")
+
+
 def apply_layout(backend: MigBackend, gpu: int, target: Layout, *, extra_busy: Iterable[Slot] = (),
                  dry_run: bool = False, before_step: BeforeStep | None = None,
                  after_step: AfterStep | None = None) -> ApplyResult:
@@ -157,7 +184,9 @@ def apply_layout(backend: MigBackend, gpu: int, target: Layout, *, extra_busy: I
     the target keeps is destroyed and created again. Raises TransitionBlocked (with ``.blocking``)
     before doing anything if a busy instance would have to go, InvalidLayout
     for a bad target or a model mismatch, MigModePending (changing nothing, dry run
-    included) on a GPU whose MIG mode is set to change at its next reset. ``before_step(step)`` runs before
+    included) on a GPU whose MIG mode is set to change at its next reset, and
+    InsufficientResources (the same way) for a target that needs slices a GPU
+    instance of a profile our tables do not list holds (``foreign_instances``). ``before_step(step)`` runs before
     each step and ``after_step(step, error_or_None)`` after it. A step that
     raises an NvmlError ends the run: the result carries the step and error
     (nothing is swallowed: see ``result.error``/``raise_for_error()``); any
@@ -167,6 +196,7 @@ def apply_layout(backend: MigBackend, gpu: int, target: Layout, *, extra_busy: I
     if model.name != target.model.name:
         raise InvalidLayout(f"GPU {gpu} is a {model.name}; the target layout is for a {target.model.name}")
     current, insts = _observe(backend, gpu, model)
+    _check_foreign(backend, gpu, target)
     busy = {i.slot for i in insts if i.in_use} | _normalise(model, extra_busy)
     # A half-made instance the target keeps would count as present and be bound to a job that then sees
     # no GPU: destroyed and made again, whole (one the target drops goes in the plan's own destroys).

@@ -117,6 +117,30 @@ class MigInstance:
         return not self.uuid
 
 
+@dataclass(frozen=True)
+class ForeignInstance:
+    """A GPU instance of a profile our tables do not list (a newer driver's profile, a ``+gfx`` or ``-me``
+    variant, one an admin made by hand). It holds memory slices ``start`` .. ``start + size - 1`` (and
+    ``compute_slices``, where NVML says), so nothing of ours may be placed there; slurm-mig never
+    destroys it, binds it to a job or plans with its slices."""
+
+    gpu_index: int
+    start: int  # nvmlGpuInstanceGetInfo's placement, in memory slices
+    size: int
+    profile_id: int  # GpuInstanceProfileInfo.id
+    gi_id: int
+    compute_slices: int | None = None  # the profile's sliceCount; None when not known
+    in_use: bool = False  # compute processes run on it
+
+    @property
+    def mask(self) -> int:
+        """Bit mask of the memory slices it holds."""
+        return ((1 << self.size) - 1) << self.start
+
+    def __str__(self) -> str:
+        return f"profile id {self.profile_id} at {self.start}:{self.size}"
+
+
 @runtime_checkable
 class MigBackend(Protocol):
     """What slurm-mig needs from NVML, and nothing more."""
@@ -147,3 +171,10 @@ def observed_layout(backend: MigBackend, gpu: int) -> Layout:
     if info.model is None:
         raise NotSupported(f"GPU {gpu} ({info.name}) is not a MIG model slurm-mig knows")
     return Layout(info.model, frozenset(i.slot for i in backend.instances(gpu)))
+
+
+def foreign_instances(backend: MigBackend, gpu: int) -> list[ForeignInstance]:
+    """The GPU instances on GPU ``gpu`` of profiles our tables do not list, sorted by start; [] for a
+    backend that cannot see them (it has no ``foreign_instances`` method)."""
+    lister = getattr(backend, "foreign_instances", None)
+    return [] if lister is None else sorted(lister(gpu), key=lambda f: f.start)

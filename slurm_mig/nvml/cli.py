@@ -92,7 +92,7 @@ def backend_from_args(args: argparse.Namespace):
 
 # -- show ------------------------------------------------------------------
 def _gpu_entries(backend) -> list[dict]:
-    from slurm_mig.nvml.base import NvmlError
+    from slurm_mig.nvml.base import NvmlError, foreign_instances
 
     entries = []
     for g in backend.gpus():
@@ -100,7 +100,7 @@ def _gpu_entries(backend) -> list[dict]:
             "index": g.index, "uuid": g.uuid, "name": g.name,
             "model": g.model.name if g.model else None, "mig_enabled": g.mig_enabled, "lost": g.lost,
             "mig_pending": g.mig_pending, "mig_mode": g.mig_mode,
-            "layout": None, "instances": [], "error": None,
+            "layout": None, "instances": [], "foreign": [], "error": None,
         }
         if not g.lost:
             try:
@@ -116,6 +116,13 @@ def _gpu_entries(backend) -> list[dict]:
                  "uuid": i.uuid, "gi_id": i.gi_id, "ci_id": i.ci_id, "in_use": i.in_use}
                 for i in insts
             ]
+            try:
+                foreign = foreign_instances(backend, g.index) if entry["error"] is None else []
+            except NvmlError as exc:
+                entry["error"], foreign = f"{type(exc).__name__}: {exc}", []
+            # GPU instances of a profile our tables do not list: shown, never touched.
+            entry["foreign"] = [{"profile_id": f.profile_id, "start": f.start, "size": f.size, "gi_id": f.gi_id,
+                                 "compute_slices": f.compute_slices, "in_use": f.in_use} for f in foreign]
         entries.append(entry)
     return entries
 
@@ -147,6 +154,9 @@ def _cmd_show(args: argparse.Namespace) -> int:
             table.add_column(col)
         table.add_column("MIG UUID", overflow="fold")
         table.add_column("in use")
+        for f in e["foreign"]:
+            table.add_row(f"profile id {f['profile_id']} (unknown)", f"{f['start']}:{f['size']}", str(f["gi_id"]),
+                          "-", "not managed by slurm-mig", "yes" if f["in_use"] else "no")
         for i in e["instances"]:
             table.add_row(i["profile"], f"{i['start']}:{i['size']}", str(i["gi_id"]), str(i["ci_id"]),
                           i["uuid"], "yes" if i["in_use"] else "no")

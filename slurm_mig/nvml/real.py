@@ -26,6 +26,7 @@ from typing import Any
 from slurm_mig.mig.layout import Slot
 from slurm_mig.mig.profiles import GpuModel, model_from_nvml_name
 from slurm_mig.nvml.base import (
+    ForeignInstance,
     GpuInfo,
     GpuLost,
     InsufficientResources,
@@ -60,6 +61,7 @@ _ERROR_BY_CODE: dict[int, type[NvmlError]] = {
 _MIG_ENABLED = 1  # NVML_DEVICE_MIG_ENABLE
 _CI_ENGINE_PROFILE_SHARED = 0  # NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED
 _CI_PROFILE_COUNT = 9  # NVML_COMPUTE_INSTANCE_PROFILE_COUNT in nvml.h 13.x
+_GI_PROFILE_COUNT = 0x12  # NVML_GPU_INSTANCE_PROFILE_COUNT in nvidia-ml-py 13.x, for a pynvml without it
 # Compute slices of a GPU instance -> NVML_COMPUTE_INSTANCE_PROFILE_* for a CI that uses all of them.
 _FULL_CI_PROFILE = {1: 0, 2: 1, 3: 2, 4: 3, 7: 4, 8: 5, 6: 6}
 # Lookups that mean "not here" rather than "broken".
@@ -281,6 +283,17 @@ class RealBackend:
                 placed.append((Slot(int(gi_info.placement.start), prof.name), gi, gi_info))
         return placed
 
+    def _device_of(self, devices: dict, gi: Any, gi_info: Any) -> tuple[int, str, bool]:
+        """(ci_id, MIG uuid, busy) of a GPU instance; (-1, "", busy) when it has no MIG device."""
+        cis = sorted(devices.get(int(gi_info.id), []))
+        if cis:
+            ci_id, uuid, _ = cis[0]
+            return ci_id, uuid, any(b for _, _, b in cis)
+        # No MIG device seen: a GPU instance without a compute instance (made by hand, or half-made),
+        # or one whose MIG device lookup was skipped (NVML would not hand out that index). Ask the GPU
+        # instance: compute instances whose processes cannot be seen count as busy.
+        return -1, "", bool(self._compute_instances(gi))
+
     def instances(self, gpu: int) -> list[MigInstance]:
         h = self._handle(gpu)
         model = self._model(h)
@@ -289,18 +302,43 @@ class RealBackend:
         devices = self._mig_devices(h)
         out = []
         for slot, gi, gi_info in self._placed(h, model):
-            cis = sorted(devices.get(int(gi_info.id), []))
-            if cis:
-                ci_id, uuid, _ = cis[0]
-                busy = any(b for _, _, b in cis)
-            else:
-                # No MIG device seen: a GPU instance without a compute instance (made by hand, or half-made),
-                # or one whose MIG device lookup was skipped above (NVML would not hand out that index). Ask
-                # the GPU instance: compute instances whose processes cannot be seen count as busy.
-                ci_id, uuid = -1, ""
-                busy = bool(self._compute_instances(gi))
+            ci_id, uuid, busy = self._device_of(devices, gi, gi_info)
             out.append(MigInstance(gpu, slot, uuid, int(gi_info.id), ci_id, busy))
         return sorted(out, key=lambda m: m.slot)
+
+    def foreign_instances(self, gpu: int) -> list[ForeignInstance]:
+        """GPU instances of profiles the model's table does not list, found by asking NVML for every GPU
+        instance profile index it has (nvidia-ml-py's NVML_GPU_INSTANCE_PROFILE_COUNT) outside the table."""
+        h = self._handle(gpu)
+        model = self._model(h)
+        if model is None or not self._mig_enabled(h):
+            return []
+        ours = {p.nvml_index for p in model.profiles}
+        known_ids = {p.id for p in model.profiles}
+        try:
+            count = int(nvml_attr("NVML_GPU_INSTANCE_PROFILE_COUNT"))
+        except NvmlUnavailable:
+            count = _GI_PROFILE_COUNT
+        devices = None
+        out, seen = [], set()
+        for index in range(count):
+            if index in ours:
+                continue
+            try:
+                info = _versioned(self._call, "nvmlDeviceGetGpuInstanceProfileInfo", h, index)
+            except _ABSENT:
+                continue  # not on this GPU or driver
+            if int(info.id) in known_ids or int(info.id) in seen:
+                continue
+            seen.add(int(info.id))
+            for gi in self._gpu_instances(h, info):
+                gi_info = self._call("nvmlGpuInstanceGetInfo", gi)
+                if devices is None:
+                    devices = self._mig_devices(h)
+                _ci, _uuid, busy = self._device_of(devices, gi, gi_info)
+                out.append(ForeignInstance(gpu, int(gi_info.placement.start), int(gi_info.placement.size),
+                                           int(info.id), int(gi_info.id), int(info.sliceCount), busy))
+        return sorted(out, key=lambda f: f.start)
 
     # -- changing ----------------------------------------------------------
     def create(self, gpu: int, slot: Slot) -> MigInstance:

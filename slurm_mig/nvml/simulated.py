@@ -33,7 +33,9 @@ Locking design
   state, never half of one. Files are created mode 0600.
 
 Sim-only methods (not in MigBackend): set_in_use, owners, set_mig_mode,
-fail_next, lose_gpu, reset, half_make.
+fail_next, lose_gpu, reset, half_make, make_foreign, destroy_foreign. Like
+RealBackend it also lists ``foreign_instances`` (GPU instances of profiles our
+tables do not list), which every create respects.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ from slurm_mig.mig.layout import Layout, Slot
 from slurm_mig.mig.profiles import GpuModel, get_model
 from slurm_mig.nvml import base
 from slurm_mig.nvml.base import (
+    ForeignInstance,
     GpuInfo,
     GpuLost,
     InsufficientResources,
@@ -343,6 +346,15 @@ class SimulatedBackend:
             return []
         return sorted((self._to_instance(gpu, i) for i in g["instances"]), key=lambda m: m.slot)
 
+    def foreign_instances(self, gpu: int) -> list[ForeignInstance]:
+        """GPU instances of profiles our tables do not list (made with make_foreign), sorted by start."""
+        state = self._snapshot()
+        g = self._gpu(state, gpu)
+        self._check_usable(g, gpu)
+        if not g["mig_enabled"]:
+            return []
+        return sorted((self._foreign(gpu, f) for f in g.get("foreign", ())), key=lambda f: f.start)
+
     def _check_create(self, state: dict, gpu: int, slot: Slot, *, faults: bool = True) -> tuple[dict, Slot]:
         g = self._gpu(state, gpu)
         err = self._take_fault(state, "create", gpu) if faults else None
@@ -360,6 +372,13 @@ class SimulatedBackend:
             raise InsufficientResources(
                 f"GPU {gpu}: cannot create {slot} beside {layout}: {'; '.join(why)} "
                 "(NVML_ERROR_INSUFFICIENT_RESOURCES)")
+        for f in (self._foreign(gpu, f) for f in g.get("foreign", ())):
+            if f.mask & prof.mask(slot.start):
+                raise InsufficientResources(f"GPU {gpu}: cannot create {slot}: GPU instance {f} holds its slices "
+                                            "(NVML_ERROR_INSUFFICIENT_RESOURCES)")
+        if layout.compute_used + self._foreign_compute(g) + prof.compute_slices > model.compute_slices:
+            raise InsufficientResources(f"GPU {gpu}: cannot create {slot}: not enough compute slices left beside "
+                                        f"{layout} and the other GPU instances (NVML_ERROR_INSUFFICIENT_RESOURCES)")
         return g, slot
 
     def create(self, gpu: int, slot: Slot) -> MigInstance:
@@ -407,9 +426,18 @@ class SimulatedBackend:
                 return self._to_instance(gpu, found[0])
 
     @staticmethod
+    def _foreign(gpu: int, f: dict) -> ForeignInstance:
+        return ForeignInstance(gpu, f["start"], f["size"], f["profile_id"], f["gi_id"], f["compute_slices"],
+                               f["owner"] is not None)
+
+    @staticmethod
+    def _foreign_compute(g: dict) -> int:
+        return sum(f["compute_slices"] or 0 for f in g.get("foreign", ()))
+
+    @staticmethod
     def _add_gpu_instance(g: dict, slot: Slot) -> dict:
         """A GPU instance at ``slot`` without a compute instance (placement already checked)."""
-        used = {i["gi_id"] for i in g["instances"]}
+        used = {i["gi_id"] for i in g["instances"]} | {f["gi_id"] for f in g.get("foreign", ())}
         gi_id = next(n for n in range(1, 64) if n not in used)
         inst = {"profile": slot.profile, "start": slot.start, "gi_id": gi_id, "ci_id": -1, "uuid": "", "owner": None}
         g["instances"].append(inst)
@@ -499,10 +527,58 @@ class SimulatedBackend:
             if pending:
                 g["mig_pending"] = None if bool(enabled) == bool(g["mig_enabled"]) else bool(enabled)
                 return
-            if not enabled and g["instances"]:
-                raise InUse(f"GPU {gpu}: cannot disable MIG mode while {len(g['instances'])} instance(s) exist")
+            if not enabled and (g["instances"] or g.get("foreign")):
+                n = len(g["instances"]) + len(g.get("foreign", ()))
+                raise InUse(f"GPU {gpu}: cannot disable MIG mode while {n} instance(s) exist")
             g["mig_enabled"] = bool(enabled)
             g["mig_pending"] = None
+
+    def make_foreign(self, gpu: int, start: int, size: int, *, profile_id: int, compute_slices: int | None = 1,
+                     owner: str | None = None) -> ForeignInstance:
+        """Create, as an admin by hand or a newer driver would, a GPU instance of a profile our tables do not
+        list (``profile_id``) at placement ``start:size``; ``owner`` marks processes running on it.
+
+        Same rules as a create: InsufficientResources if its slices or compute slices are taken.
+        """
+        self._check_config_allowed(f"create a GPU instance at {start}:{size} on GPU {gpu}")
+        with self._gpu_lock(gpu), self._txn() as state:
+            g = self._gpu(state, gpu)
+            self._check_usable(g, gpu)
+            if not g["mig_enabled"]:
+                raise NotSupported(f"GPU {gpu}: MIG mode is disabled (NVML_ERROR_NOT_SUPPORTED)")
+            model = self._model(g)
+            if any(p.id == profile_id for p in model.profiles):
+                raise InvalidArgument(f"profile id {profile_id} is in {model.name}'s table: use create()")
+            if not (0 <= start and 1 <= size and start + size <= model.memory_slices):
+                raise InsufficientResources(f"GPU {gpu}: no placement {start}:{size} on a {model.name} "
+                                            "(NVML_ERROR_INSUFFICIENT_RESOURCES)")
+            new = ForeignInstance(gpu, start, size, profile_id, 0, compute_slices)
+            layout = self._layout(g)
+            taken = layout.used_mask | sum(self._foreign(gpu, f).mask for f in g.get("foreign", ()))
+            if taken & new.mask or (layout.compute_used + self._foreign_compute(g) + (compute_slices or 0)
+                                    > model.compute_slices):
+                raise InsufficientResources(f"GPU {gpu}: placement {start}:{size} is taken "
+                                            "(NVML_ERROR_INSUFFICIENT_RESOURCES)")
+            used = {i["gi_id"] for i in g["instances"]} | {f["gi_id"] for f in g.get("foreign", ())}
+            entry = {"start": start, "size": size, "profile_id": int(profile_id),
+                     "gi_id": next(n for n in range(1, 64) if n not in used),
+                     "compute_slices": compute_slices, "owner": owner}
+            g.setdefault("foreign", []).append(entry)
+            return self._foreign(gpu, entry)
+
+    def destroy_foreign(self, gpu: int, start: int) -> None:
+        """Remove the foreign GPU instance placed at ``start``, as its maker would (InUse while busy)."""
+        self._check_config_allowed(f"destroy the GPU instance at {start} on GPU {gpu}")
+        with self._gpu_lock(gpu), self._txn() as state:
+            g = self._gpu(state, gpu)
+            self._check_usable(g, gpu)
+            for f in g.get("foreign", ()):
+                if f["start"] == start:
+                    if f["owner"] is not None:
+                        raise InUse(f"GPU {gpu}: GPU instance {self._foreign(gpu, f)} is in use (NVML_ERROR_IN_USE)")
+                    g["foreign"].remove(f)
+                    return
+            raise NotFound(f"GPU {gpu} has no foreign GPU instance at {start}")
 
     def fail_next(self, op: str, error: type[NvmlError] | NvmlError | str, *, gpu: int | None = None,
                   times: int = 1) -> None:
@@ -544,6 +620,7 @@ class SimulatedBackend:
         with self._txn() as state:
             for g in state["gpus"]:
                 g["instances"] = []
+                g.pop("foreign", None)
                 g["lost"] = False
                 g["generation"] += 1
                 pending = g.pop("mig_pending", None)

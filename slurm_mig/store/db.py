@@ -1317,8 +1317,8 @@ class Store:
                 if b["start_time"] is not None and b["time_limit_s"] is not None:
                     until.append((slot, float(b["start_time"]) + float(b["time_limit_s"])))
             node = nodes.get(g["node"])
-            # A blocked GPU (a MIG mode change pending a reset) keeps its layout and busy instances in view,
-            # but no policy may change it or start a job on it, as on a drained node.
+            # A blocked GPU (a MIG mode change pending a reset, an unknown profile's instance) keeps its layout
+            # and busy instances in view, but no policy may change it or start a job on it, as on a drained node.
             available = bool(g["mig_enabled"]) and not g.get("blocked") and node is not None and node["state"] == "up"
             if available and stale_after_s is not None:
                 available = node["last_seen"] is not None and t - node["last_seen"] <= stale_after_s

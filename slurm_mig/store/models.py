@@ -72,7 +72,8 @@ class ObservedGpu:
     last_observed: float | None = None
     node: str | None = None  # filled in when read back from the store
     # Why slurm-mig must leave this GPU's layout as it is and start no new job on it (a MIG mode change
-    # pending a GPU reset); None: it may. Its instances, and the jobs on them, run on.
+    # pending a GPU reset, GPU instances of a profile slurm-mig does not know); None: it may. Its instances,
+    # and the jobs on them, run on.
     blocked: str | None = None
 
 
@@ -242,17 +243,23 @@ def as_observed_gpu(item: Any) -> ObservedGpu:
         model = get_model(model).name
     else:
         model = None
-    blocked = _get(item, "blocked") or blocked_reason(_get(item, "mig_pending"))
+    blocked = _get(item, "blocked") or blocked_reason(_get(item, "mig_pending"), _get(item, "foreign") or ())
     return ObservedGpu(int(gpu), _get(item, "uuid"), model, bool(_get(item, "mig_enabled", default=False)),
                        _get(item, "name"), blocked=blocked)
 
 
-def blocked_reason(mig_pending: bool | None) -> str | None:
+def blocked_reason(mig_pending: bool | None, foreign: Iterable[Any] = ()) -> str | None:
     """Why slurm-mig must leave a GPU as it is (ObservedGpu.blocked), from what its node reported: the MIG
-    mode a change waiting for a GPU reset will set (nvml GpuInfo.mig_pending). None: nothing stops it."""
-    if mig_pending is None:
-        return None
-    return f"MIG mode changes to {'on' if mig_pending else 'off'} at the next GPU reset"
+    mode a change waiting for a GPU reset will set (nvml GpuInfo.mig_pending), GPU instances of profiles
+    our tables do not list (nvml ForeignInstance or dicts with start, size, profile_id). None: nothing
+    stops it."""
+    why = []
+    if mig_pending is not None:
+        why.append(f"MIG mode changes to {'on' if mig_pending else 'off'} at the next GPU reset")
+    held = [f"profile id {_get(f, 'profile_id')} at {_get(f, 'start')}:{_get(f, 'size')}" for f in foreign]
+    if held:
+        why.append("GPU instance(s) of a profile slurm-mig does not know: " + ", ".join(held))
+    return "; ".join(why) or None
 
 
 def as_observed_instance(item: Any) -> ObservedInstance:

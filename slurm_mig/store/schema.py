@@ -265,7 +265,8 @@ UPDATE jobs SET run = 2 WHERE EXISTS (
 
 _V5_BLOCKED_GPUS = """
 -- Why slurm-mig must not change this GPU's layout or start new jobs on it now, although its MIG mode is
--- on (a MIG mode change waiting for a GPU reset); NULL: it may. Its instances and their jobs run on.
+-- on (a MIG mode change waiting for a GPU reset, GPU instances of a profile it does not know); NULL: it
+-- may. Its instances and their jobs run on.
 ALTER TABLE gpus ADD COLUMN blocked TEXT;
 """
 
