@@ -445,7 +445,73 @@ def cpu_ticked(tmp_path):
 
 def test_jobs_are_not_carved_for_on_a_node_without_the_cpus_they_ask_for(cpu_ticked):
     where = {j: r["node"] for j, r in (cpu_ticked.get_meta("reservations") or {}).items()}
-    assert where == {"2": "n2", "3": "n2", "4": "n2"}, where
+    # n2's 8 CPUs: job 2 (-c 4) is placed there; job 3 (-n 2 -c 3) no longer fits beside it, nor does the
+    # --exclusive job 4. They were carved for on n2 too, and waited there for Slurm.
+    assert where == {"2": "n2"}, where
+    assert "n2's free CPUs are promised to jobs placed this tick" in cpu_ticked.get_job("3").reason
+    assert "n2 has CPUs promised to jobs placed this tick" in cpu_ticked.get_job("4").reason
+    assert "--exclusive" in cpu_ticked.get_job("4").reason
+
+
+class HalfFreeN1(QueueSlurm):
+    """n1 with 4 of its 8 CPUs free, n2 idle (one H100 each), and two 1g jobs of -c 3 each."""
+
+    def nodes(self):
+        return [SlurmNode(name="n1", state="mixed", gres={}, gres_used={}, cpus=8, alloc_cpus=4),
+                SlurmNode(name="n2", state="idle", gres={}, gres_used={}, cpus=8, alloc_cpus=0)]
+
+
+def _observe_two_1g_on_n1(store) -> None:
+    for n in ("n1", "n2"):
+        store.replace_observed(n, [{"gpu": 0, "uuid": f"GPU-{n}", "model": "H100-80GB", "mig_enabled": True}],
+                               [{"gpu": 0, "profile": "1g.10gb", "start": s} for s in (0, 1)] if n == "n1" else [],
+                               now=time.time())
+
+
+def _cpus_queue(*rows):
+    return parse_squeue_json({"jobs": [{**dict(zip(_KEYS, r)), "cpus": 3, "shared": None} for r in rows]})
+
+
+@pytest.mark.parametrize("policy", ["first-fit", "frag-aware"])
+def test_two_jobs_whose_cpus_one_node_cannot_hold_together_go_to_two_nodes_in_one_tick(tmp_path, policy):
+    """Each job's CPUs fit n1's 4 free, not both: the second was carved for on n1 and waited there for
+    Slurm until the next tick re-placed it, after the carve and maybe another job's slices were taken."""
+    store = open_store(tmp_path / "state.db")
+    try:
+        # n1 holds two free 1g instances, so that each policy would put both jobs there
+        _observe_two_1g_on_n1(store)
+        cfg = Config()
+        cfg = replace(cfg, policy=replace(cfg.policy, name=policy))
+        Controller(cfg, store, HalfFreeN1(_cpus_queue(
+            [31, 0, None, "", 0, "PENDING", "Resources", 50, "gres:mig:1g:1", "", "debug", 1, 60, "a", "u", "", 1],
+            [32, 0, None, "", 0, "PENDING", "Resources", 49, "gres:mig:1g:1", "", "debug", 2, 60, "b", "u", "", 1],
+        ))).tick()
+        where = {j: r["node"] for j, r in (store.get_meta("reservations") or {}).items()}
+        assert where == {"31": "n1", "32": "n2"}, where
+        # the decision's recorded inputs carry the counts it went by (to replay it, or train from it)
+        inputs = store.recent_decisions(1)[0].inputs
+        assert inputs["free_cpus"] == {"n1": 4, "n2": 8}
+        assert [j.get("cpus") for j in inputs["pending"]] == [3, 3]
+    finally:
+        store.close()
+
+
+def test_a_site_that_oversubscribes_cpus_places_both_jobs_on_one_node(tmp_path):
+    store = open_store(tmp_path / "state.db")
+    try:
+        _observe_two_1g_on_n1(store)
+        cfg = Config()
+        cfg = replace(cfg, controller=replace(cfg.controller, cpu_full_nodes_wait=False))
+        Controller(cfg, store, HalfFreeN1(_cpus_queue(
+            [31, 0, None, "", 0, "PENDING", "Resources", 50, "gres:mig:1g:1", "", "debug", 1, 60, "a", "u", "", 1],
+            [32, 0, None, "", 0, "PENDING", "Resources", 49, "gres:mig:1g:1", "", "debug", 2, 60, "b", "u", "", 1],
+        ))).tick()
+        where = {j: r["node"] for j, r in (store.get_meta("reservations") or {}).items()}
+        assert where == {"31": "n1", "32": "n1"}, where  # OverSubscribe: Slurm starts both there
+        inputs = store.recent_decisions(1)[0].inputs
+        assert "free_cpus" not in inputs and not any("cpus" in j for j in inputs["pending"])
+    finally:
+        store.close()
 
 
 def test_explain_says_cpus_can_be_why_a_node_is_not_the_jobs(cpu_ticked):

@@ -93,8 +93,9 @@ def eligible_nodes(job: SlurmJob, nodes: Iterable[SlurmNode], reservations: Iter
       reservations, which take jobs that did not ask for them, are left out;
     * with ``cpus_fit`` (``[controller] cpu_full_nodes_wait``), nodes with fewer free CPUs than the job
       asks for (``-c``, ``-n``), or any allocated CPU for an ``--exclusive`` job: Slurm starts it on none
-      of them until CPUs free (a necessary condition only: whole cores, memory and this tick's other
-      jobs are not counted, so a node kept is not sure to fit).
+      of them until CPUs free (a necessary condition only: whole cores and memory are not counted, so
+      a node kept is not sure to fit; the CPUs of this tick's other jobs are counted by the policy,
+      from PendingJob.cpus and ClusterState.free_cpus).
     """
     nodes = list(nodes)
     names = {n.name for n in nodes}

@@ -33,6 +33,7 @@ from slurm_mig.mig.layout import Layout, Slot, parse_layout
 from slurm_mig.mig.profiles import get_model
 from slurm_mig.mig.transitions import plan_transition
 from slurm_mig.policies import check_decision, get_policy
+from slurm_mig.policies.base import PendingJob
 from slurm_mig.slurm.gres import GRES_TO_KIND, GRES_TYPES, PAD_TYPE, gres_type_for_kind, mig_total, padded_total
 from slurm_mig.slurm.parsers import format_exit_status, local_epoch, wait_status
 
@@ -226,6 +227,7 @@ class Controller:
         # its partitions, --nodelist, --exclude, --constraint and reservations at the last squeue.
         self._reservations: list = []
         self._job_nodes: dict[str, tuple[str, ...] | None] = {}
+        self._job_cpus: dict[str, tuple[int | None, bool]] = {}  # pending entry -> (squeue's cpus, --exclusive)
         self._nodes_seen: list = []
         # Array tasks ("5_3") whose place a Prolog gave to the job Slurm started them as, and when: a tick whose
         # squeue was asked before that start must not make them queue entries again.
@@ -344,6 +346,7 @@ class Controller:
                  if j.array_job_id and j.array_task_id is not None}
         entries = queue_entries(mine)
         self._job_nodes = self._eligible(entries, queried_at)
+        self._job_cpus = {e.job_id: (e.job.cpus, e.job.exclusive) for e in entries if e.job.pending}
         # An array shown as tasks, by its record's id and the prefix of its tasks' ("5" of "5_3"): the same.
         arrays = {str(e.job.job_id) for e in entries if e.array_task} | {
             e.job_id.split("_")[0] for e in entries if e.array_task}
@@ -609,10 +612,19 @@ class Controller:
             # waited while other nodes' GPUs sat idle (seen with 8-CPU nodes and 14 1g slices each).
             state = replace(state, gpus=tuple(replace(g, available=False) if g.node in self._no_free_cpu else g
                                               for g in state.gpus))
-        if any(self._job_nodes.get(j.job_id) is not None for j in state.pending):
+        gpu_nodes = {g.node for g in state.gpus}
+        if self.cfg.controller.cpu_full_nodes_wait:
+            # The CPU counts eligibility reads, for the policy to count those it promises within one decision:
+            # two jobs placed on a node with CPUs for one, the second waited there for Slurm until the next
+            # tick moved it, its carve made. Not where CPUs are oversubscribed (Slurm starts both there).
+            free = tuple(sorted((n.name, max(0, n.cpus - n.alloc_cpus)) for n in self._nodes_seen
+                                if n.name in gpu_nodes and n.cpus is not None and n.alloc_cpus is not None))
+            if free:
+                state = replace(state, free_cpus=free)
+        cpus = self._job_cpus if state.free_cpus is not None else {}
+        if any(self._job_nodes.get(j.job_id) is not None or j.job_id in cpus for j in state.pending):
             # Carved on a node Slurm will not start it on (another partition, --exclude, a maintenance
-            # window), a job waited beside idle nodes it could use (controller/eligibility.py).
-            gpu_nodes = {g.node for g in state.gpus}
+            # window, its CPUs), a job waited beside idle nodes it could use (controller/eligibility.py).
             mine: dict[int, tuple[str, ...] | None] = {}
 
             def on_gpu_nodes(nodes: tuple[str, ...] | None) -> tuple[str, ...] | None:
@@ -624,8 +636,11 @@ class Controller:
                     mine[id(nodes)] = None if len(kept) == len(gpu_nodes) else kept
                 return mine[id(nodes)]
 
-            state = replace(state, pending=tuple(replace(j, nodes=on_gpu_nodes(self._job_nodes.get(j.job_id)))
-                                                 for j in state.pending))
+            def job(j: PendingJob) -> PendingJob:
+                c, whole = cpus.get(j.job_id, (None, False))
+                return replace(j, nodes=on_gpu_nodes(self._job_nodes.get(j.job_id)), cpus=c, exclusive=whole)
+
+            state = replace(state, pending=tuple(map(job, state.pending)))
         self.metrics.clear_gauge("slurm_mig_queue_depth")
         depth: dict[str, int] = {kind_of_gres(t): 0 for t in GRES_TYPES}
         for j in state.pending:

@@ -534,12 +534,19 @@ class Ctx:
         self.assigned: list[Assignment] = []
         # Nodes (indices) the job being placed may start on; None: any. Set by the dispatch loop per job.
         self.allowed: frozenset[int] | None = None
+        # Nodes it may not start on for want of CPUs (CpuLedger.short): None when none are; set per job too.
+        self.denied: set[int] | None = None
         self._touched_ok: dict[tuple[str, int], list[int]] = {}  # touched nodes that could hold (key, count)
         self._touched_cap: dict[str, set[int]] = {}  # touched GPUs that could hold one x key
 
     def allows(self, gidx: int) -> bool:
         """May the job being placed start on GPU ``gidx``'s node?"""
-        return self.allowed is None or self.idx.infos[gidx].node in self.allowed
+        n = self.idx.infos[gidx].node
+        return (self.allowed is None or n in self.allowed) and (self.denied is None or n not in self.denied)
+
+    def allows_node(self, n: int) -> bool:
+        """May the job being placed start on node ``n``?"""
+        return (self.allowed is None or n in self.allowed) and (self.denied is None or n not in self.denied)
 
     def touched_with(self, key: str) -> set[int]:
         """GPUs this decision changed that could still hold one instance of ``key``."""
@@ -606,14 +613,16 @@ class Ctx:
             extra = self._touched_ok[(key, count)] = sorted(n for n in touched if self._node_cap(n, key) >= count)
         ncap = ki.node_cap
         allowed = self.allowed
+        denied = self.denied
 
         def untouched() -> Iterator[int]:
             for n in ki.nodes:
-                if n not in touched and ncap[n] >= count and (allowed is None or n in allowed):
+                if n not in touched and ncap[n] >= count and (allowed is None or n in allowed) and (
+                        denied is None or n not in denied):
                     yield n
 
-        if allowed is not None:
-            extra = [n for n in extra if n in allowed]
+        if allowed is not None or denied is not None:
+            extra = [n for n in extra if self.allows_node(n)]
         if not extra:
             yield from untouched()
         else:
@@ -623,7 +632,7 @@ class Ctx:
         """GPUs that could hold one instance of ``key`` now (ignoring reservations), unordered."""
         idx = self.idx
         ki = idx.key(key)
-        if not self.work and self.allowed is None:
+        if not self.work and self.allowed is None and self.denied is None:
             return ki.gpus
         carve = idx.carve
         out = set(ki.gpus)
@@ -632,7 +641,7 @@ class Ctx:
                 out.add(g)
             else:
                 out.discard(g)
-        if self.allowed is not None:
+        if self.allowed is not None or self.denied is not None:
             out = {g for g in out if self.allows(g)}
         return out
 
@@ -685,7 +694,7 @@ class Ctx:
         # Several instances on one node: sweep each node's step functions.
         best_node = None
         for n, gidxs in enumerate(idx.node_gpus):
-            if any(g in taken for g in gidxs) or (self.allowed is not None and n not in self.allowed):
+            if any(g in taken for g in gidxs) or not self.allows_node(n):
                 continue
             events: list[tuple[float, int, int]] = []
             for g in gidxs:
@@ -735,6 +744,77 @@ class Ctx:
                 out.append(LayoutChange(w.gs.node, w.gs.index, w.layout,
                                         f"{reason}: {w.gs.layout} -> {w.layout}"))
         return out
+
+
+class CpuLedger:
+    """Each node's free CPUs (ClusterState.free_cpus) less those promised to the jobs one decision has
+    placed there. Slurm starts a job only where its CPUs fit: two jobs placed on a node with room for one
+    left the second carved for and waiting there until a later decision moved it (and its carve) elsewhere.
+    """
+
+    __slots__ = ("left", "promised", "_short")
+
+    def __init__(self, idx: ClusterIndex, free_cpus: Iterable[tuple[str, int]]) -> None:
+        at = idx.node_index
+        self.left = {at[n]: max(0, c) for n, c in free_cpus if n in at}  # nodes not listed: not counted
+        self.promised: dict[int, int] = {}
+        self._short: dict[tuple[int, bool], set[int]] = {}
+
+    def short(self, need: int, whole: bool) -> set[int]:
+        """The nodes where ``need`` CPUs (all of a node's, with ``whole``) are not free now; kept up to date
+        as the decision promises CPUs, so one set serves every job that asks the same."""
+        key = (need, whole)
+        got = self._short.get(key)
+        if got is None:
+            promised = self.promised
+            got = self._short[key] = {n for n, c in self.left.items() if c < need or (whole and n in promised)}
+        return got
+
+    def promise(self, node: int, need: int, whole: bool) -> None:
+        """Count ``need`` CPUs of ``node`` (every free one, with ``whole``) as taken by a job placed there."""
+        c = self.left.get(node)
+        if c is None:
+            return
+        take = max(c, need) if whole else need
+        self.left[node] = c = c - take
+        self.promised[node] = self.promised.get(node, 0) + take
+        for (n, w), nodes in self._short.items():
+            if c < n or w:
+                nodes.add(node)
+
+
+def _names(idx: ClusterIndex, nodes: list[int], most: int = 3) -> str:
+    """Node names for a message: the first few, then how many more."""
+    names = [idx.node_names[n] for n in sorted(nodes)]
+    if len(names) <= most:
+        return ", ".join(names)
+    return f"{', '.join(names[:most])} and {len(names) - most} more"
+
+
+def _cpu_note(ctx: Ctx, ledger: CpuLedger, job: PendingJob) -> str:
+    """Why nodes the job could otherwise use were not its for CPUs; "" when none were."""
+    allowed = ctx.allowed
+    need = job.cpus or 1
+    taken, few = [], []
+    for n in ctx.denied or ():
+        if allowed is not None and n not in allowed:
+            continue
+        # Whether it would have fitted but for the jobs this decision placed there.
+        (taken if n in ledger.promised and ledger.left[n] + ledger.promised[n] >= need else few).append(n)
+    idx = ctx.idx
+    parts = []
+    if taken:
+        if job.exclusive:
+            parts.append(f"{_names(idx, taken)} {'has' if len(taken) == 1 else 'have'} CPUs promised to jobs placed "
+                         f"this tick")
+        elif len(taken) == 1:
+            parts.append(f"{_names(idx, taken)}'s free CPUs are promised to jobs placed this tick")
+        else:
+            parts.append(f"the free CPUs of {_names(idx, taken)} are promised to jobs placed this tick")
+    if few:
+        parts.append(f"{_names(idx, few)} {'has' if len(few) == 1 else 'have'} fewer free CPUs than it asks for "
+                     f"({need})")
+    return "; ".join(parts)
 
 
 # ---------------------------------------------------------------------------
@@ -802,6 +882,7 @@ class DispatchPolicy:
         i = 0
         stopped = ""
         allowed_of: dict[tuple[str, ...], frozenset[int] | None] = {}
+        ledger = CpuLedger(idx, state.free_cpus) if state.free_cpus is not None else None
         while i < n:
             job = pending[i]
             i += 1
@@ -815,6 +896,15 @@ class DispatchPolicy:
                     stopped = f"beyond the backfill depth ({depth} jobs after the first blocked one)"
                     break
             key = (job.profile, job.count, job.nodes)
+            counted = ledger is not None and (job.cpus or job.exclusive)
+            if counted:
+                # CPUs promised to jobs placed before it only shrink a job's nodes, so a request that found
+                # no room stays without room for this decision: the same CPUs and nodes, the same verdict.
+                need = job.cpus or 1
+                key = (job.profile, job.count, job.nodes, need, job.exclusive)
+                ctx.denied = ledger.short(need, job.exclusive) or None
+            else:
+                ctx.denied = None
             if job.nodes is None:
                 ctx.allowed = None
             else:
@@ -835,6 +925,8 @@ class DispatchPolicy:
             status, assignment = self.place(ctx, job, end)
             if status == PLACED:
                 assignments.append(assignment)
+                if counted:
+                    ledger.promise(idx.node_index[assignment.node], need, job.exclusive)
                 if ctx.exhausted():
                     stopped = "every slice is in use"
                     break
@@ -847,7 +939,16 @@ class DispatchPolicy:
                     f"none of the {len(ctx.allowed)} node(s) Slurm may start it on" if ctx.allowed else
                     "no node: Slurm may start it on none of the GPU nodes now (its partition, --nodelist, --exclude, "
                     "--constraint, a reservation, or their free CPUs)")
-                reason = reasons[key] = f"{where} can hold {job.count} x {job.profile} on idle slices now"
+                note = _cpu_note(ctx, ledger, job) if ctx.denied is not None else ""
+                if not note:
+                    reason = f"{where} can hold {job.count} x {job.profile} on idle slices now"
+                elif job.exclusive:
+                    reason = (f"{where} can hold {job.count} x {job.profile} on idle slices now on a node of its own "
+                              f"(--exclusive; {note})")
+                else:
+                    reason = (f"{where} can hold {job.count} x {job.profile} on idle slices now with {need} CPU(s) "
+                              f"free ({note})")
+                reasons[key] = reason
             else:
                 conflict_end[key] = end if ce is None else min(end, ce)
                 if not reserved_reason:
@@ -873,7 +974,7 @@ class DispatchPolicy:
         if i < n and explain:
             why = f"not considered: {stopped}" if stopped else "not considered"
             waiting.extend([(j.job_id, why) for j in pending[i:]])
-        ctx.allowed = None
+        ctx.allowed = ctx.denied = None
         changes = self.finish(ctx, state)
         extra = {"reservations": [(r.job_id, r.t, sorted(idx.gpus[g].key for g in r.regions))
                                   for r in ctx.reservations],

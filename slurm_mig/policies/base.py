@@ -60,6 +60,10 @@ class PendingJob:
     # The nodes Slurm may start it on (its partitions, --nodelist, --exclude, --constraint, reservations),
     # sorted; None: any node.
     nodes: tuple[str, ...] | None = None
+    # The CPUs it asks for on its node (squeue's cpus: -n x -c), counted against ClusterState.free_cpus;
+    # None: not counted (as for every simulated job).
+    cpus: int | None = None
+    exclusive: bool = False  # --exclusive: with counted CPUs, a node nothing else is placed on this decision
 
 
 @dataclass(frozen=True)
@@ -69,6 +73,10 @@ class ClusterState:
     now: float
     gpus: tuple[GpuState, ...]
     pending: tuple[PendingJob, ...]
+    # (node, CPUs Slurm has not allocated there), sorted by node: the jobs a decision places on a node ask
+    # for no more than these together (PendingJob.cpus). None: CPUs are not counted; a node left out: not
+    # counted there.
+    free_cpus: tuple[tuple[str, int], ...] | None = None
 
     def gpu(self, key: str) -> GpuState:
         for g in self.gpus:
@@ -136,7 +144,9 @@ def check_decision(state: ClusterState, decision: Decision) -> None:
     change, and is given to one job only; a job's instances are on one node and
     match its profile and count, on a node Slurm may start it on; only pending
     jobs are assigned; nothing is changed or assigned on a GPU whose node is
-    down or drained.
+    down or drained; where ``state.free_cpus`` counts a node's CPUs, the jobs
+    assigned there ask for no more than it has free (PendingJob.cpus; an
+    ``--exclusive`` job shares its node with no other counted job).
     """
     gpus = {g.key: g for g in state.gpus}
     pending = {j.job_id: j for j in state.pending}
@@ -192,3 +202,25 @@ def check_decision(state: ClusterState, decision: Decision) -> None:
             if (key, slot) in used:
                 raise DecisionError(f"instance {slot} on {key} assigned to two jobs")
             used.add((key, slot))
+    if state.free_cpus is not None:
+        _check_cpus(state, decision, pending)
+
+
+def _check_cpus(state: ClusterState, decision: Decision, pending: dict[str, PendingJob]) -> None:
+    """Raise DecisionError where the jobs a decision places on a node ask for more CPUs than it has free:
+    Slurm would start the later ones nowhere near their instances."""
+    free = dict(state.free_cpus or ())
+    asked: dict[str, list[PendingJob]] = {}
+    for a in decision.assignments:
+        job = pending[a.job_id]
+        if a.node in free and (job.cpus or job.exclusive):
+            asked.setdefault(a.node, []).append(job)
+    for node, jobs in asked.items():
+        total = sum(j.cpus or 1 for j in jobs)
+        if total > free[node]:
+            raise DecisionError(f"jobs {', '.join(j.job_id for j in jobs)} placed on {node} ask for {total} CPU(s), "
+                                f"more than its {free[node]} free")
+        whole = next((j for j in jobs if j.exclusive), None)
+        if whole is not None and len(jobs) > 1:
+            raise DecisionError(f"job {whole.job_id} asks for all of {node} (--exclusive), where job(s) "
+                                f"{', '.join(j.job_id for j in jobs if j is not whole)} are placed too")

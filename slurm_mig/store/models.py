@@ -311,9 +311,13 @@ def state_to_json(state: Any) -> dict:
             {"job_id": j.job_id, "profile": j.profile, "count": j.count, "submit_time": j.submit_time,
              "time_limit_s": j.time_limit_s, "user": j.user, "partition": j.partition,
              # only where Slurm restricts the job: the nodes it may start on
-             **({} if j.nodes is None else {"nodes": list(j.nodes)})}
+             **({} if j.nodes is None else {"nodes": list(j.nodes)}),
+             # only where CPUs are counted (PendingJob.cpus)
+             **({} if j.cpus is None else {"cpus": j.cpus}),
+             **({"exclusive": True} if j.exclusive else {})}
             for j in state.pending
         ],
+        **({} if state.free_cpus is None else {"free_cpus": dict(state.free_cpus)}),
     }
 
 
