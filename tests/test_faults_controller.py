@@ -1057,3 +1057,76 @@ def test_a_second_controller_on_the_same_database_is_refused(tmp_path):
         held2 = claim_database(db)
         claim_database(db)  # flock is per open file: the same process's second claim is refused too
     held2.close()
+
+
+# -- a node message delivered again changes nothing ----------------------------------------------
+# The node re-sends a message whose answer it did not get (its client's retry, its outbox at the next hook
+# or health check), with the same message_id. 2277c58 wrote the message's events once, but did the rest
+# again: by then the job may have been requeued and bound anew, and the message is not about that binding.
+
+N1 = Principal(0, 0, "n1", "hmac")
+MID = "5e" * 16
+
+
+def test_a_bound_message_delivered_again_after_a_requeue_does_not_bind_the_job_again(rig):
+    """Job 1's Prolog bound it alone (the controller was down) and queued /v1/bound; the controller
+    adopted it, but the answer was lost. The job was requeued (a tick saw it pending: binding released).
+    The outbox's copy then bound the pending job again and made it RUNNING: its instance held for a job
+    that does not run, and the tick taking it for requeued once more."""
+    rig.tick()
+    message = {"job_id": "1", "node": "n1", "local": True, "bound_at": time.time() - 30, "message_id": MID,
+               "instances": [{"gpu": 0, "profile": "3g.40gb", "start": 0, "uuid": "MIG-a"}]}
+    assert rig.on_bound(message, N1) == {"ok": True}
+    assert rig.store.get_job("1").state == "RUNNING" and rig.store.bound_instances("1")
+    rig.tick()  # Slurm lists job 1 pending again: requeued
+    assert rig.store.get_job("1").state == "PENDING" and rig.store.bound_instances("1") == ()
+    answer = rig.on_bound(message, N1)
+    assert rig.store.get_job("1").state == "PENDING" and rig.store.bound_instances("1") == ()
+    assert len([e for e in rig.store.recent_events(50, job_id="1") if e.kind == "start"]) == 1
+    assert answer == {"ok": True, "duplicate": True}  # what the first delivery got, and that it was one
+
+
+def test_a_requeue_epilog_delivered_again_does_not_free_the_next_attempts_instance(rig):
+    """Job 1's first attempt was requeued; its Epilog (requeued: true) released its instance, but the
+    answer was lost. The next attempt was bound to the same instance on the same node, and the outbox's
+    copy of the Epilog then released that binding: the instance looked free while the job ran on it."""
+    rig.tick()
+    first = rig.on_prolog({"job_id": "1", "node": "n1", "bindings": {}}, N1)
+    assert first["action"] == "bind", first
+    epilog = {"job_id": "1", "node": "n1", "exit_code": 0, "requeued": True, "end_time": time.time(),
+              "instances": first["instances"], "message_id": MID}
+    assert rig.on_epilog(epilog, N1) == {"ok": True, "recorded": False}
+    assert rig.store.bound_instances("1") == ()
+    again = rig.on_prolog({"job_id": "1", "node": "n1", "bindings": {}}, N1)
+    assert again["instances"] == first["instances"]  # the same instance: what made the copy dangerous
+    held = rig.store.live_bindings()
+    answer = rig.on_epilog(epilog, N1)
+    assert rig.store.live_bindings() == held and rig.store.get_job("1").state == "RUNNING"
+    assert answer == {"ok": True, "recorded": False, "duplicate": True}
+
+
+def test_an_applied_message_delivered_again_does_not_close_a_later_reconfiguration(rig):
+    """/v1/applied closed GPU 0's journal entry as done; its answer was lost. The next re-carve of GPU 0
+    began, and the outbox's copy closed that one as done too, before the node had done anything: the tick
+    then planned from a layout the GPU did not have."""
+    first = rig.store.journal_begin("n1", 0, "3g@0,3g@4", "7g@0", [], started=True)
+    applied = {"node": "n1", "message_id": MID, "results": [
+        {"gpu": 0, "ok": True, "reached": True, "before": "3g@0,3g@4", "after": "7g@0", "done": "made 7g@0"}]}
+    assert rig.on_applied(applied, N1) == {"ok": True}
+    assert rig.store.journal_entry(first).state == "done"
+    later = rig.store.journal_begin("n1", 0, "7g@0", "3g@0,3g@4", [], started=True)
+    answer = rig.on_applied(applied, N1)
+    assert rig.store.journal_entry(later).state == "in_progress"
+    assert rig.metrics.counters[("slurm_mig_reconfigurations_total", (("result", "ok"),))] == 1
+    assert answer == {"ok": True, "duplicate": True}
+
+
+def test_a_message_without_an_id_is_handled_at_each_delivery_as_before(rig):
+    rig.tick()
+    first = rig.on_prolog({"job_id": "1", "node": "n1", "bindings": {}}, N1)
+    failed = {"job_id": "1", "node": "n1", "results": [{"gpu": 0, "ok": False, "error": "gave up"}]}
+    assert rig.on_bind_failed(failed, N1) == {"ok": True}
+    rig.on_prolog({"job_id": "1", "node": "n1", "bindings": {}}, N1)
+    assert rig.store.bound_instances("1") and first["action"] == "bind"
+    assert rig.on_bind_failed(failed, N1) == {"ok": True}  # an older node's: no id, so no telling
+    assert rig.store.bound_instances("1") == () and rig.store.get_job("1").state == "REQUEUED"

@@ -681,6 +681,31 @@ def test_a_bound_message_queued_after_a_lost_answer_writes_its_start_event_once(
     assert list((rig.tmp / "node" / "n1" / "outbox").glob("*.json")) == []
 
 
+def test_a_bind_failed_delivered_again_after_the_job_was_bound_anew_leaves_that_binding(rig):
+    """Job 41's first Prolog failed its re-carve and sent /v1/bind-failed; the controller released and
+    requeued the job, but the answer was lost, twice, and the message stayed in the outbox. The job ran
+    again on this node and was bound; the health check then delivered the old message, which released
+    the new binding and marked the running job REQUEUED (its instance then looked free to the policy)."""
+    from slurm_mig.nvml import base
+
+    rig.job("41", "7g")
+    seen = _lose_answers(rig, "/v1/bind-failed")
+    rig.gpu.fail_next("create", base.InsufficientResources("injected (NVML_ERROR_INSUFFICIENT_RESOURCES)"),
+                      times=4)
+    assert rig.hook("prolog", "41") == 0 and [j for j, _ in rig.requeues] == ["41"]
+    rig.gpu.clear_faults()
+    assert rig.hook("prolog", "41") == 0  # its outbox flush loses the answer again; then the job is bound
+    bound = rig.live("41")
+    assert bound and rig.store.get_job("41").state == "RUNNING"
+    assert len(list((rig.tmp / "node" / "n1" / "outbox").glob("*.json"))) == 1
+    rig.srv.routes["/v1/bind-failed"] = rig.ctl.on_bind_failed
+    assert rig.report() == 0  # delivered once more, and answered
+    assert rig.live("41") == bound and rig.store.get_job("41").state == "RUNNING"
+    assert list((rig.tmp / "node" / "n1" / "outbox").glob("*.json")) == []
+    assert len(seen) >= 3 and len({p["message_id"] for p in seen}) == 1  # every delivery one message
+    assert len(_events_of(rig, "41", "bind-failed")) == 1
+
+
 def test_a_message_without_an_id_from_an_older_node_still_writes_its_events(rig):
     rig.job("34", "1g")
     assert rig.hook("prolog", "34") == 0

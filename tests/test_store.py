@@ -56,7 +56,7 @@ def test_fresh_store_is_at_latest_version(db):
     assert db.schema_version == LATEST_VERSION
     tables = set(db.db.table_names())
     for t in ("nodes", "gpus", "instances", "desired_layouts", "jobs", "bindings", "decisions",
-              "reconfig_journal", "outcomes", "events", "meta", "schema_migrations"):
+              "reconfig_journal", "outcomes", "events", "meta", "node_messages", "schema_migrations"):
         assert t in tables
     assert db.db.execute("PRAGMA user_version").fetchone()[0] == LATEST_VERSION
     assert [r[0] for r in db.db.execute("SELECT version FROM schema_migrations ORDER BY version")] == \
@@ -672,13 +672,18 @@ def test_events(db):
     assert [e.message for e in db.recent_events(job_id="2")] == ["event 2"]
 
 
-def test_a_node_message_is_found_by_the_id_its_events_carry(db):
+def test_a_handled_node_message_keeps_its_answer_until_pruned(db):
     mid = "ab" * 16
-    db.add_event("end", "job 1 ended", {"message": mid}, job_id="1", now=100.0)
-    db.add_event("end", "job 2 ended", {"i": 2}, job_id="2", now=200.0)
-    assert db.message_seen(mid) and db.message_seen(mid, since=99.0)
-    assert not db.message_seen(mid, since=101.0)  # only events from `since` on are searched
-    assert not db.message_seen("cd" * 16)
+    assert db.message_answer("n1", "/v1/epilog", mid) is None
+    db.record_message("n1", "/v1/epilog", mid, {"ok": True, "recorded": True}, now=100.0)
+    db.record_message("n1", "/v1/epilog", mid, {"ok": True, "recorded": False}, now=150.0)  # the first stays
+    assert db.message_answer("n1", "/v1/epilog", mid) == {"ok": True, "recorded": True}
+    # Another node, or another route, with the same id is another message.
+    assert db.message_answer("n2", "/v1/epilog", mid) is None
+    assert db.message_answer("n1", "/v1/bound", mid) is None
+    assert db.prune(keep_journal_days=1, now=100.0 + 86400)["messages"] == 0
+    assert db.prune(keep_journal_days=1, now=101.0 + 86400)["messages"] == 1
+    assert db.message_answer("n1", "/v1/epilog", mid) is None
 
 
 def test_node_state(db):

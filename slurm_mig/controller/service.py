@@ -55,9 +55,6 @@ WITHDRAW_ROUNDS = 3
 # An outcome an Epilog reported is counted in slurm_mig_jobs_finished_total once a tick has seen Slurm list
 # the job as ended (so with Slurm's state where it corrected the Epilog's), or this long after it was recorded.
 END_STATE_WAIT_S = 60.0
-# How far before a node message's own time (the node's clock) its earlier deliveries' events are looked for:
-# node and controller clocks may differ (HMAC refuses a request more than [auth].max_clock_skew_s off).
-MESSAGE_CLOCK_MARGIN_S = 600.0
 
 
 @dataclass
@@ -960,10 +957,9 @@ class Controller:
             return [e for e in open_entries if e.id in ids]
         return [e for e in open_entries if not gpus or e.gpu in gpus]
 
-    def _message_events(self, message: tuple[str | None, float | None], now: float) -> "_MessageEvents":
-        """The event writer of a node message (``_v_message``); call inside the handler's transaction."""
-        margin = max(MESSAGE_CLOCK_MARGIN_S, 2 * float(self.cfg.auth.max_clock_skew_s))
-        return _MessageEvents(self.store, *message, now, margin)
+    def _message(self, node: str, route: str, message_id: str | None, now: float) -> "_NodeMessage":
+        """A node message (``_v_message``), handled once: create it inside the handler's transaction."""
+        return _NodeMessage(self.store, node, route, message_id, now)
 
     def _finish_reconfig(self, entry_id: int, state: str, **kw):
         """journal_finish(), and the reconfiguration's duration (start -> finish) into
@@ -1288,13 +1284,17 @@ class Controller:
         observed_at = _v_time(payload.get("observed_at"), "observed_at")
         if local and not insts:
             raise _rejected("instances: a binding made by the node alone must list its instances")
-        message = _v_message(payload)
+        message_id, _at = _v_message(payload)
         now = self.clock()
         # When the node bound it: a binding it made alone may be delivered long after, from its outbox.
         bound_at = min(_v_time(payload.get("bound_at"), "bound_at") or now, now)
         detail = self._slurm_detail(job_id) if local else None
         with self.store.transaction():
-            events = self._message_events(message, now)
+            events = self._message(node, "/v1/bound", message_id, now)
+            if events.handled:
+                # Delivered again (its answer was lost): by now the job may have ended, been requeued or
+                # bound anew, and this binding must not be adopted, nor the job made RUNNING, again.
+                return events.answer
             if local:
                 # Bound by the node alone while we were down: adopt it.
                 if not self.store.get_job(job_id):
@@ -1310,7 +1310,7 @@ class Controller:
                                   "WHERE job_id = ?", (bound_at, node, job_id))
                     events.add("late", f"job {job_id}: node-made binding on {node} reported after the "
                                f"job ended", node=node, job_id=job_id, now=now)
-                    return {"ok": True}
+                    return events.reply({"ok": True})
                 try:
                     self.store.bind(job_id, node, insts, now=now)
                 except SlurmMigError as exc:
@@ -1333,16 +1333,20 @@ class Controller:
             events.add("start", f"job {job_id} started on {node} with "
                        + ", ".join(f"{i['profile']}@{i['gpu']}:{i['start']}" for i in insts),
                        node=node, job_id=job_id, now=now)
-        return {"ok": True}
+            return events.reply({"ok": True})
 
     def on_bind_failed(self, payload: dict, principal) -> dict:
         node = self._check_node(payload, principal)
         job_id = self._check_job(payload)
         results = _v_results(payload.get("results"), need_gpu=False)
-        message = _v_message(payload)
+        message_id, _at = _v_message(payload)
         now = self.clock()
         with self.store.transaction():
-            events = self._message_events(message, now)
+            events = self._message(node, "/v1/bind-failed", message_id, now)
+            if events.handled:
+                # Delivered again (its answer was lost): meanwhile the job may have been requeued and bound
+                # anew on this node, a binding this message is not about; nothing is released or requeued.
+                return events.answer
             # Only this node's binding: a late message about an earlier attempt must not free a later one.
             self.store.release(job_id, node=node, now=now)
             job = self.store.get_job(job_id)
@@ -1353,9 +1357,9 @@ class Controller:
                 self._finish_reconfig(e.id, "failed", error=str(results)[:2000], now=now)
             events.add("bind-failed", f"job {job_id} on {node}: {results}"[:2000],
                        node=node, job_id=job_id, now=now)
-        if not events.seen:  # counted once per failure, not per delivery
-            self.metrics.inc("slurm_mig_hook_errors_total", (("kind", "bind_failed"),))
-        return {"ok": True}
+            answer = events.reply({"ok": True})
+        self.metrics.inc("slurm_mig_hook_errors_total", (("kind", "bind_failed"),))  # once per failure
+        return answer
 
     def on_epilog(self, payload: dict, principal) -> dict:
         node = self._check_node(payload, principal)
@@ -1368,43 +1372,21 @@ class Controller:
         lingering = _v_instances(payload.get("lingering"), "lingering")
         unreadable = _v_bool(payload.get("binding_unreadable"), "binding_unreadable")
         requeued = _v_bool(payload.get("requeued"), "requeued")
-        message = _v_message(payload)
+        message_id, _at = _v_message(payload)
+        state = "COMPLETED" if exit_code == 0 else "FAILED"
         with self.store.transaction():
-            events = self._message_events(message, now)
+            events = self._message(node, "/v1/epilog", message_id, now)
+            if events.handled:
+                # Delivered again (its answer was lost): its outcome is recorded, and the job may run again by
+                # now (requeued, its id reused), bound anew, perhaps to the same instances on this node.
+                return events.answer
             job = self.store.get_job(job_id)
             if unreadable and not insts:
                 insts = [b.to_json() for b in self.store.bound_instances(job_id)]  # the node's file was damaged
-            if job is None or not insts:
-                # Not a MIG job, or a run that never got its instances (requeued in its Prolog).
-                return {"ok": True, "recorded": False}
-            bound_on = self.store.bound_nodes(job_id)
-            if node not in bound_on and (bound_on or job.node not in (None, node)):
-                # The job runs (or ran) on another node: this is a stale attempt's Epilog, or a node speaking
-                # beyond itself. It may not end the job there, record its outcome or free its instances.
-                where = ", ".join(sorted(bound_on)) or job.node
-                events.add("conflict", f"job {job_id}: an Epilog from {node}, where it is not bound "
-                           f"(it is on {where}); ignored", node=node, job_id=job_id, now=now)
-                log.warning("job %s: Epilog from %s ignored: the job is bound on %s", job_id, node, where)
-                return {"ok": True, "recorded": False}
-            if requeued:
-                # This attempt was requeued (by its Prolog's wrapper after a crash, an admin, a node failure):
-                # it is not how the job ended. Its instances are free; the outcome waits for the final run.
-                self.store.release(job_id, node=node, starts=[(i["gpu"], i["start"]) for i in insts], now=now)
-                events.add("requeue", f"job {job_id}: an attempt on {node} ended by a requeue; its "
-                           f"instances are released, the outcome waits for the run that completes",
-                           node=node, job_id=job_id, now=now)
-                return {"ok": True, "recorded": False}
-            state = "COMPLETED" if exit_code == 0 else "FAILED"
-            recorded = self.store.record_outcome(job_id, state=state, exit_code=exit_code,
-                                                 derived_exit_code=derived_ec, end_time=end, now=now)
-            if job.state not in ("COMPLETED", "FAILED"):
-                self.store.set_job_state(job_id, state, now=now, exit_code=exit_code)
-            self.store.release(job_id, node=node, starts=[(i["gpu"], i["start"]) for i in insts], now=now)
-            if lingering:
-                events.add("lingering", f"job {job_id} ended with processes left on {lingering}",
-                           node=node, job_id=job_id, now=now)
-            events.add("end", f"job {job_id} ended on {node} (exit {format_exit_status(exit_code)})", node=node,
-                       job_id=job_id, now=now)
+            answer = events.reply(self._epilog(job, job_id, node, events, insts=insts, lingering=lingering,
+                                               requeued=requeued, state=state, exit_code=exit_code,
+                                               derived_ec=derived_ec, end=end, now=now))
+            recorded = answer["recorded"]
         if recorded:
             # Counted in jobs_finished_total once its end state is final (_final_end_states): the Epilog reads
             # exit status 0 for a job cancelled or timed out, and a counter cannot take a job back.
@@ -1413,6 +1395,42 @@ class Controller:
             if job.start_time and job.submit_time:
                 self.metrics.observe("slurm_mig_wait_seconds", max(0.0, job.start_time - job.submit_time),
                                      (1, 5, 15, 30, 60, 300, 900, 3600))
+        return answer
+
+    def _epilog(self, job, job_id: str, node: str, events: "_NodeMessage", *, insts: list, lingering: list,
+                requeued: bool, state: str, exit_code: int | None, derived_ec: int | None, end: float,
+                now: float) -> dict:
+        """The effects of an Epilog of the job id's current run (on_epilog's transaction); its answer."""
+        if job is None or not insts:
+            # Not a MIG job, or a run that never got its instances (requeued in its Prolog).
+            return {"ok": True, "recorded": False}
+        bound_on = self.store.bound_nodes(job_id)
+        if node not in bound_on and (bound_on or job.node not in (None, node)):
+            # The job runs (or ran) on another node: this is a stale attempt's Epilog, or a node speaking
+            # beyond itself. It may not end the job there, record its outcome or free its instances.
+            where = ", ".join(sorted(bound_on)) or job.node
+            events.add("conflict", f"job {job_id}: an Epilog from {node}, where it is not bound "
+                       f"(it is on {where}); ignored", node=node, job_id=job_id, now=now)
+            log.warning("job %s: Epilog from %s ignored: the job is bound on %s", job_id, node, where)
+            return {"ok": True, "recorded": False}
+        if requeued:
+            # This attempt was requeued (by its Prolog's wrapper after a crash, an admin, a node failure):
+            # it is not how the job ended. Its instances are free; the outcome waits for the final run.
+            self.store.release(job_id, node=node, starts=[(i["gpu"], i["start"]) for i in insts], now=now)
+            events.add("requeue", f"job {job_id}: an attempt on {node} ended by a requeue; its "
+                       f"instances are released, the outcome waits for the run that completes",
+                       node=node, job_id=job_id, now=now)
+            return {"ok": True, "recorded": False}
+        recorded = self.store.record_outcome(job_id, state=state, exit_code=exit_code,
+                                             derived_exit_code=derived_ec, end_time=end, now=now)
+        if job.state not in ("COMPLETED", "FAILED"):
+            self.store.set_job_state(job_id, state, now=now, exit_code=exit_code)
+        self.store.release(job_id, node=node, starts=[(i["gpu"], i["start"]) for i in insts], now=now)
+        if lingering:
+            events.add("lingering", f"job {job_id} ended with processes left on {lingering}",
+                       node=node, job_id=job_id, now=now)
+        events.add("end", f"job {job_id} ended on {node} (exit {format_exit_status(exit_code)})", node=node,
+                   job_id=job_id, now=now)
         return {"ok": True, "recorded": recorded}
 
     def on_report(self, payload: dict, principal) -> dict:
@@ -1479,13 +1497,18 @@ class Controller:
         results = _v_results(payload.get("results"), need_gpu=True)
         observed = _v_observed(payload.get("observed"))
         observed_at = _v_time(payload.get("observed_at"), "observed_at")
-        message = _v_message(payload)
+        message_id, _at = _v_message(payload)
         now = self.clock()
         with self.store.transaction():
-            events = self._message_events(message, now)
+            events = self._message(node, "/v1/applied", message_id, now)
+            if events.handled:
+                # Delivered again (its answer was lost): its layouts may be older than a later report's, and
+                # the journal entries it closed may have been followed by others for the same GPUs.
+                return events.answer
             # The GPUs as the apply left them: the journal entries close below, and without this the policy
             # would see the layout from before the change until the next health check (30 s by default).
             self._store_observed(node, observed, observed_at)
+            counted = []  # once the transaction has committed: a rolled-back one is handled again
             for r in results:
                 gi = r["gpu"]
                 ok = r["ok"] and r["reached"]
@@ -1493,11 +1516,13 @@ class Controller:
                     if e.gpu == gi:
                         self._finish_reconfig(e.id, "done" if ok else "failed",
                                               outcome=r["done"], error=r["error"], now=now)
-                if not events.seen:  # counted once per change, not per delivery
-                    self.metrics.inc("slurm_mig_reconfigurations_total", (("result", "ok" if ok else "failed"),))
+                counted.append("ok" if ok else "failed")
                 events.add("applied", f"{node}/{gi}: {r['before']} -> {r['after']}"
                            + ("" if ok else f" FAILED: {r['error']}"), node=node, now=now)
-        return {"ok": True}
+            answer = events.reply({"ok": True})
+        for result in counted:
+            self.metrics.inc("slurm_mig_reconfigurations_total", (("result", result),))
+        return answer
 
 
 @dataclass
@@ -1511,28 +1536,40 @@ class _Plan:
     changes: list = field(default_factory=list)  # (LayoutChange, layout now, steps) that change something
 
 
-class _MessageEvents:
-    """The events of one node message, written once however often the message is delivered.
+class _NodeMessage:
+    """One node message, handled once however often it is delivered.
 
     A node re-sends a message whose answer it did not get (its client retries once; the outbox sends it
     again at the next hook or health check), each time with a fresh credential, so the channel's replay
-    check cannot tell it from a new request. The node gives each message an id (``message_id``) and its
-    own time (``message_at``); the events of a delivery carry the id in their details, and a later
-    delivery that finds them writes none. Create it inside the handler's transaction. A message without
-    an id (from an older node) has its events written at each delivery, as before.
+    check cannot tell it from a new request. The node gives each message an id (``message_id``). The
+    handler notes the message and its answer (``reply``, table node_messages) in the transaction of its
+    effects; a later delivery finds the note (``handled``) and gets the same answer, with ``"duplicate":
+    true``, changing nothing: by then the job may have been requeued and bound anew, and doing the message
+    again would act on that. Its events carry the id in their details. A message without an id (from an
+    older node) is handled at each delivery, as before.
     """
 
-    def __init__(self, store, message_id: str | None, message_at: float | None, now: float, margin_s: float):
-        self.store, self.id = store, message_id
-        since = None if message_at is None else min(message_at, now) - margin_s
-        self.seen = message_id is not None and store.message_seen(message_id, since=since)
+    def __init__(self, store, node: str, route: str, message_id: str | None, now: float):
+        self.store, self.node, self.route, self.id, self.now = store, node, route, message_id, now
+        first = None if message_id is None else store.message_answer(node, route, message_id)
+        self.answer = None if first is None else {**first, "duplicate": True}
+
+    @property
+    def handled(self) -> bool:
+        """An earlier delivery of this message was handled; ``answer`` is what to answer now."""
+        return self.answer is not None
 
     def add(self, kind: str, message: str, *, node: str | None = None, job_id: str | None = None,
             now: float | None = None) -> None:
-        """Store.add_event(), unless an earlier delivery of this message wrote its events."""
-        if not self.seen:
-            self.store.add_event(kind, message, {"message": self.id} if self.id else None, node=node,
-                                 job_id=job_id, now=now)
+        """Store.add_event(), the message's id in the event's details."""
+        self.store.add_event(kind, message, {"message": self.id} if self.id else None, node=node,
+                             job_id=job_id, now=now)
+
+    def reply(self, answer: dict) -> dict:
+        """``answer``, noted as this message's (when it has an id) in the handler's transaction."""
+        if self.id is not None:
+            self.store.record_message(self.node, self.route, self.id, answer, now=self.now)
+        return answer
 
 
 def _load_ended(store) -> dict[str, tuple[float, tuple | None]]:
@@ -1651,7 +1688,7 @@ _MESSAGE_ID = re.compile(r"[0-9a-f]{16,64}")
 
 
 def _v_message(payload: dict) -> tuple[str | None, float | None]:
-    """(message_id, message_at) of a node message (see _MessageEvents); (None, None) from an older node."""
+    """(message_id, message_at) of a node message (see _NodeMessage); (None, None) from an older node."""
     message_id = payload.get("message_id")
     if message_id is not None and (not isinstance(message_id, str) or not _MESSAGE_ID.fullmatch(message_id)):
         raise _rejected(f"message_id: expected 16 to 64 lowercase hex digits, got {_show(message_id)}")

@@ -1177,6 +1177,8 @@ class Store:
               keep_journal_days: float = 30.0, now: float | None = None) -> dict[str, int]:
         """Bound the history tables: the newest decisions/events by count, finished journal entries by age.
 
+        The record of handled node messages (node_messages) is kept as long as finished journal entries: a
+        node re-sends a message within minutes, or when it is back from a failure.
         Jobs, bindings and outcomes are never pruned here (outcomes are training data).
         """
         cutoff = _now(now) - keep_journal_days * 86400
@@ -1186,18 +1188,26 @@ class Store:
             e = self._x("DELETE FROM events WHERE id <= (SELECT MAX(id) FROM events) - ?", (int(keep_events),)).rowcount
             j = self._x("DELETE FROM reconfig_journal WHERE finished_at IS NOT NULL AND finished_at < ?",
                         (cutoff,)).rowcount
-        return {"decisions": d, "events": e, "journal": j}
+            m = self._x("DELETE FROM node_messages WHERE handled_at < ?", (cutoff,)).rowcount
+        return {"decisions": d, "events": e, "journal": j, "messages": m}
 
-    def message_seen(self, message_id: str, *, since: float | None = None) -> bool:
-        """Has an event been written for the node message ``message_id`` (``details["message"]``, see
-        controller.service._MessageEvents)? Only events from ``since`` on are searched (None: all), which
-        keeps the look-up to the events_time index's recent rows. Ask inside the transaction that writes
-        the message's events, so that a second delivery cannot slip in between."""
-        where, params = "json_extract(details, '$.message') = ?", [str(message_id)]
-        if since is not None:
-            where, params = "time >= ? AND " + where, [float(since), *params]
+    def message_answer(self, node: str, route: str, message_id: str) -> dict | None:
+        """The answer the node message ``message_id`` from ``node`` on ``route`` was given when it was
+        handled (see record_message); None if it was not (or that was longer ago than prune keeps). Ask
+        inside the transaction that would handle it, so that a second delivery cannot slip in between."""
         with self.snapshot():
-            return bool(self._q(f"SELECT 1 FROM events WHERE {where} LIMIT 1", params))
+            rows = self._q("SELECT answer FROM node_messages WHERE node = ? AND route = ? AND message_id = ?",
+                           (node, route, str(message_id)))
+        return loads(rows[0]["answer"], {}) if rows else None
+
+    def record_message(self, node: str, route: str, message_id: str, answer: dict, *,
+                       now: float | None = None) -> None:
+        """Note that the node message ``message_id`` was handled and answered ``answer``, in the
+        transaction of its effects: a later delivery of it is answered the same and changes nothing."""
+        with self.transaction():
+            self._x("INSERT INTO node_messages (node, route, message_id, answer, handled_at) VALUES (?, ?, ?, ?, ?) "
+                    "ON CONFLICT(node, route, message_id) DO NOTHING",
+                    (node, route, str(message_id), dumps(answer), _now(now)))
 
     def add_event(self, kind: str, message: str, details: dict | None = None, *, node: str | None = None,
                   job_id: str | None = None, now: float | None = None) -> int:

@@ -270,12 +270,30 @@ _V5_BLOCKED_GPUS = """
 ALTER TABLE gpus ADD COLUMN blocked TEXT;
 """
 
+_V6_NODE_MESSAGES = """
+-- The node messages handled (/v1/bound, /v1/bind-failed, /v1/epilog, /v1/applied that carry a
+-- message_id), and the answer each got. A node sends a message again when it did not get the answer
+-- (its client's retry, the outbox at the next hook or health check); such a delivery is answered from
+-- here and changes nothing, since by then the job may run again with another binding. Written in the
+-- transaction that handled the message; pruned after [controller].keep_journal_days.
+CREATE TABLE node_messages (
+    node          TEXT NOT NULL,
+    route         TEXT NOT NULL,
+    message_id    TEXT NOT NULL,                     -- made once per message on the node (hex)
+    answer        TEXT NOT NULL,                     -- JSON: what the first delivery was answered
+    handled_at    REAL NOT NULL,
+    PRIMARY KEY (node, route, message_id)
+);
+CREATE INDEX node_messages_time ON node_messages(handled_at);
+"""
+
 MIGRATIONS: tuple[Migration, ...] = (
     (1, "base tables", _V1_BASE),
     (2, "indexes for the controller tick; meta table", _V2_INDEXES_AND_META),
     (3, "jobs.blocked: pending jobs Slurm will not start now", _V3_BLOCKED_JOBS),
     (4, "outcomes: one per run of a job id (ids are reused); jobs.run", _V4_OUTCOME_RUNS),
     (5, "gpus.blocked: GPUs slurm-mig must leave as they are", _V5_BLOCKED_GPUS),
+    (6, "node_messages: node messages handled, answered once", _V6_NODE_MESSAGES),
 )
 
 LATEST_VERSION = MIGRATIONS[-1][0]
