@@ -157,3 +157,63 @@ def test_jobs_finished_counts_the_epilogs_state_once_slurm_has_forgotten_the_job
     t[0] += 61
     ctl.tick()
     assert _finished(ctl) == {"COMPLETED": 1.0}
+
+
+# -- an Epilog that arrives after the job id ran again ---------------------------------------------
+# A run's Epilog waits in its node's outbox while the controller cannot be reached; meanwhile the id runs
+# again (requeued after it ended, reused) and the store tracks that as a new run (restart_job). The old
+# run's Epilog then ended the new run: its outcome recorded under the new run's number, the job COMPLETED
+# while it ran, and its instance released.
+
+INST = {"gpu": 0, "profile": "1g.10gb", "start": 0}
+
+
+def _old_runs_epilog(end: float, **extra) -> dict:
+    return {"job_id": "3", "node": "n1", "exit_code": 0, "end_time": end, "instances": [INST], **extra}
+
+
+def test_an_epilog_of_an_earlier_run_does_not_end_the_run_after_it(ctl):
+    end1 = time.time() - 600
+    _ended_by_epilog(ctl.store, "3", end1)  # run 1 ended; its outcome came from Slurm's record, say
+    ctl.store.restart_job("3", now=end1 + 200, reason="live again", submit_time=end1 + 190)
+    ctl.store.set_job_state("3", "RUNNING", now=end1 + 300, node="n1")
+    ctl.store.bind("3", "n1", [INST], now=end1 + 300)
+    answer = ctl.on_epilog(_old_runs_epilog(end1 - 5), None)
+    job = ctl.store.get_job("3")
+    assert (job.state, job.run, job.end_time) == ("RUNNING", 2, None)
+    assert ctl.store.bound_instances("3")  # run 2's instance is still its own
+    assert [(o.run, o.end_time) for o in ctl.store.outcomes()] == [(1, end1)]  # a duplicate: nothing new
+    assert answer == {"ok": True, "recorded": False}
+    assert any(e.kind == "late" and "before the current one" in e.message for e in ctl.store.recent_events(10))
+    # Run 2's own Epilog ends it.
+    assert ctl.on_epilog(_old_runs_epilog(time.time()), None)["recorded"]
+    assert [o.run for o in ctl.store.outcomes()] == [1, 2] and ctl.store.get_job("3").state == "COMPLETED"
+
+
+def test_a_late_epilog_records_the_earlier_runs_missing_outcome_under_that_run(ctl):
+    """Run 1 ended here without an outcome (the tick saw Slurm list it ended, Slurm had forgotten its exit
+    status); run 2 waits. Run 1's Epilog arrives: its outcome is run 1's, and run 2 waits on."""
+    end1 = time.time() - 600
+    ctl.store.upsert_job("3", profile="1g", submit_time=end1 - 100, now=end1 - 100)
+    ctl.store.set_job_state("3", "RUNNING", now=end1 - 90, node="n1")
+    ctl.store.set_job_state("3", "CANCELLED", now=end1)
+    ctl.store.restart_job("3", now=end1 + 200, reason="live again", submit_time=end1 + 190)
+    answer = ctl.on_epilog(_old_runs_epilog(end1 - 2, exit_code=256), None)
+    assert answer == {"ok": True, "recorded": True}
+    (o,) = ctl.store.outcomes()
+    assert (o.run, o.state, o.exit_code, o.end_time, o.node, o.start_time) == (1, "FAILED", 256, end1 - 2, "n1", None)
+    job = ctl.store.get_job("3")
+    assert (job.state, job.run, job.submit_time) == ("PENDING", 2, end1 + 190)
+
+
+def test_the_current_runs_epilog_a_little_behind_the_controllers_clock_still_ends_it(ctl):
+    # The node's clock runs up to [auth].max_clock_skew_s behind: an Epilog stamped before the run's start
+    # as the controller recorded it, by less than the margin, is this run's.
+    end1 = time.time() - 600
+    _ended_by_epilog(ctl.store, "3", end1)
+    ctl.store.restart_job("3", now=end1 + 200, reason="live again", submit_time=end1 + 190)
+    started = time.time() - 2
+    ctl.store.set_job_state("3", "RUNNING", now=started, node="n1")
+    ctl.store.bind("3", "n1", [INST], now=started)
+    assert ctl.on_epilog(_old_runs_epilog(started - ctl.cfg.auth.max_clock_skew_s), None)["recorded"]
+    assert [o.run for o in ctl.store.outcomes()] == [1, 2] and ctl.store.bound_instances("3") == ()

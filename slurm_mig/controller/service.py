@@ -961,6 +961,14 @@ class Controller:
         """A node message (``_v_message``), handled once: create it inside the handler's transaction."""
         return _NodeMessage(self.store, node, route, message_id, now)
 
+    def _clock_margin(self) -> float:
+        """How far apart two clocks may be whose times the controller compares: a node's and its own, or
+        two nodes'. Each request's timestamp must be within [auth].max_clock_skew_s of the controller's
+        clock (MUNGE's credential lifetime, never under 10 s, with munge auth), so any node's clock is
+        that close to the controller's and two nodes' clocks twice that; Slurm's times (a start time
+        from squeue) are slurmctld's clock, taken to be kept as close (the same NTP)."""
+        return 2 * max(10.0, float(self.cfg.auth.max_clock_skew_s))
+
     def _finish_reconfig(self, entry_id: int, state: str, **kw):
         """journal_finish(), and the reconfiguration's duration (start -> finish) into
         slurm_mig_reconfiguration_seconds (done and failed ones; abandoned ones never ran)."""
@@ -1365,7 +1373,8 @@ class Controller:
         node = self._check_node(payload, principal)
         job_id = self._check_job(payload)
         now = self.clock()
-        end = _v_time(payload.get("end_time"), "end_time") or now
+        ended_at = _v_time(payload.get("end_time"), "end_time")
+        end = ended_at or now
         exit_code = _v_opt_int(payload.get("exit_code"), "exit_code")
         derived_ec = _v_opt_int(payload.get("derived_ec"), "derived_ec")
         insts = _v_instances(payload.get("instances"), "instances")
@@ -1374,6 +1383,7 @@ class Controller:
         requeued = _v_bool(payload.get("requeued"), "requeued")
         message_id, _at = _v_message(payload)
         state = "COMPLETED" if exit_code == 0 else "FAILED"
+        earlier = False  # the Epilog of an earlier run than the job id's current one
         with self.store.transaction():
             events = self._message(node, "/v1/epilog", message_id, now)
             if events.handled:
@@ -1381,13 +1391,23 @@ class Controller:
                 # now (requeued, its id reused), bound anew, perhaps to the same instances on this node.
                 return events.answer
             job = self.store.get_job(job_id)
-            if unreadable and not insts:
-                insts = [b.to_json() for b in self.store.bound_instances(job_id)]  # the node's file was damaged
-            answer = events.reply(self._epilog(job, job_id, node, events, insts=insts, lingering=lingering,
-                                               requeued=requeued, state=state, exit_code=exit_code,
-                                               derived_ec=derived_ec, end=end, now=now))
-            recorded = answer["recorded"]
-        if recorded:
+            if job is not None and ended_at is not None and self._ended_before_this_run(job, ended_at):
+                earlier = True
+                recorded = self._earlier_runs_epilog(job, node, events, insts=insts, unreadable=unreadable,
+                                                     requeued=requeued, state=state, exit_code=exit_code,
+                                                     derived_ec=derived_ec, end=ended_at, now=now)
+                answer = events.reply({"ok": True, "recorded": recorded})
+            else:
+                if unreadable and not insts:
+                    insts = [b.to_json() for b in self.store.bound_instances(job_id)]  # the node's file was damaged
+                answer = events.reply(self._epilog(job, job_id, node, events, insts=insts, lingering=lingering,
+                                                   requeued=requeued, state=state, exit_code=exit_code,
+                                                   derived_ec=derived_ec, end=end, now=now))
+                recorded = answer["recorded"]
+        if recorded and earlier:
+            # An earlier run's end: Slurm lists the current run, so the Epilog's state is the only word on it.
+            self.metrics.inc("slurm_mig_jobs_finished_total", (("state", state),))
+        elif recorded:
             # Counted in jobs_finished_total once its end state is final (_final_end_states): the Epilog reads
             # exit status 0 for a job cancelled or timed out, and a counter cannot take a job back.
             with self._unconfirmed_lock:
@@ -1432,6 +1452,42 @@ class Controller:
         events.add("end", f"job {job_id} ended on {node} (exit {format_exit_status(exit_code)})", node=node,
                    job_id=job_id, now=now)
         return {"ok": True, "recorded": recorded}
+
+    def _ended_before_this_run(self, job, ended_at: float) -> bool:
+        """Did a run of ``job``'s id that ended at ``ended_at`` (an Epilog's end time, the node's clock) end
+        before the job's current run began? Then the Epilog is an earlier run's (or an earlier attempt's of
+        this run, requeued), arriving late from its node's outbox after the id ran again.
+
+        The current run began at its start time, or, not started yet, at its submission when it is a
+        later run (Slurm's submit time for it, restart_job). A run's own Epilog ends after its start was
+        recorded (the Prolog's request, a tick that saw it running, or Slurm's start time, all while or
+        before it ran), but the times come from different clocks: only an end earlier than the start by
+        more than the clocks may differ (_clock_margin: 2 x [auth].max_clock_skew_s, 60 s by default)
+        counts. An earlier run's Epilog that ended within that margin of the next run's start is taken as
+        the current run's, as before; ending a run wrongly would be worse than missing one.
+        """
+        began = job.start_time if job.start_time is not None else (job.submit_time if job.run > 1 else None)
+        return began is not None and ended_at < began - self._clock_margin()
+
+    def _earlier_runs_epilog(self, job, node: str, events: "_NodeMessage", *, insts: list, unreadable: bool,
+                             requeued: bool, state: str, exit_code: int | None, derived_ec: int | None,
+                             end: float, now: float) -> bool:
+        """An Epilog of a run of the job id before its current one (_ended_before_this_run): it neither ends
+        nor releases the current run. Its outcome goes under the run before the current one, unless that run
+        has one (then it is a duplicate: the outcome came from Slurm's record, _lost_epilogs). True when it
+        recorded an outcome."""
+        if not (insts or unreadable):
+            return False  # a run that never got its instances (requeued in its Prolog): nothing to say
+        recorded = False
+        if job.run > 1 and not requeued:  # (an attempt ended by a requeue is no outcome)
+            recorded = self.store.record_outcome(job.job_id, run=job.run - 1, state=state, exit_code=exit_code,
+                                                 derived_exit_code=derived_ec, end_time=end, now=now, node=node,
+                                                 instances=insts)
+        what = f"its outcome is recorded under run {job.run - 1}" if recorded else "nothing is changed"
+        events.add("late", f"job {job.job_id}: an Epilog from {node} of a run before the current one (run "
+                   f"{job.run}, which began after it ended); {what}", node=node, job_id=job.job_id, now=now)
+        log.warning("job %s: an Epilog from %s ended before the current run began; %s", job.job_id, node, what)
+        return recorded
 
     def on_report(self, payload: dict, principal) -> dict:
         node = self._check_node(payload, principal)

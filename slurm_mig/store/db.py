@@ -969,10 +969,14 @@ class Store:
 
     def record_outcome(self, job_id: str, *, state: str, exit_code: int | None = None,
                        derived_exit_code: int | None = None, end_time: float | None = None,
-                       now: float | None = None, **fields: Any) -> bool:
+                       now: float | None = None, run: int | None = None, **fields: Any) -> bool:
         """Record how the current run of ``job_id`` ended, exactly once per run: True when written, False
         if it already was. The run is the jobs row's (schema migration 4); without a jobs row there is no
         telling runs apart, and it counts as the latest run recorded.
+
+        ``run``: an earlier run than the jobs row's (an Epilog that arrived after the id ran again). The
+        jobs row is the current run's, so of it only what the id asks for is taken (profile, count, user,
+        partition, time limit), not its node, instances or times; pass those in ``fields`` if known.
 
         Missing fields (profile, count, node, instances, user, partition,
         time_limit_s, submit/start times) come from the jobs row; ``fields``
@@ -989,21 +993,27 @@ class Store:
         with self.transaction():
             rows = self._q("SELECT * FROM jobs WHERE job_id = ?", (job_id,))
             job = _row_job(rows[0]) if rows else None
-            run = rows[0]["run"] if rows else self._q(
+            current = rows[0]["run"] if rows else self._q(
                 "SELECT COALESCE(MAX(run), 1) AS run FROM outcomes WHERE job_id = ?", (job_id,))[0]["run"]
+            if run is not None and not 1 <= int(run) <= current:
+                raise StoreError(f"cannot record an outcome for run {run} of job {job_id}: its runs are 1 to {current}")
+            earlier = run is not None and int(run) < current
+            run = current if run is None else int(run)
             if self._q("SELECT 1 FROM outcomes WHERE job_id = ? AND run = ?", (job_id, run)):
                 return False
             if job is None and "profile" not in fields:
                 raise StoreError(f"cannot record an outcome for unknown job {job_id} without its profile")
             v: dict[str, Any] = {}
             if job is not None:
-                v.update(profile=job.profile, count=job.count, node=job.node, instances=list(job.instances),
-                         user=job.user, partition=job.partition, time_limit_s=job.time_limit_s,
-                         submit_time=job.submit_time, start_time=job.start_time)
+                v.update(profile=job.profile, count=job.count, user=job.user, partition=job.partition,
+                         time_limit_s=job.time_limit_s)
+                if not earlier:
+                    v.update(node=job.node, instances=list(job.instances), submit_time=job.submit_time,
+                             start_time=job.start_time)
             v.update(fields)
             instances = [as_bound_instance(i) for i in v.get("instances") or ()]
             gpus = v.get("gpus") or sorted({i.gpu for i in instances})
-            end = end_time if end_time is not None else (job.end_time if job and job.end_time else t)
+            end = end_time if end_time is not None else (job.end_time if job and job.end_time and not earlier else t)
             submit, start = v.get("submit_time"), v.get("start_time")
             wait_s = max(0.0, start - submit) if start is not None and submit is not None else None
             run_s = (end - start) if start is not None and end is not None else None
