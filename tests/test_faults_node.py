@@ -291,6 +291,23 @@ def test_a_gpu_whose_mig_mode_changes_at_its_next_reset_is_left_as_it_is(rig):
     assert _sim_layout(rig, 1) == "3g@0,2g@4,1g@6" and rig.gpu.owners(1) == {Slot(0, "3g.40gb"): "job 9"}
 
 
+def test_without_the_controller_no_new_job_is_bound_on_a_gpu_whose_mig_mode_changes_at_its_reset(rig):
+    """The admin ran `nvidia-smi -i 1 -mig 0` and waits for GPU 1's jobs to end before resetting it. With the
+    controller down, the Prolog's own choice took GPU 1's idle 2g@4 (the only free 2g on the node) and
+    started a new job there, which the reset would then take its instance from (or which holds the reset
+    back): the admin guide says no new job starts on such a GPU. It is requeued instead."""
+    for slot in ("3g@0", "2g@4", "1g@6"):
+        rig.gpu.set_in_use(0, slot, "job 8")  # GPU 0 is full
+    rig.gpu.set_in_use(1, "3g@0", "job 9")
+    rig.gpu.set_mig_mode(1, False, pending=True)
+    rig.job("2", "2g")
+    rig.srv.stop()
+    assert rig.hook("prolog", "2") == 0
+    assert not rig.record_file("2").exists()
+    assert rig.requeues == [("2", "controller unreachable and no free 1 x 2g instance exists on n1")]
+    assert rig.gpu.owners(1) == {Slot(0, "3g.40gb"): "job 9"}
+
+
 def test_a_gpu_instance_of_a_profile_not_in_our_tables_is_reported_and_never_carved_over(rig):
     """An admin made a GPU instance of a profile our tables do not list (a +gfx variant, a newer driver's)
     on GPU 1's slice 6. The node did not see it, so the controller took slice 6 for free and every carve

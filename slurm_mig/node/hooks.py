@@ -500,6 +500,10 @@ def _local_choice(node: Node, job_id: str, observed: list[dict]) -> dict:
     for kind, count in req.items():
         found = []
         for g in observed:
+            if g.get("mig_pending") is not None:
+                # The admin is changing this GPU's MIG mode at its next reset: no new job starts there (as the
+                # controller would decide); its instances go at the reset.
+                continue
             try:
                 name = get_model(g["model"]).profile(kind).name
             except Exception:  # no model, or one without this size
