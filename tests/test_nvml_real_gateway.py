@@ -624,3 +624,18 @@ def test_a_gpu_instance_of_a_profile_not_in_our_tables_is_seen_and_left_alone(fa
     assert fake_nvml.calls == []  # refused before any NVML change
     apply_layout(backend, 0, Layout.of(fake_nvml.model, [("2g", 2), ("3g", 4)])).raise_for_error()
     assert gi in fake_nvml.gis and len(backend.foreign_instances(0)) == 1
+
+
+def test_an_older_nvidia_ml_py_does_not_hide_a_newer_drivers_gpu_instance_profiles(fake_nvml):
+    """nvidia-ml-py 12.535 (pyproject allows >=12.535) has NVML_GPU_INSTANCE_PROFILE_COUNT = 0xA: the
+    profile indexes a newer driver offers beyond it (+gfx 0xA-0xC, -me 0xD-0xE, +me all 0xF-0x10, 3g+gfx
+    0x11) were never asked about, so a GPU instance of one of them was invisible again and every carve
+    over its slices failed with INSUFFICIENT_RESOURCES. The index is only passed to the driver, which
+    answers INVALID_ARGUMENT for one it does not know, so every index up to the newest count is asked."""
+    sys.modules["pynvml"].NVML_GPU_INSTANCE_PROFILE_COUNT = 0xA
+    gi = fake_nvml.add_foreign(0xD, 52, start=6, size=1)  # a 1g -me (NVML_GPU_INSTANCE_PROFILE_1_SLICE_NO_ME)
+    (f,) = RealBackend().foreign_instances(0)
+    assert (f.start, f.size, f.profile_id, f.gi_id) == (6, 1, 52, gi)
+    with pytest.raises(InsufficientResources, match="profile id 52 at 6:1"):
+        apply_layout(RealBackend(), 0, Layout.of(fake_nvml.model, [("3g", 0), ("2g", 4), ("1g", 6)]))
+

@@ -61,7 +61,7 @@ _ERROR_BY_CODE: dict[int, type[NvmlError]] = {
 _MIG_ENABLED = 1  # NVML_DEVICE_MIG_ENABLE
 _CI_ENGINE_PROFILE_SHARED = 0  # NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED
 _CI_PROFILE_COUNT = 9  # NVML_COMPUTE_INSTANCE_PROFILE_COUNT in nvml.h 13.x
-_GI_PROFILE_COUNT = 0x12  # NVML_GPU_INSTANCE_PROFILE_COUNT in nvidia-ml-py 13.x, for a pynvml without it
+_GI_PROFILE_COUNT = 0x12  # NVML_GPU_INSTANCE_PROFILE_COUNT in nvidia-ml-py 13.x (12.535 has 0xA)
 # Compute slices of a GPU instance -> NVML_COMPUTE_INSTANCE_PROFILE_* for a CI that uses all of them.
 _FULL_CI_PROFILE = {1: 0, 2: 1, 3: 2, 4: 3, 7: 4, 8: 5, 6: 6}
 # Lookups that mean "not here" rather than "broken".
@@ -308,15 +308,19 @@ class RealBackend:
 
     def foreign_instances(self, gpu: int) -> list[ForeignInstance]:
         """GPU instances of profiles the model's table does not list, found by asking NVML for every GPU
-        instance profile index it has (nvidia-ml-py's NVML_GPU_INSTANCE_PROFILE_COUNT) outside the table."""
+        instance profile index (nvidia-ml-py's NVML_GPU_INSTANCE_PROFILE_COUNT, or 13.x's where that is
+        fewer) outside the table."""
         h = self._handle(gpu)
         model = self._model(h)
         if model is None or not self._mig_enabled(h):
             return []
         ours = {p.nvml_index for p in model.profiles}
         known_ids = {p.id for p in model.profiles}
+        # At least the newest count we know: an older nvidia-ml-py's (0xA in 12.535) stops before the +gfx and
+        # -me profiles newer drivers offer, and the index is only passed on (a driver that lacks one says
+        # INVALID_ARGUMENT).
         try:
-            count = int(nvml_attr("NVML_GPU_INSTANCE_PROFILE_COUNT"))
+            count = max(int(nvml_attr("NVML_GPU_INSTANCE_PROFILE_COUNT")), _GI_PROFILE_COUNT)
         except NvmlUnavailable:
             count = _GI_PROFILE_COUNT
         devices = None
