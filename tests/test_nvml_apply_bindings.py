@@ -90,6 +90,28 @@ def test_only_this_nodes_bindings_and_gpus_count(node, capsys):
     assert "bound to job 7" in capsys.readouterr().err and "2g.20gb@4" in _uuids(node, "gpu02")
 
 
+def test_a_host_name_that_is_not_the_nodes_slurm_name_does_not_read_as_no_bindings(node, capsys, monkeypatch):
+    """In a root shell there is no $SLURMD_NODENAME, so the node name is the short host name, which need not
+    be Slurm's NodeName (NodeName=gpu01 on host h17). Its state folder does not exist, and that read as "no
+    bindings": the apply destroyed the instance a Prolog had bound to job 42 on gpu01. Refused now, naming
+    the nodes whose records are there; --node says which one this is."""
+    import socket
+
+    _bind(node, "42", "2g.20gb", 4)
+    monkeypatch.delenv("SLURMD_NODENAME")
+    monkeypatch.setattr(socket, "gethostname", lambda: "h17.cluster.example")
+    gpus = ["--sim-state", str(node / "gpus" / "gpu01.json")]
+    before = _uuids(node)
+    for extra in ([], ["--dry-run"]):
+        rc = main(["nvml", "apply", *gpus, "--gpu", "0", "--layout", "7g@0", *extra])
+        err = capsys.readouterr().err
+        assert rc == 1, err
+        assert "h17" in err and "gpu01" in err and "--node" in err and "Nothing was changed" in err
+    assert _uuids(node) == before
+    assert main(["nvml", "apply", *gpus, "--node", "gpu01", "--gpu", "0", "--layout", "7g@0"]) == 3
+    assert "bound to job 42" in capsys.readouterr().err and _uuids(node) == before
+
+
 @pytest.mark.parametrize("damage", ["garbage", "folder"])
 def test_an_unreadable_binding_record_fails_closed(node, capsys, damage):
     state = _bind(node, "42", "2g.20gb", 4)

@@ -192,6 +192,30 @@ def _node_state(args: argparse.Namespace):
     return NodeState(Path(load_config(getattr(args, "config", None)).node.cache_dir) / _node_name(args))
 
 
+def _check_node_name(args: argparse.Namespace, state) -> None:
+    """Refuse a node name guessed from the host name (no --node, no $SLURMD_NODENAME) that has no state folder
+    while other node names in cache_dir have binding records: Slurm's NodeName need not be the host name, and
+    reading "no bindings" there would let the apply destroy an instance a job is bound to."""
+    if getattr(args, "node", None) or os.environ.get("SLURMD_NODENAME"):
+        return
+    try:
+        os.stat(state.root)
+        return
+    except FileNotFoundError:
+        pass
+    except OSError:
+        return  # _take_layout_lock says why it cannot be read
+    try:
+        others = sorted(e.name for e in os.scandir(state.root.parent) if (Path(e.path) / "records").is_dir())
+    except OSError:
+        others = []
+    if others:
+        raise BindingsUnreadable(
+            f"this node's name was taken from the host name, {state.root.name!r}, which has no state in "
+            f"{state.root.parent}, but {', '.join(others)} {'has' if len(others) == 1 else 'have'} binding "
+            f"records there. Nothing was changed: pass --node with this node's Slurm name (NodeName)")
+
+
 def _bound_instances(state, backend, gpu: int, model) -> tuple[dict, list[str]]:
     """The instances on GPU ``gpu`` that jobs are bound to (Slot -> job ids), and a note for each binding
     that names an instance the GPU does not have (nothing there to keep; the hooks skip those too).
@@ -247,6 +271,8 @@ def _cmd_apply(args: argparse.Namespace) -> int:
         target = _target(backend, args.gpu, args.layout)
         extra = [s for item in args.busy for s in parse_layout(item, target.model).slots] if args.busy else []
         state = _node_state(args)
+        if not args.ignore_bindings:
+            _check_node_name(args, state)
         with contextlib.ExitStack() as stack:
             if not args.dry_run:
                 _take_layout_lock(stack, state)
