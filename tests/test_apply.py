@@ -230,6 +230,11 @@ def test_applying_the_plan_reaches_the_target_and_spares_busy_instances(scenario
 def state(tmp_path, monkeypatch) -> str:
     monkeypatch.delenv("SLURM_MIG_NVML_BACKEND", raising=False)
     monkeypatch.delenv("SLURM_MIG_SIM_STATE", raising=False)
+    # `nvml apply` reads the node's binding records under [node].cache_dir: this test's own, not the host's
+    # (/var/lib/slurm-mig/node by default, where another node's records make it refuse).
+    cfg = tmp_path / "slurm-mig.toml"
+    cfg.write_text(f'[node]\ncache_dir = "{tmp_path}/node"\n')
+    monkeypatch.setenv("SLURM_MIG_CONFIG", str(cfg))
     path = str(tmp_path / "cli.json")
     assert main(["nvml", "sim-init", "--sim-state", path, "--gpus", "H100-80GB:2", "--layout", "0=3g@0,2g@4,1g@6",
                  "--seed", "cli"]) == 0
