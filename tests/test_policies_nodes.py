@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from slurm_mig.mig.layout import Layout, Slot, parse_layout
+from slurm_mig.mig.layout import Layout, Slot, enumerate_maximal_layouts, parse_layout
 from slurm_mig.mig.profiles import get_model
 from slurm_mig.policies import get_policy
 from slurm_mig.policies.base import (
@@ -124,3 +124,125 @@ def test_unrestricted_jobs_decide_as_before():
 
         b = simulate(w, AllNodes(), spec, SimConfig(check=True))
         assert [(x.job.job_id, x.start) for x in a.jobs] == [(x.job.job_id, x.start) for x in b.jobs]
+
+
+def _full_walk(cls):
+    """``cls`` walking every GPU's group for a restricted job too, as frag-aware did before it walked only
+    the job's own nodes: the reference the restricted walk must decide exactly like."""
+
+    class FullWalk(cls):
+        def _walk_groups(self, ctx, ki, key):
+            groups = ki.groups if ki.groups is not None else ki.build_groups(ctx.idx)
+            order = self._group_order.get(key)
+            if order is None:
+                order = self._group_order[key] = self._order_groups(ctx.idx, key, groups)
+            return groups, order
+
+        @staticmethod
+        def _touched(ctx, key):
+            return sorted(ctx.touched_with(key))
+
+    return FullWalk
+
+
+def _random_restricted_state(rng: random.Random, names: list[str], shape: list[int], now: float) -> ClusterState:
+    # few layouts, so that groups of alike GPUs often hold more than group_width of a job's GPUs
+    layouts = rng.sample(enumerate_maximal_layouts(H100), 3)
+    gpus = []
+    for n, k in zip(names, shape):
+        for i in range(k):
+            lay = rng.choice(layouts)
+            busy = frozenset(x for x in sorted(lay.slots) if rng.random() < 0.5)
+            until = tuple((x, now + rng.uniform(0, 5000)) for x in sorted(busy) if rng.random() < 0.8)
+            gpus.append(GpuState(n, i, H100, lay, busy, frozenset(), until))
+
+    def nodes():
+        r = rng.random()
+        if r < 0.3:
+            return None
+        if r < 0.4:
+            return ("elsewhere",)  # a node with no GPUs: allowed on none
+        k = rng.randint(1, len(names)) if r < 0.55 else rng.randint(1, 2)
+        return tuple(sorted(rng.sample(names, k)))
+
+    jobs = [PendingJob(f"j{j}", rng.choice(["1g", "2g", "3g", "4g", "7g"]), rng.choice([1, 1, 1, 2]),
+                       now - 20000 * rng.random(), rng.choice([None, rng.uniform(10, 10000)]), nodes=nodes(),
+                       cpus=rng.choice([None, 1, 4]), exclusive=rng.random() < 0.1)
+            for j in range(rng.randint(1, 16))]
+    free = tuple(sorted((n, rng.randint(0, 8)) for n in names)) if rng.random() < 0.5 else None
+    return ClusterState(now, tuple(gpus), tuple(jobs), free_cpus=free)
+
+
+def _whole(d: Decision):
+    return d.changes, d.assignments, d.waiting, d.extra["reservations"]
+
+
+@pytest.mark.parametrize("name", ["frag-aware", "rl-network"])
+def test_a_restricted_job_decides_as_when_every_gpu_was_walked(name):
+    """On the large-cluster path (forced with exact_limit=0), a job restricted to a few nodes walks only
+    their GPUs; every placement, reservation and reason must be what the walk over every GPU gave, for a
+    fresh policy and for one that decided an earlier state (then the index is updated, not rebuilt)."""
+    from slurm_mig.policies.frag_aware import FragAwarePolicy
+
+    def make(cls, seed):
+        width = (1, 2, 4)[seed % 3]
+        if name == "frag-aware":
+            return cls(exact_limit=0, group_width=width, reserve_min_age_s=0, reservations=3)
+        pick = random.Random(seed)
+        return cls(exact_limit=0, group_width=width, reserve_min_age_s=0, reservations=3,
+                   chooser=lambda c: pick.randrange(len(c.options)), guard_chooser=lambda row: None)
+
+    base = FragAwarePolicy if name == "frag-aware" else RLPolicy
+    ref = _full_walk(base)
+    differ, walked = [], 0
+    for seed in range(250):
+        rng = random.Random(seed)
+        names = [f"n{i:02d}" for i in range(rng.randint(3, 12))]
+        shape = [rng.randint(1, 3) for _ in names]
+        first = _random_restricted_state(rng, names, shape, 100.0)
+        second = _random_restricted_state(rng, names, shape, 200.0)
+        # half the GPUs as in the first state, so a used policy's index is updated, not rebuilt
+        second = ClusterState(second.now, tuple(b if i % 2 else a for i, (a, b) in enumerate(zip(first.gpus,
+                                                                                                   second.gpus))),
+                              second.pending, second.free_cpus)
+        used, used_ref = make(base, seed), make(ref, seed)
+        a1, r1 = used.decide(first), used_ref.decide(first)
+        a2, r2 = used.decide(second), used_ref.decide(second)
+        fresh, fresh_ref = make(base, seed).decide(second), make(ref, seed).decide(second)
+        same = _whole(a1) == _whole(r1) and _whole(a2) == _whole(r2) and _whole(fresh) == _whole(fresh_ref)
+        if name == "frag-aware":  # a used policy decides as a fresh one (the rl chooser here has a memory)
+            same = same and _whole(a2) == _whole(fresh)
+        if not same:
+            differ.append(seed)
+        walked += any(isinstance(k, tuple) and v is not False for k, v in used._group_order.items())
+    assert differ == []
+    assert walked > 50  # the restricted walk was taken, not only the full one
+
+
+@pytest.mark.parametrize("name", ["frag-aware", "rl-network"])
+def test_a_restricted_job_on_a_large_cluster_looks_only_at_its_own_nodes(name, monkeypatch):
+    """On the large-cluster path the walk went through the groups of every GPU and turned away those of
+    other nodes one at a time: on 8,000 GPUs a job allowed on 10 nodes cost more than one free to go
+    anywhere. Now it asks only about GPUs of its nodes (40 idle nodes here, the job on the last 2)."""
+    from slurm_mig.policies._core import Ctx
+    from slurm_mig.policies.frag_aware import FragAwarePolicy
+
+    names = [f"n{i:02d}" for i in range(40)]
+    mine = ("n38", "n39")
+    jobs = [PendingJob(str(i), kind, 1, float(i), 600.0, nodes=mine)
+            for i, kind in enumerate(["1g", "2g", "1g", "3g", "1g", "1g"])]
+    state = _state({n: "" for n in names}, jobs, gpus_per_node=2)
+    asked = []
+    allows = Ctx.allows
+
+    def spy(self, gidx):
+        asked.append(self.idx.gpus[gidx].node)
+        return allows(self, gidx)
+
+    monkeypatch.setattr(Ctx, "allows", spy)
+    pol = FragAwarePolicy(exact_limit=0) if name == "frag-aware" else \
+        RLPolicy(chooser=lambda c: 0, exact_limit=0, guard_chooser=lambda row: None)
+    d = pol.decide(state)
+    check_decision(state, d)
+    assert len(d.assignments) == len(jobs) and {a.node for a in d.assignments} <= set(mine)
+    assert asked and set(asked) <= set(mine)

@@ -36,7 +36,8 @@ the lowest total score. On a large cluster (more than ``exact_limit``
 candidate GPUs) GPUs are grouped by their locked slices; groups are visited by
 a lower bound of their score and only the ``group_width`` GPUs whose jobs end
 last are scored in each, which keeps a decision over 10,000 jobs and 8,000
-GPUs well under a second.
+GPUs well under a second. A job restricted to a few nodes walks only the groups
+of their GPUs (the same GPUs in the same order, so the same placement).
 """
 
 from __future__ import annotations
@@ -57,6 +58,9 @@ class FragAwarePolicy(DispatchPolicy):
 
     name = "frag-aware"
     version = "1"
+    # On a large cluster, walk only a restricted job's own GPUs when its nodes hold at most this share of
+    # the cluster's (see _walk_groups); above it the full groups, kept by the index, cost less than a copy.
+    restrict_share = 0.5
 
     def __init__(self, *, lookahead: int = 64, running_prior: float = 0.5, w_time: float = 0.3,
                  w_node_time: float = 1.0, w_node: float = 0.0, w_pack: float = 0.0, multi_prior: float = 0.05,
@@ -255,6 +259,59 @@ class FragAwarePolicy(DispatchPolicy):
         out.sort()
         return out
 
+    def _walk_groups(self, ctx: Ctx, ki, key: str) -> tuple[dict, list[tuple[float, tuple]]]:
+        """The signature groups the large-cluster walk visits for a job of ``key``, and their order.
+
+        For a job restricted to a small share of the cluster (``ctx.allowed``), the groups hold only the
+        GPUs of its nodes, in the same order as in the full groups, and the order only the signatures
+        that have any: the full walk skips every other GPU one by one (``ctx.allows``), which made a job
+        allowed on a few nodes of a large cluster dearer than one free to go anywhere. The same GPUs are
+        scored in the same order, so the placement is the same.
+        """
+        idx = ctx.idx
+        allowed = ctx.allowed
+        if allowed is not None:
+            got = self._group_order.get((key, allowed))
+            if got is None:
+                got = self._group_order[(key, allowed)] = self._allowed_groups(idx, ki, key, allowed)
+            if got is not False:
+                return got
+        groups = ki.groups if ki.groups is not None else ki.build_groups(idx)
+        order = self._group_order.get(key)
+        if order is None:
+            order = self._group_order[key] = self._order_groups(idx, key, groups)
+        return groups, order
+
+    def _allowed_groups(self, idx, ki, key: str, allowed: frozenset[int]):
+        """ki's groups over the GPUs of ``allowed`` nodes and their order, or False when those nodes hold
+        more than ``restrict_share`` of the cluster's GPUs."""
+        node_gpus = idx.node_gpus
+        if sum(len(node_gpus[n]) for n in allowed) > self.restrict_share * len(idx.infos):
+            return False
+        gpus, infos, rank = ki.gpus, idx.infos, idx.rank
+        groups: dict[tuple, list] = {}
+        for n in allowed:
+            for g in node_gpus[n]:
+                if g in gpus:
+                    info = infos[g]
+                    groups.setdefault(info.sig, []).append((-info.busy_end, rank[g], g))
+        for v in groups.values():
+            v.sort()  # the full groups' order (KeyIndex.build_groups), less the GPUs of other nodes
+        # A signature's bound depends on the signature alone, so these are the full order's entries for
+        # the signatures kept, in the same order.
+        return groups, self._order_groups(idx, key, groups)
+
+    @staticmethod
+    def _touched(ctx: Ctx, key: str) -> list[int]:
+        """GPUs this decision changed that could hold one ``key``, ascending; for a job restricted to
+        fewer nodes than that, only those on its nodes (the others would be skipped one by one)."""
+        got = ctx.touched_with(key)
+        allowed = ctx.allowed
+        if allowed is None or len(allowed) >= len(got):
+            return sorted(got)
+        node_gpus = ctx.idx.node_gpus
+        return sorted(g for n in allowed & ctx.touched_nodes for g in node_gpus[n] if g in got)
+
     def _node(self, ctx: Ctx, node: int, local: dict | None = None) -> tuple[int, int, float, float]:
         """(idle GPUs, GPUs, share of compute slices not locked, when its last job ends) of a node."""
         idle = 0
@@ -305,12 +362,9 @@ class FragAwarePolicy(DispatchPolicy):
                 # Large cluster: GPUs with the same locked slices score the same but for
                 # their end times; visit signature groups best lower bound first, and in
                 # each only the few GPUs whose jobs end last (they align best).
-                for g in sorted(ctx.touched_with(key)):
+                for g in self._touched(ctx, key):
                     consider(g, ctx.work[g])
-                groups = ki.groups if ki.groups is not None else ki.build_groups(idx)
-                order = self._group_order.get(key)
-                if order is None:
-                    order = self._group_order[key] = self._order_groups(idx, key, groups)
+                groups, order = self._walk_groups(ctx, ki, key)
                 for lb, sig in order:
                     if best is not None and lb >= best[0]:
                         break

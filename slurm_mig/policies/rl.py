@@ -713,13 +713,9 @@ class RLPolicy(FragAwarePolicy):
             for g in ctx.candidate_gpus(key):
                 consider(g, ctx.info(g))
         else:  # large cluster: signature groups by frag-loss lower bound, as frag-aware does
-            for g, w in ctx.work.items():
-                if w.cap(w.t.resolve(key), idx.carve) > 0:
-                    consider(g, w)
-            groups = ki.groups if ki.groups is not None else ki.build_groups(idx)
-            order = self._group_order.get(key)
-            if order is None:
-                order = self._group_order[key] = self._order_groups(idx, key, groups)
+            for g in self._touched(ctx, key):
+                consider(g, ctx.work[g])
+            groups, order = self._walk_groups(ctx, ki, key)
             for lb, sig in order:
                 if len(out) >= K:
                     out.sort(key=_order_key)
