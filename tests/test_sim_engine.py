@@ -124,6 +124,23 @@ def test_deterministic_across_processes():
     assert len(digests) == 1
 
 
+def test_the_speed_benchmarks_state_is_the_same_in_every_process():
+    """`bench --speed` times a decision on big_state; its busy instances' end times were drawn while
+    iterating a set, so each process (another PYTHONHASHSEED) timed a different cluster."""
+    code = (
+        "from slurm_mig.sim.speed import big_state\n"
+        "import hashlib\n"
+        "s = big_state(gpus=64, pending=20)\n"
+        "print(hashlib.sha256(repr([(g.key, sorted(g.busy_until)) for g in s.gpus]).encode()).hexdigest())\n"
+    )
+    digests = set()
+    for seed in ("1", "2", "3"):
+        env = dict(os.environ, PYTHONHASHSEED=seed)
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+        digests.add(out.stdout.strip())
+    assert len(digests) == 1
+
+
 def test_step_api_drives_any_decider_and_checks_decisions():
     """reset()/step() is the loop run() uses; a training env would wrap exactly this."""
     w = poisson_workload(150, gpus=8, load=1.0, seed=9)

@@ -50,7 +50,7 @@ def big_state(gpus: int = 8000, pending: int = 10_000, busy_share: float = 0.85,
     for i in range(gpus):
         lay: Layout = rng.choice(layouts)
         busy = frozenset(s for s in sorted(lay.slots) if rng.random() < busy_share)
-        until = tuple(sorted((s, now + rng.uniform(60, 86400)) for s in busy))
+        until = tuple(sorted((s, now + rng.uniform(60, 86400)) for s in sorted(busy)))
         states.append(GpuState(f"n{i // 8:04d}", i % 8, m, lay, busy, frozenset(), until))
     kinds = ["1g", "2g", "3g", "4g", "7g"]
     weights = [0.3, 0.25, 0.2, 0.1, 0.15]
