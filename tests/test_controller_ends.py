@@ -217,3 +217,39 @@ def test_the_current_runs_epilog_a_little_behind_the_controllers_clock_still_end
     ctl.store.bind("3", "n1", [INST], now=started)
     assert ctl.on_epilog(_old_runs_epilog(started - ctl.cfg.auth.max_clock_skew_s), None)["recorded"]
     assert [o.run for o in ctl.store.outcomes()] == [1, 2] and ctl.store.bound_instances("3") == ()
+
+
+def test_a_node_made_binding_of_an_earlier_run_is_not_adopted_for_the_run_after_it(ctl):
+    """Found in review. The node could not reach the controller while run 1 ran: its Prolog bound the
+    job alone and queued /v1/bound, and its Epilog queued /v1/epilog. Slurm's record settled run 1 here,
+    and the id ran again (run 2, waiting). When the node got through, the outbox's /v1/bound made the
+    waiting run 2 RUNNING on run 1's instance, and run 1's Epilog then passed for run 2's (it ended after
+    that binding): it ended run 2 while Slurm had it waiting, and recorded run 1's end a second time,
+    under run 2. A binding made before the current run began (by more than the clocks may differ) is an
+    earlier run's, as for the Epilog: it is not adopted."""
+    end1 = time.time() - 600
+    _ended_by_epilog(ctl.store, "3", end1)  # run 1's outcome, from Slurm's record, say
+    ctl.store.restart_job("3", now=end1 + 200, reason="live again", submit_time=end1 + 190)
+    bound = {"job_id": "3", "node": "n1", "local": True, "bound_at": end1 - 90,
+             "instances": [{**INST, "uuid": "MIG-1"}], "message_id": "b0" * 16}
+    assert ctl.on_bound(bound, None) == {"ok": True}
+    job = ctl.store.get_job("3")
+    assert (job.state, job.run, job.start_time, job.node) == ("PENDING", 2, None, None)
+    assert ctl.store.bound_instances("3") == ()
+    assert any(e.kind == "late" and "before its current run" in e.message for e in ctl.store.recent_events(10))
+    assert ctl.on_epilog(_old_runs_epilog(end1, message_id="e0" * 16), None) == {"ok": True, "recorded": False}
+    assert ctl.store.get_job("3").state == "PENDING"
+    assert [(o.run, o.end_time) for o in ctl.store.outcomes()] == [(1, end1)]  # one run, one outcome
+
+
+def test_a_node_made_binding_of_the_current_run_is_still_adopted(ctl):
+    # The same message for the run that waits (its own binding, made after its submission): adopted.
+    end1 = time.time() - 600
+    _ended_by_epilog(ctl.store, "3", end1)
+    ctl.store.restart_job("3", now=end1 + 200, reason="live again", submit_time=end1 + 190)
+    bound_at = end1 + 250
+    assert ctl.on_bound({"job_id": "3", "node": "n1", "local": True, "bound_at": bound_at,
+                         "instances": [{**INST, "uuid": "MIG-2"}]}, None) == {"ok": True}
+    job = ctl.store.get_job("3")
+    assert (job.state, job.run, job.start_time, job.node) == ("RUNNING", 2, bound_at, "n1")
+    assert [b.uuid for b in ctl.store.bound_instances("3")] == ["MIG-2"]

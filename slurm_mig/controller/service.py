@@ -1303,6 +1303,15 @@ class Controller:
                 # Delivered again (its answer was lost): by now the job may have ended, been requeued or
                 # bound anew, and this binding must not be adopted, nor the job made RUNNING, again.
                 return events.answer
+            current = self.store.get_job(job_id)
+            if current is not None and current.state not in TERMINAL and self._before_this_run(current, bound_at):
+                # Made for an earlier run (or attempt) of the id, delivered from the node's outbox after the id
+                # ran again: adopted, it made a waiting run RUNNING on the old run's instance, and the old
+                # run's Epilog behind it then passed for this run's (it ended after that binding).
+                events.add("late", f"job {job_id}: a binding on {node} made before its current run (run "
+                           f"{current.run}) began; not adopted", node=node, job_id=job_id, now=now)
+                log.warning("job %s: a binding from %s made before the current run began; not adopted", job_id, node)
+                return events.reply({"ok": True})
             if local:
                 # Bound by the node alone while we were down: adopt it.
                 if not self.store.get_job(job_id):
@@ -1391,7 +1400,7 @@ class Controller:
                 # now (requeued, its id reused), bound anew, perhaps to the same instances on this node.
                 return events.answer
             job = self.store.get_job(job_id)
-            if job is not None and ended_at is not None and self._ended_before_this_run(job, ended_at):
+            if job is not None and ended_at is not None and self._before_this_run(job, ended_at):
                 earlier = True
                 recorded = self._earlier_runs_epilog(job, node, events, insts=insts, unreadable=unreadable,
                                                      requeued=requeued, state=state, exit_code=exit_code,
@@ -1453,26 +1462,26 @@ class Controller:
                    job_id=job_id, now=now)
         return {"ok": True, "recorded": recorded}
 
-    def _ended_before_this_run(self, job, ended_at: float) -> bool:
-        """Did a run of ``job``'s id that ended at ``ended_at`` (an Epilog's end time, the node's clock) end
-        before the job's current run began? Then the Epilog is an earlier run's (or an earlier attempt's of
-        this run, requeued), arriving late from its node's outbox after the id ran again.
+    def _before_this_run(self, job, at: float) -> bool:
+        """Was ``at`` (a time on a node's clock: an Epilog's end time, a node-made binding's bound_at) before
+        the job's current run began? Then the message is an earlier run's (or an earlier attempt's of this
+        run, requeued), arriving late from its node's outbox after the id ran again.
 
         The current run began at its start time, or, not started yet, at its submission when it is a
-        later run (Slurm's submit time for it, restart_job). A run's own Epilog ends after its start was
-        recorded (the Prolog's request, a tick that saw it running, or Slurm's start time, all while or
-        before it ran), but the times come from different clocks: only an end earlier than the start by
-        more than the clocks may differ (_clock_margin: 2 x [auth].max_clock_skew_s, 60 s by default)
-        counts. An earlier run's Epilog that ended within that margin of the next run's start is taken as
-        the current run's, as before; ending a run wrongly would be worse than missing one.
+        later run (Slurm's submit time for it, restart_job). A run's own Epilog ends, and its Prolog binds,
+        after its start was recorded (the Prolog's request, a tick that saw it running, or Slurm's start
+        time, all while or before it ran), but the times come from different clocks: only a time earlier
+        than the start by more than the clocks may differ (_clock_margin: 2 x [auth].max_clock_skew_s, 60 s
+        by default) counts. An earlier run's Epilog that ended within that margin of the next run's start
+        is taken as the current run's, as before; ending a run wrongly would be worse than missing one.
         """
         began = job.start_time if job.start_time is not None else (job.submit_time if job.run > 1 else None)
-        return began is not None and ended_at < began - self._clock_margin()
+        return began is not None and at < began - self._clock_margin()
 
     def _earlier_runs_epilog(self, job, node: str, events: "_NodeMessage", *, insts: list, unreadable: bool,
                              requeued: bool, state: str, exit_code: int | None, derived_ec: int | None,
                              end: float, now: float) -> bool:
-        """An Epilog of a run of the job id before its current one (_ended_before_this_run): it neither ends
+        """An Epilog of a run of the job id before its current one (_before_this_run): it neither ends
         nor releases the current run. Its outcome goes under the run before the current one, unless that run
         has one (then it is a duplicate: the outcome came from Slurm's record, _lost_epilogs). True when it
         recorded an outcome."""
