@@ -253,3 +253,44 @@ def test_a_node_made_binding_of_the_current_run_is_still_adopted(ctl):
     job = ctl.store.get_job("3")
     assert (job.state, job.run, job.start_time, job.node) == ("RUNNING", 2, bound_at, "n1")
     assert [b.uuid for b in ctl.store.bound_instances("3")] == ["MIG-2"]
+
+
+# -- found in review: end-of-job counting, late Epilogs ----------------------------------------------
+
+class _EpilogAfterTheTicksCommit(Controller):
+    """An Epilog that waited on the store lock while the tick's transaction ran is handled the moment that
+    transaction commits, before the tick counts the jobs it saw end (threads: one interleaving, made
+    deterministic here)."""
+
+    waiting: dict | None = None
+
+    def _final_end_states(self, *args, **kw):
+        if self.waiting is not None:
+            payload, self.waiting = self.waiting, None
+            assert self.on_epilog(payload, None)["recorded"]
+        return super()._final_end_states(*args, **kw)
+
+
+def test_an_epilog_handled_after_the_ticks_look_is_counted_with_slurms_state_by_the_next_tick(tmp_path):
+    """Found in review. Slurm lists job 3 CANCELLED; its Epilog (exit 0) waited on the store lock during the
+    tick and was handled right after the tick's commit. The tick counted it, as Slurm listed it ended, with
+    the Epilog's COMPLETED, which its own look had not seen to correct (the next tick did, too late for the
+    counter)."""
+    store = open_store(tmp_path / "state.db")
+    ctl = _EpilogAfterTheTicksCommit(Config(), store, EndedSlurm())
+    try:
+        end = time.time() - 2
+        store.upsert_job("3", profile="1g", submit_time=end - 100, now=end - 100)
+        store.set_job_state("3", "RUNNING", now=end - 90, node="n1")
+        ctl.slurm.queue = [_listed(3, "CANCELLED", end)]
+        ctl.waiting = {"job_id": "3", "node": "n1", "exit_code": 0, "end_time": end, "instances": [INST]}
+        ctl.tick()
+        assert ctl.waiting is None and store.outcome("3").state == "COMPLETED"  # handled after the tick looked
+        assert _finished(ctl) == {}
+        ctl.tick()  # sees it, corrects it, counts it
+        assert store.outcome("3").state == "CANCELLED"
+        assert _finished(ctl) == {"CANCELLED": 1.0}
+        ctl.tick()
+        assert _finished(ctl) == {"CANCELLED": 1.0}
+    finally:
+        store.close()

@@ -275,10 +275,15 @@ class Controller:
             ended, saved = dict(self._ended_since), self._ended_saved
             finished: list[str] = []  # states of the jobs settled below, counted once the transaction commits
             listed_ended: set[str] = set()
+            looked: set = set()  # the Epilog outcomes waiting to be counted that _sync_jobs has seen
             try:
                 with self.store.transaction():
                     if jobs is not None:
                         listed_ended = self._sync_jobs(jobs, now, queried_at)
+                        # An Epilog notes its outcome after its transaction committed, so those noted by now
+                        # were committed before this one began: _sync_jobs saw them (and corrected them).
+                        with self._unconfirmed_lock:
+                            looked = set(self._unconfirmed)
                         finished = self._settle_lost_epilogs(lost, now)
                         if self._ended_since != self._ended_saved:
                             self.store.set_meta("ended_since", {j: [first, list(rec) if rec else None]
@@ -296,7 +301,7 @@ class Controller:
                 self._ended_saved = saved
                 raise
             if jobs is not None:
-                finished += self._final_end_states(listed_ended, now)
+                finished += self._final_end_states(listed_ended, looked, now)
             for state in finished:
                 self.metrics.inc("slurm_mig_jobs_finished_total", (("state", state),))
             gres_now = {n.name: {t: n.gres.get(t, 0) for t in GRES_TYPES} for n in nodes or []}
@@ -420,14 +425,17 @@ class Controller:
             self.store.set_job_state(job.job_id, "CANCELLED", now=now, reason="no longer in Slurm's queue")
         return ended
 
-    def _final_end_states(self, listed_ended: set[str], now: float) -> list[str]:
+    def _final_end_states(self, listed_ended: set[str], looked: set, now: float) -> list[str]:
         """The end states of Epilog-reported outcomes that are final now, each given once, to be counted in
-        jobs_finished_total: the job is in ``listed_ended`` (Slurm lists it as ended, and this tick's
-        _sync_jobs has put Slurm's state over the Epilog's where they differ), or its outcome was recorded
-        END_STATE_WAIT_S ago (Slurm forgot the job, or runs the id again). Call once the tick's transaction
-        has committed, and only on a tick whose Slurm query succeeded."""
+        jobs_finished_total: the job is in ``listed_ended`` (Slurm lists it as ended) and its outcome in
+        ``looked`` (noted before this tick's _sync_jobs, which has put Slurm's state over the Epilog's where
+        they differ), or its outcome was recorded END_STATE_WAIT_S ago (Slurm forgot the job, or runs the id
+        again). An Epilog handled after that look (it waited for the store lock during the tick) waits for
+        the next tick: counted now, it went in with its own guess, which the next tick corrects. Call once the tick's
+        transaction has committed, and only on a tick whose Slurm query succeeded."""
         with self._unconfirmed_lock:
-            due = [j for j, at in self._unconfirmed.items() if j in listed_ended or now - at >= END_STATE_WAIT_S]
+            due = [j for j, at in self._unconfirmed.items()
+                   if (j in listed_ended and j in looked) or now - at >= END_STATE_WAIT_S]
         states = [o.state for o in map(self.store.outcome, due) if o is not None]
         with self._unconfirmed_lock:
             for job_id in due:
