@@ -294,3 +294,24 @@ def test_an_epilog_handled_after_the_ticks_look_is_counted_with_slurms_state_by_
         assert _finished(ctl) == {"CANCELLED": 1.0}
     finally:
         store.close()
+
+
+def test_jobs_finished_counts_each_run_of_a_job_id_with_its_own_end(ctl):
+    """Found in review. Run 1 of job 3 failed and its Epilog was recorded; before a tick counted it (Slurm
+    forgot it, or could not be asked), the id ran again and run 2's Epilog was recorded too. The note on
+    run 1 was keyed by the job id alone: run 2's replaced it, and run 1 was never counted."""
+    t = [time.time()]
+    ctl.clock = lambda: t[0]
+    ctl.store.upsert_job("3", profile="1g", submit_time=t[0] - 100, now=t[0] - 100)
+    ctl.store.set_job_state("3", "RUNNING", now=t[0] - 90, node="n1")
+    assert ctl.on_epilog(_old_runs_epilog(t[0], exit_code=256), None)["recorded"]
+    ctl.store.restart_job("3", now=t[0] + 5, reason="live again", submit_time=t[0] + 4)
+    ctl.store.set_job_state("3", "RUNNING", now=t[0] + 6, node="n1")
+    t[0] += 10
+    assert ctl.on_epilog(_old_runs_epilog(t[0]), None)["recorded"]
+    ctl.tick()  # Slurm lists neither
+    assert _finished(ctl) == {}
+    t[0] += 61
+    ctl.tick()
+    assert _finished(ctl) == {"FAILED": 1.0, "COMPLETED": 1.0}
+    assert [(o.run, o.state) for o in ctl.store.outcomes()] == [(1, "FAILED"), (2, "COMPLETED")]

@@ -213,8 +213,9 @@ class Controller:
         # a controller restarted in between would otherwise record the outcome without its exit status.
         self._ended_since: dict[str, tuple[float, tuple | None]] = _load_ended(store)
         self._ended_saved = dict(self._ended_since)
-        # job -> when its Epilog's outcome was recorded, not yet counted in jobs_finished_total (_final_end_states).
-        self._unconfirmed: dict[str, float] = {}
+        # (job, run) -> when its Epilog's outcome was recorded, not yet counted in jobs_finished_total
+        # (_final_end_states). By run: a job id's next run may end before its last one is counted.
+        self._unconfirmed: dict[tuple[str, int], float] = {}
         self._unconfirmed_lock = threading.Lock()
         self._gres_warned: set[str] = set()
         self._gres_checked: set[str] = set()  # nodes told once about missing or too little mig:pad
@@ -434,12 +435,12 @@ class Controller:
         the next tick: counted now, it went in with its own guess, which the next tick corrects. Call once the tick's
         transaction has committed, and only on a tick whose Slurm query succeeded."""
         with self._unconfirmed_lock:
-            due = [j for j, at in self._unconfirmed.items()
-                   if (j in listed_ended and j in looked) or now - at >= END_STATE_WAIT_S]
-        states = [o.state for o in map(self.store.outcome, due) if o is not None]
+            due = [k for k, at in self._unconfirmed.items()
+                   if (k[0] in listed_ended and k in looked) or now - at >= END_STATE_WAIT_S]
+        states = [o.state for o in (self.store.outcome(job_id, run=run) for job_id, run in due) if o is not None]
         with self._unconfirmed_lock:
-            for job_id in due:
-                self._unconfirmed.pop(job_id, None)
+            for key in due:
+                self._unconfirmed.pop(key, None)
         return states
 
     def _eligible(self, entries, now: float) -> dict[str, tuple[str, ...] | None]:
@@ -1428,7 +1429,7 @@ class Controller:
             # Counted in jobs_finished_total once its end state is final (_final_end_states): the Epilog reads
             # exit status 0 for a job cancelled or timed out, and a counter cannot take a job back.
             with self._unconfirmed_lock:
-                self._unconfirmed[job_id] = now
+                self._unconfirmed[(job_id, job.run)] = now
             if job.start_time and job.submit_time:
                 self.metrics.observe("slurm_mig_wait_seconds", max(0.0, job.start_time - job.submit_time),
                                      (1, 5, 15, 30, 60, 300, 900, 3600))

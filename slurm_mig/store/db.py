@@ -1028,9 +1028,11 @@ class Store:
             )
             return cur.rowcount == 1
 
-    def outcome(self, job_id: str) -> Outcome | None:
-        """The outcome of the latest recorded run of ``job_id`` (None if no run of it was recorded)."""
+    def outcome(self, job_id: str, *, run: int | None = None) -> Outcome | None:
+        """The outcome of the latest recorded run of ``job_id``, or of its run ``run`` (None if there is none)."""
         rows = self._outcomes("WHERE job_id = ?", (str(job_id),))
+        if run is not None:
+            rows = [o for o in rows if o.run == int(run)]
         return max(rows, key=lambda o: o.run) if rows else None
 
     def outcomes(self, *, since: float | None = None, limit: int | None = None) -> list[Outcome]:
