@@ -315,3 +315,22 @@ def test_jobs_finished_counts_each_run_of_a_job_id_with_its_own_end(ctl):
     ctl.tick()
     assert _finished(ctl) == {"FAILED": 1.0, "COMPLETED": 1.0}
     assert [(o.run, o.state) for o in ctl.store.outcomes()] == [(1, "FAILED"), (2, "COMPLETED")]
+
+
+def test_a_late_epilog_is_not_recorded_under_a_run_it_may_not_be(ctl):
+    """Found in review. Run 1 of job 3 ended (its outcome from Slurm's record); run 2 was cancelled while it
+    waited (no outcome: it never ran here); run 3 waits. Run 1's Epilog arrives from the outbox: it was
+    recorded under run 2, the run before the current one, which never ran. With two or more runs before
+    the current one the store cannot tell which one an Epilog ended, so it records none."""
+    end1 = time.time() - 900
+    _ended_by_epilog(ctl.store, "3", end1)
+    ctl.store.restart_job("3", now=end1 + 200, reason="live again", submit_time=end1 + 190)
+    ctl.store.set_job_state("3", "CANCELLED", now=end1 + 250)  # cancelled while pending: no outcome
+    ctl.store.restart_job("3", now=end1 + 400, reason="live again", submit_time=end1 + 390)
+    answer = ctl.on_epilog(_old_runs_epilog(end1), None)
+    assert answer == {"ok": True, "recorded": False}
+    assert [(o.run, o.end_time) for o in ctl.store.outcomes()] == [(1, end1)]
+    job = ctl.store.get_job("3")
+    assert (job.state, job.run) == ("PENDING", 3)
+    assert any(e.kind == "late" and "runs before" in e.message for e in ctl.store.recent_events(10))
+    assert _finished(ctl) == {}

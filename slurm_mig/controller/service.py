@@ -1491,19 +1491,29 @@ class Controller:
                              requeued: bool, state: str, exit_code: int | None, derived_ec: int | None,
                              end: float, now: float) -> bool:
         """An Epilog of a run of the job id before its current one (_before_this_run): it neither ends
-        nor releases the current run. Its outcome goes under the run before the current one, unless that run
-        has one (then it is a duplicate: the outcome came from Slurm's record, _lost_epilogs). True when it
-        recorded an outcome."""
+        nor releases the current run. When the current run is the second, the Epilog is the first run's:
+        its outcome goes under run 1, unless that run has one (then it is a duplicate: the outcome came from
+        Slurm's record, _lost_epilogs). With more runs before the current one, nothing is recorded: the
+        store cannot tell which of them it ended. A run without an outcome keeps no times (the jobs row is
+        the current run's), and may still have run here (bound by its node alone while no tick saw it run,
+        then ended while the store had it waiting), so neither "the run without an outcome" nor the
+        outcomes' times pick the right one; recorded under the wrong run, the end would stand for a run
+        that never ran (and could not be replaced by its own). True when it recorded an outcome."""
         if not (insts or unreadable):
             return False  # a run that never got its instances (requeued in its Prolog): nothing to say
         recorded = False
-        if job.run > 1 and not requeued:  # (an attempt ended by a requeue is no outcome)
-            recorded = self.store.record_outcome(job.job_id, run=job.run - 1, state=state, exit_code=exit_code,
+        if job.run == 2 and not requeued:  # (an attempt ended by a requeue is no outcome)
+            recorded = self.store.record_outcome(job.job_id, run=1, state=state, exit_code=exit_code,
                                                  derived_exit_code=derived_ec, end_time=end, now=now, node=node,
                                                  instances=insts)
-        what = f"its outcome is recorded under run {job.run - 1}" if recorded else "nothing is changed"
-        events.add("late", f"job {job.job_id}: an Epilog from {node} of a run before the current one (run "
-                   f"{job.run}, which began after it ended); {what}", node=node, job_id=job.job_id, now=now)
+        if job.run > 2:
+            which = f"one of the {job.run - 1} runs before the current one"
+            what = "which one cannot be told, so nothing is recorded"
+        else:
+            which = "a run before the current one"
+            what = "its outcome is recorded under run 1" if recorded else "nothing is changed"
+        events.add("late", f"job {job.job_id}: an Epilog from {node} of {which} (run {job.run}, which began "
+                   f"after it ended); {what}", node=node, job_id=job.job_id, now=now)
         log.warning("job %s: an Epilog from %s ended before the current run began; %s", job.job_id, node, what)
         return recorded
 
