@@ -334,3 +334,59 @@ def test_a_late_epilog_is_not_recorded_under_a_run_it_may_not_be(ctl):
     assert (job.state, job.run) == ("PENDING", 3)
     assert any(e.kind == "late" and "runs before" in e.message for e in ctl.store.recent_events(10))
     assert _finished(ctl) == {}
+
+
+def test_an_epilog_delivered_long_after_its_job_ended_is_corrected_to_slurms_end_state(ctl):
+    """Found in review. The controller was down for 10 minutes; job 3 was cancelled meanwhile and its Epilog
+    (exit 0) waited in the node's outbox. The job's end was stored as when the controller handled the
+    Epilog, 600 s after Slurm's, so the tick took Slurm's CANCELLED for another run's and kept COMPLETED."""
+    now = time.time()
+    ctl.store.upsert_job("3", profile="1g", submit_time=now - 1100, now=now - 1100)
+    ctl.store.set_job_state("3", "RUNNING", now=now - 1000, node="n1")
+    assert ctl.on_epilog(_old_runs_epilog(now - 600), None)["recorded"]
+    ctl.slurm.queue = [_listed(3, "CANCELLED", now - 600)]
+    ctl.tick()
+    assert ctl.store.get_job("3").state == "CANCELLED"
+    assert ctl.store.outcome("3").end_time == now - 600  # the Epilog's end, not when it was handled
+    assert ctl.store.outcome("3").state == "CANCELLED"
+    assert _finished(ctl) == {"CANCELLED": 1.0}
+
+
+@pytest.mark.parametrize("end", ["now", "future", "before_start"])
+def test_an_epilogs_end_time_is_taken_only_where_it_is_sane(ctl, end):
+    now = time.time()
+    ctl.store.upsert_job("3", profile="1g", submit_time=now - 200, now=now - 200)
+    ctl.store.set_job_state("3", "RUNNING", now=now - 100, node="n1")
+    ctl.clock = lambda: now
+    sent = {"now": now - 1, "future": now + 3600, "before_start": now - 110}[end]
+    assert ctl.on_epilog(_old_runs_epilog(sent), None)["recorded"]
+    # A clock an hour ahead: when the controller handled it; a little before the start (clocks differ by up
+    # to the margin; earlier it would be another run's): the start.
+    expected = {"now": now - 1, "future": now, "before_start": now - 100}[end]
+    assert ctl.store.outcome("3").end_time == expected
+
+
+def test_a_late_epilog_does_not_overwrite_slurms_end_state(ctl):
+    """Found in review. Job 3's Epilog was late; a tick recorded its end from Slurm's record (CANCELLED).
+    The Epilog then arrived (exit 0) and made the job COMPLETED, until the next tick put CANCELLED back."""
+    now = time.time()
+    ctl.store.upsert_job("3", profile="1g", submit_time=now - 200, now=now - 200)
+    ctl.store.set_job_state("3", "RUNNING", now=now - 100, node="n1")
+    ctl.store.record_outcome("3", state="CANCELLED", end_time=now - 60, now=now - 5)  # _settle_lost_epilogs
+    ctl.store.set_job_state("3", "CANCELLED", now=now - 5)
+    assert ctl.on_epilog(_old_runs_epilog(now - 60), None) == {"ok": True, "recorded": False}
+    job = ctl.store.get_job("3")
+    assert (job.state, job.end_time) == ("CANCELLED", now - 5)
+    assert [o.state for o in ctl.store.outcomes()] == ["CANCELLED"]
+
+
+def test_an_epilog_of_a_job_slurm_ended_records_slurms_end_state(ctl):
+    """A job the store had waiting ended in Slurm, CANCELLED (it ran, bound by its node alone, while no tick
+    saw it run). Its Epilog (exit 0) is the only outcome: it is recorded with Slurm's state, not COMPLETED."""
+    now = time.time()
+    ctl.store.upsert_job("3", profile="1g", submit_time=now - 200, now=now - 200)
+    ctl.store.set_job_state("3", "CANCELLED", now=now - 5)
+    assert ctl.on_epilog(_old_runs_epilog(now - 10), None)["recorded"]
+    assert ctl.store.get_job("3").state == "CANCELLED"
+    (o,) = ctl.store.outcomes()
+    assert (o.state, o.exit_code) == ("CANCELLED", 0)

@@ -402,7 +402,8 @@ class Controller:
                 # after a requeue before a tick saw it pending again).
                 self.store.set_job_state(job_id, j.state, now=now)
             elif j.state in TERMINAL and current and current.state in ("COMPLETED", "FAILED") \
-                    and j.state != current.state and _same_run(current, j):
+                    and j.state != current.state \
+                    and _same_run(current, j, self.store.outcome(job_id, run=current.run)):
                 # The Epilog reads exit status 0 for a job cancelled or timed out (seen on Slurm 22.05): its
                 # COMPLETED is only a guess, Slurm's state is the fact.
                 if self.store.correct_end_state(job_id, j.state, now=now):
@@ -1392,7 +1393,6 @@ class Controller:
         job_id = self._check_job(payload)
         now = self.clock()
         ended_at = _v_time(payload.get("end_time"), "end_time")
-        end = ended_at or now
         exit_code = _v_opt_int(payload.get("exit_code"), "exit_code")
         derived_ec = _v_opt_int(payload.get("derived_ec"), "derived_ec")
         insts = _v_instances(payload.get("instances"), "instances")
@@ -1420,7 +1420,8 @@ class Controller:
                     insts = [b.to_json() for b in self.store.bound_instances(job_id)]  # the node's file was damaged
                 answer = events.reply(self._epilog(job, job_id, node, events, insts=insts, lingering=lingering,
                                                    requeued=requeued, state=state, exit_code=exit_code,
-                                                   derived_ec=derived_ec, end=end, now=now))
+                                                   derived_ec=derived_ec, end=self._epilog_end(job, ended_at, now),
+                                                   now=now))
                 recorded = answer["recorded"]
         if recorded and earlier:
             # An earlier run's end: Slurm lists the current run, so the Epilog's state is the only word on it.
@@ -1459,9 +1460,13 @@ class Controller:
                        f"instances are released, the outcome waits for the run that completes",
                        node=node, job_id=job_id, now=now)
             return {"ok": True, "recorded": False}
-        recorded = self.store.record_outcome(job_id, state=state, exit_code=exit_code,
+        # Ended here already with a state of Slurm's (a tick recorded its end from Slurm's record, or saw it
+        # end while the store had it waiting): the Epilog's COMPLETED or FAILED is a guess from the exit
+        # status, which reads 0 for a job cancelled or timed out. It does not replace Slurm's word.
+        slurms = job.state in TERMINAL and job.state not in ("COMPLETED", "FAILED")
+        recorded = self.store.record_outcome(job_id, state=job.state if slurms else state, exit_code=exit_code,
                                              derived_exit_code=derived_ec, end_time=end, now=now)
-        if job.state not in ("COMPLETED", "FAILED"):
+        if job.state not in TERMINAL:
             self.store.set_job_state(job_id, state, now=now, exit_code=exit_code)
         self.store.release(job_id, node=node, starts=[(i["gpu"], i["start"]) for i in insts], now=now)
         if lingering:
@@ -1470,6 +1475,17 @@ class Controller:
         events.add("end", f"job {job_id} ended on {node} (exit {format_exit_status(exit_code)})", node=node,
                    job_id=job_id, now=now)
         return {"ok": True, "recorded": recorded}
+
+    def _epilog_end(self, job, ended_at: float | None, now: float) -> float:
+        """When the current run of ``job`` ended, from its Epilog's ``end_time`` (the node's clock) where that is
+        sane: not after the controller heard of it (one ahead by more than the clocks may differ is not
+        taken at all: ``now``), and not before the run started (one before it by less than that margin is
+        this run's, _before_this_run, and ended at its start). Without one: ``now``."""
+        if ended_at is None or ended_at > now + self._clock_margin():
+            return now
+        if job is not None and job.start_time is not None and ended_at < job.start_time:
+            return job.start_time
+        return min(ended_at, now)
 
     def _before_this_run(self, job, at: float) -> bool:
         """Was ``at`` (a time on a node's clock: an Epilog's end time, a node-made binding's bound_at) before
@@ -1674,12 +1690,16 @@ def _started_since(before, after, nodes: set[str]) -> list[tuple[str, str]]:
     return sorted(running(after) - running(before))
 
 
-def _same_run(job, listed) -> bool:
+def _same_run(job, listed, outcome=None) -> bool:
     """Is Slurm's ended ``listed`` job the run the store ended as ``job`` (not an earlier run of a reused id)?
-    Their end times agree to within a few minutes (the Epilog's is taken on the node, after Slurm's)."""
-    if listed.end_time is None or job.end_time is None:
+    Slurm's end time agrees to within a few minutes with the run's: its ``outcome``'s (the Epilog's own
+    end_time, taken on the node after Slurm's) or the job's (when the controller recorded the end). The
+    job's alone missed an Epilog delivered long after its job ended (from the node's outbox, the controller
+    down meanwhile), which then kept its guess (COMPLETED for a job cancelled) for good."""
+    if listed.end_time is None:
         return False
-    return abs(float(listed.end_time) - float(job.end_time)) < 300.0
+    ends = [float(e) for e in (outcome.end_time if outcome is not None else None, job.end_time) if e is not None]
+    return any(abs(float(listed.end_time) - e) < 300.0 for e in ends)
 
 
 def _array_task_of(detail) -> str | None:
