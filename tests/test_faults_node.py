@@ -961,6 +961,35 @@ def test_a_release_the_controller_asks_for_is_confirmed_with_slurm(rig, monkeypa
     assert rig.report() == 0 and not rig.record_file("31").exists() and not rig.binding_file("31").exists()
 
 
+def test_a_binding_file_an_earlier_run_left_is_not_adopted_for_the_run_after_it(rig, monkeypatch):
+    """Found in review. Run 1 of job 42 left a process on its instance: its Epilog kept the binding file so no
+    re-carve destroys it. The id ran again (requeued after it ended): run 2 waits. The next health check's
+    report listed that file, and the controller adopted it for run 2: the waiting run held run 1's instance
+    in the controller's view (the policy no longer placed it; a Prolog of run 2 on n1 was handed that same
+    instance, its processes still on it). A binding file written before the current run began is an earlier
+    run's: not adopted."""
+    from slurm_mig.slurm.parsers import SlurmJob
+
+    _job_with_leftover_processes(rig, "42", "3g", 1)
+    monkeypatch.setattr(hooks, "time", FakeClock())
+    assert rig.hook("epilog", "42", SLURM_JOB_EXIT_CODE="0") == 0
+    assert rig.record_file("42").exists() and rig.live("42") == ()
+    later = time.time() + 300
+    rig.ctl.clock = lambda: later
+    rig.slurm.queue = [SlurmJob(job_id=42, state="PENDING", mig={"3g": 1}, tres_per_node="gres:mig:3g:1",
+                                submit_time=int(later - 100), priority=1)]
+    rig.ctl.tick()
+    job = rig.store.get_job("42")
+    assert (job.state, job.run) == ("PENDING", 2)
+    assert rig.report() == 0
+    assert rig.live("42") == ()
+    assert "42" in {j.job_id for j in rig.store.pending_jobs()}  # the policy still places it
+    assert rig.record_file("42").exists()  # run 1's processes are still protected on the node
+    assert any("before its current run" in e.message for e in rig.store.recent_events(20) if e.kind == "late")
+    rig.report()  # said once
+    assert sum("before its current run" in e.message for e in rig.store.recent_events(20)) == 1
+
+
 def test_epilog_of_a_requeued_attempt_records_no_outcome(rig):
     """Prolog killed after binding, the wrapper requeued the job: Slurm still runs the Epilog of that
     attempt (exit code 0, SLURM_JOB_RESTART_COUNT already raised). Its end is not the job's outcome."""

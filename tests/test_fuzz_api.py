@@ -191,6 +191,7 @@ good_node = st.sampled_from(["n1", "n2", "n3"])
 good_job = st.sampled_from(["1", "2", "3", "4", "5", "6", "99", "1_2"])
 fields = {
     "observed": observed, "bindings": bindings, "instances": instances,
+    "binding_times": st.dictionaries(st.sampled_from(["1", "2", "3"]) | text, number | scalar, max_size=3) | json_any,
     "results": st.lists(result, max_size=3) | json_any, "exit_code": number | scalar,
     "derived_ec": number | scalar, "end_time": number | scalar, "local": scalar,
     "lingering": instances, "time": number, "bound_at": number,

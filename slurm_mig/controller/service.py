@@ -231,6 +231,7 @@ class Controller:
         # squeue was asked before that start must not make them queue entries again.
         self._taken_tasks: dict[str, float] = {}
         self._unservable: set[str] = set()  # jobs whose MIG request cannot be served, said once each
+        self._not_adopted: set[tuple[str, str, int]] = set()  # (node, job, run): an earlier run's file, said once
         # Is a node's request encoded on its own host? Only MUNGE credentials say where they were made, so
         # under HMAC the check is off whatever [auth].node_origin says.
         self.origin_mode = cfg.auth.node_origin if cfg.auth.method == "munge" else "off"
@@ -1536,11 +1537,12 @@ class Controller:
     def on_report(self, payload: dict, principal) -> dict:
         node = self._check_node(payload, principal)
         observed, node_bindings = _v_observed(payload.get("observed")), _v_bindings(payload.get("bindings"))
+        binding_times = _v_binding_times(payload.get("binding_times"))
         observed_at = _v_time(payload.get("observed_at"), "observed_at")
         now = self.clock()
         with self.store.transaction():
             self._store_observed(node, observed, observed_at, node_bindings)
-            self._reconcile_bindings(node, node_bindings, now)
+            self._reconcile_bindings(node, node_bindings, now, binding_times)
             # Binding files of jobs that ended long ago (their Epilog was lost: node crash, reboot):
             # the node drops them once it has checked their instances are idle.
             release = []
@@ -1568,7 +1570,11 @@ class Controller:
                     self.store.journal_started(e.id, now=now)
         return {"desired": desired, "release": release}
 
-    def _reconcile_bindings(self, node: str, node_bindings: dict, now: float) -> None:
+    def _reconcile_bindings(self, node: str, node_bindings: dict, now: float,
+                            binding_times: dict[str, float] | None = None) -> None:
+        """Line the store's live bindings on ``node`` up with the node's binding files: release those the
+        node no longer holds (their Epilog was lost), adopt those the store lost. ``binding_times``: when
+        the node wrote each file (its clock; absent from an older node)."""
         live = {}
         for jid, _node, b in self.store.live_bindings(node):
             live.setdefault(str(jid), []).append(b)
@@ -1584,6 +1590,14 @@ class Controller:
             # An empty list is a binding file the node could not read: nothing to adopt.
             if insts and str(job_id) not in live and JOB_ID.fullmatch(str(job_id)):
                 job = self.store.get_job(str(job_id))
+                written = (binding_times or {}).get(str(job_id))
+                if job is not None and job.state not in TERMINAL and written is not None \
+                        and self._before_this_run(job, written):
+                    # A file an earlier run of the id left (processes outlived it, so the node keeps it until
+                    # they are gone), the id running again: adopted, the run that waits held the old run's
+                    # instance here, and a Prolog of it on this node was handed that instance, still in use.
+                    self._say_not_adopted(node, job, now)
+                    continue
                 if job is not None and job.state not in ("COMPLETED", "FAILED", "CANCELLED"):
                     try:
                         self.store.bind(str(job_id), node, insts, now=now)
@@ -1591,6 +1605,21 @@ class Controller:
                                              job_id=str(job_id), now=now)
                     except (SlurmMigError, ValueError) as exc:  # conflict, or an instance listed twice
                         log.warning("cannot adopt binding of job %s on %s: %s", job_id, node, exc)
+
+    def _say_not_adopted(self, node: str, job, now: float) -> None:
+        """A ``late`` event, once per node and run, for a binding file of an earlier run not adopted (the
+        node reports it every health check while the old run's processes last)."""
+        key = (node, job.job_id, job.run)
+        if key in self._not_adopted:
+            return
+        if len(self._not_adopted) > 1000:
+            self._not_adopted.clear()
+        self._not_adopted.add(key)
+        self.store.add_event("late", f"job {job.job_id}: the binding file on {node} was written before its current "
+                             f"run (run {job.run}) began; an earlier run's, not adopted", node=node,
+                             job_id=job.job_id, now=now)
+        log.warning("job %s: the binding file on %s is an earlier run's; not adopted for run %s", job.job_id, node,
+                    job.run)
 
     def on_applied(self, payload: dict, principal) -> dict:
         node = self._check_node(payload, principal)
@@ -1901,6 +1930,21 @@ def _v_bindings(value) -> dict[str, list[dict]]:
     for job_id, insts in value.items():
         _v_text(job_id, "bindings key", optional=False, max_len=64)
         out[job_id] = _v_instances(insts, f"bindings[{job_id!r}]")
+    return out
+
+
+def _v_binding_times(value) -> dict[str, float]:
+    """When the node wrote each binding file (its clock): job id -> time; {} from an older node."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or len(value) > MAX_ITEMS:
+        raise _rejected(f"binding_times: expected an object of job id -> time, got {_show(value)}")
+    out = {}
+    for job_id, at in value.items():
+        _v_text(job_id, "binding_times key", optional=False, max_len=64)
+        at = _v_time(at, f"binding_times[{job_id!r}]")
+        if at is not None:
+            out[job_id] = at
     return out
 
 

@@ -678,8 +678,10 @@ def healthcheck(env: dict, node: Node) -> int:
     with node.apply_lock():
         node.repair_half_made()  # before observing: the report then never offers one as usable
     observed_at = time.time()
+    # With when each binding was written, so the controller can tell a file an earlier run of a job id left
+    # (its processes outlived it) from a binding of the run that waits now.
     report = {"node": node.name, "observed": node.observe(), "observed_at": observed_at,
-              "bindings": node.bindings_json(), "time": time.time()}
+              "bindings": node.bindings_json(), "binding_times": node.state.binding_times(), "time": time.time()}
     try:
         resp = node.client.call("/v1/report", report)
     except (ControllerUnavailable, ControllerRefused) as exc:
