@@ -472,46 +472,41 @@ def _cpus_queue(*rows):
     return parse_squeue_json({"jobs": [{**dict(zip(_KEYS, r)), "cpus": 3, "shared": None} for r in rows]})
 
 
-@pytest.mark.parametrize("policy", ["first-fit", "frag-aware"])
-def test_two_jobs_whose_cpus_one_node_cannot_hold_together_go_to_two_nodes_in_one_tick(tmp_path, policy):
-    """Each job's CPUs fit n1's 4 free, not both: the second was carved for on n1 and waited there for
-    Slurm until the next tick re-placed it, after the carve and maybe another job's slices were taken."""
+def _two_cpu_jobs_ticked(tmp_path, cfg: Config) -> tuple[dict, dict]:
+    """One tick over two -c 3 mig:1g jobs while n1 has 4 of 8 CPUs free and two free 1g instances, n2
+    idle: where each job's slice was carved, and the recorded inputs of the decision."""
     store = open_store(tmp_path / "state.db")
     try:
         # n1 holds two free 1g instances, so that each policy would put both jobs there
         _observe_two_1g_on_n1(store)
-        cfg = Config()
-        cfg = replace(cfg, policy=replace(cfg.policy, name=policy))
         Controller(cfg, store, HalfFreeN1(_cpus_queue(
             [31, 0, None, "", 0, "PENDING", "Resources", 50, "gres:mig:1g:1", "", "debug", 1, 60, "a", "u", "", 1],
             [32, 0, None, "", 0, "PENDING", "Resources", 49, "gres:mig:1g:1", "", "debug", 2, 60, "b", "u", "", 1],
         ))).tick()
         where = {j: r["node"] for j, r in (store.get_meta("reservations") or {}).items()}
-        assert where == {"31": "n1", "32": "n2"}, where
-        # the decision's recorded inputs carry the counts it went by (to replay it, or train from it)
-        inputs = store.recent_decisions(1)[0].inputs
-        assert inputs["free_cpus"] == {"n1": 4, "n2": 8}
-        assert [j.get("cpus") for j in inputs["pending"]] == [3, 3]
+        return where, store.recent_decisions(1)[0].inputs
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("policy", ["first-fit", "frag-aware"])
+def test_two_jobs_whose_cpus_one_node_cannot_hold_together_go_to_two_nodes_in_one_tick(tmp_path, policy):
+    """Each job's CPUs fit n1's 4 free, not both: the second was carved for on n1 and waited there for
+    Slurm until the next tick re-placed it, after the carve and maybe another job's slices were taken."""
+    cfg = Config()
+    where, inputs = _two_cpu_jobs_ticked(tmp_path, replace(cfg, policy=replace(cfg.policy, name=policy)))
+    assert where == {"31": "n1", "32": "n2"}, where
+    # the decision's recorded inputs carry the counts it went by (to replay it, or train from it)
+    assert inputs["free_cpus"] == {"n1": 4, "n2": 8}
+    assert [j.get("cpus") for j in inputs["pending"]] == [3, 3]
 
 
 def test_a_site_that_oversubscribes_cpus_places_both_jobs_on_one_node(tmp_path):
-    store = open_store(tmp_path / "state.db")
-    try:
-        _observe_two_1g_on_n1(store)
-        cfg = Config()
-        cfg = replace(cfg, controller=replace(cfg.controller, cpu_full_nodes_wait=False))
-        Controller(cfg, store, HalfFreeN1(_cpus_queue(
-            [31, 0, None, "", 0, "PENDING", "Resources", 50, "gres:mig:1g:1", "", "debug", 1, 60, "a", "u", "", 1],
-            [32, 0, None, "", 0, "PENDING", "Resources", 49, "gres:mig:1g:1", "", "debug", 2, 60, "b", "u", "", 1],
-        ))).tick()
-        where = {j: r["node"] for j, r in (store.get_meta("reservations") or {}).items()}
-        assert where == {"31": "n1", "32": "n1"}, where  # OverSubscribe: Slurm starts both there
-        inputs = store.recent_decisions(1)[0].inputs
-        assert "free_cpus" not in inputs and not any("cpus" in j for j in inputs["pending"])
-    finally:
-        store.close()
+    cfg = Config()
+    where, inputs = _two_cpu_jobs_ticked(
+        tmp_path, replace(cfg, controller=replace(cfg.controller, cpu_full_nodes_wait=False)))
+    assert where == {"31": "n1", "32": "n1"}, where  # OverSubscribe: Slurm starts both there
+    assert "free_cpus" not in inputs and not any("cpus" in j for j in inputs["pending"])
 
 
 def test_explain_says_cpus_can_be_why_a_node_is_not_the_jobs(cpu_ticked):
