@@ -345,6 +345,16 @@ def test_sinfo_json_nodes():
     assert n3.reason == "mig reconfig in progress"
 
 
+def test_slurmd_start_time_from_sinfo_and_scontrol():
+    """When the node's slurmd started: a start registers the node, which puts slurm.conf's Gres mix back."""
+    nodes = {n.name: n for n in parsers.parse_sinfo_json(json.loads(SINFO_JSON_22_05))}
+    assert nodes["n1"].slurmd_start_time == 1795257117
+    (n3,) = parsers.parse_scontrol_nodes(SCONTROL_NODE_N3_ONELINE)  # local time, as scontrol prints it
+    assert n3.slurmd_start_time == parsers.local_epoch("2026-11-21T10:31:57") is not None
+    (bare,) = parsers.parse_scontrol_nodes("NodeName=gpu7 State=IDLE")
+    assert bare.slurmd_start_time is None
+
+
 def test_scontrol_nodes_multiline_oneline_and_detail():
     nodes = parsers.parse_scontrol_nodes(SCONTROL_NODES)
     assert [n.name for n in nodes] == ["n1", "n2", "n3"]

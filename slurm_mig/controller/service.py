@@ -198,6 +198,8 @@ class Controller:
         self._detail_slots = threading.BoundedSemaphore(self.DETAIL_CONCURRENCY)
         self.metrics = Metrics()
         self._gres_set: dict[str, tuple[str, float]] = {}  # node -> (value, when) last written
+        # node -> (counts, when): what Slurm last held as slurm-mig set it (written, or read back so)
+        self._gres_held: dict[str, tuple[dict[str, int], float]] = {}
         # node -> when (node's clock) the freshest GPU report stored was observed: an older one arriving
         # later (a Prolog that looked before another re-carved, an outbox message) must not undo it.
         self._observed_at: dict[str, float] = {}
@@ -256,6 +258,9 @@ class Controller:
             queried_at = now
             jobs = self.slurm.jobs()
             nodes = self.slurm.nodes()
+            # When Slurm's Gres counts were read: the tick began earlier when squeue was slow (slurmctld
+            # restarting or frozen), and an event saying "Slurm had" must not predate Slurm's answer.
+            nodes_at = self.clock()
             reservations = self.slurm.reservations()
             if reservations is not None:
                 self._reservations = reservations
@@ -324,7 +329,7 @@ class Controller:
                 self._run_shadow(self._shadow_state, now)
                 self._shadow_state = None
             if nodes is not None:
-                summary["gres_updates"] = self._assert_gres(nodes, jobs or [], now, gres_now)
+                summary["gres_updates"] = self._assert_gres(nodes, jobs or [], now, gres_now, read_at=nodes_at)
             if jobs is not None:
                 summary["requeued_unbound"] = self._requeue_unbound(jobs, now)
             self._update_gauges()
@@ -860,10 +865,13 @@ class Controller:
         """GRES type -> instances the node's intended layouts hold; None when it has no MIG GPU."""
         return _gres_counts(self.intended_layouts(node))
 
-    def _assert_gres(self, nodes, jobs, now: float, gres_now: dict | None = None) -> int:
+    def _assert_gres(self, nodes, jobs, now: float, gres_now: dict | None = None, *,
+                     read_at: float | None = None) -> int:
         """Make Slurm's GRES match the intended layouts; nudge nodes that pending jobs could use.
 
         ``gres_now``: node -> counts set since ``nodes`` was read (by the withdrawal step).
+        ``read_at``: when ``nodes`` was read (``now`` when not given): the time of the event saying what
+        Slurm had.
         """
         updates = 0
         pending_types = {t for j in jobs if j.pending and j.wants_mig for t in j.mig}
@@ -886,15 +894,46 @@ class Controller:
             could_help = any(expected.get(t, 0) > (n.gres_used or {}).get(t, 0) for t in pending_types)
             nudge = could_help and (last is None or now - last[1] > 3 * self.cfg.controller.tick_interval_s)
             if not stale and not nudge:
+                self._note_gres_held(n.name, current, now if read_at is None else read_at)
                 continue
+            why = self._gres_changed_by_slurm(n, current) if stale else ""
             if not self._write_gres(n.name, expected, pad_to, now):
                 continue
             updates += 1
             if stale:
                 self.metrics.inc("slurm_mig_gres_reasserted_total", (("node", n.name),))
-                self.store.add_event("gres", f"{n.name}: Slurm had {_fmt(current)}, set {_fmt(expected)}",
-                                     node=n.name, now=now)
+                self.store.add_event("gres", f"{n.name}: Slurm had {_fmt(current)}, set {_fmt(expected)}{why}",
+                                     node=n.name, now=now if read_at is None else read_at)
         return updates
+
+    def _note_gres_held(self, node: str, counts: dict[str, int], at: float) -> None:
+        """Remember that Slurm held ``counts`` (every type) for ``node`` at ``at``: as set, or as read back."""
+        counts = {t: counts.get(t, 0) for t in GRES_TYPES}
+        known = self._gres_held.get(node)
+        if known is not None and known[0] == counts:
+            at = max(at, known[1])
+        self._gres_held[node] = (counts, at)
+
+    def _gres_changed_by_slurm(self, n, current: dict[str, int]) -> str:
+        """Why Slurm's counts for node ``n`` (``current``) are not the ones it last held as slurm-mig set
+        them, for the gres event; "" when they are (the layouts changed) or none are known yet.
+
+        Slurm itself changes them: a node registration (slurmd starting, and slurmctld's periodic
+        request, every 20th ping, SlurmdTimeout/3 apart) puts slurm.conf's mix back, as do a slurmctld
+        restart and ``scontrol reconfigure``. Its log says nothing of it at the default level and shows
+        only the ``gres set to`` of the last update, so the event says it.
+        """
+        known = self._gres_held.get(n.name)
+        if known is None or known[0] == current:
+            return ""
+        held, at = known
+        if n.slurmd_start_time is not None and n.slurmd_start_time >= at - 1:
+            cause = (f"slurmd started at {_hms(n.slurmd_start_time)} and the node registered, which puts "
+                     f"slurm.conf's counts back")
+        else:
+            cause = ("a node registration (slurmctld asks for one now and then), a slurmctld restart or "
+                     "`scontrol reconfigure` put slurm.conf's counts back")
+        return f" (it held {_fmt(held)}, as set, at {_hms(at)}; since then {cause})"
 
     def _write_gres(self, node: str, counts: dict[str, int], pad_to: int | None, now: float, why: str = "") -> bool:
         """Set ``node``'s mig counts in Slurm; False, logged and counted, when scontrol failed."""
@@ -905,6 +944,7 @@ class Controller:
             log.warning("GRES update of %s failed: %s%s", node, exc, why)
             return False
         self._gres_set[node] = (value, now)
+        self._note_gres_held(node, counts, now)
         return True
 
     def _pad_total(self, n, expected: dict[str, int], gpus: int, now: float) -> int | None:
@@ -1775,6 +1815,11 @@ def _with_inflight(observed: Layout, held: set[Slot]) -> Layout:
 
 def _fmt(counts: dict) -> str:
     return ",".join(f"{t}:{n}" for t, n in sorted(counts.items()) if n) or "none"
+
+
+def _hms(t: float) -> str:
+    """Local ``HH:MM:SS`` of epoch seconds ``t`` (the clock Slurm's and slurm-mig's logs print)."""
+    return time.strftime("%H:%M:%S", time.localtime(t))
 
 
 # -- request validation ------------------------------------------------------------------------

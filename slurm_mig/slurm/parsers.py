@@ -275,6 +275,9 @@ class SlurmNode:
     address: str = ""  # NodeAddr: where slurmctld reaches the node (an address or a host name)
     hostname: str = ""  # NodeHostname
     features: frozenset[str] = frozenset()  # active features (what --constraint matches)
+    # When the node's slurmd last started (epoch seconds); None when not known. A slurmd start registers
+    # the node, and a registration puts slurm.conf's Gres mix back (FACTS.md section 4).
+    slurmd_start_time: float | None = None
 
     @property
     def drained(self) -> bool:
@@ -446,6 +449,7 @@ def parse_sinfo_json(doc: dict) -> list[SlurmNode]:
             cpus=_num(n.get("cpus")), alloc_cpus=_num(n.get("alloc_cpus")),
             address=_str(n.get("address")), hostname=_str(n.get("hostname")),
             features=_feature_set(n.get("active_features") if "active_features" in n else n.get("features")),
+            slurmd_start_time=_epoch(n.get("slurmd_start_time")),
         ))
     return nodes
 
@@ -510,6 +514,7 @@ def parse_scontrol_nodes(text: str) -> list[SlurmNode]:
             cpus=_num(kv.get("CPUTot")), alloc_cpus=_num(kv.get("CPUAlloc")),
             address=_null(kv.get("NodeAddr")), hostname=_null(kv.get("NodeHostName")),
             features=_feature_set(_null(kv.get("ActiveFeatures", kv.get("AvailableFeatures")))),
+            slurmd_start_time=local_epoch(_null(kv.get("SlurmdStartTime"))),
         ))
     return nodes
 
