@@ -98,7 +98,8 @@ def test_counts_slurm_reset_at_a_registration_are_named_as_such(rig):
     assert event.message == (
         f"n1: Slurm had 1g:2,2g:2,3g:2,4g:1,7g:1, set 1g:1,2g:1,4g:1,7g:1 (it held 1g:1,2g:1,4g:1,7g:1, as set, "
         f"at {_hms(1795711406.880)}; since then a node registration (slurmctld asks for one now and then), a "
-        f"slurmctld restart or `scontrol reconfigure` put slurm.conf's counts back)")
+        f"slurmctld restart or `scontrol reconfigure` (each puts slurm.conf's counts back) or an `scontrol update` "
+        f"by hand changed them)")
     assert ctl.metrics.counters[("slurm_mig_gres_reasserted_total", (("node", "n1"),))] == 1
     # Set again, Slurm holds them: nothing more to say.
     clock.t, slurm.sinfo = 1795711408.879, SINFO_SET

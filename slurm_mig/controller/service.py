@@ -920,8 +920,9 @@ class Controller:
 
         Slurm itself changes them: a node registration (slurmd starting, and slurmctld's periodic
         request, every 20th ping, SlurmdTimeout/3 apart) puts slurm.conf's mix back, as do a slurmctld
-        restart and ``scontrol reconfigure``. Its log says nothing of it at the default level and shows
-        only the ``gres set to`` of the last update, so the event says it.
+        restart and ``scontrol reconfigure``; an admin may also run ``scontrol update``. slurmctld's log
+        says nothing of the first three at its default level and shows only the ``gres set to`` of the
+        last update, so the event says it.
         """
         known = self._gres_held.get(n.name)
         if known is None or known[0] == current:
@@ -932,7 +933,8 @@ class Controller:
                      f"slurm.conf's counts back")
         else:
             cause = ("a node registration (slurmctld asks for one now and then), a slurmctld restart or "
-                     "`scontrol reconfigure` put slurm.conf's counts back")
+                     "`scontrol reconfigure` (each puts slurm.conf's counts back) or an `scontrol update` by hand "
+                     "changed them")
         return f" (it held {_fmt(held)}, as set, at {_hms(at)}; since then {cause})"
 
     def _write_gres(self, node: str, counts: dict[str, int], pad_to: int | None, now: float, why: str = "") -> bool:
