@@ -77,6 +77,18 @@ def test_jobs_and_explain_json_give_the_exit_status_as_sacct_does_beside_the_raw
     assert data["job"]["exit"] == data["outcome"]["exit"] == "3:0" and data["outcome"]["exit_code"] == 768
 
 
+def test_jobs_json_says_which_run_of_a_reused_job_id_a_row_is(cfg, capsys, tmp_path):
+    # `explain` said "outcome (run 2 of this id)"; `jobs --json` gave the row without its run.
+    with open_store(tmp_path / "state.db") as s:
+        s.upsert_job("302", profile="1g", user="alice", now=NOW - 600)
+        s.set_job_state("302", "RUNNING", now=NOW - 590, node="gpu01")
+        s.record_outcome("302", state="COMPLETED", exit_code=0, now=NOW - 500)
+        s.set_job_state("302", "COMPLETED", now=NOW - 500, exit_code=0)
+        s.restart_job("302", now=NOW - 100, reason="live in Slurm again", submit_time=NOW - 100)
+    rc, out, _ = run(capsys, "--config", cfg, "jobs", "--state", "all", "--json")
+    assert rc == 0 and [(j["job_id"], j["run"]) for j in json.loads(out) if j["job_id"] == "302"] == [("302", 2)]
+
+
 def test_nodes(cfg, capsys):
     rc, out, _ = run(capsys, "--config", cfg, "nodes", "--width", "100")
     assert rc == 0

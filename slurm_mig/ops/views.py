@@ -423,7 +423,7 @@ def job_dict(job, now: float, reservation: dict | None = None) -> dict:
     if start is not None:
         run = max(0.0, (job.end_time or now) - start)
     return {
-        "job_id": job.job_id, "user": job.user, "name": job.name, "partition": job.partition,
+        "job_id": job.job_id, "run": job.run, "user": job.user, "name": job.name, "partition": job.partition,
         "profile": job.profile, "count": job.count, "state": job.state, "reason": job.reason,
         "submit_time": job.submit_time, "start_time": start, "end_time": job.end_time,
         "wait_s": wait, "run_s": run, "time_limit_s": job.time_limit_s, "node": job.node,
