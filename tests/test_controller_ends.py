@@ -403,3 +403,27 @@ def test_a_binding_file_of_the_waiting_run_is_still_adopted(ctl, written):
         report["binding_times"] = {"3": end1 + 250}
     ctl.on_report(report, None)
     assert [b.uuid for b in ctl.store.bound_instances("3")] == ["MIG-2"]
+
+
+@pytest.mark.parametrize("exit_code, state", [(0, "COMPLETED"), (256, "FAILED")])
+def test_the_epilog_of_a_job_that_ran_while_the_controller_was_down_is_not_taken_for_cancelled(ctl, exit_code,
+                                                                                                state):
+    """Found in review. Job 3 waited here when the controller went down for longer than Slurm's MinJobAge; it
+    ran meanwhile (its node bound it alone) and ended, and Slurm forgot it. The first tick back found it
+    no longer in Slurm's queue and marked it CANCELLED (a guess: a waiting job that is gone was
+    cancelled), then its node's outbox delivered its binding and its Epilog. The Epilog took that guess
+    for Slurm's word (75bab11): the run was recorded CANCELLED, exit 0, and counted so."""
+    t = [time.time()]
+    ctl.clock = lambda: t[0]
+    ctl.store.upsert_job("3", profile="1g", submit_time=t[0] - 900, now=t[0] - 900)
+    ctl.tick()  # Slurm lists nothing
+    assert ctl.store.get_job("3").state == "CANCELLED"
+    assert ctl.on_bound({"job_id": "3", "node": "n1", "local": True, "bound_at": t[0] - 800,
+                         "instances": [{**INST, "uuid": "MIG-1"}]}, None) == {"ok": True}
+    assert ctl.on_epilog(_old_runs_epilog(t[0] - 400, exit_code=exit_code), None)["recorded"]
+    (o,) = ctl.store.outcomes()
+    assert (o.state, o.exit_code, o.start_time, o.end_time) == (state, exit_code, t[0] - 800, t[0] - 400)
+    assert ctl.store.get_job("3").state == state
+    t[0] += 61
+    ctl.tick()
+    assert _finished(ctl) == {state: 1.0}

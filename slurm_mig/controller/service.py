@@ -55,6 +55,9 @@ WITHDRAW_ROUNDS = 3
 # An outcome an Epilog reported is counted in slurm_mig_jobs_finished_total once a tick has seen Slurm list
 # the job as ended (so with Slurm's state where it corrected the Epilog's), or this long after it was recorded.
 END_STATE_WAIT_S = 60.0
+# The reason a waiting job Slurm no longer lists is marked CANCELLED with: the tick's guess, not Slurm's word (a
+# job that ran while the controller was down, then was forgotten after MinJobAge, is gone too).
+NOT_IN_QUEUE = "no longer in Slurm's queue"
 
 
 @dataclass
@@ -430,7 +433,7 @@ class Controller:
             lives_on = job.job_id in split or job.job_id.split("_")[0] in arrays
             if lives_on and self.store.forget_pending_job(job.job_id):
                 continue
-            self.store.set_job_state(job.job_id, "CANCELLED", now=now, reason="no longer in Slurm's queue")
+            self.store.set_job_state(job.job_id, "CANCELLED", now=now, reason=NOT_IN_QUEUE)
         return ended
 
     def _final_end_states(self, listed_ended: set[str], looked: set, now: float) -> list[str]:
@@ -1505,11 +1508,14 @@ class Controller:
             return {"ok": True, "recorded": False}
         # Ended here already with a state of Slurm's (a tick recorded its end from Slurm's record, or saw it
         # end while the store had it waiting): the Epilog's COMPLETED or FAILED is a guess from the exit
-        # status, which reads 0 for a job cancelled or timed out. It does not replace Slurm's word.
-        slurms = job.state in TERMINAL and job.state not in ("COMPLETED", "FAILED")
+        # status, which reads 0 for a job cancelled or timed out. It does not replace Slurm's word. The
+        # tick's own CANCELLED for a waiting job Slurm no longer listed is no such word: this Epilog shows the
+        # job ran (while the controller was down, then forgotten by Slurm), and its state is the better guess.
+        guessed = job.state == "CANCELLED" and job.reason == NOT_IN_QUEUE
+        slurms = job.state in TERMINAL and job.state not in ("COMPLETED", "FAILED") and not guessed
         recorded = self.store.record_outcome(job_id, state=job.state if slurms else state, exit_code=exit_code,
                                              derived_exit_code=derived_ec, end_time=end, now=now)
-        if job.state not in TERMINAL:
+        if job.state not in TERMINAL or guessed:
             self.store.set_job_state(job_id, state, now=now, exit_code=exit_code)
         self.store.release(job_id, node=node, starts=[(i["gpu"], i["start"]) for i in insts], now=now)
         if lingering:
