@@ -427,3 +427,23 @@ def test_the_epilog_of_a_job_that_ran_while_the_controller_was_down_is_not_taken
     t[0] += 61
     ctl.tick()
     assert _finished(ctl) == {state: 1.0}
+
+
+def test_a_node_made_binding_of_an_earlier_run_does_not_become_the_start_of_a_run_that_never_ran(ctl):
+    """Found in review. Job 3's node could not reach the controller while run 1 ran: its Prolog bound the
+    job alone and its binding and Epilog waited in the outbox. Slurm's record settled run 1 here, the id
+    ran again, and run 2 was cancelled while it waited. The outbox's /v1/bound then reached the ended run
+    2, which took run 1's binding time and node as its own start (c4531d8 kept only a live run from
+    adopting it), so run 1's Epilog behind it passed for run 2's: run 1's end was recorded a second time,
+    under run 2, a run that never ran."""
+    end1 = time.time() - 900
+    _ended_by_epilog(ctl.store, "3", end1)  # run 1's outcome, from Slurm's record, say
+    ctl.store.restart_job("3", now=end1 + 200, reason="live again", submit_time=end1 + 190)
+    ctl.store.set_job_state("3", "CANCELLED", now=end1 + 250)  # cancelled while it waited
+    assert ctl.on_bound({"job_id": "3", "node": "n1", "local": True, "bound_at": end1 - 90,
+                         "instances": [{**INST, "uuid": "MIG-1"}]}, None) == {"ok": True}
+    job = ctl.store.get_job("3")
+    assert (job.state, job.run, job.start_time, job.node) == ("CANCELLED", 2, None, None)
+    assert ctl.on_epilog(_old_runs_epilog(end1), None) == {"ok": True, "recorded": False}
+    assert [(o.run, o.end_time) for o in ctl.store.outcomes()] == [(1, end1)]
+    assert _finished(ctl) == {}

@@ -1360,10 +1360,12 @@ class Controller:
                 # bound anew, and this binding must not be adopted, nor the job made RUNNING, again.
                 return events.answer
             current = self.store.get_job(job_id)
-            if current is not None and current.state not in TERMINAL and self._before_this_run(current, bound_at):
+            if current is not None and self._before_this_run(current, bound_at):
                 # Made for an earlier run (or attempt) of the id, delivered from the node's outbox after the id
                 # ran again: adopted, it made a waiting run RUNNING on the old run's instance, and the old
-                # run's Epilog behind it then passed for this run's (it ended after that binding).
+                # run's Epilog behind it then passed for this run's (it ended after that binding). Nor is its
+                # time a start for a current run that has ended (cancelled while it waited, say): as that
+                # run's start it made the old run's Epilog pass for that run's too.
                 events.add("late", f"job {job_id}: a binding on {node} made before its current run (run "
                            f"{current.run}) began; not adopted", node=node, job_id=job_id, now=now)
                 log.warning("job %s: a binding from %s made before the current run began; not adopted", job_id, node)
