@@ -392,15 +392,21 @@ def test_an_epilog_of_a_job_slurm_ended_records_slurms_end_state(ctl):
     assert (o.state, o.exit_code) == ("CANCELLED", 0)
 
 
-@pytest.mark.parametrize("written", ["after_it_began", "unknown"])
+@pytest.mark.parametrize("written", ["after_it_began", "unknown", "implausible", "not_a_time"])
 def test_a_binding_file_of_the_waiting_run_is_still_adopted(ctl, written):
     # Written after the current run began, or by an older node that does not say when: adopted, as before.
+    # A file time that is no plausible time (a file touched to 1969) counts as unknown: it refused the
+    # whole report (400), the node's GPUs and bindings with it.
     end1 = time.time() - 600
     _ended_by_epilog(ctl.store, "3", end1)
     ctl.store.restart_job("3", now=end1 + 200, reason="live again", submit_time=end1 + 190)
     report = {"node": "n1", "bindings": {"3": [{**INST, "uuid": "MIG-2"}]}}
     if written == "after_it_began":
         report["binding_times"] = {"3": end1 + 250}
+    elif written == "implausible":
+        report["binding_times"] = {"3": -86400.0, "4": 1e12}
+    elif written == "not_a_time":
+        report["binding_times"] = {"3": "yesterday"}
     ctl.on_report(report, None)
     assert [b.uuid for b in ctl.store.bound_instances("3")] == ["MIG-2"]
 

@@ -1997,9 +1997,11 @@ def _v_binding_times(value) -> dict[str, float]:
     out = {}
     for job_id, at in value.items():
         _v_text(job_id, "binding_times key", optional=False, max_len=64)
-        at = _v_time(at, f"binding_times[{job_id!r}]")
-        if at is not None:
-            out[job_id] = at
+        # A file time is advice (whether a binding file predates the job's current run): one that is not a
+        # plausible time (a file touched to 1969, a clock far off) counts as unknown, as from an older node,
+        # rather than refusing the whole report, which holds the node's GPUs and bindings.
+        if not isinstance(at, bool) and isinstance(at, (int, float)) and 0 <= at < 1e11:
+            out[job_id] = float(at)
     return out
 
 
