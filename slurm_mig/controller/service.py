@@ -1348,7 +1348,7 @@ class Controller:
         observed_at = _v_time(payload.get("observed_at"), "observed_at")
         if local and not insts:
             raise _rejected("instances: a binding made by the node alone must list its instances")
-        message_id, _at = _v_message(payload)
+        message_id = _v_message(payload)
         now = self.clock()
         # When the node bound it: a binding it made alone may be delivered long after, from its outbox.
         bound_at = min(_v_time(payload.get("bound_at"), "bound_at") or now, now)
@@ -1414,7 +1414,7 @@ class Controller:
         node = self._check_node(payload, principal)
         job_id = self._check_job(payload)
         results = _v_results(payload.get("results"), need_gpu=False)
-        message_id, _at = _v_message(payload)
+        message_id = _v_message(payload)
         now = self.clock()
         with self.store.transaction():
             events = self._message(node, "/v1/bind-failed", message_id, now)
@@ -1447,7 +1447,7 @@ class Controller:
         lingering = _v_instances(payload.get("lingering"), "lingering")
         unreadable = _v_bool(payload.get("binding_unreadable"), "binding_unreadable")
         requeued = _v_bool(payload.get("requeued"), "requeued")
-        message_id, _at = _v_message(payload)
+        message_id = _v_message(payload)
         state = "COMPLETED" if exit_code == 0 else "FAILED"
         earlier = False  # the Epilog of an earlier run than the job id's current one
         with self.store.transaction():
@@ -1676,7 +1676,7 @@ class Controller:
         results = _v_results(payload.get("results"), need_gpu=True)
         observed = _v_observed(payload.get("observed"))
         observed_at = _v_time(payload.get("observed_at"), "observed_at")
-        message_id, _at = _v_message(payload)
+        message_id = _v_message(payload)
         now = self.clock()
         with self.store.transaction():
             events = self._message(node, "/v1/applied", message_id, now)
@@ -1875,12 +1875,14 @@ def _v_time(value, what: str) -> float | None:
 _MESSAGE_ID = re.compile(r"[0-9a-f]{16,64}")
 
 
-def _v_message(payload: dict) -> tuple[str | None, float | None]:
-    """(message_id, message_at) of a node message (see _NodeMessage); (None, None) from an older node."""
+def _v_message(payload: dict) -> str | None:
+    """The message_id of a node message (see _NodeMessage); None from an older node. Its message_at (the
+    node's clock when it made the message) is checked too, though nothing here reads it."""
     message_id = payload.get("message_id")
     if message_id is not None and (not isinstance(message_id, str) or not _MESSAGE_ID.fullmatch(message_id)):
         raise _rejected(f"message_id: expected 16 to 64 lowercase hex digits, got {_show(message_id)}")
-    return message_id, _v_time(payload.get("message_at"), "message_at")
+    _v_time(payload.get("message_at"), "message_at")
+    return message_id
 
 
 def _v_text(value, what: str, *, optional: bool = True, max_len: int = MAX_TEXT) -> str | None:
