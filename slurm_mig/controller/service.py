@@ -1864,10 +1864,15 @@ def _v_opt_int(value, what: str) -> int | None:
     return None if value is None else _v_int(value, what, -(2 ** 31), 2 ** 32)
 
 
+def _is_time(value) -> bool:
+    """Is ``value`` a plausible time in seconds since the epoch (a number, not before 1970 nor absurdly far)?"""
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and 0 <= value < 1e11
+
+
 def _v_time(value, what: str) -> float | None:
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1e11:
+    if not _is_time(value):
         raise _rejected(f"{what}: expected a time in seconds since the epoch, got {_show(value)}")
     return float(value)
 
@@ -2002,7 +2007,7 @@ def _v_binding_times(value) -> dict[str, float]:
         # A file time is advice (whether a binding file predates the job's current run): one that is not a
         # plausible time (a file touched to 1969, a clock far off) counts as unknown, as from an older node,
         # rather than refusing the whole report, which holds the node's GPUs and bindings.
-        if not isinstance(at, bool) and isinstance(at, (int, float)) and 0 <= at < 1e11:
+        if _is_time(at):
             out[job_id] = float(at)
     return out
 
