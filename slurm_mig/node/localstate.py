@@ -19,6 +19,7 @@ could chmod it and claim other jobs' instances; such files are adopted once by
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -282,23 +283,19 @@ class NodeState:
                                      f"{exc.strerror or exc}") from exc
         return [self.records_dir / n for n in sorted(names)]
 
+    @contextlib.contextmanager
     def layout_lock(self):
         """Hold this node's layout lock (``<root>/apply.lock``): the hooks change layouts and write
         bindings under it, so a holder sees every binding and no Prolog binds meanwhile. The folder
         must exist (see ensure)."""
-        import contextlib
         import fcntl
 
-        @contextlib.contextmanager
-        def held():
-            fd = os.open(self.root / "apply.lock", os.O_RDWR | os.O_CREAT, 0o600)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX)
-                yield
-            finally:
-                os.close(fd)
-
-        return held()
+        fd = os.open(self.root / "apply.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
 
     def binding_times(self) -> dict[str, float]:
         """Job id -> when its binding record was last written (mtime), for every record."""
