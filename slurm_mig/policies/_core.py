@@ -340,6 +340,19 @@ class GpuInfo:
 # ---------------------------------------------------------------------------
 
 
+def sig_groups(idx: "ClusterIndex", gpus: Iterable[int]) -> dict[tuple, list]:
+    """``gpus`` grouped by sig, each group sorted latest busy_end first (then first-fit rank): the order
+    the large-cluster walks score a group's GPUs in."""
+    groups: dict[tuple, list] = {}
+    infos, rank = idx.infos, idx.rank
+    for g in gpus:
+        info = infos[g]
+        groups.setdefault(info.sig, []).append((-info.busy_end, rank[g], g))
+    for v in groups.values():
+        v.sort()
+    return groups
+
+
 class KeyIndex:
     """For one requested profile: which GPUs and nodes could offer it, and when."""
 
@@ -360,13 +373,7 @@ class KeyIndex:
 
     def build_groups(self, idx: "ClusterIndex") -> dict[tuple, list]:
         """GPUs that could offer this profile, grouped by sig, each group sorted latest busy_end first."""
-        groups: dict[tuple, list] = {}
-        for g in self.gpus:
-            info = idx.infos[g]
-            groups.setdefault(info.sig, []).append((-info.busy_end, idx.rank[g], g))
-        for v in groups.values():
-            v.sort()
-        self.groups = groups
+        self.groups = groups = sig_groups(idx, self.gpus)
         return groups
 
     def update(self, idx: "ClusterIndex", gidx: int, info: GpuInfo, old_info: GpuInfo | None = None) -> None:

@@ -46,7 +46,7 @@ import math
 
 from slurm_mig.mig.layout import Slot
 from slurm_mig.policies._core import (
-    CONFLICT, INF, NO_ROOM, PLACED, Ctx, DispatchPolicy, GpuInfo, PInfo, carve_memo,
+    CONFLICT, INF, NO_ROOM, PLACED, Ctx, DispatchPolicy, GpuInfo, PInfo, carve_memo, sig_groups,
 )
 from slurm_mig.policies.base import ClusterState, PendingJob
 
@@ -288,15 +288,9 @@ class FragAwarePolicy(DispatchPolicy):
         node_gpus = idx.node_gpus
         if sum(len(node_gpus[n]) for n in allowed) > self.restrict_share * len(idx.infos):
             return False
-        gpus, infos, rank = ki.gpus, idx.infos, idx.rank
-        groups: dict[tuple, list] = {}
-        for n in allowed:
-            for g in node_gpus[n]:
-                if g in gpus:
-                    info = infos[g]
-                    groups.setdefault(info.sig, []).append((-info.busy_end, rank[g], g))
-        for v in groups.values():
-            v.sort()  # the full groups' order (KeyIndex.build_groups), less the GPUs of other nodes
+        gpus = ki.gpus
+        # the full groups' order (KeyIndex.build_groups), less the GPUs of other nodes
+        groups = sig_groups(idx, (g for n in allowed for g in node_gpus[n] if g in gpus))
         # A signature's bound depends on the signature alone, so these are the full order's entries for
         # the signatures kept, in the same order.
         return groups, self._order_groups(idx, key, groups)
