@@ -14,6 +14,7 @@ from the small executables in prolog/ and epilog/. Rules every hook follows:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -220,17 +221,12 @@ class Node:
         models = {g.index: g.model for g in self.backend.gpus()}
         return [self._apply_one(int(gpu_s), spec, models.get(int(gpu_s))) for gpu_s, spec in sorted(targets.items())]
 
+    @contextlib.contextmanager
     def apply_lock(self):
         """One layout change at a time on this node (Prolog, health check and `nvml apply` may overlap)."""
-        import contextlib
-
-        @contextlib.contextmanager
-        def held():
-            self.state.ensure()
-            with self.state.layout_lock():
-                yield
-
-        return held()
+        self.state.ensure()
+        with self.state.layout_lock():
+            yield
 
     def make_instances(self, wanted: list[dict]) -> list[dict]:
         """Create just the instances a starting job needs, destroying only idle instances in their way.
