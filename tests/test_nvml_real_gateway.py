@@ -294,6 +294,10 @@ class FakeNvml:
         return [current, current if self.mig_pending is None else self.mig_pending]
 
     old_driver = False  # no ...InfoV functions: pynvml raises FUNCTION_NOT_FOUND for version=2
+    # Driver answers that differ from our table, for check-tables: NVML index -> fields to replace
+    # (id, instanceCount, sliceCount, name, memorySizeMB), or None for a profile this driver lacks.
+    profile_overrides: dict = {}
+    placement_overrides: dict = {}  # GpuInstanceProfileInfo.id -> [(start, size), ...] the driver allows
 
     def nvmlDeviceGetGpuInstanceProfileInfo(self, h, index, version=2):
         if self.old_driver and version == 2:
@@ -301,10 +305,27 @@ class FakeNvml:
         by_index = {p.nvml_index: p for p in self.model.profiles}
         if index in self.extra_profiles:
             return self.extra_profiles[index]
-        if index not in by_index:
+        if index not in by_index or (index in self.profile_overrides and self.profile_overrides[index] is None):
             raise FakeNVMLError(3)
         p = by_index[index]
-        return types.SimpleNamespace(id=p.id, instanceCount=p.max_count, sliceCount=p.compute_slices)
+        fields = dict(id=p.id, instanceCount=p.max_count, sliceCount=p.compute_slices)
+        if version == 2:  # version 1 of the struct has neither
+            fields.update(name=f"MIG {p.name}".encode(), memorySizeMB=p.memory_gb * 1000)
+        fields.update(self.profile_overrides.get(index) or {})
+        return types.SimpleNamespace(**fields)
+
+    def nvmlDeviceGetGpuInstancePossiblePlacements(self, h, profile_id, array, count_ref):
+        if profile_id in self.placement_overrides:
+            pairs = self.placement_overrides[profile_id]
+        else:  # the profile the driver gave this id (profile_overrides may renumber one)
+            p = next((p for p in self.model.profiles
+                      if (self.profile_overrides.get(p.nvml_index) or {}).get("id", p.id) == profile_id), None)
+            if p is None:
+                raise FakeNVMLError(3)
+            pairs = [(s, p.memory_slices) for s in p.starts]
+        for i, (start, size) in enumerate(pairs):
+            array[i].start, array[i].size = start, size
+        count_ref._obj.value = len(pairs)
 
     def nvmlDeviceGetGpuInstances(self, h, profile_id, array, count_ref):
         found = [gi for gi, g in self.gis.items()

@@ -3,6 +3,7 @@
     slurm-mig nvml show [--json]
     slurm-mig nvml apply --gpu 0 --layout 3g@0,2g@4,1g@6 [--dry-run] [--busy 3g@0] [--ignore-bindings] [--json]
     slurm-mig nvml assert --gpu 0 --layout 3g@0,2g@4,1g@6 [--json]
+    slurm-mig nvml check-tables [--gpu 0] [--json]
     slurm-mig nvml sim-init --gpus H100-80GB:2 [--layout 3g@0,3g@4 | --layout 1=7g@0] [--force]
     slurm-mig nvml sim-busy --gpu 0 3g@0 --owner job42 | --clear
 
@@ -350,6 +351,44 @@ def _cmd_assert(args: argparse.Namespace) -> int:
     return 1 if diff else 0
 
 
+# -- check-tables ------------------------------------------------------------
+def _cmd_check_tables(args: argparse.Namespace) -> int:
+    """Compare our profile tables with the driver's, GPU by GPU: exit 0 when every GPU agrees, 1 when a
+    number differs, 2 when a GPU's profiles could not be read. Creates and destroys nothing."""
+    from slurm_mig.nvml.base import InvalidArgument
+    from slurm_mig.nvml.tables import check_gpu
+
+    backend = backend_from_args(args)
+    try:
+        gpus = backend.gpus()
+        if args.gpu is not None and not 0 <= args.gpu < len(gpus):
+            raise InvalidArgument(f"no GPU {args.gpu} (this node has {len(gpus)})")
+        checks = [check_gpu(backend, g) for g in gpus if args.gpu in (None, g.index)]
+    finally:
+        backend.close()
+    code = 0 if all(c.ok for c in checks) else (2 if any(c.unreadable for c in checks) else 1)
+    if args.json:
+        print(json.dumps({"backend": backend_settings(args)["kind"], "ok": code == 0,
+                          "gpus": [c.to_json() for c in checks]}, indent=2))
+        return code
+    if not checks:
+        print("No GPUs.")
+    for c in checks:
+        print(f"GPU {c.gpu}: {c.name or '?'} ({c.model or 'unknown model'}) [MIG {c.mig_mode}]")
+        for r in c.readings:
+            where = "?" if r.placements is None else ",".join(f"{s}:{n}" for s, n in sorted(r.placements))
+            memory = "?" if r.memory_mib is None else f"{r.memory_mib} MiB"
+            print(f"  index {r.nvml_index:>2}  id {r.id:>2}  {r.short_name or '?':<14} {r.compute_slices} compute "
+                  f"slices, at most {r.max_count}, {memory}, placements {where}")
+        if c.unreadable:
+            print(f"  not compared: {c.unreadable}")
+        for f in c.findings:
+            print(f"  {f.level.upper()}: {f.profile}: {f.message}")
+        if c.ok:
+            print(f"  our {c.model} table agrees with the driver ({len(c.readings)} profiles read)")
+    return code
+
+
 # -- simulated GPUs ------------------------------------------------------------
 def _sim_state(args: argparse.Namespace) -> str:
     state = args.sim_state or os.environ.get(ENV_SIM_STATE)
@@ -425,6 +464,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--layout", required=True, metavar="SPEC")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=_cmd_assert)
+
+    p = sub.add_parser("check-tables", parents=[common],
+                       help="compare slurm-mig's MIG profile tables with what the driver reports (read-only)")
+    p.add_argument("--gpu", type=int, metavar="N", help="only this GPU (default: all)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=_cmd_check_tables)
 
     p = sub.add_parser("sim-init", parents=[common], help="create a simulated node's GPUs")
     p.add_argument("--gpus", required=True, metavar="MODEL[:N],...", help="e.g. H100-80GB:2,A100-40GB")

@@ -40,6 +40,7 @@ from slurm_mig.nvml.base import (
     NvmlUnavailable,
     ResetRequired,
 )
+from slurm_mig.nvml.tables import ProfileReading
 
 # NVML return code -> typed error (nvml.h; FACTS §3).
 _ERROR_BY_CODE: dict[int, type[NvmlError]] = {
@@ -343,6 +344,42 @@ class RealBackend:
                 out.append(ForeignInstance(gpu, int(gi_info.placement.start), int(gi_info.placement.size),
                                            int(info.id), int(gi_info.id), int(info.sliceCount), busy))
         return sorted(out, key=lambda f: f.start)
+
+    def profile_readings(self, gpu: int) -> list[ProfileReading]:
+        """Every GPU-instance profile the driver offers on GPU ``gpu`` and its possible placements, asked
+        for each NVML profile index (see foreign_instances for the count). Read-only: for
+        ``nvml check-tables``, which compares them with our tables."""
+        h = self._handle(gpu)
+        try:
+            count = max(int(nvml_attr("NVML_GPU_INSTANCE_PROFILE_COUNT")), _GI_PROFILE_COUNT)
+        except NvmlUnavailable:
+            count = _GI_PROFILE_COUNT
+        out = []
+        for index in range(count):
+            try:
+                info = _versioned(self._call, "nvmlDeviceGetGpuInstanceProfileInfo", h, index)
+            except _ABSENT:
+                continue  # not on this GPU or driver (or MIG mode is off)
+            name = getattr(info, "name", None)
+            memory = getattr(info, "memorySizeMB", None)
+            out.append(ProfileReading(index, int(info.id), int(info.sliceCount), int(info.instanceCount),
+                                      None if memory is None else int(memory),
+                                      None if name is None else _text(name).strip("\x00 ") or None,
+                                      self._possible_placements(h, int(info.id))))
+        return out
+
+    def _possible_placements(self, handle: Any, profile_id: int) -> tuple[tuple[int, int], ...] | None:
+        """nvmlDeviceGetGpuInstancePossiblePlacements (_v2) as (start, size) pairs; None where unreadable."""
+        capacity = 16  # more than any GPU's memory slices, so more than its placements of one profile
+        array = (nvml_attr("c_nvmlGpuInstancePlacement_t") * capacity)()
+        count = ctypes.c_uint(capacity)
+        try:
+            self._call("nvmlDeviceGetGpuInstancePossiblePlacements", handle, profile_id, array, ctypes.byref(count))
+        except (NotSupported, InvalidArgument, NvmlUnavailable):
+            return None
+        if count.value > capacity:
+            return None
+        return tuple((int(array[i].start), int(array[i].size)) for i in range(count.value))
 
     # -- changing ----------------------------------------------------------
     def create(self, gpu: int, slot: Slot) -> MigInstance:

@@ -70,6 +70,7 @@ from slurm_mig.nvml.base import (
     NvmlError,
     NvmlUnavailable,
 )
+from slurm_mig.nvml.tables import ProfileReading
 
 STATE_VERSION = 1
 
@@ -354,6 +355,16 @@ class SimulatedBackend:
         if not g["mig_enabled"]:
             return []
         return sorted((self._foreign(gpu, f) for f in g.get("foreign", ())), key=lambda f: f.start)
+
+    def profile_readings(self, gpu: int) -> list[ProfileReading]:
+        """The GPU-instance profiles this simulated GPU offers, as NVML lists them: its model's table (which
+        its create enforces), with nominal memory; with MIG mode off too, as an H200 on driver 580 does."""
+        state = self._snapshot()
+        g = self._gpu(state, gpu)
+        self._check_usable(g, gpu)
+        return [ProfileReading(p.nvml_index, p.id, p.compute_slices, p.max_count, p.memory_gb * 1024,
+                               f"MIG {p.name}", tuple((s, p.memory_slices) for s in p.starts))
+                for p in sorted(self._model(g).profiles, key=lambda p: p.nvml_index)]
 
     def _check_create(self, state: dict, gpu: int, slot: Slot, *, faults: bool = True) -> tuple[dict, Slot]:
         g = self._gpu(state, gpu)
