@@ -52,9 +52,15 @@ def _real_backend_or_skip():
         gpus = backend.gpus()
     except NvmlError as exc:
         pytest.skip(f"no usable NVML here: {exc}")
-    if not any(g.mig_enabled and g.model is not None for g in gpus):
-        pytest.skip("no MIG-enabled GPU of a known model here")
+    if not any(g.model is not None for g in gpus):
+        pytest.skip("no GPU of a known MIG model here")
     return backend
+
+
+def _skip_without_mig(backend) -> None:
+    """For checks of instances: a GPU with MIG off has none (its listing and mode are still checked)."""
+    if not any(g.mig_enabled and g.model is not None and not g.lost for g in backend.gpus()):
+        pytest.skip("MIG mode is off on every GPU of a known model here")
 
 
 def _real_backend_over_fake_pynvml(monkeypatch, layout=(Slot(0, "3g"), Slot(4, "2g"), Slot(6, "1g"))):
@@ -130,6 +136,7 @@ def test_gpus_are_listed_in_index_order_with_nvidia_uuids(ro_backend):
 
 
 def test_instances_are_well_formed_and_their_layout_is_valid(ro_backend):
+    _skip_without_mig(ro_backend)
     all_uuids = []
     for g in ro_backend.gpus():
         if g.lost or g.model is None or not g.mig_enabled:
@@ -152,6 +159,7 @@ def test_instances_are_well_formed_and_their_layout_is_valid(ro_backend):
 
 
 def test_reading_twice_gives_the_same_instances(ro_backend):
+    _skip_without_mig(ro_backend)
     for g in ro_backend.gpus():
         if g.mig_enabled and not g.lost:
             first = {(m.slot, m.uuid, m.gi_id) for m in ro_backend.instances(g.index)}
@@ -184,6 +192,7 @@ def test_the_mig_mode_is_read_with_its_pending_half(ro_backend):
 def test_foreign_instances_are_well_formed_and_beside_ours(ro_backend):
     """Read-only on a real GPU too: GPU instances of profiles our tables do not list (none, usually) have a
     placement on the GPU that none of ours overlaps."""
+    _skip_without_mig(ro_backend)
     for g in ro_backend.gpus():
         if g.lost or g.model is None or not g.mig_enabled:
             continue
