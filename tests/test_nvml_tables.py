@@ -151,11 +151,28 @@ H200_580 = [
 ]
 
 
-def test_our_h200_table_agrees_with_what_an_h200_reported():
-    assert compare_tables(get_model("H200-141GB"), H200_580) == []
-    # and the same readings are not taken for another model's table
-    assert {f.profile for f in compare_tables(H100, H200_580) if f.level == "error"} == {
-        p.name for p in H100.profiles}
+# The same, from an NVIDIA H100 80GB HBM3 (same driver and nvidia-ml-py, MIG mode off), 2026-11-26.
+H100_580 = [
+    ProfileReading(0, 19, 1, 7, 9984, "MIG 1g.10gb", tuple((s, 1) for s in range(7))),
+    ProfileReading(1, 14, 2, 3, 20096, "MIG 2g.20gb", ((0, 2), (2, 2), (4, 2))),
+    ProfileReading(2, 9, 3, 2, 40448, "MIG 3g.40gb", ((0, 4), (4, 4))),
+    ProfileReading(3, 5, 4, 1, 40448, "MIG 4g.40gb", ((0, 4),)),
+    ProfileReading(4, 0, 7, 1, 81152, "MIG 7g.80gb", ((0, 8),)),
+    ProfileReading(7, 20, 1, 1, 9984, "MIG 1g.10gb+me", tuple((s, 1) for s in range(7))),
+    ProfileReading(9, 15, 1, 4, 20096, "MIG 1g.20gb", ((0, 2), (2, 2), (4, 2), (6, 2))),
+]
+
+
+@pytest.mark.parametrize("model, readings", [("H200-141GB", H200_580), ("H100-80GB", H100_580)])
+def test_our_tables_agree_with_what_an_h200_and_an_h100_reported(model, readings):
+    assert compare_tables(get_model(model), readings) == []
+
+
+def test_one_models_readings_are_not_taken_for_anothers_table():
+    # only the names differ between the two: each profile is an error, named by the size it carries
+    errors = [f for f in compare_tables(H100, H200_580) if f.level == "error"]
+    assert sorted(f.profile for f in errors) == sorted(p.name for p in H100.profiles)
+    assert all(f.message.startswith("named ") for f in errors)
 
 
 def test_compare_tables_on_literal_readings():
