@@ -329,6 +329,53 @@ def test_a_gpu_instance_of_a_profile_not_in_our_tables_is_reported_and_never_car
     assert not [e for e in _journal(rig) if e[3] == "failed"]
 
 
+def test_a_gpu_whose_driver_differs_from_our_mig_table_is_left_as_it_is(rig):
+    """A driver upgrade that renumbers a profile or takes a placement away: slurm-mig planned from its own
+    table, so every carve there failed (or made the wrong size), tick after tick. The node now compares the
+    driver's profiles with our table once per GPU and driver version and reports the differences; the
+    controller leaves such a GPU as it is (as for a pending MIG mode change). A later driver that agrees
+    lifts it."""
+    for slot in ("3g@0", "2g@4", "1g@6"):
+        rig.gpu.set_in_use(0, slot, "job 8")  # GPU 0 is full
+    rig.gpu.destroy(1, Slot(4, "2g"))  # GPU 1: 3g@0, 1g@6 and room for a 2g at 4
+    rig.gpu.set_driver_profiles(1, {1: {"placements": [[0, 2], [2, 2]]}}, driver="590.1")  # no 2g at 4
+    assert rig.report() == 0
+    gpu1 = next(g for g in rig.store.observed_gpus("n1") if g.gpu == 1)
+    assert gpu1.blocked == ("the driver's MIG profiles differ from slurm-mig's table (`slurm-mig nvml check-tables` "
+                            "on the node): 2g.20gb: placements {0,2}:2, ours {0,2,4}:2")
+    assert [g.available for g in rig.store.cluster_state().gpus if g.node == "n1"] == [True, False]
+    cache = rig.tmp / "node" / "n1" / "tables.json"
+    assert cache.stat().st_mode & 0o777 == 0o600
+    assert json.loads(cache.read_text())[rig.gpu.gpus()[1].uuid]["driver"] == "590.1"
+    rig.job("1", "2g")  # without the check, 2g@4 on GPU 1 was planned, and the driver refused it
+    assert rig.hook("prolog", "1") == 0
+    assert ("requeue", "1") in rig.slurm.calls and rig.live("1") == ()
+    assert _sim_layout(rig, 1) == "3g@0,1g@6"
+    assert not [e for e in _journal(rig) if e[3] == "failed"]
+
+    asked = []
+    real = SimulatedBackend.profile_readings
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(SimulatedBackend, "profile_readings", lambda self, gpu: asked.append(gpu) or real(self, gpu))
+        assert rig.report() == 0
+        assert asked == []  # the same driver: read from tables.json, not NVML
+        rig.gpu.set_driver_profiles(1, {}, driver="590.2")  # the next driver agrees with our table
+        assert rig.report() == 0
+        assert sorted(asked) == [0, 1]
+    assert all(g.blocked is None for g in rig.store.observed_gpus("n1"))
+
+
+def test_without_the_controller_no_job_is_bound_on_a_gpu_whose_driver_differs_from_our_table(rig):
+    for slot in ("3g@0", "2g@4", "1g@6"):
+        rig.gpu.set_in_use(0, slot, "job 8")  # GPU 0 is full
+    rig.gpu.set_driver_profiles(1, {2: {"id": 10}}, driver="590.1")  # the 3g renumbered
+    rig.job("2", "2g")
+    rig.srv.stop()
+    assert rig.hook("prolog", "2") == 0
+    assert not rig.record_file("2").exists()
+    assert rig.requeues == [("2", "controller unreachable and no free 1 x 2g instance exists on n1")]
+
+
 def _journal(rig) -> list[tuple[int, int, str, str, str]]:
     return [(r["id"], r["gpu"], r["to_layout"], r["state"], r["outcome"] or r["error"] or "")
             for r in rig.store._q("SELECT * FROM reconfig_journal ORDER BY id")]

@@ -269,6 +269,11 @@ class FakeNvml:
         mask = ((1 << size) - 1) << start
         return any(((1 << g["size"]) - 1) << g["start"] & mask for g in self.gis.values() if "profile_id" in g)
 
+    driver = "580.159.04"
+
+    def nvmlSystemGetDriverVersion(self):
+        return self.driver
+
     # device
     def nvmlDeviceGetCount(self):
         return 1

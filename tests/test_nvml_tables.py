@@ -228,3 +228,67 @@ def test_our_table_agrees_with_a_real_mig_gpu():
     for gpu in known:
         check = check_gpu(backend, gpu)
         assert check.ok, [f"{f.profile}: {f.message}" for f in check.errors]
+
+
+def test_a_simulated_driver_that_differs_is_read_as_such_and_refuses_what_it_lacks(tmp_path):
+    from slurm_mig.mig.layout import Slot
+    from slurm_mig.nvml import InsufficientResources, NotSupported
+
+    backend = init_state(tmp_path / "n.json", [("H100-80GB", 1)])
+    assert backend.driver_version() == "simulated"
+    backend.set_driver_profiles(0, {1: {"placements": [[0, 2], [2, 2]]}, 3: None}, driver="590.1")
+    assert backend.driver_version() == "590.1"
+    check = check_gpu(backend, backend.gpus()[0])
+    assert sorted((f.level, f.profile) for f in check.findings) == [("error", "2g.20gb"), ("error", "4g.40gb")]
+    with pytest.raises(InsufficientResources, match="no placement 4:2"):
+        backend.create(0, Slot(4, "2g"))
+    with pytest.raises(NotSupported, match="no profile 4g.40gb"):
+        backend.create(0, Slot(0, "4g"))
+    backend.create(0, Slot(2, "2g"))  # what the driver lists is made as before
+
+
+def test_real_backend_reads_the_driver_version(fake):
+    assert RealBackend().driver_version() == "580.159.04"
+
+
+def test_a_table_check_that_fails_blocks_nothing_and_the_report_goes_on(tmp_path, caplog):
+    from slurm_mig.node.hooks import Node
+
+    class Broken:
+        """A backend whose profile listing breaks: not a reason to stop jobs on the GPU."""
+
+        def __init__(self, inner):
+            self.inner = inner
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+        def profile_readings(self, gpu):
+            raise RuntimeError("driver hiccup")
+
+    node = Node.__new__(Node)
+    from slurm_mig.node.localstate import NodeState
+
+    node.name, node.state = "n1", NodeState(tmp_path / "n1")
+    node._backend = Broken(init_state(tmp_path / "g.json", [("H100-80GB", 1)], layouts={0: "7g@0"}))
+    (entry,) = node.observe()
+    assert "table_errors" not in entry and [i["profile"] for i in entry["instances"]] == ["7g.80gb"]
+    assert "the MIG table check failed: RuntimeError: driver hiccup" in caplog.text
+    assert not (tmp_path / "n1" / "tables.json").exists()  # asked again next time
+
+
+@pytest.mark.parametrize("bad, words", [
+    ([7], "table_errors[0]"),
+    (["x"] * 17, "at most 16"),
+    ("2g.20gb: wrong", "table_errors"),
+])
+def test_a_report_with_malformed_table_errors_is_refused(bad, words):
+    from slurm_mig.api.server import RequestRejected
+    from slurm_mig.controller.service import _v_observed
+
+    gpu = {"index": 0, "uuid": "GPU-1", "name": "NVIDIA H100 80GB HBM3", "model": "H100-80GB",
+           "mig_enabled": True, "lost": False, "instances": []}
+    assert _v_observed([{**gpu, "table_errors": ["2g.20gb: at most 2 instances, ours 3"]}])[0]["table_errors"] == [
+        "2g.20gb: at most 2 instances, ours 3"]
+    with pytest.raises(RequestRejected, match=words.replace("[", r"\[").replace("]", r"\]")):
+        _v_observed([{**gpu, "table_errors": bad}])

@@ -1114,7 +1114,8 @@ class Controller:
             gpus.append({"gpu": g["index"], "uuid": g.get("uuid"), "model": g.get("model"),
                          "mig_enabled": bool(g.get("mig_enabled")) and not g.get("lost"), "name": g.get("name"),
                          "mig_pending": None if g.get("lost") else g.get("mig_pending"),
-                         "foreign": [] if g.get("lost") else g.get("foreign") or []})
+                         "foreign": [] if g.get("lost") else g.get("foreign") or [],
+                         "table_errors": [] if g.get("lost") else g.get("table_errors") or []})
             for i in g.get("instances", []):
                 insts.append({"gpu": g["index"], "profile": i["profile"], "start": i["start"], "uuid": i.get("uuid"),
                               "in_use": bool(i.get("in_use")) or (g["index"], i["start"]) in held})
@@ -1965,7 +1966,12 @@ def _v_observed(value) -> list[dict] | None:
                  "instances": [_v_instance(i, f"{what}.instances[{k}]", gpu=index)
                                for k, i in enumerate(_v_list(g.get("instances"), f"{what}.instances"))],
                  "foreign": [_v_foreign(f, f"{what}.foreign[{k}]")
-                             for k, f in enumerate(_v_list(g.get("foreign"), f"{what}.foreign"))]}
+                             for k, f in enumerate(_v_list(g.get("foreign"), f"{what}.foreign"))],
+                 # where the node's driver disagrees with our MIG table for this GPU (Node.table_errors)
+                 "table_errors": [_v_text(e, f"{what}.table_errors[{k}]", optional=False, max_len=300)
+                                  for k, e in enumerate(_v_list(g.get("table_errors"), f"{what}.table_errors"))]}
+        if len(entry["table_errors"]) > 16:
+            raise _rejected(f"{what}.table_errors: at most 16, got {len(entry['table_errors'])}")
         if model:
             try:
                 m = get_model(model)

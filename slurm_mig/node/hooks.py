@@ -25,6 +25,7 @@ from pathlib import Path
 
 log = logging.getLogger("slurm_mig.hooks")
 _T0 = time.time()  # fallback start time for the latency the Prolog logs
+MAX_TABLE_ERRORS = 8  # differences from our MIG table a GPU report carries (the controller takes as many)
 
 
 @dataclass(frozen=True)
@@ -124,6 +125,50 @@ class Node:
         return self._client
 
     # -- observation -----------------------------------------------------------
+    TABLES_FILE = "tables.json"
+
+    def table_errors(self, gpu) -> list[str]:
+        """Where the driver's MIG profiles for GPU ``gpu`` (a GpuInfo) differ from our table for its model, as
+        ``nvml check-tables`` words them; [] when they agree or cannot be read (nothing is blocked on a guess).
+
+        Asked once per GPU and driver version (a few dozen read-only NVML calls) and kept in
+        ``<state>/tables.json``, so a Prolog reads a file, not NVML, to know."""
+        import json
+
+        from slurm_mig.node.localstate import _atomic_write
+        from slurm_mig.nvml.tables import check_gpu
+
+        if gpu.model is None or gpu.lost or not gpu.uuid:
+            return []
+        version = getattr(self.backend, "driver_version", None)
+        driver = str(version()) if version is not None else "unknown"
+        path = self.state.root / self.TABLES_FILE
+        try:
+            cache = json.loads(path.read_text())
+        except (OSError, ValueError):
+            cache = {}
+        cache = cache if isinstance(cache, dict) else {}
+        seen = cache.get(gpu.uuid)
+        if isinstance(seen, dict) and seen.get("driver") == driver and seen.get("model") == gpu.model.name \
+                and isinstance(seen.get("errors"), list):
+            return [str(e) for e in seen["errors"]]
+        check = check_gpu(self.backend, gpu)
+        if check.unreadable is not None:
+            log.warning("GPU %s: the driver's MIG profiles could not be compared with ours: %s", gpu.index,
+                        check.unreadable)
+            return []
+        errors = [f"{f.profile}: {f.message}" for f in check.errors]
+        if errors:
+            log.error("GPU %s (%s, driver %s): the driver's MIG profiles differ from slurm-mig's table, so "
+                      "nothing is carved or started there: %s", gpu.index, gpu.name, driver, "; ".join(errors))
+        cache[gpu.uuid] = {"driver": driver, "model": gpu.model.name, "errors": errors}
+        try:
+            self.state.ensure()
+            _atomic_write(path, json.dumps(cache, sort_keys=True).encode(), 0o600)
+        except OSError as exc:  # asked again next time
+            log.warning("could not keep the MIG table check in %s: %s", path, exc)
+        return errors
+
     def observe(self) -> list[dict]:
         """Every GPU and its instances, as JSON for the controller."""
         from slurm_mig.nvml import foreign_instances
@@ -136,6 +181,14 @@ class Node:
             if g.mig_pending is not None:
                 # A MIG mode change waits for a GPU reset: the controller carves nothing there meanwhile.
                 entry["mig_pending"] = g.mig_pending
+            try:
+                table = self.table_errors(g)
+            except Exception as exc:  # noqa: BLE001 - a check that fails blocks nothing; the report goes on
+                log.warning("GPU %s: the MIG table check failed: %s: %s", g.index, type(exc).__name__, exc)
+                table = []
+            if table:
+                # The driver would refuse (or mislabel) what our table plans: nothing new there, as for mig_pending.
+                entry["table_errors"] = table[:MAX_TABLE_ERRORS]
             if g.model is not None and g.mig_enabled and not entry["lost"]:
                 try:
                     for i in self.backend.instances(g.index):
@@ -306,6 +359,11 @@ class Node:
         for g in self.backend.gpus():
             if g.model is None or not g.mig_enabled or g.lost or g.mig_pending is not None:
                 continue  # (a MIG mode change pending a reset: apply_layout refuses to touch the GPU)
+            try:
+                if self.table_errors(g):
+                    continue  # the driver's profiles differ from the table a re-creation would follow
+            except Exception:  # noqa: BLE001 - observe() logs it; a failed check blocks nothing
+                pass
             try:
                 insts = self.backend.instances(g.index)
             except Exception:  # noqa: BLE001 - observe() reports this GPU's error; the others go on
@@ -496,9 +554,9 @@ def _local_choice(node: Node, job_id: str, observed: list[dict]) -> dict:
     for kind, count in req.items():
         found = []
         for g in observed:
-            if g.get("mig_pending") is not None:
-                # The admin is changing this GPU's MIG mode at its next reset: no new job starts there (as the
-                # controller would decide); its instances go at the reset.
+            if g.get("mig_pending") is not None or g.get("table_errors"):
+                # The admin is changing this GPU's MIG mode at its next reset, or its driver's MIG profiles differ
+                # from our table: no new job starts there (as the controller would decide).
                 continue
             try:
                 name = get_model(g["model"]).profile(kind).name
@@ -794,7 +852,7 @@ def _cache_desired(node: Node, resp: dict, observed: list[dict], observed_at: fl
                 desired[key], targets_at[key] = old[key], at  # a Prolog's target, newer than this report
                 continue
             if not g.get("model") or not g.get("mig_enabled") or g.get("lost") or g.get("error") \
-                    or g.get("mig_pending") is not None or g.get("foreign"):
+                    or g.get("mig_pending") is not None or g.get("foreign") or g.get("table_errors"):
                 continue
             try:
                 layout = Layout.of(get_model(g["model"]), [Slot(int(i["start"]), str(i["profile"]))

@@ -345,6 +345,10 @@ class RealBackend:
                                            int(info.id), int(gi_info.id), int(info.sliceCount), busy))
         return sorted(out, key=lambda f: f.start)
 
+    def driver_version(self) -> str:
+        """nvmlSystemGetDriverVersion: "580.159.04"."""
+        return _text(self._call("nvmlSystemGetDriverVersion"))
+
     def profile_readings(self, gpu: int) -> list[ProfileReading]:
         """Every GPU-instance profile the driver offers on GPU ``gpu`` and its possible placements, asked
         for each NVML profile index (see foreign_instances for the count). Read-only: for

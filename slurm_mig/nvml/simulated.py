@@ -362,9 +362,36 @@ class SimulatedBackend:
         state = self._snapshot()
         g = self._gpu(state, gpu)
         self._check_usable(g, gpu)
-        return [ProfileReading(p.nvml_index, p.id, p.compute_slices, p.max_count, p.memory_gb * 1024,
-                               f"MIG {p.name}", tuple((s, p.memory_slices) for s in p.starts))
-                for p in sorted(self._model(g).profiles, key=lambda p: p.nvml_index)]
+        drivers = g.get("driver_profiles") or {}
+        out = []
+        for p in sorted(self._model(g).profiles, key=lambda p: p.nvml_index):
+            fields = {"nvml_index": p.nvml_index, "id": p.id, "compute_slices": p.compute_slices,
+                      "max_count": p.max_count, "memory_mib": p.memory_gb * 1024, "name": f"MIG {p.name}",
+                      "placements": tuple((s, p.memory_slices) for s in p.starts)}
+            if str(p.nvml_index) in drivers:
+                if drivers[str(p.nvml_index)] is None:
+                    continue  # this driver does not offer it
+                fields.update(drivers[str(p.nvml_index)])
+                if fields["placements"] is not None:
+                    fields["placements"] = tuple(tuple(pair) for pair in fields["placements"])
+            out.append(ProfileReading(**fields))
+        return out
+
+    def driver_version(self) -> str:
+        """The simulated driver's version (nvmlSystemGetDriverVersion): "simulated", or what
+        set_driver_profiles set."""
+        return str(self._snapshot().get("driver") or "simulated")
+
+    def set_driver_profiles(self, gpu: int, changes: dict[int, dict | None], *, driver: str) -> None:
+        """Simulate a driver (version ``driver``, for the whole node) whose GPU-instance profiles on GPU ``gpu``
+        differ from slurm-mig's table: NVML profile index -> the ProfileReading fields it reports otherwise
+        (``id``, ``compute_slices``, ``max_count``, ``name``, ``placements`` as (start, size) pairs), or None
+        for a profile it does not offer. profile_readings reports them, and create refuses a profile the
+        driver does not offer or a placement it does not list, as such a driver would."""
+        with self._txn() as state:
+            g = self._gpu(state, gpu)
+            g["driver_profiles"] = {str(int(k)): (None if v is None else dict(v)) for k, v in changes.items()}
+            state["driver"] = str(driver)
 
     def _check_create(self, state: dict, gpu: int, slot: Slot, *, faults: bool = True) -> tuple[dict, Slot]:
         g = self._gpu(state, gpu)
@@ -377,6 +404,15 @@ class SimulatedBackend:
         model = self._model(g)
         prof = model.profile(slot.profile)
         slot = Slot(slot.start, prof.name)
+        driver = (g.get("driver_profiles") or {})
+        if str(prof.nvml_index) in driver:  # a simulated driver that differs from our table (set_driver_profiles)
+            changed = driver[str(prof.nvml_index)]
+            if changed is None:
+                raise NotSupported(f"GPU {gpu}: this driver offers no profile {prof.name} (NVML_ERROR_NOT_SUPPORTED)")
+            allowed = changed.get("placements")
+            if allowed is not None and [slot.start, prof.memory_slices] not in [list(a) for a in allowed]:
+                raise InsufficientResources(f"GPU {gpu}: this driver has no placement {slot.start}:"
+                                            f"{prof.memory_slices} for {prof.name} (NVML_ERROR_INSUFFICIENT_RESOURCES)")
         layout = self._layout(g)
         if not layout.can_add(prof, slot.start):
             why = layout.with_slot(slot).problems() or [f"{slot} already exists"]

@@ -243,15 +243,18 @@ def as_observed_gpu(item: Any) -> ObservedGpu:
         model = get_model(model).name
     else:
         model = None
-    blocked = _get(item, "blocked") or blocked_reason(_get(item, "mig_pending"), _get(item, "foreign") or ())
+    blocked = _get(item, "blocked") or blocked_reason(_get(item, "mig_pending"), _get(item, "foreign") or (),
+                                                      _get(item, "table_errors") or ())
     return ObservedGpu(int(gpu), _get(item, "uuid"), model, bool(_get(item, "mig_enabled", default=False)),
                        _get(item, "name"), blocked=blocked)
 
 
-def blocked_reason(mig_pending: bool | None, foreign: Iterable[Any] = ()) -> str | None:
+def blocked_reason(mig_pending: bool | None, foreign: Iterable[Any] = (),
+                   table_errors: Iterable[str] = ()) -> str | None:
     """Why slurm-mig must leave a GPU as it is (ObservedGpu.blocked), from what its node reported: the MIG
     mode a change waiting for a GPU reset will set (nvml GpuInfo.mig_pending), GPU instances of profiles
-    our tables do not list (nvml ForeignInstance or dicts with start, size, profile_id). None: nothing
+    our tables do not list (nvml ForeignInstance or dicts with start, size, profile_id), and where the
+    driver's MIG profiles differ from our table (the node's `nvml check-tables` errors). None: nothing
     stops it."""
     why = []
     if mig_pending is not None:
@@ -259,6 +262,11 @@ def blocked_reason(mig_pending: bool | None, foreign: Iterable[Any] = ()) -> str
     held = [f"profile id {_get(f, 'profile_id')} at {_get(f, 'start')}:{_get(f, 'size')}" for f in foreign]
     if held:
         why.append("GPU instance(s) of a profile slurm-mig does not know: " + ", ".join(held))
+    table = [str(e) for e in table_errors]
+    if table:
+        shown = "; ".join(table[:3]) + (f"; and {len(table) - 3} more" if len(table) > 3 else "")
+        why.append(f"the driver's MIG profiles differ from slurm-mig's table (`slurm-mig nvml check-tables` on the "
+                   f"node): {shown}")
     return "; ".join(why) or None
 
 
