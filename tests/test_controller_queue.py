@@ -516,3 +516,41 @@ def test_explain_says_cpus_can_be_why_a_node_is_not_the_jobs(cpu_ticked):
 
     options = {o["gpu"]: o for saw in V.explain_view(cpu_ticked, "2")["policy_saw"] for o in saw["options"]}
     assert options["n1/0"]["verdict"] == "not-its-node" and "CPU" in options["n1/0"]["why"], options["n1/0"]
+
+
+def test_explain_shows_a_node_whose_free_cpus_this_decision_promised_to_jobs_before_it(cpu_ticked):
+    # Job 3 (-n 2 -c 3) and the --exclusive job 4 waited because job 2 (-c 4), placed before them, took
+    # n2's CPUs in the decision; explain showed n2/0 as "free-slices", a GPU they could have gone to.
+    from slurm_mig.ops import views as V
+
+    for job in ("3", "4"):
+        saw = V.explain_view(cpu_ticked, job)["policy_saw"]
+        options = {o["gpu"]: o for s in saw for o in s["options"]}
+        assert options["n2/0"]["verdict"] == "cpus-promised", options["n2/0"]
+        assert "job 2" in options["n2/0"]["why"] and "CPU" in options["n2/0"]["why"], options["n2/0"]
+        assert saw[0]["verdicts"] == {"cpus-promised": 1, "not-its-node": 1}, saw[0]["verdicts"]
+    assert "4 of its 8 free CPUs" in V.explain_view(cpu_ticked, "3")["policy_saw"][0]["options"][1]["why"]
+    # job 2, placed first, was promised nothing before it: its view is as before
+    options = {o["gpu"]: o for s in V.explain_view(cpu_ticked, "2")["policy_saw"] for o in s["options"]}
+    assert options["n2/0"]["verdict"] == "free-slices" and options["n2/0"]["chosen"], options["n2/0"]
+
+
+def test_explain_shows_cpus_promised_on_a_node_slurm_may_start_the_job_on(tmp_path):
+    # Both -c 3 jobs may start on n1 (4 CPUs free) or n2; job 31 took n1's CPUs, so job 32 went to n2,
+    # and explain showed n1/0's idle 1g instance as its own for the taking.
+    from slurm_mig.ops import views as V
+
+    store = open_store(tmp_path / "state.db")
+    try:
+        _observe_two_1g_on_n1(store)
+        Controller(Config(), store, HalfFreeN1(_cpus_queue(
+            [31, 0, None, "", 0, "PENDING", "Resources", 50, "gres:mig:1g:1", "", "debug", 1, 60, "a", "u", "", 1],
+            [32, 0, None, "", 0, "PENDING", "Resources", 49, "gres:mig:1g:1", "", "debug", 2, 60, "b", "u", "", 1],
+        ))).tick()
+        options = {o["gpu"]: o for s in V.explain_view(store, "32")["policy_saw"] for o in s["options"]}
+        assert options["n2/0"]["chosen"], options
+        assert options["n1/0"]["verdict"] == "cpus-promised" and "job 31" in options["n1/0"]["why"], options
+        options = {o["gpu"]: o for s in V.explain_view(store, "31")["policy_saw"] for o in s["options"]}
+        assert options["n1/0"]["verdict"] == "idle-instance" and options["n1/0"]["chosen"], options
+    finally:
+        store.close()

@@ -413,6 +413,28 @@ def test_gpu_option_verdicts():
     assert V.gpu_option({**base, "layout": "empty"}, "5g")["verdict"] == "no-profile"
 
 
+def test_gpu_option_says_where_the_cpus_the_decision_counted_kept_a_job_off():
+    # What the dispatch loop's CpuLedger had when it came to job c: a (-c 3) placed on n1, b (-c 1) on n2.
+    inputs = {"free_cpus": {"n1": 4, "n2": 2, "n3": 1},
+              "pending": [{"job_id": "a", "cpus": 3}, {"job_id": "b", "cpus": 1}, {"job_id": "c", "cpus": 2},
+                          {"job_id": "x", "cpus": 1, "exclusive": True}, {"job_id": "u"}]}
+    made = [{"job_id": "a", "node": "n1"}, {"job_id": "b", "node": "n2"}]
+    base = {"gpu": 0, "model": "H100-80GB", "available": True, "layout": "empty"}
+    c = V._cpu_view(inputs, 2, made)
+    got = {n: V.gpu_option({**base, "node": n}, "1g", cpus=c) for n in ("n1", "n2", "n3", "n4")}
+    assert got["n1"]["verdict"] == "cpus-promised" and "3 of its 4 free CPUs promised to job a" in got["n1"]["why"]
+    assert got["n2"]["verdict"] == "cpus-promised", got["n2"]
+    assert got["n3"]["verdict"] == "few-cpus" and "1 free CPU(s), it asks for 2" in got["n3"]["why"]
+    assert got["n4"]["verdict"] == "free-slices"  # not counted there
+    # --exclusive: no node with a job placed on it, whatever is left there
+    x = V._cpu_view({**inputs, "free_cpus": {"n1": 64, "n2": 2, "n3": 1}}, 3, made)
+    assert V.gpu_option({**base, "node": "n1"}, "1g", cpus=x)["verdict"] == "cpus-promised"
+    assert V.gpu_option({**base, "node": "n3"}, "1g", cpus=x)["verdict"] == "free-slices"
+    # a job that gave no CPUs, or a decision that counted none: nothing to say
+    assert V._cpu_view(inputs, 4, made) is None
+    assert V._cpu_view({"pending": inputs["pending"]}, 2, made) is None
+
+
 def test_history_segments_window(ro):
     segs = V.history_segments(ro, "gpu01", [0, 1], NOW - 1000, NOW)
     jobs = sorted(s.job_id for s in segs if s.kind == "job")

@@ -733,9 +733,85 @@ def _gpu_from_inputs(g: dict) -> tuple[GpuModel | None, Layout | None, set[Slot]
     return model, layout, slots(g.get("busy")), slots(g.get("reconfiguring"))
 
 
-def gpu_option(g: dict, profile: str, count: int = 1, nodes: list | None = None) -> dict:
+@dataclass
+class CpuView:
+    """The CPUs one decision counted for one job (ClusterState.free_cpus, PendingJob.cpus), as the
+    dispatch loop's CpuLedger had them when it came to that job: each counted node's free CPUs, and
+    those it had promised there to the jobs it placed before this one."""
+
+    need: int  # the CPUs the job asks for (PendingJob.cpus, 1 for an --exclusive job that gave none)
+    exclusive: bool
+    free: dict[str, int]  # node -> CPUs Slurm had not allocated (nodes not listed: not counted)
+    promised: dict[str, int]  # node -> CPUs taken by the jobs placed there before it
+    placed: dict[str, list[str]]  # node -> those jobs
+
+    def refused(self, node: str) -> tuple[str, str] | None:
+        """(verdict, why) where the policy kept the job off ``node`` for CPUs; None where it did not."""
+        if node not in self.free:
+            return None
+        free, taken = self.free[node], self.promised.get(node, 0)
+        left = free - taken
+        if left >= self.need and not (self.exclusive and node in self.promised):
+            return None
+        if node in self.promised and free >= self.need:
+            jobs = self.placed[node]
+            who = f"job{'s' if len(jobs) > 1 else ''} {', '.join(jobs[:3])}" + (
+                f" and {len(jobs) - 3} more" if len(jobs) > 3 else "")
+            asks = "all (--exclusive)" if self.exclusive else f"{self.need}, {max(0, left)} left"
+            return "cpus-promised", f"{taken} of its {free} free CPUs promised to {who} before it; it asks {asks}"
+        return "few-cpus", f"{free} free CPU(s), it asks for {self.need}"
+
+
+def _cpu_view(inputs: dict, pos: int | None, assignments: list[dict]) -> CpuView | None:
+    """What the policy counted of CPUs for the job at ``pos`` of a decision's inputs: None where it counted
+    none (no ``free_cpus``: cpu_full_nodes_wait off, the simulator; a job that gave no CPUs).
+    Mirrors slurm_mig.policies._core.CpuLedger: the jobs before it in the queue that the decision placed,
+    on counted nodes, took their CPUs there (every free one for an --exclusive job)."""
+    pending = inputs.get("pending") or []
+    free_in = inputs.get("free_cpus")
+    if pos is None or not isinstance(free_in, dict):
+        return None
+
+    def counted(j: dict) -> tuple[int, bool] | None:
+        cpus, whole = j.get("cpus"), bool(j.get("exclusive"))
+        if not cpus and not whole:
+            return None
+        try:
+            return max(1, int(cpus or 1)), whole
+        except (TypeError, ValueError):
+            return None
+
+    me = counted(pending[pos])
+    if me is None:
+        return None
+    free: dict[str, int] = {}
+    for n, c in free_in.items():
+        try:
+            free[str(n)] = max(0, int(c))
+        except (TypeError, ValueError):
+            continue
+    where = {str(a.get("job_id")): str(a.get("node")) for a in assignments}
+    left = dict(free)
+    promised: dict[str, int] = {}
+    placed: dict[str, list[str]] = {}
+    for j in pending[:pos]:
+        jid = str(j.get("job_id"))
+        node = where.get(jid)
+        c = counted(j)
+        if node is None or c is None or node not in left:
+            continue
+        take = max(left[node], c[0]) if c[1] else c[0]
+        left[node] -= take
+        promised[node] = promised.get(node, 0) + take
+        placed.setdefault(node, []).append(jid)
+    return CpuView(me[0], me[1], free, promised, placed)
+
+
+def gpu_option(g: dict, profile: str, count: int = 1, nodes: list | None = None,
+               cpus: CpuView | None = None) -> dict:
     """Could this GPU (as a policy saw it, decision inputs JSON) hold ``profile``? And if not, why not.
-    ``nodes``: the only nodes Slurm may start the job on (None: any)."""
+    ``nodes``: the only nodes Slurm may start the job on (None: any); ``cpus``: the CPUs the decision
+    counted for the job (None: none)."""
     key = f"{g.get('node')}/{g.get('gpu')}"
     model, layout, busy, reconf = _gpu_from_inputs(g)
     base = {"gpu": key, "layout": g.get("layout")}
@@ -746,6 +822,9 @@ def gpu_option(g: dict, profile: str, count: int = 1, nodes: list | None = None)
     if not g.get("available", True):
         # The controller also leaves out a node whose every CPU Slurm has allocated (Slurm starts nothing there).
         return {**base, "verdict": "unavailable", "why": "node down, drained, stale, MIG off or without a free CPU"}
+    refused = cpus.refused(str(g.get("node"))) if cpus is not None else None
+    if refused is not None:
+        return {**base, "verdict": refused[0], "why": refused[1]}
     if model is None or layout is None:
         return {**base, "verdict": "unavailable", "why": f"unknown GPU model {g.get('model')!r}"}
     try:
@@ -780,8 +859,9 @@ def gpu_option(g: dict, profile: str, count: int = 1, nodes: list | None = None)
     return {**base, "verdict": "blocked", "why": f"no room for {p.kind}: " + "; ".join(what)}
 
 
-def _policy_saw(inputs: dict, job_id: str, profile: str, count: int) -> dict:
-    """A short account of a decision's inputs from one job's point of view."""
+def _policy_saw(inputs: dict, job_id: str, profile: str, count: int, assignments: list[dict] | None = None) -> dict:
+    """A short account of a decision's inputs from one job's point of view; ``assignments``: the
+    decision's, for the CPUs it promised to the jobs it placed before this one."""
     pending = inputs.get("pending") or []
     pos = next((i for i, j in enumerate(pending) if str(j.get("job_id")) == job_id), None)
     ahead = pending[:pos] if pos is not None else []
@@ -790,7 +870,8 @@ def _policy_saw(inputs: dict, job_id: str, profile: str, count: int) -> dict:
         ahead_by[j.get("profile", "?")] = ahead_by.get(j.get("profile", "?"), 0) + int(j.get("count") or 1)
     gpus = inputs.get("gpus") or []
     nodes = pending[pos].get("nodes") if pos is not None else None
-    options = [gpu_option(g, profile, count, nodes) for g in gpus]
+    cpus = _cpu_view(inputs, pos, assignments or [])
+    options = [gpu_option(g, profile, count, nodes, cpus) for g in gpus]
     verdicts: dict[str, int] = {}
     for o in options:
         verdicts[o["verdict"]] = verdicts.get(o["verdict"], 0) + 1
@@ -910,7 +991,8 @@ def explain_view(store, job_id: str, *, now: float | None = None, max_options: i
         if not rows:
             continue
         inputs = json.loads(rows[0]["inputs"] or "{}")
-        s = _policy_saw(inputs, job_id, job.profile, job.count)
+        made = next((d["assignments"] for d in decisions if d["id"] == did), [])
+        s = _policy_saw(inputs, job_id, job.profile, job.count, made)
         chosen = None
         if label == "assignment":
             a = assigned[-1]["assignment"]
@@ -972,7 +1054,8 @@ def _trim_options(options: list[dict], chosen: set[str] | None, limit: int) -> l
         return options
     keep = [o for o in options if o["chosen"]]
     per: dict[str, int] = {}
-    order = ["idle-instance", "free-slices", "re-carve", "blocked", "unavailable", "not-its-node", "no-profile"]
+    order = ["idle-instance", "free-slices", "re-carve", "blocked", "cpus-promised", "few-cpus", "unavailable",
+             "not-its-node", "no-profile"]
     for o in sorted(options, key=lambda o: order.index(o["verdict"]) if o["verdict"] in order else 99):
         if o["chosen"]:
             continue
