@@ -159,6 +159,48 @@ def test_jobs_finished_counts_the_epilogs_state_once_slurm_has_forgotten_the_job
     assert _finished(ctl) == {"COMPLETED": 1.0}
 
 
+def test_a_job_whose_epilog_came_just_before_a_controller_restart_is_counted_after_it(ctl):
+    """The outcomes waiting to be counted were a note in memory only: a job whose Epilog the controller
+    handled, and that it restarted before counting (the next tick, or a minute later; while Slurm cannot
+    be asked, however long that takes), was counted by neither process. They are kept in the database."""
+    end = _epilog_says_completed(ctl, "3")
+    again = Controller(Config(), ctl.store, EndedSlurm())  # the controller restarted on the same database
+    again.slurm.queue = [_listed(3, "CANCELLED", end)]
+    again.tick()
+    assert _finished(again) == {"CANCELLED": 1.0}
+    # Counted, and so not again by the next process.
+    third = Controller(Config(), ctl.store, EndedSlurm())
+    third.slurm.queue = [_listed(3, "CANCELLED", end)]
+    third.tick()
+    t = time.time() + 61
+    third.clock = lambda: t
+    third.tick()
+    assert _finished(third) == {}
+
+
+def test_a_job_counted_before_a_controller_restart_is_not_counted_again(ctl):
+    end = _epilog_says_completed(ctl, "3")
+    ctl.slurm.queue = [_listed(3, "COMPLETED", end)]
+    ctl.tick()
+    assert _finished(ctl) == {"COMPLETED": 1.0}
+    again = Controller(Config(), ctl.store, EndedSlurm())
+    t = time.time() + 61
+    again.clock = lambda: t
+    again.tick()
+    assert _finished(again) == {}
+
+
+def test_a_job_slurm_forgot_is_counted_a_minute_after_its_epilog_across_a_restart(ctl):
+    end = _epilog_says_completed(ctl, "3")
+    again = Controller(Config(), ctl.store, EndedSlurm())
+    again.clock = lambda: end + 30
+    again.tick()  # Slurm lists nothing: a late squeue may still give its end state
+    assert _finished(again) == {}
+    again.clock = lambda: end + 61  # a minute after the first process recorded its outcome, not the restart
+    again.tick()
+    assert _finished(again) == {"COMPLETED": 1.0}
+
+
 # -- an Epilog that arrives after the job id ran again ---------------------------------------------
 # A run's Epilog waits in its node's outbox while the controller cannot be reached; meanwhile the id runs
 # again (requeued after it ended, reused) and the store tracks that as a new run (restart_job). The old

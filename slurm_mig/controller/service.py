@@ -219,8 +219,10 @@ class Controller:
         self._ended_since: dict[str, tuple[float, tuple | None]] = _load_ended(store)
         self._ended_saved = dict(self._ended_since)
         # (job, run) -> when its Epilog's outcome was recorded, not yet counted in jobs_finished_total
-        # (_final_end_states). By run: a job id's next run may end before its last one is counted.
-        self._unconfirmed: dict[tuple[str, int], float] = {}
+        # (_final_end_states). By run: a job id's next run may end before its last one is counted. Kept in the
+        # database too (meta UNCOUNTED entries, written with the outcome): a controller restarted before the
+        # count (a tick later; while Slurm cannot be asked, any time later) counted those jobs in neither process.
+        self._unconfirmed: dict[tuple[str, int], float] = _load_uncounted(store)
         self._unconfirmed_lock = threading.Lock()
         self._gres_warned: set[str] = set()
         self._gres_checked: set[str] = set()  # nodes told once about missing or too little mig:pad
@@ -447,7 +449,17 @@ class Controller:
         with self._unconfirmed_lock:
             due = [k for k, at in self._unconfirmed.items()
                    if (k[0] in listed_ended and k in looked) or now - at >= END_STATE_WAIT_S]
+        if not due:
+            return []
         states = [o.state for o in (self.store.outcome(job_id, run=run) for job_id, run in due) if o is not None]
+        try:
+            # Forgotten in the database before they are counted: a restart in between loses a count in a
+            # process that is gone anyway, where the other order would count them again in the next one.
+            self.store.delete_meta(_uncounted_key(*key) for key in due)
+        except SlurmMigError as exc:
+            log.warning("could not clear %d counted job end(s) from the database (%s): counted at the next tick",
+                        len(due), exc)
+            return []
         with self._unconfirmed_lock:
             for key in due:
                 self._unconfirmed.pop(key, None)
@@ -1472,6 +1484,8 @@ class Controller:
                                                    derived_ec=derived_ec, end=self._epilog_end(job, ended_at, now),
                                                    now=now))
                 recorded = answer["recorded"]
+                if recorded:  # to be counted (below), by this process or, restarted, the next
+                    self.store.set_meta(_uncounted_key(job_id, job.run), [job_id, job.run, now], now=now)
         if recorded and earlier:
             # An earlier run's end: Slurm lists the current run, so the Epilog's state is the only word on it.
             self.metrics.inc("slurm_mig_jobs_finished_total", (("state", state),))
@@ -1760,6 +1774,30 @@ def _load_ended(store) -> dict[str, tuple[float, tuple | None]]:
     except Exception as exc:  # a damaged note costs at most some exit statuses, never the start
         log.warning("ignoring the saved notes on ended jobs: %s", exc)
         return {}
+
+
+UNCOUNTED = "uncounted/"  # meta key prefix: an Epilog's outcome not yet counted in jobs_finished_total
+
+
+def _uncounted_key(job_id: str, run: int) -> str:
+    return f"{UNCOUNTED}{job_id}/{run}"
+
+
+def _load_uncounted(store) -> dict[tuple[str, int], float]:
+    """The Epilog outcomes the last run of the controller recorded and had not counted yet: (job, run) -> when."""
+    try:
+        saved = store.meta_with_prefix(UNCOUNTED)
+    except Exception as exc:  # a damaged note costs at most some counts, never the start
+        log.warning("ignoring the saved notes on job ends not yet counted: %s", exc)
+        return {}
+    out = {}
+    for key, note in saved.items():
+        try:
+            job_id, run, at = note
+            out[(str(job_id), int(run))] = float(at)
+        except (TypeError, ValueError) as exc:
+            log.warning("ignoring the saved note %s on a job end not yet counted: %s", key, exc)
+    return out
 
 
 def _started_since(before, after, nodes: set[str]) -> list[tuple[str, str]]:

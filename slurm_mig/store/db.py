@@ -538,6 +538,21 @@ class Store:
                 (key, dumps(value), _now(now)),
             )
 
+    def meta_with_prefix(self, prefix: str) -> dict[str, Any]:
+        """Every meta entry whose key starts with ``prefix``: ``{key: value}``."""
+        with self.snapshot():
+            rows = self._q("SELECT key, value FROM meta WHERE substr(key, 1, ?) = ?", (len(prefix), prefix))
+        return {r["key"]: loads(r["value"]) for r in rows}
+
+    def delete_meta(self, keys: Iterable[str]) -> None:
+        """Remove the meta entries ``keys`` (those that exist), in one transaction."""
+        keys = list(keys)
+        if not keys:
+            return
+        with self.transaction():
+            for k in keys:
+                self._x("DELETE FROM meta WHERE key = ?", (k,))
+
     # -- nodes -----------------------------------------------------------------
     def upsert_node(self, name: str, *, state: str | None = None, health: str | None = None,
                     health_detail: dict | None = None, agent_version: str | None = None,
