@@ -1130,3 +1130,25 @@ def test_a_message_without_an_id_is_handled_at_each_delivery_as_before(rig):
     assert rig.store.bound_instances("1") and first["action"] == "bind"
     assert rig.on_bind_failed(failed, N1) == {"ok": True}  # an older node's: no id, so no telling
     assert rig.store.bound_instances("1") == () and rig.store.get_job("1").state == "REQUEUED"
+
+
+def test_what_a_rolled_back_tick_said_once_is_said_by_the_next(rig, caplog):
+    """A tick says some things once per episode, noting in memory that it has: n1 drained by Slurm for its
+    gres count (INVALID_REG), a job whose MIG request cannot be served. The note was made inside the tick's
+    transaction, the event with it: rolled back, the event was gone and the note stayed, so no later tick
+    stored it and `top`, `explain` and the events never showed it."""
+    rig.fake.nodes = lambda: [SlurmNode(name="n1", state="idle", flags=frozenset({"DRAIN", "INVALID_REG"}),
+                                        reason="gres/mig count reported lower than configured (6 < 7)",
+                                        gres={"3g": 2}, gres_used={})]
+    rig.fake.queue = [SlurmJob(job_id=9, name="two", user="zoe", state="PENDING", mig={"1g": 1, "3g": 1},
+                               tres_per_node="gres:mig:1g:1,gres:mig:3g:1", submit_time=1, priority=5)]
+    _roll_back_a_tick(rig)
+    assert not [e for e in rig.store.recent_events(50) if e.kind in ("gres", "conflict")]  # rolled back
+    rig.tick()
+    events = rig.store.recent_events(50)
+    assert [e.node for e in events if e.kind == "gres" and "Slurm drained n1" in e.message] == ["n1"]
+    assert [e.job_id for e in events if e.kind == "conflict" and "not managed" in e.message] == ["9"]
+    rig.tick()  # and still once each
+    events = rig.store.recent_events(50)
+    assert len([e for e in events if e.kind == "gres" and "Slurm drained n1" in e.message]) == 1
+    assert len([e for e in events if e.kind == "conflict" and "not managed" in e.message]) == 1

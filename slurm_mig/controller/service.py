@@ -285,11 +285,15 @@ class Controller:
             # Asked before the transaction: a slow scontrol must not hold the store lock.
             lost = self._lost_epilogs(jobs, now) if jobs is not None else {}
             ended, saved = dict(self._ended_since), self._ended_saved
+            said = None
             finished: list[str] = []  # states of the jobs settled below, counted once the transaction commits
             listed_ended: set[str] = set()
             looked: set = set()  # the Epilog outcomes waiting to be counted that _sync_jobs has seen
             try:
                 with self.store.transaction():
+                    # What the tick says once, noted as said with the event in this transaction: restored if it
+                    # rolls back. Taken inside it, as node requests note them inside theirs (under the same lock).
+                    said = (set(self._invalid_reg), set(self._unservable))
                     if jobs is not None:
                         listed_ended = self._sync_jobs(jobs, now, queried_at)
                         # An Epilog notes its outcome after its transaction committed, so those noted by now
@@ -311,6 +315,8 @@ class Controller:
                 # dropped were not either (the next tick settles those jobs again, from the same notes).
                 self._ended_since = {**ended, **self._ended_since}
                 self._ended_saved = saved
+                if said is not None:
+                    self._invalid_reg, self._unservable = said
                 raise
             if jobs is not None:
                 finished += self._final_end_states(listed_ended, looked, now)
