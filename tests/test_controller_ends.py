@@ -495,3 +495,44 @@ def test_a_node_made_binding_of_an_earlier_run_does_not_become_the_start_of_a_ru
     assert ctl.on_epilog(_old_runs_epilog(end1), None) == {"ok": True, "recorded": False}
     assert [(o.run, o.end_time) for o in ctl.store.outcomes()] == [(1, end1)]
     assert _finished(ctl) == {}
+
+
+@pytest.mark.parametrize("model, size", [("H100-80GB", "1g"), (None, "1g.10gb")])
+def test_a_late_epilogs_outcome_under_run_1_takes_nothing_from_run_2s_request(ctl, model, size):
+    """Found in review. Run 1 of job 3 (alice's 1g in partition gpu) ended here without an outcome; the id
+    was reused by bob's 3g x 2 in partition big, which the tick stored (upsert_job) and tracks as run 2.
+    Run 1's Epilog then arrived from the outbox: its outcome under run 1 took its profile, count, user,
+    partition and time limit from the jobs row, which is run 2's. It takes its size from the instances
+    run 1 was bound to (the Epilog's: their kind where the GPU's model is known, else their profile name),
+    and leaves what it cannot know of run 1 empty."""
+    end1 = time.time() - 600
+    if model:
+        ctl.store.replace_observed("n1", [{"gpu": 0, "model": model, "mig_enabled": True}], [], now=end1 - 200)
+    ctl.store.upsert_job("3", profile="1g", user="alice", partition="gpu", time_limit_s=3600.0,
+                         submit_time=end1 - 100, now=end1 - 100)
+    ctl.store.set_job_state("3", "RUNNING", now=end1 - 90, node="n1")
+    ctl.store.set_job_state("3", "CANCELLED", now=end1)  # Slurm's record settled it, without an exit status
+    ctl.slurm.queue = [SlurmJob(job_id=3, state="PENDING", mig={"3g": 2}, tres_per_node="gres:mig:3g:2",
+                                user="bob", partition="big", time_limit_min=10, submit_time=int(end1 + 190),
+                                priority=1)]
+    ctl.tick()
+    job = ctl.store.get_job("3")
+    assert (job.run, job.profile, job.count, job.user, job.partition) == (2, "3g", 2, "bob", "big")
+    assert ctl.on_epilog(_old_runs_epilog(end1 - 2), None) == {"ok": True, "recorded": True}
+    (o,) = ctl.store.outcomes()
+    assert (o.run, o.profile, o.count, o.user, o.partition, o.time_limit_s) == (1, size, 1, "", "", None)
+    assert (o.node, [(i.gpu, i.profile, i.start) for i in o.instances]) == ("n1", [(0, "1g.10gb", 0)])
+
+
+def test_a_late_epilog_without_run_1s_instances_records_no_outcome_for_it(ctl):
+    # Its binding file unreadable, the Epilog names no instance: run 1's size is not known (the jobs row's
+    # is run 2's), so no outcome is recorded for run 1, and a late event says why.
+    end1 = time.time() - 600
+    ctl.store.upsert_job("3", profile="1g", submit_time=end1 - 100, now=end1 - 100)
+    ctl.store.set_job_state("3", "RUNNING", now=end1 - 90, node="n1")
+    ctl.store.set_job_state("3", "CANCELLED", now=end1)
+    ctl.store.upsert_job("3", profile="3g", count=2, user="bob", submit_time=end1 + 190, now=end1 + 200)
+    ctl.store.restart_job("3", now=end1 + 200, reason="live again", submit_time=end1 + 190)
+    answer = ctl.on_epilog(_old_runs_epilog(end1 - 2, instances=[], binding_unreadable=True), None)
+    assert answer == {"ok": True, "recorded": False} and ctl.store.outcomes() == []
+    assert any(e.kind == "late" and "size cannot be told" in e.message for e in ctl.store.recent_events(10))

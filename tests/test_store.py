@@ -672,18 +672,24 @@ def test_events(db):
     assert [e.message for e in db.recent_events(job_id="2")] == ["event 2"]
 
 
-def test_an_earlier_runs_outcome_takes_only_the_ids_request_from_the_jobs_row(db):
-    db.upsert_job("3", profile="1g", user="alice", submit_time=100.0, now=100.0)
+def test_an_earlier_runs_outcome_takes_nothing_from_the_jobs_row(db):
+    db.upsert_job("3", profile="1g", user="alice", partition="gpu", time_limit_s=3600.0, submit_time=100.0,
+                  now=100.0)
     db.set_job_state("3", "CANCELLED", now=150.0)
+    # The id reused by another job: the tick stores its request, then tracks it as the next run.
+    db.upsert_job("3", profile="3g", count=2, user="bob", partition="big", time_limit_s=600.0, now=200.0)
     db.restart_job("3", now=200.0, reason="again", submit_time=190.0)
     db.set_job_state("3", "RUNNING", now=210.0, node="n2")
     with pytest.raises(StoreError, match="runs are 1 to 2"):
         db.record_outcome("3", run=3, state="COMPLETED")
-    assert db.record_outcome("3", run=1, state="COMPLETED", exit_code=0, end_time=140.0, now=300.0, node="n1")
+    with pytest.raises(StoreError, match="without its profile"):  # the jobs row's is run 2's
+        db.record_outcome("3", run=1, state="COMPLETED", end_time=140.0)
+    assert db.record_outcome("3", run=1, state="COMPLETED", exit_code=0, end_time=140.0, now=300.0, node="n1",
+                             profile="1g")
     assert not db.record_outcome("3", run=1, state="FAILED", end_time=141.0)  # once per run
     (o,) = db.outcomes()
-    assert (o.run, o.profile, o.user, o.node, o.submit_time, o.start_time, o.end_time) == \
-        (1, "1g", "alice", "n1", None, None, 140.0)  # not run 2's node, submission or start
+    assert (o.run, o.profile, o.count, o.user, o.partition, o.time_limit_s, o.node, o.submit_time, o.start_time,
+            o.end_time) == (1, "1g", 1, "", "", None, "n1", None, None, 140.0)  # nothing of run 2's
 
 
 def test_a_handled_node_message_keeps_its_answer_until_pruned(db):

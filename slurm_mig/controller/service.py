@@ -28,7 +28,7 @@ from slurm_mig.api.origin import NodeOrigins
 from slurm_mig.controller.binding import NodeGpu, choose_binding
 from slurm_mig.controller.eligibility import eligible_nodes
 from slurm_mig.controller.queue import queue_entries
-from slurm_mig.errors import SlurmMigError, SlurmUnavailable
+from slurm_mig.errors import GeometryError, SlurmMigError, SlurmUnavailable
 from slurm_mig.mig.layout import Layout, Slot, parse_layout
 from slurm_mig.mig.profiles import get_model
 from slurm_mig.mig.transitions import plan_transition
@@ -1590,20 +1590,40 @@ class Controller:
         if not (insts or unreadable):
             return False  # a run that never got its instances (requeued in its Prolog): nothing to say
         recorded = False
-        if job.run == 2 and not requeued:  # (an attempt ended by a requeue is no outcome)
+        size = self._size_bound(node, insts)
+        if job.run == 2 and not requeued and size is not None:  # (an attempt ended by a requeue is no outcome)
+            # Nothing of the jobs row: it is run 2's, request and all (another user's job, for a reused id).
             recorded = self.store.record_outcome(job.job_id, run=1, state=state, exit_code=exit_code,
                                                  derived_exit_code=derived_ec, end_time=end, now=now, node=node,
-                                                 instances=insts)
+                                                 instances=insts, profile=size[0], count=size[1])
         if job.run > 2:
             which = f"one of the {job.run - 1} runs before the current one"
             what = "which one cannot be told, so nothing is recorded"
         else:
             which = "a run before the current one"
-            what = "its outcome is recorded under run 1" if recorded else "nothing is changed"
+            what = "its outcome is recorded under run 1" if recorded else (
+                "run 1's size cannot be told (its binding file was unreadable), so nothing is recorded"
+                if size is None and not requeued and self.store.outcome(job.job_id, run=1) is None
+                else "nothing is changed")
         events.add("late", f"job {job.job_id}: an Epilog from {node} of {which} (run {job.run}, which began "
                    f"after it ended); {what}", node=node, job_id=job.job_id, now=now)
         log.warning("job %s: an Epilog from %s ended before the current run began; %s", job.job_id, node, what)
         return recorded
+
+    def _size_bound(self, node: str, insts: list) -> tuple[str, int] | None:
+        """(profile, count) of a run bound to ``insts`` on ``node``, as an outcome records what a job asked
+        for: the instances' kind where the store knows the GPU's model ("1g"), else their profile name
+        ("1g.10gb", which names the size as well). None without instances, or with instances of more than
+        one size (a job asks for one size, mig_size_request)."""
+        models = {g.gpu: g.model for g in self.store.observed_gpus(node)}
+        sizes = set()
+        for i in insts:
+            name = str(i["profile"])
+            try:
+                sizes.add(get_model(models[i["gpu"]]).profile(name).kind if models.get(i["gpu"]) else name)
+            except GeometryError:  # a profile the GPU's model (as last reported) does not have
+                sizes.add(name)
+        return (sizes.pop(), len(insts)) if len(sizes) == 1 else None
 
     def on_report(self, payload: dict, principal) -> dict:
         node = self._check_node(payload, principal)

@@ -990,8 +990,10 @@ class Store:
         telling runs apart, and it counts as the latest run recorded.
 
         ``run``: an earlier run than the jobs row's (an Epilog that arrived after the id ran again). The
-        jobs row is the current run's, so of it only what the id asks for is taken (profile, count, user,
-        partition, time limit), not its node, instances or times; pass those in ``fields`` if known.
+        jobs row is the current run's, request and all (the tick stores the new run's profile, count, user,
+        partition and time limit before it tracks it as a new run; a reused id is another user's job), so
+        nothing is taken from it: pass in ``fields`` what is known of that run, its profile at least;
+        what is not given stays empty.
 
         Missing fields (profile, count, node, instances, user, partition,
         time_limit_s, submit/start times) come from the jobs row; ``fields``
@@ -1016,15 +1018,15 @@ class Store:
             run = current if run is None else int(run)
             if self._q("SELECT 1 FROM outcomes WHERE job_id = ? AND run = ?", (job_id, run)):
                 return False
-            if job is None and "profile" not in fields:
-                raise StoreError(f"cannot record an outcome for unknown job {job_id} without its profile")
+            if (job is None or earlier) and "profile" not in fields:
+                which = f"run {run} of job {job_id}, an earlier run than its jobs row's," if earlier \
+                    else f"unknown job {job_id}"
+                raise StoreError(f"cannot record an outcome for {which} without its profile")
             v: dict[str, Any] = {}
-            if job is not None:
+            if job is not None and not earlier:
                 v.update(profile=job.profile, count=job.count, user=job.user, partition=job.partition,
-                         time_limit_s=job.time_limit_s)
-                if not earlier:
-                    v.update(node=job.node, instances=list(job.instances), submit_time=job.submit_time,
-                             start_time=job.start_time)
+                         time_limit_s=job.time_limit_s, node=job.node, instances=list(job.instances),
+                         submit_time=job.submit_time, start_time=job.start_time)
             v.update(fields)
             instances = [as_bound_instance(i) for i in v.get("instances") or ()]
             gpus = v.get("gpus") or sorted({i.gpu for i in instances})
