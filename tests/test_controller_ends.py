@@ -536,3 +536,45 @@ def test_a_late_epilog_without_run_1s_instances_records_no_outcome_for_it(ctl):
     answer = ctl.on_epilog(_old_runs_epilog(end1 - 2, instances=[], binding_unreadable=True), None)
     assert answer == {"ok": True, "recorded": False} and ctl.store.outcomes() == []
     assert any(e.kind == "late" and "size cannot be told" in e.message for e in ctl.store.recent_events(10))
+
+
+def _bind_failed(at: float, **extra) -> dict:
+    return {"job_id": "3", "node": "n1", "results": [{"gpu": 0, "ok": False, "error": "In use by another client"}],
+            "message_id": "f0" * 16, "message_at": at, **extra}
+
+
+def test_a_late_bind_failure_of_an_earlier_run_leaves_the_current_run_alone(ctl):
+    """Found in review. Run 1's Prolog on n1 failed to make its instance and queued /v1/bind-failed (the
+    controller unreachable); the id ran again and run 2 runs on n1, bound to the same slice. The outbox
+    then delivered run 1's bind failure: unlike the Epilog's and the node-made binding's, it had no
+    earlier-run check, released run 2's binding on n1 and made it REQUEUED while Slurm ran it (with no
+    binding, _requeue_unbound would then requeue it in Slurm as started without its Prolog). A bind
+    failure made (message_at) before the current run began by more than the clock margin is an earlier
+    run's (or attempt's): it changes nothing but a late event."""
+    end1 = time.time() - 600
+    _ended_by_epilog(ctl.store, "3", end1)
+    ctl.store.restart_job("3", now=end1 + 200, reason="live again", submit_time=end1 + 190)
+    started = end1 + 300
+    ctl.store.set_job_state("3", "RUNNING", now=started, node="n1")
+    ctl.store.bind("3", "n1", [INST], now=started)
+    assert ctl.on_bind_failed(_bind_failed(end1 - 89), None) == {"ok": True}
+    job = ctl.store.get_job("3")
+    assert (job.state, job.run, job.node) == ("RUNNING", 2, "n1")
+    assert [(b.gpu, b.start) for b in ctl.store.bound_instances("3")] == [(0, 0)]
+    assert any(e.kind == "late" and "before its current run" in e.message for e in ctl.store.recent_events(10))
+    # This run's own failure, stamped a little behind the controller's clock, still releases and requeues it.
+    failed_at = started - ctl.cfg.auth.max_clock_skew_s
+    assert ctl.on_bind_failed(_bind_failed(failed_at, message_id="f1" * 16), None) == {"ok": True}
+    assert (ctl.store.get_job("3").state, ctl.store.bound_instances("3")) == ("REQUEUED", ())
+
+
+def test_a_late_bind_failure_of_an_earlier_run_does_not_requeue_a_waiting_run(ctl):
+    end1 = time.time() - 600
+    _ended_by_epilog(ctl.store, "3", end1)
+    ctl.store.restart_job("3", now=end1 + 200, reason="live again", submit_time=end1 + 190)
+    assert ctl.on_bind_failed(_bind_failed(end1 - 89), None) == {"ok": True}
+    job = ctl.store.get_job("3")
+    assert (job.state, job.run, job.reason) == ("PENDING", 2, "live again")
+    # From an older node (no message_at): handled as before.
+    assert ctl.on_bind_failed(_bind_failed(None, message_id=None), None) == {"ok": True}
+    assert ctl.store.get_job("3").state == "REQUEUED"

@@ -1434,6 +1434,9 @@ class Controller:
         job_id = self._check_job(payload)
         results = _v_results(payload.get("results"), need_gpu=False)
         message_id = _v_message(payload)
+        # When the node made the message (its Prolog saw the failure): it may be delivered long after, from
+        # the node's outbox. An older node sends no time.
+        failed_at = _v_time(payload.get("message_at"), "message_at")
         now = self.clock()
         with self.store.transaction():
             events = self._message(node, "/v1/bind-failed", message_id, now)
@@ -1441,18 +1444,30 @@ class Controller:
                 # Delivered again (its answer was lost): meanwhile the job may have been requeued and bound
                 # anew on this node, a binding this message is not about; nothing is released or requeued.
                 return events.answer
-            # Only this node's binding: a late message about an earlier attempt must not free a later one.
-            self.store.release(job_id, node=node, now=now)
             job = self.store.get_job(job_id)
-            if job is not None and job.node in (None, node) and job.state not in TERMINAL:
-                self.store.set_job_state(job_id, "REQUEUED", now=now, reason="reconfiguration failed on the node")
-            gpus = {r["gpu"] for r in results if r["gpu"] is not None}
-            for e in self._entries_of(node, job_id, gpus):
-                self._finish_reconfig(e.id, "failed", error=str(results)[:2000], now=now)
-            events.add("bind-failed", f"job {job_id} on {node}: {results}"[:2000],
-                       node=node, job_id=job_id, now=now)
+            if job is not None and failed_at is not None and self._before_this_run(job, min(failed_at, now)):
+                # An earlier run's (or attempt's) failure, delivered from the node's outbox after the id ran
+                # again: handled, it released the current run's binding on this node and made it REQUEUED (a
+                # waiting run too), while Slurm ran or queued it. No journal entry is closed either: those
+                # open on the node now may be the current run's Prolog's or the health check's, and its own
+                # Prolog's, left open, are abandoned by the tick (JOURNAL_TIMEOUT_S).
+                events.add("late", f"job {job_id}: a bind failure on {node} made before its current run (run "
+                           f"{job.run}) began; nothing released or requeued: {results}"[:2000], node=node,
+                           job_id=job_id, now=now)
+                log.warning("job %s: a bind failure from %s made before the current run began; ignored", job_id, node)
+            else:
+                # Only this node's binding: a late message about an earlier attempt must not free a later one.
+                self.store.release(job_id, node=node, now=now)
+                if job is not None and job.node in (None, node) and job.state not in TERMINAL:
+                    self.store.set_job_state(job_id, "REQUEUED", now=now,
+                                             reason="reconfiguration failed on the node")
+                gpus = {r["gpu"] for r in results if r["gpu"] is not None}
+                for e in self._entries_of(node, job_id, gpus):
+                    self._finish_reconfig(e.id, "failed", error=str(results)[:2000], now=now)
+                events.add("bind-failed", f"job {job_id} on {node}: {results}"[:2000],
+                           node=node, job_id=job_id, now=now)
             answer = events.reply({"ok": True})
-        self.metrics.inc("slurm_mig_hook_errors_total", (("kind", "bind_failed"),))  # once per failure
+        self.metrics.inc("slurm_mig_hook_errors_total", (("kind", "bind_failed"),))  # once per failure, late too
         return answer
 
     def on_epilog(self, payload: dict, principal) -> dict:
@@ -1560,7 +1575,8 @@ class Controller:
         return min(ended_at, now)
 
     def _before_this_run(self, job, at: float) -> bool:
-        """Was ``at`` (a time on a node's clock: an Epilog's end time, a node-made binding's bound_at) before
+        """Was ``at`` (a time on a node's clock: an Epilog's end time, a node-made binding's bound_at or binding
+        file's time, a bind failure's message_at) before
         the job's current run began? Then the message is an earlier run's (or an earlier attempt's of this
         run, requeued), arriving late from its node's outbox after the id ran again.
 
