@@ -8,6 +8,7 @@ CANCELLED and TIMEOUT (``"job_state": "TIMEOUT", "exit_code": 15, "state_reason"
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -578,3 +579,30 @@ def test_a_late_bind_failure_of_an_earlier_run_does_not_requeue_a_waiting_run(ct
     # From an older node (no message_at): handled as before.
     assert ctl.on_bind_failed(_bind_failed(None, message_id=None), None) == {"ok": True}
     assert ctl.store.get_job("3").state == "REQUEUED"
+
+
+@pytest.mark.parametrize("skew", [30.0, 90.0])
+def test_a_node_made_binding_is_not_released_by_a_report_made_before_it_when_the_nodes_clock_is_behind(tmp_path,
+                                                                                                     skew):
+    """Found in review (the clock margin against the controller's fixed windows). A health report lists the
+    node's binding files; one that reaches the controller without a binding the store holds makes it
+    release that binding once the job is past its start by 60 s: a report read before the Prolog wrote
+    its file must not release it. A binding the node made alone takes its bound_at, on the node's clock,
+    as the job's start; with [auth].max_clock_skew_s = 90 that clock may be 80 s behind, and such a report,
+    arriving a second after the binding, released it at once. The window now grows with the clock margin
+    (60 s at the default 30 s)."""
+    store = open_store(tmp_path / "state.db")
+    cfg = Config()
+    ctl = Controller(replace(cfg, auth=replace(cfg.auth, max_clock_skew_s=skew)), store, EndedSlurm())
+    try:
+        now = time.time()
+        behind = skew - 10  # the node's clock, as far behind as the auth lets it be (less a little)
+        store.upsert_job("3", profile="1g", submit_time=now - 300, now=now - 300)
+        assert ctl.on_bound({"job_id": "3", "node": "n1", "local": True, "bound_at": now - behind,
+                             "instances": [{**INST, "uuid": "MIG-1"}]}, None) == {"ok": True}
+        assert store.get_job("3").state == "RUNNING" and store.bound_instances("3")
+        # The health check read the binding files just before the Prolog wrote this one.
+        ctl.on_report({"node": "n1", "bindings": {}, "binding_times": {}}, None)
+        assert [b.uuid for b in store.bound_instances("3")] == ["MIG-1"]
+    finally:
+        store.close()

@@ -1689,7 +1689,7 @@ class Controller:
             job = self.store.get_job(job_id)
             # Bound in the store, unknown to the node, and past its start: the epilog was lost.
             if job_id not in node_bindings and job and job.state not in ("PENDING",) and \
-                    now - (job.start_time or now) > 60:
+                    now - (job.start_time or now) > self._unlisted_binding_wait():
                 self.store.release(job_id, now=now)
                 self.store.add_event("reconcile", f"job {job_id}: binding on {node} released (node holds none)",
                                      node=node, job_id=job_id, now=now)
@@ -1712,6 +1712,14 @@ class Controller:
                                              job_id=str(job_id), now=now)
                     except (SlurmMigError, ValueError) as exc:  # conflict, or an instance listed twice
                         log.warning("cannot adopt binding of job %s on %s: %s", job_id, node, exc)
+
+    def _unlisted_binding_wait(self) -> float:
+        """How long past a job's start a health report may still not list the job's binding file (it read the
+        files before the Prolog wrote it) without the store's binding being released: 60 s, and never less
+        than the clock margin. The start may be on a node's clock (a binding the node made alone takes its
+        bound_at), up to [auth].max_clock_skew_s behind the controller's; with a fixed 60 s, a skew of 60 s
+        or more left no time at all. At the default skew (30 s) the margin is 60 s: unchanged."""
+        return max(60.0, self._clock_margin())
 
     def _say_not_adopted(self, node: str, job, now: float) -> None:
         """A ``late`` event, once per node and run, for a binding file of an earlier run not adopted (the
