@@ -1037,6 +1037,110 @@ def test_a_binding_file_an_earlier_run_left_is_not_adopted_for_the_run_after_it(
     assert sum("before its current run" in e.message for e in rig.store.recent_events(20)) == 1
 
 
+def _records(rig) -> dict[str, set[str]]:
+    """Every binding record on n1 (the name it is kept under -> the instance UUIDs it holds)."""
+    return {p.stem: {i["uuid"] for i in json.loads(p.read_text())["instances"]}
+            for p in sorted((rig.tmp / "node" / "n1" / "records").glob("*.json"))}
+
+
+def _run_one_left_processes(rig, monkeypatch, job_id: str) -> dict:
+    """Run 1 of ``job_id`` (a 3g) ends with a process left on its instance: its Epilog keeps the record."""
+    (old,) = _job_with_leftover_processes(rig, job_id, "3g", 1)
+    monkeypatch.setattr(hooks, "time", FakeClock())
+    assert rig.hook("epilog", job_id, SLURM_JOB_EXIT_CODE="0") == 0
+    monkeypatch.setattr(hooks, "time", time)
+    assert rig.record_file(job_id).exists()
+    return old
+
+
+def _run_two_waits(rig, job_id: str) -> None:
+    """Slurm lists the id again (requeued after it ended): the controller tracks run 2, waiting."""
+    from slurm_mig.slurm.parsers import SlurmJob
+
+    rig.ctl.clock = lambda: time.time() + 5  # asked Slurm after run 1 had ended (within the clock margin)
+    rig.slurm.queue = [SlurmJob(job_id=int(job_id), state="PENDING", mig={"3g": 1}, tres_per_node="gres:mig:3g:1",
+                                submit_time=int(time.time()) + 3, priority=1)]
+    rig.ctl.tick()
+    assert rig.store.get_job(job_id).run == 2
+
+
+def test_the_next_run_of_a_job_id_keeps_the_binding_record_an_earlier_run_left(rig, monkeypatch, capsys):
+    """Found in review. Run 1 of job 43 left a process on its instance, so its Epilog kept the binding record:
+    the node's only word that the instance is still held. Run 2 of the id then started on n1 and its Prolog
+    wrote its own binding over that record: run 1's instance was held by no record any more (the controller,
+    the health check and `nvml apply` could hand it out or re-carve it once NVML saw it idle for a moment). The
+    earlier run's record is now set aside under a name of its own, which every reader counts as busy, and
+    dropped by the health check once its instance is idle."""
+    from slurm_mig.cli import main
+
+    old = _run_one_left_processes(rig, monkeypatch, "43")
+    _run_two_waits(rig, "43")
+    assert rig.hook("prolog", "43", SLURM_JOB_RESTART_COUNT="1") == 0
+    assert rig.requeues == []
+    records = _records(rig)
+    new = records.pop("43")
+    assert old["uuid"] not in new and len(new) == 1
+    assert list(records.values()) == [{old["uuid"]}], records  # run 1's, under a name of its own
+    (aside,) = records
+    assert json.loads(rig.binding_file("43").read_text())["instances"][0]["uuid"] in new
+    # Every reader counts it: the report the controller plans from, the hooks' layout changes, `nvml apply`.
+    node = hooks.Node("n1", hooks.NodeSettings.load())
+    assert (old["profile"], old["start"]) in node.state.bound_slots()[old["gpu"]]
+    assert node.bindings_json()[aside][0]["uuid"] == old["uuid"]
+    # Run 2 ends: its own binding goes, run 1's stays while its process lasts, then the health check drops it.
+    assert rig.hook("epilog", "43", SLURM_JOB_EXIT_CODE="0") == 0
+    assert set(_records(rig)) == {aside}
+    assert rig.report() == 0 and set(_records(rig)) == {aside}
+    capsys.readouterr()
+    rig.gpu.set_in_use(old["gpu"], old["uuid"], None)  # NVML sees it idle; only the record says otherwise
+    assert main(["nvml", "apply", "--gpu", str(old["gpu"]), "--layout", "7g@0"]) == 3
+    assert f"bound to job {aside}" in capsys.readouterr().err
+    assert rig.report() == 0 and _records(rig) == {}
+    # That report still named it (it was dropped after), and the controller counted its instance in use.
+    held = {i.start for i in rig.store.observed_instances("n1", old["gpu"]) if i.in_use}
+    assert old["start"] in held and rig.errors == []
+    assert rig.report() == 0
+    assert old["start"] not in {i.start for i in rig.store.observed_instances("n1", old["gpu"]) if i.in_use}
+
+
+def test_the_next_run_of_a_job_id_is_never_bound_to_the_instance_an_earlier_run_still_holds(rig, monkeypatch):
+    """Found in review. Whatever the controller answers (stale, or forged), run 2 of job 44 may not be bound to
+    the instance run 1's processes still run on: the check for instances other jobs hold skipped the records of
+    the job's own id, run 1's among them, so such an answer bound run 2 to it."""
+    old = _run_one_left_processes(rig, monkeypatch, "44")
+    _run_two_waits(rig, "44")
+    named = {"gpu": old["gpu"], "profile": old["profile"], "start": old["start"]}
+    monkeypatch.setitem(rig.srv.routes, "/v1/prolog",
+                        lambda payload, who: {"action": "bind", "instances": [named], "targets": {}})
+    assert rig.hook("prolog", "44", SLURM_JOB_RESTART_COUNT="1") == 0
+    assert [j for j, _ in rig.requeues] == ["44"]
+    assert list(_records(rig).values()) == [{old["uuid"]}]  # run 1's record, still there
+    assert not rig.binding_file("44").exists()
+
+
+def test_the_task_of_a_next_run_that_asks_for_no_mig_does_not_see_an_earlier_runs_instance(rig, monkeypatch, capsys):
+    """Run 2 of job 45 asks for no MIG instance (its Prolog binds nothing): its TaskProlog read the copy of the
+    binding run 1 left and gave run 2 run 1's instance, processes and all."""
+    old = _run_one_left_processes(rig, monkeypatch, "45")
+    monkeypatch.setitem(rig.srv.routes, "/v1/prolog", lambda payload, who: {"action": "skip"})
+    assert rig.hook("prolog", "45", SLURM_JOB_RESTART_COUNT="1") == 0
+    capsys.readouterr()
+    assert rig.hook("taskprolog", "45") == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "export CUDA_VISIBLE_DEVICES=" in lines and not any(old["uuid"] in line for line in lines), lines
+    assert list(_records(rig).values()) == [{old["uuid"]}]
+
+
+def test_a_prolog_run_again_for_the_same_run_keeps_its_own_binding(rig):
+    """The Prolog of one run run twice (no Epilog between, the same restart count): its record is this run's,
+    not an earlier run's. It is not set aside, and the second Prolog binds the same instance."""
+    rig.job("46", "2g")
+    assert rig.hook("prolog", "46", SLURM_JOB_RESTART_COUNT="0") == 0
+    first = _records(rig)
+    assert rig.hook("prolog", "46", SLURM_JOB_RESTART_COUNT="0") == 0
+    assert _records(rig) == first and set(first) == {"46"} and rig.requeues == []
+
+
 def test_epilog_of_a_requeued_attempt_records_no_outcome(rig):
     """Prolog killed after binding, the wrapper requeued the job: Slurm still runs the Epilog of that
     attempt (exit code 0, SLURM_JOB_RESTART_COUNT already raised). Its end is not the job's outcome."""

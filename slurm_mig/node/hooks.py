@@ -464,6 +464,7 @@ def prolog(env: dict, node: Node) -> int:
     job_id = env["SLURM_JOB_ID"]
     uid = int(env.get("SLURM_JOB_UID", "-1"))
     node.state.ensure()
+    _keep_earlier_runs_binding(node, job_id, _int(env.get("SLURM_JOB_RESTART_COUNT")))
     node.state.note_attempt(job_id, _int(env.get("SLURM_JOB_RESTART_COUNT")))
     node.flush_outbox()
     observed_at = time.time()  # before looking: a re-carve made while we look has a later time
@@ -537,6 +538,25 @@ def prolog(env: dict, node: Node) -> int:
              ",".join(f"{b.profile}@{b.gpu}:{b.start}" for b in bound), (time.time() - started) * 1000,
              bool(results))
     return 0
+
+
+def _keep_earlier_runs_binding(node: Node, job_id: str, restarts: int | None) -> None:
+    """The Prolog's first look: a binding record of ``job_id`` that an earlier run left (its processes outlived
+    it, so its Epilog kept the record; or that Epilog was killed before removing it) is set aside under a name
+    of its own (NodeState.set_aside_earlier_run) before this run binds. Written over, it lost the only word
+    that the instance is still held, and as the job's own it hid that instance from the check for instances
+    other jobs hold. A record is an earlier run's when an Epilog ran after the Prolog that wrote it (it took
+    the attempt that Prolog noted) or when it was made at a lower restart count (a requeue); a record of this
+    very run (a Prolog run again) is left as it is."""
+    if node.state.attempt_noted(job_id):
+        made_at = node.state.binding_attempt(job_id)
+        if made_at is None or restarts is None or restarts <= made_at:
+            return
+    with node.apply_lock():
+        key = node.state.set_aside_earlier_run(job_id)
+    if key is not None:
+        log.warning("job %s: the binding an earlier run of it left here (its processes outlived it) is kept as %s "
+                    "until its instances are idle; this run is not bound to them", job_id, key)
 
 
 def _local_choice(node: Node, job_id: str, observed: list[dict]) -> dict:
@@ -780,7 +800,16 @@ def _release_ended_bindings(node: Node, asked: list[str]) -> None:
     if squeue answered and does not list its job here, and only once its instances are idle. Done under
     the apply lock, so no Prolog binds meanwhile; a binding written after squeue was asked is kept.
     """
+    from slurm_mig.node.localstate import is_earlier_run
+
     times = node.state.binding_times()
+    earlier = sorted(key for key in times if is_earlier_run(key))
+    if earlier:
+        # An earlier run's record set aside when its job id ran again here: that run has ended (Slurm started
+        # the next one), so only its instances being idle keep it.
+        with node.apply_lock():
+            for key in earlier:
+                _release_stale_binding(node, key, earlier_run=True)
     asked = {job for job in asked if job in times}
     old = {job for job, mtime in times.items()
            if time.time() - mtime > ORPHAN_AGE_S and job.replace("_", "").isascii() and job.replace("_", "").isdigit()}
@@ -805,15 +834,17 @@ def _release_ended_bindings(node: Node, asked: list[str]) -> None:
             _release_stale_binding(node, job_id)
 
 
-def _release_stale_binding(node: Node, job_id: str) -> None:
+def _release_stale_binding(node: Node, job_id: str, *, earlier_run: bool = False) -> None:
     """Drop the binding of a job Slurm no longer runs here, unless its instances are still in use
     (processes that outlived the job: the binding keeps them from being destroyed until they are gone).
+    ``earlier_run``: ``job_id`` names an earlier run's record set aside (its own marks went with its Epilog).
     Call with apply_lock() held."""
     try:
-        insts = node.state.read_binding(job_id) or []
+        insts = node.state.read_record(job_id) or []
     except ValueError:
         insts = []  # damaged: it names nothing we could check or protect
-    node.end_job_processes(job_id, insts)
+    if not earlier_run:
+        node.end_job_processes(job_id, insts)
     try:
         busy = [i for i in insts for x in node.backend.instances(i.gpu) if x.uuid == i.uuid and x.in_use]
     except Exception as exc:  # the GPU cannot be read (lost): keep the binding until it can
@@ -823,8 +854,11 @@ def _release_stale_binding(node: Node, job_id: str) -> None:
         log.warning("job %s ended but %s still in use; binding kept until it is idle",
                     job_id, ", ".join(f"{i.profile}@{i.start} on GPU {i.gpu}" for i in busy))
         return
-    node.state.remove_binding(job_id)
-    log.info("released the stale binding of job %s (it ended without its Epilog)", job_id)
+    node.state.remove_record(job_id)
+    if earlier_run:
+        log.info("released %s, the binding an earlier run left: its instances are idle", job_id)
+    else:
+        log.info("released the stale binding of job %s (it ended without its Epilog)", job_id)
 
 
 def _cache_desired(node: Node, resp: dict, observed: list[dict], observed_at: float | None = None) -> None:

@@ -90,6 +90,18 @@ def _safe_job_id(job_id: str) -> str:
     return job_id
 
 
+#: The name an earlier run's binding record is kept under when the job id runs again on the node while that
+#: run's processes still hold its instance: ``<job>.earlier-<n>`` (see NodeState.set_aside_earlier_run).
+EARLIER_RUN = ".earlier-"
+
+
+def is_earlier_run(key: str) -> bool:
+    """Whether a binding key (a record's name) is an earlier run's record set aside, not a job id."""
+    job, sep, n = str(key).partition(EARLIER_RUN)
+    return bool(sep) and n.isascii() and n.isdigit() and job.replace("_", "").isascii() \
+        and job.replace("_", "").isdigit()
+
+
 def local_node_name(env: dict | None = None) -> str:
     """This node's Slurm name as the hooks take it: $SLURMD_NODENAME, else the short host name."""
     import socket
@@ -214,6 +226,45 @@ class NodeState:
         except FileNotFoundError:
             return None
         return _instances(doc)
+
+    def attempt_noted(self, job_id: str) -> bool:
+        """Whether a Prolog of ``job_id`` noted its attempt and no Epilog has taken it since."""
+        return (self.attempts_dir / f"{_safe_job_id(job_id)}.json").exists()
+
+    def set_aside_earlier_run(self, job_id: str) -> str | None:
+        """Keep the binding record ``job_id``'s last run left (its processes outlived it, so its Epilog kept
+        the record) under a name of its own, ``<job>.earlier-<n>``, before the id's next run binds: the
+        record is the node's only word that the instance is still held, and the next run's binding would
+        replace it. Every reader of the records (all_bindings, bound_slots, binding_times, so the hooks, the
+        health check's report and ``nvml apply``) counts it as a job's; the health check drops it once its
+        instances are idle. The TaskProlog's copy goes first: the next run's tasks must never see it.
+        Returns the new name, None when there was no record. Call with layout_lock() held."""
+        record = self._record_path(job_id)
+        if not record.exists():
+            return None
+        self._copy_path(job_id).unlink(missing_ok=True)
+        n = 1
+        while (self.records_dir / f"{_safe_job_id(job_id)}{EARLIER_RUN}{n}.json").exists():
+            n += 1
+        key = f"{_safe_job_id(job_id)}{EARLIER_RUN}{n}"
+        os.rename(record, self.records_dir / f"{key}.json")  # keeps its mtime: when the earlier run bound
+        return key
+
+    def read_record(self, key: str) -> list[BoundInstance] | None:
+        """read_binding for any record's name: a job id or an earlier run's record (is_earlier_run)."""
+        return self._read_instances(self._key_path(key))
+
+    def remove_record(self, key: str) -> None:
+        """remove_binding for any record's name (an earlier run's record has no copy)."""
+        if is_earlier_run(key):
+            self._key_path(key).unlink(missing_ok=True)
+        else:
+            self.remove_binding(key)
+
+    def _key_path(self, key: str) -> Path:
+        if is_earlier_run(key):
+            return self.records_dir / f"{key}.json"
+        return self._record_path(key)
 
     def binding_attempt(self, job_id: str) -> int | None:
         """The restart count the binding was made at (None: no record, an unreadable one, or none recorded)."""
