@@ -136,9 +136,101 @@ def test_an_unreadable_binding_record_fails_closed(node, capsys, damage):
 
 def test_a_node_without_state_has_no_bindings(node, capsys):
     assert not (node / "node").exists()
+    assert main(["nvml", "apply", "--gpu", "0", "--layout", "3g@0,3g@4", "--dry-run"]) == 0
+    assert not (node / "node").exists()  # a dry run takes no lock and creates nothing
     assert main(["nvml", "apply", "--gpu", "0", "--layout", "3g@0,3g@4"]) == 0
-    assert not (node / "node").exists()  # reading created nothing
     assert list(_uuids(node)) == ["3g.40gb@0", "3g.40gb@4"]
+
+
+def _a_prolog_starting_during_the_apply(node: Path, monkeypatch) -> list[str]:
+    """While the apply changes the GPU, a Prolog starts on the node: it makes the node's folder (ensure) and
+    tries to take the layout lock to carve and bind. What it found is returned."""
+    import fcntl
+    import os
+
+    from slurm_mig.nvml import apply as apply_mod
+
+    seen: list[str] = []
+    real = apply_mod.apply_layout
+
+    def during(*args, **kw):
+        state = NodeState(node / "node" / "gpu01").ensure()
+        fd = os.open(state.root / "apply.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            seen.append("the Prolog took the lock")
+        except BlockingIOError:
+            seen.append("the Prolog waits")
+        finally:
+            os.close(fd)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(apply_mod, "apply_layout", during)
+    return seen
+
+
+@pytest.mark.parametrize("missing", ["node folder", "cache_dir"])
+def test_an_apply_on_a_node_without_its_folder_still_holds_the_hooks_lock(node, capsys, monkeypatch, missing):
+    """Found in review. On a node whose state folder did not exist (no hook had run yet, or it had been
+    removed) `nvml apply` took no lock: a Prolog starting meanwhile made the folder, carved and bound an
+    instance, and the apply, which had read no binding, could destroy it. The apply now makes the folder as the
+    hooks make it (0711 root; cache_dir and above 0755, whatever the umask: never writable by others) and
+    holds the lock there."""
+    import os
+    import stat
+
+    if missing == "node folder":
+        (node / "node").mkdir(mode=0o755)
+    seen = _a_prolog_starting_during_the_apply(node, monkeypatch)
+    old_umask = os.umask(0)  # the folders' modes must not depend on it
+    try:
+        assert main(["nvml", "apply", "--gpu", "0", "--layout", "7g@0"]) == 0, capsys.readouterr().err
+    finally:
+        os.umask(old_umask)
+    assert seen == ["the Prolog waits"]
+    assert list(_uuids(node)) == ["7g.80gb@0"]
+    root = node / "node" / "gpu01"
+    assert stat.S_IMODE(root.stat().st_mode) == 0o711
+    assert not stat.S_IMODE((node / "node").stat().st_mode) & 0o022
+    assert stat.S_IMODE((root / "apply.lock").stat().st_mode) == 0o600
+
+
+def test_the_folder_an_apply_makes_for_a_host_name_keeps_that_name_guarded(node, capsys, monkeypatch):
+    """The folder an apply makes for its lock has no records folder: a host name that is not the node's Slurm
+    name is still refused once another name has records (the guard looks for records, which only hooks make)."""
+    import socket
+
+    monkeypatch.delenv("SLURMD_NODENAME")
+    monkeypatch.setattr(socket, "gethostname", lambda: "h17")
+    gpus = ["--sim-state", str(node / "gpus" / "gpu01.json")]
+    assert main(["nvml", "apply", *gpus, "--gpu", "0", "--layout", LAYOUT]) == 0  # no records anywhere yet
+    assert (node / "node" / "h17" / "apply.lock").exists() and not (node / "node" / "h17" / "records").exists()
+    _bind(node, "42", "2g.20gb", 4)
+    before = _uuids(node)
+    capsys.readouterr()
+    assert main(["nvml", "apply", *gpus, "--gpu", "0", "--layout", "7g@0"]) == 1
+    assert "--node" in capsys.readouterr().err and _uuids(node) == before
+
+
+def test_an_apply_that_cannot_make_the_nodes_folder_refuses(node, capsys, monkeypatch):
+    """No folder and none can be made (not root, cache_dir not writable): refused, nothing changed, never
+    applied without the lock."""
+    import os
+
+    real_mkdir = os.mkdir
+
+    def mkdir(path, *args, **kw):
+        if str(path).startswith(str(node / "node")):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_mkdir(path, *args, **kw)
+
+    monkeypatch.setattr(os, "mkdir", mkdir)
+    before = _uuids(node)
+    rc = main(["nvml", "apply", "--gpu", "0", "--layout", "7g@0"])
+    err = capsys.readouterr().err
+    assert rc == 1, err
+    assert "Nothing was changed" in err and str(node / "node" / "gpu01") in err
+    assert _uuids(node) == before
 
 
 def test_apply_waits_for_a_hook_holding_the_layout_lock(node, capsys):

@@ -147,8 +147,27 @@ class NodeState:
         self.outbox_dir = self.root / "outbox"
         self.attempts_dir = self.root / "attempts"
 
+    def ensure_root(self) -> "NodeState":
+        """Make this node's folder if it is missing, without the hooks' folders inside it: enough to hold
+        layout_lock(). Each folder made here is made 0700 and then given its mode, whatever the umask: the
+        node's 0711, ``cache_dir`` and any other above it 0755 (never writable by others, as root writes
+        below them; traversable, as a job's TaskProlog reads its copy there). A folder another process made
+        meanwhile (a hook's ensure) is left to it. OSError when one cannot be made."""
+        missing, path = [], self.root
+        while not os.path.lexists(path) and path != path.parent:
+            missing.append(path)
+            path = path.parent
+        for d in reversed(missing):
+            try:
+                os.mkdir(d, 0o700)
+            except FileExistsError:
+                continue
+            os.chmod(d, 0o711 if d == self.root else 0o755)
+        return self
+
     def ensure(self) -> "NodeState":
         """Create the folders with their modes and adopt binding files an older version left."""
+        self.ensure_root()
         for d, mode in ((self.root, 0o711), (self.records_dir, 0o700), (self.bindings_dir, 0o711),
                         (self.outbox_dir, 0o700), (self.attempts_dir, 0o700)):
             d.mkdir(parents=True, exist_ok=True)

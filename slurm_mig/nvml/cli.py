@@ -200,7 +200,8 @@ def _check_node_name(args: argparse.Namespace, state) -> None:
     if getattr(args, "node", None) or os.environ.get("SLURMD_NODENAME"):
         return
     try:
-        os.stat(state.root)
+        # Its records folder, which only the hooks make: an apply makes the node's folder for its lock.
+        os.stat(state.records_dir)
         return
     except FileNotFoundError:
         pass
@@ -243,18 +244,21 @@ def _bound_instances(state, backend, gpu: int, model) -> tuple[dict, list[str]]:
 
 def _take_layout_lock(stack: contextlib.ExitStack, state) -> None:
     """Hold the lock the hooks change layouts and write bindings under, so no Prolog binds an instance
-    between our reading the bindings and our last step. A node without its folder has had no hook run:
-    nothing bound, and no lock to share."""
+    between our reading the bindings and our last step. A node without its folder (no hook has run yet, or
+    it was removed) has it made first, as the hooks make it (NodeState.ensure_root): a Prolog starting
+    meanwhile makes or finds the same folder and waits for our lock. Until 2026-11-26 such an apply took no
+    lock. One that can neither make the folder nor take the lock is refused, never made without it."""
     try:
-        os.stat(state.root)
-    except FileNotFoundError:
-        return
+        state.ensure_root()
     except OSError as exc:
-        raise BindingsUnreadable(f"cannot read this node's state folder {state.root}: {exc.strerror or exc}") from exc
+        raise BindingsUnreadable(f"this node's state folder {state.root} is missing and cannot be made "
+                                 f"({exc.strerror or exc}), so the layout lock the hooks change layouts under "
+                                 f"cannot be held. Nothing was changed: run it as root") from exc
     try:
         stack.enter_context(state.layout_lock())
     except OSError as exc:
-        raise BindingsUnreadable(f"cannot take the layout lock in {state.root}: {exc.strerror or exc}") from exc
+        raise BindingsUnreadable(f"cannot take the layout lock in {state.root}: {exc.strerror or exc}. "
+                                 f"Nothing was changed") from exc
 
 
 IGNORE_BINDINGS_WARNING = (
