@@ -488,6 +488,73 @@ def test_nvml_error_while_recarving_requeues_the_job_safely(rig, caplog, op, err
     assert busy.uuid in {i.uuid for i in rig.gpu.instances(busy.gpu) if i.in_use}
 
 
+def _lock_free_when(rig, monkeypatch) -> list[tuple[str, bool]]:
+    """Whether n1's layout lock is free each time a hook sends /v1/bind-failed or runs scontrol (a slow
+    controller or slurmctld: up to request_timeout_s with a retry, and 10 s per scontrol call)."""
+    import fcntl
+    import os
+
+    from slurm_mig.slurm.runner import SlurmClient
+
+    seen: list[tuple[str, bool]] = []
+
+    def free() -> bool:
+        fd = os.open(rig.tmp / "node" / "n1" / "apply.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            return False
+        finally:
+            os.close(fd)
+
+    real_run, real_route = SlurmClient.run, rig.srv.routes["/v1/bind-failed"]
+
+    def run(client, argv, **kw):
+        seen.append((" ".join(argv[:2]), free()))
+        return real_run(client, argv, **kw)
+
+    def route(payload, who):
+        seen.append(("/v1/bind-failed", free()))
+        return real_route(payload, who)
+
+    monkeypatch.setattr(SlurmClient, "run", run)
+    monkeypatch.setitem(rig.srv.routes, "/v1/bind-failed", route)
+    return seen
+
+
+def test_a_prolog_whose_recarve_failed_reports_and_requeues_without_the_layout_lock(rig, monkeypatch):
+    """Found in review. A Prolog whose re-carve failed (an NVML error) sent /v1/bind-failed and ran scontrol
+    to requeue its job while it still held the node's layout lock: with the controller or slurmctld slow
+    (5 s per request and a retry, 10 s per scontrol call), about 30 s each, and every other Prolog on the node
+    waited behind it. A burst of such jobs on one node then ran past a PrologEpilogTimeout of 120 s (the admin
+    guide's least), and Slurm drains a node whose Prolog it kills for that. Both now run after the lock is
+    let go; the lock still covers the GPU and the binding records."""
+    from slurm_mig.nvml import base
+
+    rig.job("47", "7g")
+    rig.gpu.fail_next("create", base.InsufficientResources("injected (NVML_ERROR_INSUFFICIENT_RESOURCES)"), times=4)
+    seen = _lock_free_when(rig, monkeypatch)
+    assert rig.hook("prolog", "47") == 0
+    assert [j for j, _ in rig.requeues] == ["47"]
+    assert ("/v1/bind-failed", True) in seen and ("scontrol requeue", True) in seen
+    assert all(free for _, free in seen), seen
+
+
+def test_a_prolog_refusing_an_instance_another_job_holds_requeues_without_the_layout_lock(rig, monkeypatch):
+    rig.job("48", "3g")
+    assert rig.hook("prolog", "48") == 0
+    (b,) = json.loads(rig.record_file("48").read_text())["instances"]
+    named = {"gpu": b["gpu"], "profile": b["profile"], "start": b["start"]}
+    monkeypatch.setitem(rig.srv.routes, "/v1/prolog",
+                        lambda payload, who: {"action": "bind", "instances": [named], "targets": {}})
+    rig.job("49", "3g")
+    seen = _lock_free_when(rig, monkeypatch)
+    assert rig.hook("prolog", "49") == 0
+    assert [j for j, _ in rig.requeues] == ["49"] and not rig.record_file("49").exists()
+    assert ("scontrol requeue", True) in seen and all(free for _, free in seen), seen
+
+
 def test_gpu_falls_off_the_bus_with_a_job_on_it(rig, caplog):
     rig.job("4", "3g")
     assert rig.hook("prolog", "4") == 0

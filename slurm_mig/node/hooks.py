@@ -455,7 +455,6 @@ def _job_request(node: Node, job_id: str) -> dict[str, int] | None:
 
 def prolog(env: dict, node: Node) -> int:
     from slurm_mig.api.client import ControllerRefused, ControllerUnavailable
-    from slurm_mig.node.localstate import BoundInstance
 
     try:
         started = int(env["SLURM_MIG_T0_NS"]) / 1e9
@@ -495,49 +494,65 @@ def prolog(env: dict, node: Node) -> int:
             return 0
         return node.requeue(job_id, resp.get("reason", "no MIG instance could be made for this job"))
     gid = _job_gid(env, uid)
+    # What the controller is told and why the job goes back when this Prolog cannot bind: said after the lock
+    # is let go. Those are network and scontrol calls (up to ~30 s with a slow controller or slurmctld), and
+    # every other Prolog on this node waits for the lock: held across them, a burst of failing Prologs ran
+    # the last one past PrologEpilogTimeout, and Slurm drains a node whose Prolog it kills.
+    failure: tuple[list[dict], str] | None = None
     with node.apply_lock():
         clash = node.held_by_others(job_id, resp["instances"])
         if clash:
             # Never two jobs on one instance, whatever the answer said (a bug, a forged or stale answer).
             log.error("job %s: the controller named %s, held here by job(s) %s", job_id, resp["instances"], clash)
-            node.send_or_queue("/v1/bind-failed", {"job_id": job_id, "node": node.name,
-                                                   "results": [{"error": f"instances held by job(s) {clash}"}]})
-            return node.requeue(job_id, f"the instance chosen on {node.name} is held by another job")
-        # A named instance without its compute instance is made whole here rather than bound useless.
-        remake = resp.get("targets") or node.half_made_among(resp["instances"])
-        results = node.make_instances(resp["instances"]) if remake else []
-        failed = [r for r in results if not r.get("ok", False) or r.get("reached") is False]
-        if failed:
-            reason = "; ".join(str(r.get("error") or f"GPU {r['gpu']} shows {r.get('after')}") for r in failed)
-            node.send_or_queue("/v1/bind-failed", {"job_id": job_id, "node": node.name, "results": results})
-            return node.requeue(job_id, f"reconfiguration failed on {node.name}: {reason}")
-        bound = []
-        for inst in resp["instances"]:
-            uuid = node.uuid_of(int(inst["gpu"]), inst["profile"], int(inst["start"]))
-            if uuid is None:
-                node.send_or_queue("/v1/bind-failed", {"job_id": job_id, "node": node.name,
-                                                       "results": [{"error": f"instance {inst} missing"}]})
-                return node.requeue(job_id, f"MIG instance {inst['profile']}@{inst['start']} missing on {node.name}")
-            bound.append(BoundInstance(int(inst["gpu"]), inst["profile"], int(inst["start"]), uuid))
-        # Written before the lock is released: from here on every layout change on this node sees them busy.
-        node.state.write_binding(job_id, bound, uid if uid >= 0 else None, gid,
-                                 attempt=_int(env.get("SLURM_JOB_RESTART_COUNT")))
-        for b in bound:
-            node.mark_in_use(b.gpu, b.profile, b.start, f"job {job_id}")
-        message = {"job_id": job_id, "node": node.name, "instances": [b.to_json() for b in bound],
-                   "bound_at": time.time(), "local": bool(resp.get("local"))}
-        if results:
-            # The controller's layouts for the GPUs this Prolog re-carved are the newest it gave this node.
-            _remember_targets(node, resp.get("targets") or {})
-            # The layout this Prolog made, seen under the lock, so the controller plans from it at once.
-            message["observed_at"] = time.time()
-            message["observed"] = node.observe()
+            failure = ([{"error": f"instances held by job(s) {clash}"}],
+                       f"the instance chosen on {node.name} is held by another job")
+        else:
+            failure, bound, results, message = _bind_here(node, env, job_id, resp, uid, gid)
+    if failure is not None:
+        node.send_or_queue("/v1/bind-failed", {"job_id": job_id, "node": node.name, "results": failure[0]})
+        return node.requeue(job_id, failure[1])
     node.send_or_queue("/v1/bound", message)
     # One line per bound job: `slurm-mig demo` and benchmarks/prolog_latency.py read these.
     log.info("prolog job %s bound %s in %.1f ms (reconfigured=%s)", job_id,
              ",".join(f"{b.profile}@{b.gpu}:{b.start}" for b in bound), (time.time() - started) * 1000,
              bool(results))
     return 0
+
+
+def _bind_here(node: Node, env: dict, job_id: str, resp: dict, uid: int, gid: int | None):
+    """The Prolog's part under the layout lock: make the instances the answer names (if it asks), and write
+    the binding. Returns (failure, bound, results, message): failure is (results for /v1/bind-failed, the
+    requeue's reason) when the job cannot be bound here, for the caller to say once the lock is let go."""
+    from slurm_mig.node.localstate import BoundInstance
+
+    # A named instance without its compute instance is made whole here rather than bound useless.
+    remake = resp.get("targets") or node.half_made_among(resp["instances"])
+    results = node.make_instances(resp["instances"]) if remake else []
+    failed = [r for r in results if not r.get("ok", False) or r.get("reached") is False]
+    if failed:
+        reason = "; ".join(str(r.get("error") or f"GPU {r['gpu']} shows {r.get('after')}") for r in failed)
+        return (results, f"reconfiguration failed on {node.name}: {reason}"), [], results, None
+    bound = []
+    for inst in resp["instances"]:
+        uuid = node.uuid_of(int(inst["gpu"]), inst["profile"], int(inst["start"]))
+        if uuid is None:
+            return (([{"error": f"instance {inst} missing"}],
+                     f"MIG instance {inst['profile']}@{inst['start']} missing on {node.name}"), [], results, None)
+        bound.append(BoundInstance(int(inst["gpu"]), inst["profile"], int(inst["start"]), uuid))
+    # Written before the lock is released: from here on every layout change on this node sees them busy.
+    node.state.write_binding(job_id, bound, uid if uid >= 0 else None, gid,
+                             attempt=_int(env.get("SLURM_JOB_RESTART_COUNT")))
+    for b in bound:
+        node.mark_in_use(b.gpu, b.profile, b.start, f"job {job_id}")
+    message = {"job_id": job_id, "node": node.name, "instances": [b.to_json() for b in bound],
+               "bound_at": time.time(), "local": bool(resp.get("local"))}
+    if results:
+        # The controller's layouts for the GPUs this Prolog re-carved are the newest it gave this node.
+        _remember_targets(node, resp.get("targets") or {})
+        # The layout this Prolog made, seen under the lock, so the controller plans from it at once.
+        message["observed_at"] = time.time()
+        message["observed"] = node.observe()
+    return None, bound, results, message
 
 
 def _keep_earlier_runs_binding(node: Node, job_id: str, restarts: int | None) -> None:
