@@ -1676,3 +1676,27 @@ def test_a_het_step_is_not_cut_down_by_another_components_step_record(rig, capsy
     capsys.readouterr()
     assert rig.hook("taskprolog", "81", SLURM_STEP_ID="0", SLURM_STEP_NUM_TASKS="1", **HET) == 0
     assert _cvd(capsys.readouterr().out) == "export CUDA_VISIBLE_DEVICES=MIG-82a,MIG-82b"
+
+
+def test_a_node_rebooted_onto_a_driver_that_differs_from_our_table_does_not_recreate_its_layout_there(rig):
+    """Found in review. failure-modes.md says that with the controller down the health check does not re-create
+    a layout on a GPU whose driver's MIG profiles differ from our table. But it re-created whatever it had
+    cached at its last report, made under the old driver: a node rebooted onto a driver that renumbered the
+    3g carved GPU 1 from our table (the wrong size, or refused) before any controller could block it. The other
+    GPU, whose driver agrees, is re-created as before."""
+    assert rig.report() == 0  # caches both GPUs' layouts
+    rig.gpu.reset(mig_mode=True)  # reboot onto a new driver: every instance is gone
+    rig.gpu.set_driver_profiles(1, {2: {"id": 10}}, driver="590.1")  # the 3g renumbered on GPU 1
+    rig.srv.stop()
+    assert rig.report() == 0
+    assert _sim_layout(rig, 0) == "3g@0,2g@4,1g@6"
+    assert _sim_layout(rig, 1) == ""
+
+
+def test_a_controller_older_than_table_errors_does_not_get_a_gpu_that_differs_carved(rig, monkeypatch):
+    """A node upgraded before its controller: the older controller ignores table_errors and sends GPU 1 a
+    layout. The node leaves that GPU as it is all the same."""
+    rig.gpu.set_driver_profiles(1, {2: {"id": 10}}, driver="590.1")  # the 3g renumbered on GPU 1
+    monkeypatch.setitem(rig.srv.routes, "/v1/report", lambda payload, who: {"desired": {"1": "7g@0"}, "release": []})
+    assert rig.report() == 0
+    assert _sim_layout(rig, 1) == "3g@0,2g@4,1g@6"

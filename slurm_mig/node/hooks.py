@@ -780,6 +780,14 @@ def healthcheck(env: dict, node: Node) -> int:
         _cache_desired(node, resp, report["observed"], observed_at)
     _release_ended_bindings(node, [str(j) for j in resp.get("release") or []])
     targets = resp.get("desired") or {}
+    # A GPU whose driver's MIG profiles differ from our table is left as it is, whoever asks: the layouts
+    # cached while the controller is down were made under an older driver (a node rebooted onto a new one
+    # re-created them there), and a controller older than table_errors does not know to leave it out.
+    differs = {str(g.get("index")) for g in report["observed"] if g.get("table_errors")}
+    if differs & {str(k) for k in targets}:
+        log.warning("health check: GPU(s) %s not moved to their layouts: the driver's MIG profiles differ from "
+                    "slurm-mig's table", ", ".join(sorted(differs & {str(k) for k in targets})))
+        targets = {k: v for k, v in targets.items() if str(k) not in differs}
     if targets:
         results = node.apply_targets(targets)
         changed = [r for r in results if r.get("plan") or r.get("error")]
