@@ -1700,3 +1700,23 @@ def test_a_controller_older_than_table_errors_does_not_get_a_gpu_that_differs_ca
     monkeypatch.setitem(rig.srv.routes, "/v1/report", lambda payload, who: {"desired": {"1": "7g@0"}, "release": []})
     assert rig.report() == 0
     assert _sim_layout(rig, 1) == "3g@0,2g@4,1g@6"
+
+
+def test_a_table_verdict_kept_in_tables_json_is_made_again_when_slurm_mig_s_table_changes(rig, monkeypatch):
+    """Found in review. The node kept its verdict per GPU and driver version only, while the verdict is as much
+    about our table as about the driver: after an upgrade of slurm-mig whose table now agrees with the driver,
+    the GPU stayed blocked (and after one whose table no longer agrees, it stayed open) until the driver
+    changed or someone removed tables.json. The verdict is now kept with a fingerprint of our table."""
+    import dataclasses
+
+    from slurm_mig.mig import profiles
+
+    rig.gpu.set_driver_profiles(1, {1: {"max_count": 2}}, driver="590.1")  # the driver caps the 2g at 2
+    assert rig.report() == 0
+    assert next(g for g in rig.store.observed_gpus("n1") if g.gpu == 1).blocked
+    old = profiles.GPU_MODELS["H100-80GB"]
+    fixed = dataclasses.replace(old, profiles=tuple(dataclasses.replace(p, max_count=2) if p.kind == "2g" else p
+                                                    for p in old.profiles))
+    monkeypatch.setitem(profiles.GPU_MODELS, "H100-80GB", fixed)  # the next slurm-mig's table says 2 as well
+    assert rig.report() == 0
+    assert all(g.blocked is None for g in rig.store.observed_gpus("n1"))

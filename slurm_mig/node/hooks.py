@@ -131,7 +131,7 @@ class Node:
         """Where the driver's MIG profiles for GPU ``gpu`` (a GpuInfo) differ from our table for its model, as
         ``nvml check-tables`` words them; [] when they agree or cannot be read (nothing is blocked on a guess).
 
-        Asked once per GPU and driver version (a few dozen read-only NVML calls) and kept in
+        Asked once per GPU, driver version and table of ours (a few dozen read-only NVML calls) and kept in
         ``<state>/tables.json``, so a Prolog reads a file, not NVML, to know."""
         import json
 
@@ -148,9 +148,12 @@ class Node:
         except (OSError, ValueError):
             cache = {}
         cache = cache if isinstance(cache, dict) else {}
+        table = _table_fingerprint(gpu.model)
         seen = cache.get(gpu.uuid)
+        # The verdict is about our table as much as the driver: one kept for another table (slurm-mig upgraded
+        # since, or a verdict an older version kept without a fingerprint) is made again.
         if isinstance(seen, dict) and seen.get("driver") == driver and seen.get("model") == gpu.model.name \
-                and isinstance(seen.get("errors"), list):
+                and seen.get("table") == table and isinstance(seen.get("errors"), list):
             return [str(e) for e in seen["errors"]]
         check = check_gpu(self.backend, gpu)
         if check.unreadable is not None:
@@ -161,7 +164,7 @@ class Node:
         if errors:
             log.error("GPU %s (%s, driver %s): the driver's MIG profiles differ from slurm-mig's table, so "
                       "nothing is carved or started there: %s", gpu.index, gpu.name, driver, "; ".join(errors))
-        cache[gpu.uuid] = {"driver": driver, "model": gpu.model.name, "errors": errors}
+        cache[gpu.uuid] = {"driver": driver, "model": gpu.model.name, "table": table, "errors": errors}
         try:
             self.state.ensure()
             _atomic_write(path, json.dumps(cache, sort_keys=True).encode(), 0o600)
@@ -407,6 +410,15 @@ class Node:
     def requeue(self, job_id: str, reason: str) -> int:
         """Give the job back to Slurm's queue with a readable reason; the node stays healthy."""
         return _requeue(job_id, reason, self.settings.slurm_conf)
+
+
+def _table_fingerprint(model) -> str:
+    """A short digest of our MIG table for ``model`` (every number check-tables compares), so a verdict kept in
+    tables.json is known to be about this table."""
+    import hashlib
+
+    return hashlib.sha256(repr((model.name, model.memory_slices, model.compute_slices,
+                                model.profiles)).encode()).hexdigest()[:16]
 
 
 def _requeue(job_id: str, reason: str, slurm_conf: str | None) -> int:
