@@ -1720,3 +1720,34 @@ def test_a_table_verdict_kept_in_tables_json_is_made_again_when_slurm_mig_s_tabl
     monkeypatch.setitem(profiles.GPU_MODELS, "H100-80GB", fixed)  # the next slurm-mig's table says 2 as well
     assert rig.report() == 0
     assert all(g.blocked is None for g in rig.store.observed_gpus("n1"))
+
+
+def test_a_prolog_with_no_earlier_runs_record_does_not_wait_for_the_layout_lock(rig, monkeypatch):
+    """Found in review. The look for an earlier run's binding record took the node's layout lock in every
+    Prolog whose job id had no attempt noted, which is every job's first Prolog on the node, record or not: a
+    job asking for no MIG instance (or one the controller requeues) waited for whatever held the lock (a health
+    check's re-carve, other Prologs' NVML steps), which it never did before. The lock is taken only when there
+    is a record to set aside."""
+    import threading
+
+    monkeypatch.setitem(rig.srv.routes, "/v1/prolog", lambda payload, who: {"action": "skip"})
+    state = hooks.Node("n1", hooks.NodeSettings.load()).state
+    held, done = threading.Event(), threading.Event()
+
+    def hold():
+        with state.layout_lock():
+            held.set()
+            done.wait(3.0)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert held.wait(5.0)
+        t0 = time.monotonic()
+        assert rig.hook("prolog", "47", SLURM_JOB_RESTART_COUNT="0") == 0
+        waited = time.monotonic() - t0
+    finally:
+        done.set()
+        holder.join()
+    assert waited < 1.5, waited
+    assert rig.requeues == []

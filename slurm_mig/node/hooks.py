@@ -575,6 +575,11 @@ def _keep_earlier_runs_binding(node: Node, job_id: str, restarts: int | None) ->
     other jobs hold. A record is an earlier run's when an Epilog ran after the Prolog that wrote it (it took
     the attempt that Prolog noted) or when it was made at a lower restart count (a requeue); a record of this
     very run (a Prolog run again) is left as it is."""
+    if not node.state.has_record(job_id):
+        # Nothing to set aside (a job's first run here, almost always): no lock to wait for. The lock is what
+        # a health check's re-carve and other Prologs' NVML steps hold, and a job that binds nothing (no MIG,
+        # or requeued) never waited on it. A record written meanwhile is a Prolog's of this very run.
+        return
     if node.state.attempt_noted(job_id):
         made_at = node.state.binding_attempt(job_id)
         if made_at is None or restarts is None or restarts <= made_at:

@@ -246,6 +246,10 @@ class NodeState:
             return None
         return _instances(doc)
 
+    def has_record(self, job_id: str) -> bool:
+        """Whether ``job_id`` has a binding record (readable or not)."""
+        return os.path.lexists(self._record_path(job_id))
+
     def attempt_noted(self, job_id: str) -> bool:
         """Whether a Prolog of ``job_id`` noted its attempt and no Epilog has taken it since."""
         return (self.attempts_dir / f"{_safe_job_id(job_id)}.json").exists()
