@@ -26,6 +26,9 @@ from pathlib import Path
 log = logging.getLogger("slurm_mig.hooks")
 _T0 = time.time()  # fallback start time for the latency the Prolog logs
 MAX_TABLE_ERRORS = 8  # differences from our MIG table a GPU report carries (the controller takes as many)
+# The longest one it carries: the controller refuses a report with a longer one (node-channel.md), and with it
+# the node's every report and Prolog request. The node's log has each in full.
+MAX_TABLE_ERROR_CHARS = 300
 
 
 @dataclass(frozen=True)
@@ -191,7 +194,8 @@ class Node:
                 table = []
             if table:
                 # The driver would refuse (or mislabel) what our table plans: nothing new there, as for mig_pending.
-                entry["table_errors"] = table[:MAX_TABLE_ERRORS]
+                entry["table_errors"] = [e if len(e) <= MAX_TABLE_ERROR_CHARS else e[:MAX_TABLE_ERROR_CHARS - 3] + "..."
+                                         for e in table[:MAX_TABLE_ERRORS]]
             if g.model is not None and g.mig_enabled and not entry["lost"]:
                 try:
                     for i in self.backend.instances(g.index):
