@@ -163,3 +163,38 @@ def test_a_job_id_that_is_not_slurms_names_no_file(state, job_id):
             act()
     state.write_binding("12_3", MINE)  # an array task
     assert state.read_binding("12_3") == MINE
+
+
+class _Killed(BaseException):
+    """The hook killed (SIGKILL, a timeout) at that point: nothing after it runs."""
+
+
+@as_root
+def test_a_hook_killed_while_it_makes_the_cache_folder_leaves_it_traversable(monkeypatch):
+    """Found in review. ensure_root made each missing folder 0700 and gave it its mode (cache_dir 0755) in a
+    second call: a hook killed in between (the first hook on a fresh node, killed at its timeout) left
+    cache_dir 0700 for good, since a folder that exists is never changed again, and every job's TaskProlog,
+    running as the job's user, could not reach its binding copy: every MIG job on the node ran with no GPU.
+    The folder is now made with its mode (the umask may only take bits away; the chmod after still undoes a
+    strict one)."""
+    folder = tempfile.mkdtemp(prefix="slurm-mig-node-")
+    os.chmod(folder, 0o755)
+    old_umask = os.umask(0o022)
+    try:
+        state = NodeState(Path(folder) / "cache" / "n1")
+
+        def killed(*args, **kw):
+            raise _Killed()
+
+        with monkeypatch.context() as mp:
+            mp.setattr(os, "chmod", killed)
+            with pytest.raises(_Killed):
+                state.ensure()
+        state.ensure()
+        state.write_binding("100", MINE, uid=NOBODY.pw_uid, gid=NOBODY.pw_gid, attempt=0)
+        done = _as_nobody(f"print(open({str(state.bindings_dir / '100.json')!r}).read())")
+        assert done.returncode == 0 and "MIG-aaa" in done.stdout, done.stderr
+        assert not stat.S_IMODE((Path(folder) / "cache").stat().st_mode) & 0o022
+    finally:
+        os.umask(old_umask)
+        shutil.rmtree(folder)

@@ -149,20 +149,24 @@ class NodeState:
 
     def ensure_root(self) -> "NodeState":
         """Make this node's folder if it is missing, without the hooks' folders inside it: enough to hold
-        layout_lock(). Each folder made here is made 0700 and then given its mode, whatever the umask: the
-        node's 0711, ``cache_dir`` and any other above it 0755 (never writable by others, as root writes
-        below them; traversable, as a job's TaskProlog reads its copy there). A folder another process made
-        meanwhile (a hook's ensure) is left to it. OSError when one cannot be made."""
+        layout_lock(). Each folder made here is given its mode, whatever the umask: the node's 0711,
+        ``cache_dir`` and any other above it 0755 (never writable by others, as root writes below them;
+        traversable, as a job's TaskProlog reads its copy there). It is made with that mode (the umask can
+        only take bits away) and then chmod-ed: made 0700 first, a hook killed between the two left
+        ``cache_dir`` 0700 for good (a folder that exists is never changed here), out of every TaskProlog's
+        reach. A folder another process made meanwhile (a hook's ensure) is left to it. OSError when one
+        cannot be made."""
         missing, path = [], self.root
         while not os.path.lexists(path) and path != path.parent:
             missing.append(path)
             path = path.parent
         for d in reversed(missing):
+            mode = 0o711 if d == self.root else 0o755
             try:
-                os.mkdir(d, 0o700)
+                os.mkdir(d, mode)
             except FileExistsError:
                 continue
-            os.chmod(d, 0o711 if d == self.root else 0o755)
+            os.chmod(d, mode)
         return self
 
     def ensure(self) -> "NodeState":
