@@ -1152,3 +1152,37 @@ def test_what_a_rolled_back_tick_said_once_is_said_by_the_next(rig, caplog):
     events = rig.store.recent_events(50)
     assert len([e for e in events if e.kind == "gres" and "Slurm drained n1" in e.message]) == 1
     assert len([e for e in events if e.kind == "conflict" and "not managed" in e.message]) == 1
+
+
+def test_what_a_rolled_back_decision_after_withdrawing_said_once_is_said_by_the_next_tick(rig):
+    """The tick's second look at Slurm (after withdrawing counts, _withdraw_first) syncs the jobs again in a
+    transaction of its own: a job submitted meanwhile whose MIG request cannot be served was noted as said
+    there, its 'not managed' event with it. That transaction rolled back (a full disk), the note stayed and
+    the event went: no later tick stored it (the same fault as a rolled-back first transaction's)."""
+    _race_rig(rig, slip=True)
+    update = rig.fake.update_node_gres
+
+    def update_and_submit(node, counts, **kw):
+        if not any(j.job_id == 9 for j in rig.fake.queue):
+            rig.fake.queue.append(SlurmJob(job_id=9, name="two", user="zoe", state="PENDING",
+                                           mig={"1g": 1, "3g": 1}, tres_per_node="gres:mig:1g:1,gres:mig:3g:1",
+                                           submit_time=1, priority=5))
+        return update(node, counts, **kw)
+
+    rig.fake.update_node_gres = update_and_submit
+    plan, calls = rig._plan, []
+
+    def fail_the_second(now):
+        calls.append(now)
+        if len(calls) == 2:  # the decision taken again after withdrawing
+            raise StoreError("disk or database full (test)")
+        return plan(now)
+
+    rig._plan = fail_the_second
+    with pytest.raises(StoreError):
+        rig.tick()
+    rig._plan = plan
+    assert not [e for e in rig.store.recent_events(50) if e.kind == "conflict"]  # rolled back
+    rig.tick()
+    assert [e.job_id for e in rig.store.recent_events(50) if e.kind == "conflict" and "not managed" in e.message
+            ] == ["9"]

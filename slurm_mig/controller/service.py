@@ -805,11 +805,20 @@ class Controller:
             if rounds == WITHDRAW_ROUNDS:
                 held_back |= set(shrinking)
                 msg += f"; still changing after {rounds} rounds, so those nodes keep their layouts this tick"
-            with self.store.transaction():
-                self.store.add_event("gres", msg, node=slipped[0][1], now=now)
-                if rounds < WITHDRAW_ROUNDS:
-                    self._sync_jobs(fresh, now, queried_at)
-                    plan = self._plan(now)
+            said = None
+            try:
+                with self.store.transaction():
+                    # As in the tick's first transaction: what _sync_jobs notes as said (a job submitted since,
+                    # whose request cannot be served) is forgotten with its event if this rolls back.
+                    said = (set(self._invalid_reg), set(self._unservable))
+                    self.store.add_event("gres", msg, node=slipped[0][1], now=now)
+                    if rounds < WITHDRAW_ROUNDS:
+                        self._sync_jobs(fresh, now, queried_at)
+                        plan = self._plan(now)
+            except BaseException:
+                if said is not None:
+                    self._invalid_reg, self._unservable = said
+                raise
         return plan, jobs, now, held_back
 
     def _cannot_withdraw(self, plan: "_Plan") -> set[str]:
