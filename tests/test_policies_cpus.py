@@ -170,3 +170,61 @@ def test_every_decision_keeps_within_the_free_cpus(name, state, data):
     plain = replace(roomy, free_cpus=None)
     a, b = get_policy(name).decide(roomy), get_policy(name).decide(plain)
     assert (a.changes, a.assignments, a.waiting) == (b.changes, b.assignments, b.waiting)
+
+
+def _gpu(node: str, index: int, model, layout: str, busy: dict[str, float | None], reconf: tuple[str, ...] = ()):
+    """A GPU of ``layout`` ("1g@0,3g@4"); ``busy`` maps its busy slots ("1g@0") to their end (None: no limit)."""
+    lay = parse_layout(layout, model)
+    slot = {f"{model.profile(s.profile).kind}@{s.start}": s for s in lay.slots}
+    return GpuState(node, index, model, lay, busy=frozenset(slot[s] for s in busy),
+                    reconfiguring=frozenset(slot[s] for s in reconf),
+                    busy_until=tuple(sorted((slot[s], t) for s, t in busy.items() if t is not None)))
+
+
+def test_a_job_its_cpus_keep_off_no_node_shares_the_verdict_of_its_request():
+    """The falsifying example of test_every_decision_keeps_within_the_free_cpus[frag-aware] (hypothesis,
+    rng seed 0), CPUs to spare. j2 and j6 ask for the same 2 x 3g; j2 conflicts with j0's reservation.
+    Without CPU counts j6 shares j2's verdict ("would delay job j0"); with them, j6 was keyed apart by its
+    CPUs (2, j2's 8), judged again after j3 and j4 were placed, and said "no node can hold 2 x 3g"."""
+    a30, h100 = get_model("A30-24GB"), H100
+    gpus = (
+        _gpu("n0", 0, a30, "4g@0", {}),
+        _gpu("n0", 1, a30, "1g@0,1g@1,1g@2,1g@3", {"1g@0": 1756.1454504561473, "1g@3": 2952.2399492480695},
+             reconf=("1g@1",)),
+        _gpu("n1", 0, h100, "2g@0,1g@2,1g@3,1g@4,1g@5,1g@6", {"2g@0": 2493.7168882015003}, reconf=("1g@3",)),
+        _gpu("n1", 1, h100, "2g@0,2g@2,1g@4,1g@5,1g@6", {"2g@2": None, "1g@4": 4770.330267589014},
+             reconf=("1g@6",)),
+        _gpu("n1", 2, h100, "1g@0,1g@1,1g@2,1g@3,2g@4,1g@6", {"1g@2": 4400.117535241547}),
+    )
+    asks = [("7g", 2, None, 4), ("1g", 1, None, 4), ("3g", 2, None, 8), ("1g.dm", 3, 3848.8718037606523, 2),
+            ("3g", 1, 1980.149257569961, 2), ("1g", 1, None, 1), ("3g", 2, None, 2)]
+    jobs = tuple(PendingJob(f"j{i}", p, n, float(i), tl, cpus=c) for i, (p, n, tl, c) in enumerate(asks))
+    roomy = ClusterState(100.0, gpus, jobs, free_cpus=(("n0", 10_000), ("n1", 10_000)))
+    a = get_policy("frag-aware").decide(roomy)
+    b = get_policy("frag-aware").decide(replace(roomy, free_cpus=None))
+    assert [x.job_id for x in a.assignments] == ["j1", "j3", "j4", "j5"]
+    assert dict(a.waiting)["j6"] == "would delay job j0, which holds a reservation (backfill)"
+    assert (a.changes, a.assignments, a.waiting, a.extra) == (b.changes, b.assignments, b.waiting, b.extra)
+
+
+def test_cpus_to_spare_give_no_job_a_reservation_its_request_would_not_get():
+    """The decision itself differed, not only its words: with CPU counts, b (the same 7g as a, which
+    reserved n1) was judged on its own for its CPUs and, having waited over reserve_min_age_s, took the
+    second reservation, n2 from t=103000 s; c, which ends after that, could then not start on n2's idle
+    slices now, as it does without counts (and with them, now)."""
+    now = 100_000.0
+    gpus = (_gpu("n1", 0, H100, "7g@0", {"7g@0": now + 1000}),
+            _gpu("n2", 0, H100, "3g@0", {"3g@0": now + 3000}),
+            _gpu("n3", 0, H100, "7g@0", {"7g@0": None}),
+            _gpu("n3", 1, H100, "7g@0", {"7g@0": None}))
+    jobs = (PendingJob("a", "7g", 1, now - 100, None),
+            PendingJob("b", "7g", 1, now - 5 * 3600, None, cpus=4),
+            PendingJob("c", "3g", 1, now - 50, 5000.0, cpus=2))
+    roomy = ClusterState(now, gpus, jobs, free_cpus=(("n1", 10_000), ("n2", 10_000), ("n3", 10_000)))
+    for name in ("frag-aware", "rl"):
+        a = _policy(name).decide(roomy)
+        b = _policy(name).decide(replace(roomy, free_cpus=None))
+        check_decision(roomy, a)
+        assert [(x.job_id, x.node) for x in a.assignments] == [("c", "n2")], name
+        assert [r[0] for r in a.extra["reservations"]] == ["a"], name
+        assert (a.changes, a.assignments, a.waiting) == (b.changes, b.assignments, b.waiting), name

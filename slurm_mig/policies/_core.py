@@ -905,11 +905,16 @@ class DispatchPolicy:
             key = (job.profile, job.count, job.nodes)
             counted = ledger is not None and (job.cpus or job.exclusive)
             if counted:
-                # CPUs promised to jobs placed before it only shrink a job's nodes, so a request that found
-                # no room stays without room for this decision: the same CPUs and nodes, the same verdict.
                 need = job.cpus or 1
-                key = (job.profile, job.count, job.nodes, need, job.exclusive)
                 ctx.denied = ledger.short(need, job.exclusive) or None
+                if ctx.denied is not None:
+                    # CPUs promised to jobs placed before it only shrink a job's nodes, so a request that found
+                    # no room stays without room for this decision: the same CPUs and nodes, the same verdict.
+                    key = (job.profile, job.count, job.nodes, need, job.exclusive)
+                # Where its CPUs keep it off no node, it is judged on the nodes of a job that asks for none, and
+                # shares that request's verdict: keyed apart, it was judged again after the jobs placed since
+                # (a conflict with a reservation read "no node can hold ..." and could take a reservation that
+                # the same decision without CPU counts, which skips it, did not make).
             else:
                 ctx.denied = None
             if job.nodes is None:
