@@ -68,6 +68,9 @@ class NodeConfig:
     sim_gpu_count: int = 1
     sim_delay_scale: float = 1.0
     health_check_interval_s: float = 30.0
+    # The longest a Prolog (in all) or a health check waits for the node's layout lock before it gives up:
+    # the Prolog requeues its job, the health check leaves its layout steps to its next round
+    layout_lock_wait_s: float = 30.0
 
 
 @dataclass(frozen=True)
@@ -317,6 +320,7 @@ RULES: dict[str, dict[str, Callable]] = {
         "sim_gpu_count": _integer(1, 64),
         "sim_delay_scale": _number(0, exclusive=False),
         "health_check_interval_s": _number(0),
+        "layout_lock_wait_s": _number(0),
     },
     "auth": {
         "method": _choice("munge", "hmac"),

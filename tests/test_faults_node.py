@@ -1767,3 +1767,112 @@ def test_a_driver_reading_garbage_placements_still_gets_its_report_taken(rig):
     rig.job("1", "1g")  # GPU 0's 1g@6 is free
     assert rig.hook("prolog", "1") == 0
     assert rig.requeues == [] and rig.live("1")[0].gpu == 0
+
+
+# -- a layout lock held too long (a hook hung inside NVML, a long chain of re-carves) ------------
+
+def _lock_wait(rig, seconds: float) -> None:
+    """Set [node].layout_lock_wait_s in the rig's config."""
+    rig.config.write_text(rig.config.read_text().replace("[node]\n", f"[node]\nlayout_lock_wait_s = {seconds}\n", 1))
+
+
+class _HeldLock:
+    """n1's layout lock held by another 'hook' (a thread: flock locks conflict between open files) until
+    release() or ``hold_s``."""
+
+    def __init__(self, rig, hold_s: float = 8.0):
+        import threading
+
+        state = hooks.Node("n1", hooks.NodeSettings.load()).state
+        state.ensure()
+        self.held, self.done = threading.Event(), threading.Event()
+
+        def hold():
+            with state.layout_lock():
+                self.held.set()
+                self.done.wait(hold_s)
+
+        self.thread = threading.Thread(target=hold)
+        self.thread.start()
+        assert self.held.wait(5.0)
+
+    def release(self):
+        self.done.set()
+        self.thread.join()
+
+
+def test_a_prolog_waits_for_the_layout_lock_only_so_long_then_requeues_its_job(rig):
+    """Found in review. The Prolog waited for the node's layout lock with no time limit: a hook or health check
+    hung inside NVML while holding it (or a slow chain of re-carves) kept every Prolog on the node waiting until
+    Slurm killed them at PrologEpilogTimeout, and Slurm drains a node whose Prolog it kills. The Prolog now
+    waits [node].layout_lock_wait_s in all, then tells the controller (which releases the binding it made)
+    and requeues its job with the reason, exit 0."""
+    _lock_wait(rig, 0.5)
+    rig.job("61", "3g")
+    lock = _HeldLock(rig)
+    try:
+        t0 = time.monotonic()
+        assert rig.hook("prolog", "61") == 0
+        waited = time.monotonic() - t0
+    finally:
+        lock.release()
+    assert waited < 4.0, waited
+    ((job, reason),) = rig.requeues
+    assert job == "61" and "n1 was busy changing its MIG layout for over 0.5 s" in reason, reason
+    assert not rig.record_file("61").exists() and rig.live("61") == ()
+    assert _events_of(rig, "61", "bind-failed")
+
+
+def test_a_prolog_setting_an_earlier_runs_record_aside_waits_only_so_long(rig, monkeypatch):
+    """The same bound for the Prolog's first look, an earlier run's binding record to set aside under the lock:
+    without the lock it can neither set it aside nor bind this run over it, so the job is requeued."""
+    _lock_wait(rig, 0.5)
+    _run_one_left_processes(rig, monkeypatch, "62")
+    _run_two_waits(rig, "62")
+    lock = _HeldLock(rig)
+    try:
+        t0 = time.monotonic()
+        assert rig.hook("prolog", "62", SLURM_JOB_RESTART_COUNT="1") == 0
+        waited = time.monotonic() - t0
+    finally:
+        lock.release()
+    assert waited < 4.0, waited
+    assert [j for j, _ in rig.requeues] == ["62"] and "layout" in rig.requeues[0][1]
+    assert set(_records(rig)) == {"62"}  # run 1's record kept as it was, for the next try to set aside
+
+
+def test_a_health_check_waits_for_the_layout_lock_only_so_long_and_still_reports(rig, monkeypatch):
+    """A health check whose lock is held past [node].layout_lock_wait_s leaves its layout steps (making
+    half-made instances whole, the desired layouts it keeps, releases, the re-carve) to its next round; its
+    report still goes out. Before, it waited as long as the holder, and the next rounds piled up behind it."""
+    _lock_wait(rig, 0.5)
+    monkeypatch.setitem(rig.srv.routes, "/v1/report", lambda payload, who: {"desired": {"0": "7g@0"}, "release": []})
+    lock = _HeldLock(rig)
+    try:
+        t0 = time.monotonic()
+        assert rig.report() == 0
+        waited = time.monotonic() - t0
+    finally:
+        lock.release()
+    assert waited < 4.0, waited  # 0.5 s in all, not 0.5 s per step
+    assert _sim_layout(rig, 0) == "3g@0,2g@4,1g@6"  # left to the next round
+    assert rig.report() == 0
+    assert _sim_layout(rig, 0) == "7g@0"
+
+
+def test_an_epilog_never_waits_for_the_layout_lock(rig):
+    """The Epilog takes no layout lock: it reads and removes its own job's binding record (copy first), which
+    only ever frees an instance, and a lock holder that read the record before counts it busy. So it is not
+    held up by a hung holder either (this passed before the bound too)."""
+    _lock_wait(rig, 0.5)
+    rig.job("63", "3g")
+    assert rig.hook("prolog", "63") == 0
+    lock = _HeldLock(rig)
+    try:
+        t0 = time.monotonic()
+        assert rig.hook("epilog", "63", SLURM_JOB_EXIT_CODE="0") == 0
+        waited = time.monotonic() - t0
+    finally:
+        lock.release()
+    assert waited < 0.5, waited
+    assert not rig.record_file("63").exists() and rig.store.outcome("63").state == "COMPLETED"

@@ -198,3 +198,42 @@ def test_a_hook_killed_while_it_makes_the_cache_folder_leaves_it_traversable(mon
     finally:
         os.umask(old_umask)
         shutil.rmtree(folder)
+
+
+def test_a_bounded_wait_for_the_layout_lock_gives_up_and_takes_it_soon_after_it_is_let_go(tmp_path):
+    """layout_lock(timeout_s) polls (flock has no time limit): it raises LayoutLockBusy once the time is up,
+    and takes the lock within a poll (50 ms at most) once the holder lets it go; free, it takes it at once."""
+    import threading
+    import time
+
+    from slurm_mig.node.localstate import LOCK_POLL_MAX_S, LayoutLockBusy
+
+    state = NodeState(tmp_path / "n1").ensure()
+    t0 = time.monotonic()
+    with state.layout_lock(0.5):
+        free_took = time.monotonic() - t0
+        with pytest.raises(LayoutLockBusy, match="stayed held by another process for 0.2 s"):
+            with state.layout_lock(0.2):
+                pass  # pragma: no cover - never taken
+        t1 = time.monotonic()
+        with pytest.raises(LayoutLockBusy):
+            with state.layout_lock(0):
+                pass  # pragma: no cover
+        assert time.monotonic() - t1 < 0.05  # 0: one try, no wait
+    assert free_took < 0.05, free_took
+    let_go = []
+    held = threading.Event()
+
+    def hold():
+        with state.layout_lock():
+            held.set()
+            time.sleep(0.5)
+            let_go.append(time.monotonic())
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert held.wait(5)
+    with state.layout_lock(5.0):
+        late = time.monotonic() - let_go[0]
+    holder.join()
+    assert late < LOCK_POLL_MAX_S + 0.05, late

@@ -47,6 +47,7 @@ class NodeSettings:
     slurm_conf: str | None
     log_file: str | None
     log_level: str
+    lock_wait_s: float | None = None  # [node].layout_lock_wait_s; None: wait for the layout lock unbounded
 
     @classmethod
     def load(cls) -> "NodeSettings":
@@ -67,6 +68,7 @@ class NodeSettings:
             slurm_conf=cfg.controller.slurm_conf,
             log_file=cfg.log.file,
             log_level=cfg.log.level,
+            lock_wait_s=cfg.node.layout_lock_wait_s,
         )
 
 
@@ -102,6 +104,8 @@ class Node:
         self.state = NodeState(Path(settings.state_root) / name)
         self._backend = None
         self._client = None
+        # Seconds this hook run may still wait for the layout lock, in all (start_lock_budget); None: unbounded.
+        self.lock_wait_left: float | None = None
 
     @property
     def backend(self):
@@ -281,12 +285,30 @@ class Node:
         models = {g.index: g.model for g in self.backend.gpus()}
         return [self._apply_one(int(gpu_s), spec, models.get(int(gpu_s))) for gpu_s, spec in sorted(targets.items())]
 
+    def start_lock_budget(self) -> None:
+        """Give this hook run its time to wait for the layout lock, in all: ``[node].layout_lock_wait_s``.
+
+        A holder hung inside NVML (or a long chain of re-carves) would otherwise keep every Prolog waiting
+        until Slurm kills them at PrologEpilogTimeout, which drains the node. Each apply_lock() takes what
+        it waited from it; once it is spent, apply_lock() tries the lock once and raises LayoutLockBusy."""
+        self.lock_wait_left = self.settings.lock_wait_s
+
     @contextlib.contextmanager
     def apply_lock(self):
-        """One layout change at a time on this node (Prolog, health check and `nvml apply` may overlap)."""
+        """One layout change at a time on this node (Prolog, health check and `nvml apply` may overlap).
+        Raises LayoutLockBusy when this hook run's wait (start_lock_budget) is spent before the lock frees."""
+        from slurm_mig.node.localstate import LayoutLockBusy
+
         self.state.ensure()
-        with self.state.layout_lock():
-            yield
+        t0 = time.monotonic()
+        try:
+            with self.state.layout_lock(self.lock_wait_left):
+                if self.lock_wait_left is not None:
+                    self.lock_wait_left = max(0.0, self.lock_wait_left - (time.monotonic() - t0))
+                yield
+        except LayoutLockBusy:
+            self.lock_wait_left = 0.0 if self.lock_wait_left is not None else None
+            raise
 
     def make_instances(self, wanted: list[dict]) -> list[dict]:
         """Create just the instances a starting job needs, destroying only idle instances in their way.
@@ -471,6 +493,7 @@ def _job_request(node: Node, job_id: str) -> dict[str, int] | None:
 
 def prolog(env: dict, node: Node) -> int:
     from slurm_mig.api.client import ControllerRefused, ControllerUnavailable
+    from slurm_mig.node.localstate import LayoutLockBusy
 
     try:
         started = int(env["SLURM_MIG_T0_NS"]) / 1e9
@@ -479,7 +502,15 @@ def prolog(env: dict, node: Node) -> int:
     job_id = env["SLURM_JOB_ID"]
     uid = int(env.get("SLURM_JOB_UID", "-1"))
     node.state.ensure()
-    _keep_earlier_runs_binding(node, job_id, _int(env.get("SLURM_JOB_RESTART_COUNT")))
+    # Every wait for the layout lock below comes out of one bound ([node].layout_lock_wait_s), so a holder hung
+    # inside NVML costs this job a requeue, not the node a drain at PrologEpilogTimeout.
+    node.start_lock_budget()
+    try:
+        _keep_earlier_runs_binding(node, job_id, _int(env.get("SLURM_JOB_RESTART_COUNT")))
+    except LayoutLockBusy as exc:
+        # The record an earlier run left cannot be set aside, so this run cannot be bound (nor shown no GPU)
+        # without taking it over.
+        return _requeue_lock_busy(node, job_id, exc)
     node.state.note_attempt(job_id, _int(env.get("SLURM_JOB_RESTART_COUNT")))
     node.flush_outbox()
     observed_at = time.time()  # before looking: a re-carve made while we look has a later time
@@ -515,15 +546,20 @@ def prolog(env: dict, node: Node) -> int:
     # every other Prolog on this node waits for the lock: held across them, a burst of failing Prologs ran
     # the last one past PrologEpilogTimeout, and Slurm drains a node whose Prolog it kills.
     failure: tuple[list[dict], str] | None = None
-    with node.apply_lock():
-        clash = node.held_by_others(job_id, resp["instances"])
-        if clash:
-            # Never two jobs on one instance, whatever the answer said (a bug, a forged or stale answer).
-            log.error("job %s: the controller named %s, held here by job(s) %s", job_id, resp["instances"], clash)
-            failure = ([{"error": f"instances held by job(s) {clash}"}],
-                       f"the instance chosen on {node.name} is held by another job")
-        else:
-            failure, bound, results, message = _bind_here(node, env, job_id, resp, uid, gid)
+    try:
+        with node.apply_lock():
+            clash = node.held_by_others(job_id, resp["instances"])
+            if clash:
+                # Never two jobs on one instance, whatever the answer said (a bug, a forged or stale answer).
+                log.error("job %s: the controller named %s, held here by job(s) %s", job_id, resp["instances"],
+                          clash)
+                failure = ([{"error": f"instances held by job(s) {clash}"}],
+                           f"the instance chosen on {node.name} is held by another job")
+            else:
+                failure, bound, results, message = _bind_here(node, env, job_id, resp, uid, gid)
+    except LayoutLockBusy as exc:
+        # Nothing was touched: the lock was never held. The controller releases the binding it made.
+        return _requeue_lock_busy(node, job_id, exc)
     if failure is not None:
         node.send_or_queue("/v1/bind-failed", {"job_id": job_id, "node": node.name, "results": failure[0]})
         return node.requeue(job_id, failure[1])
@@ -533,6 +569,19 @@ def prolog(env: dict, node: Node) -> int:
              ",".join(f"{b.profile}@{b.gpu}:{b.start}" for b in bound), (time.time() - started) * 1000,
              bool(results))
     return 0
+
+
+def _requeue_lock_busy(node: Node, job_id: str, exc: Exception) -> int:
+    """The Prolog could not take the node's layout lock within [node].layout_lock_wait_s (another hook holds
+    it: hung inside NVML, or a long chain of re-carves): tell the controller (its binding for the job, if it
+    made one, is released) and requeue the job with the reason, exit 0. Waiting on, Slurm would kill this
+    Prolog at PrologEpilogTimeout and drain the node."""
+    log.error("job %s: %s; the job is requeued", job_id, exc)
+    node.send_or_queue("/v1/bind-failed", {"job_id": job_id, "node": node.name,
+                                           "results": [{"error": f"layout lock busy: {exc}"}]})
+    wait = node.settings.lock_wait_s
+    return node.requeue(job_id, f"{node.name} was busy changing its MIG layout for over "
+                                f"{wait if wait is not None else 0:g} s (the node's layout lock stayed held)")
 
 
 def _bind_here(node: Node, env: dict, job_id: str, resp: dict, uid: int, gid: int | None):
@@ -780,13 +829,18 @@ def _hold_back(node: Node, job_id: str) -> None:
 
 
 def healthcheck(env: dict, node: Node) -> int:
-    """Report the node's state, receive desired layouts and apply them on idle slices."""
+    """Report the node's state, receive desired layouts and apply them on idle slices.
+
+    Its steps under the layout lock wait for it [node].layout_lock_wait_s in all (a holder may hang inside
+    NVML); a step that cannot have it is left to the next round, and the report goes out all the same."""
     from slurm_mig.api.client import ControllerRefused, ControllerUnavailable
 
     node.state.ensure()
+    node.start_lock_budget()
     node.flush_outbox()
-    with node.apply_lock():
-        node.repair_half_made()  # before observing: the report then never offers one as usable
+    with _unless_lock_busy("making half-made instances whole"):
+        with node.apply_lock():
+            node.repair_half_made()  # before observing: the report then never offers one as usable
     observed_at = time.time()
     # With when each binding was written, so the controller can tell a file an earlier run of a job id left
     # (its processes outlived it) from a binding of the run that waits now.
@@ -798,8 +852,10 @@ def healthcheck(env: dict, node: Node) -> int:
         log.warning("health check: controller unreachable: %s", exc)
         resp = _cached_desired(node)
     else:
-        _cache_desired(node, resp, report["observed"], observed_at)
-    _release_ended_bindings(node, [str(j) for j in resp.get("release") or []])
+        with _unless_lock_busy("keeping the desired layouts"):
+            _cache_desired(node, resp, report["observed"], observed_at)
+    with _unless_lock_busy("releasing the bindings of jobs that ended"):
+        _release_ended_bindings(node, [str(j) for j in resp.get("release") or []])
     targets = resp.get("desired") or {}
     # A GPU whose driver's MIG profiles differ from our table is left as it is, whoever asks: the layouts
     # cached while the controller is down were made under an older driver (a node rebooted onto a new one
@@ -810,13 +866,27 @@ def healthcheck(env: dict, node: Node) -> int:
                     "slurm-mig's table", ", ".join(sorted(differs & {str(k) for k in targets})))
         targets = {k: v for k, v in targets.items() if str(k) not in differs}
     if targets:
-        results = node.apply_targets(targets)
+        results = []
+        with _unless_lock_busy(f"moving GPU(s) {', '.join(sorted(str(k) for k in targets))} to their layouts"):
+            results = node.apply_targets(targets)
         changed = [r for r in results if r.get("plan") or r.get("error")]
         if changed:
             observed_at = time.time()
             node.send_or_queue("/v1/applied", {"node": node.name, "results": changed, "observed": node.observe(),
                                                "observed_at": observed_at, "time": time.time()})
     return 0
+
+
+@contextlib.contextmanager
+def _unless_lock_busy(what: str):
+    """Run a health check's step under the layout lock, or leave it to the next round when the lock stays
+    held past the health check's wait (the report itself needs no lock)."""
+    from slurm_mig.node.localstate import LayoutLockBusy
+
+    try:
+        yield
+    except LayoutLockBusy as exc:
+        log.warning("health check: %s left to the next round: %s", what, exc)
 
 
 ORPHAN_AGE_S = 60.0

@@ -57,6 +57,15 @@ class BoundInstance:
             raise ValueError(f"not a bound instance: {d!r:.200}") from exc
 
 
+#: How a bounded wait for the layout lock polls (flock has no time limit): first after 5 ms, doubling to 50 ms.
+LOCK_POLL_FIRST_S = 0.005
+LOCK_POLL_MAX_S = 0.05
+
+
+class LayoutLockBusy(TimeoutError):
+    """The node's layout lock stayed held past the time a hook may wait for it (NodeState.layout_lock)."""
+
+
 def _read_bounded(path: Path, limit: int) -> bytes:
     """The bytes of ``path``; ValueError if it holds more than ``limit`` (never read whole), OSError as is."""
     with open(path, "rb") as fh:
@@ -362,15 +371,33 @@ class NodeState:
         return [self.records_dir / n for n in sorted(names)]
 
     @contextlib.contextmanager
-    def layout_lock(self):
+    def layout_lock(self, timeout_s: float | None = None):
         """Hold this node's layout lock (``<root>/apply.lock``): the hooks change layouts and write
         bindings under it, so a holder sees every binding and no Prolog binds meanwhile. The folder
-        must exist (see ensure)."""
+        must exist (see ensure).
+
+        ``timeout_s``: wait at most this long (0: try once), then raise LayoutLockBusy; None waits for as
+        long as the holder keeps it. flock has no time limit of its own, so a bounded wait polls, every
+        5 ms at first and then every 50 ms: a waiter takes the lock at most 50 ms after it is let go."""
         import fcntl
 
         fd = os.open(self.root / "apply.lock", os.O_RDWR | os.O_CREAT, 0o600)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            if timeout_s is None:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            else:
+                deadline, pause = time.monotonic() + max(0.0, timeout_s), LOCK_POLL_FIRST_S
+                while True:
+                    try:
+                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                        break
+                    except BlockingIOError:
+                        left = deadline - time.monotonic()
+                        if left <= 0:
+                            raise LayoutLockBusy(f"the node's layout lock ({self.root / 'apply.lock'}) stayed "
+                                                 f"held by another process for {max(0.0, timeout_s):g} s") from None
+                        time.sleep(min(pause, left))
+                        pause = min(pause * 2, LOCK_POLL_MAX_S)
             yield
         finally:
             os.close(fd)
