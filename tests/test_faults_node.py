@@ -816,8 +816,14 @@ def test_a_bind_failed_delivered_again_after_the_job_was_bound_anew_leaves_that_
     """Job 41's first Prolog failed its re-carve and sent /v1/bind-failed; the controller released and
     requeued the job, but the answer was lost, twice, and the message stayed in the outbox. The job ran
     again on this node and was bound; the health check then delivered the old message, which released
-    the new binding and marked the running job REQUEUED (its instance then looked free to the policy)."""
-    from slurm_mig.nvml import base
+    the new binding and marked the running job REQUEUED (its instance then looked free to the policy).
+
+    Since 2026-11-26 the node no longer sends a job's messages before an older one about it still queued: the
+    second Prolog binds a free 7g that exists, as without the controller, and queues its /v1/bound behind the
+    old message, which the controller must still take as the duplicate it is."""
+    from slurm_mig.mig.layout import parse_layout
+    from slurm_mig.mig.profiles import get_model
+    from slurm_mig.nvml import apply_layout, base
 
     rig.job("41", "7g")
     seen = _lose_answers(rig, "/v1/bind-failed")
@@ -825,12 +831,15 @@ def test_a_bind_failed_delivered_again_after_the_job_was_bound_anew_leaves_that_
                       times=4)
     assert rig.hook("prolog", "41") == 0 and [j for j, _ in rig.requeues] == ["41"]
     rig.gpu.clear_faults()
+    apply_layout(rig.gpu, 1, parse_layout("7g@0", get_model("H100-80GB")))  # a free 7g exists now
     assert rig.hook("prolog", "41") == 0  # its outbox flush loses the answer again; then the job is bound
+    assert [j for j, _ in rig.requeues] == ["41"] and rig.record_file("41").exists()
+    assert len(list((rig.tmp / "node" / "n1" / "outbox").glob("*.json"))) == 2  # bind-failed, then bound
+    rig.srv.routes["/v1/bind-failed"] = rig.ctl.on_bind_failed
+    assert rig.report() == 0  # delivered once more, and answered; then the binding
     bound = rig.live("41")
     assert bound and rig.store.get_job("41").state == "RUNNING"
-    assert len(list((rig.tmp / "node" / "n1" / "outbox").glob("*.json"))) == 1
-    rig.srv.routes["/v1/bind-failed"] = rig.ctl.on_bind_failed
-    assert rig.report() == 0  # delivered once more, and answered
+    assert rig.report() == 0
     assert rig.live("41") == bound and rig.store.get_job("41").state == "RUNNING"
     assert list((rig.tmp / "node" / "n1" / "outbox").glob("*.json")) == []
     assert len(seen) >= 3 and len({p["message_id"] for p in seen}) == 1  # every delivery one message
@@ -1876,3 +1885,107 @@ def test_an_epilog_never_waits_for_the_layout_lock(rig):
         lock.release()
     assert waited < 0.5, waited
     assert not rig.record_file("63").exists() and rig.store.outcome("63").state == "COMPLETED"
+
+
+# -- a long outbox after a controller outage ---------------------------------------------------
+
+def _backlog(rig, monkeypatch, count: int, *, per_message_s: float, about: str | None = None) -> list[tuple]:
+    """``count`` Epilogs of other jobs queued in n1's outbox (a long controller outage), then, with ``about``,
+    one of an earlier run of that job id; the controller takes ``per_message_s`` for each /v1/epilog. Returns
+    the (route, job id) of each message the controller is given, in order (its answers are not checked)."""
+    state = hooks.Node("n1", hooks.NodeSettings.load()).state.ensure()
+    for k in range(count):
+        state.enqueue("/v1/epilog", {"job_id": str(900 + k), "node": "n1", "instances": [], "exit_code": 0})
+    if about is not None:
+        state.enqueue("/v1/epilog", {"job_id": about, "node": "n1", "instances": [], "exit_code": 0,
+                                     "end_time": time.time() - 5})
+    seen: list[tuple] = []
+
+    def wrap(route):
+        real = rig.srv.routes[route]
+
+        def handler(payload, who):
+            seen.append((route, str(payload.get("job_id"))))
+            if route == "/v1/epilog" and int(payload["job_id"]) >= 900:
+                time.sleep(per_message_s)
+                return {"ok": True}
+            return real(payload, who)
+        return handler
+
+    for route in ("/v1/epilog", "/v1/prolog", "/v1/bound", "/v1/bind-failed"):
+        monkeypatch.setitem(rig.srv.routes, route, wrap(route))
+    return seen
+
+
+def _queued(rig) -> list[tuple[str, str]]:
+    out = []
+    for p in sorted((rig.tmp / "node" / "n1" / "outbox").glob("*.json")):
+        doc = json.loads(p.read_text())
+        out.append((doc["path"], str(doc["payload"].get("job_id"))))
+    return out
+
+
+def test_the_first_prolog_after_a_long_outage_delivers_a_bounded_share_of_the_outbox(rig, monkeypatch):
+    """Found in review. A Prolog delivered the node's whole outbox before its own work: the first one after a
+    long controller outage, with hundreds of messages queued and a slow controller, could run past
+    PrologEpilogTimeout on that alone, and Slurm drains a node whose Prolog it kills. It now starts no queued
+    message after HOOK_FLUSH_BUDGET_S (the Epilog likewise); the health check delivers the rest, in order."""
+    monkeypatch.setattr(hooks, "HOOK_FLUSH_BUDGET_S", 0.5, raising=False)
+    seen = _backlog(rig, monkeypatch, 20, per_message_s=0.2)  # 4 s to deliver it all
+    rig.job("71", "3g")
+    t0 = time.monotonic()
+    assert rig.hook("prolog", "71") == 0
+    took = time.monotonic() - t0
+    assert took < 2.0, took
+    assert rig.requeues == [] and rig.record_file("71").exists() and len(rig.live("71")) == 1
+    delivered = [j for r, j in seen if r == "/v1/epilog"]
+    left = [j for _r, j in _queued(rig)]
+    assert 1 <= len(delivered) <= 4 and delivered + left == [str(900 + k) for k in range(20)], (delivered, left)
+    # The Epilog too, its own outcome queued behind the rest.
+    t0 = time.monotonic()
+    assert rig.hook("epilog", "71", SLURM_JOB_EXIT_CODE="0") == 0
+    assert time.monotonic() - t0 < 2.0
+    assert _queued(rig)[-1] == ("/v1/epilog", "71")
+    assert rig.report() == 0  # the health check delivers the rest, in order
+    assert _queued(rig) == []
+    assert [j for r, j in seen if r == "/v1/epilog"] == [str(900 + k) for k in range(20)] + ["71"]
+    assert rig.store.outcome("71").state == "COMPLETED"
+
+
+def test_a_prolog_never_overtakes_an_older_message_about_its_job_left_in_the_outbox(rig, monkeypatch):
+    """With the outbox delivered only in part, an Epilog of an earlier run of the same job id may still be
+    queued: the controller takes an Epilog within its clock margin of a run's start for that run's, so delivered
+    after this run's Prolog it would end this run. The Prolog then asks the controller nothing: it binds a free
+    instance that exists, as without the controller, and queues its /v1/bound behind that Epilog."""
+    monkeypatch.setattr(hooks, "HOOK_FLUSH_BUDGET_S", 0.3, raising=False)
+    seen = _backlog(rig, monkeypatch, 10, per_message_s=0.2, about="72")
+    rig.job("72", "3g")
+    assert rig.hook("prolog", "72") == 0
+    assert rig.requeues == [] and rig.record_file("72").exists()
+    assert ("/v1/prolog", "72") not in seen and ("/v1/bound", "72") not in seen
+    assert _queued(rig)[-2:] == [("/v1/epilog", "72"), ("/v1/bound", "72")]
+    assert rig.report() == 0
+    mine = [s for s in seen if s[1] == "72"]
+    assert mine == [("/v1/epilog", "72"), ("/v1/bound", "72")], mine
+
+
+def test_a_prolog_never_overtakes_an_older_message_about_its_job_another_hook_is_delivering(rig, monkeypatch):
+    """Found in review, with the above: a Prolog finding the outbox being delivered by another hook (its flush
+    lock held: the health check) left it to that flush and asked the controller at once, so its /v1/prolog and
+    /v1/bound could reach the controller before an Epilog of an earlier run of its job id still queued there.
+    The Prolog now sees the older message and queues its own behind it."""
+    import fcntl
+    import os
+
+    seen = _backlog(rig, monkeypatch, 0, per_message_s=0.0, about="73")
+    rig.job("73", "3g")
+    fd = os.open(rig.tmp / "node" / "n1" / "outbox.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # another hook is delivering the outbox
+        assert rig.hook("prolog", "73") == 0
+    finally:
+        os.close(fd)
+    assert rig.requeues == [] and rig.record_file("73").exists()
+    assert rig.report() == 0
+    mine = [s for s in seen if s[1] == "73"]
+    assert mine == [("/v1/epilog", "73"), ("/v1/bound", "73")], mine

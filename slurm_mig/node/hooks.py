@@ -29,6 +29,12 @@ MAX_TABLE_ERRORS = 8  # differences from our MIG table a GPU report carries (the
 # The longest one it carries: the controller refuses a report with a longer one (node-channel.md), and with it
 # the node's every report and Prolog request. The node's log has each in full.
 MAX_TABLE_ERROR_CHARS = 300
+#: How long a Prolog or an Epilog delivers the outbox before its own work: it starts no queued message after
+#: this (the one under way ends within [node].request_timeout_s, twice with the client's retry). The first
+#: hook after a long controller outage found hundreds queued, and Slurm kills (and drains the node of) a
+#: Prolog or Epilog that runs past PrologEpilogTimeout; the health check, which no such timeout drains the
+#: node for, delivers the rest, in order.
+HOOK_FLUSH_BUDGET_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -244,11 +250,14 @@ class Node:
 
         return {Slot(start, profile) for profile, start in self.state.bound_slots().get(gpu, set())}
 
-    def flush_outbox(self) -> None:
+    def flush_outbox(self, budget_s: float | None = None) -> None:
+        """Deliver the outbox in order; with ``budget_s`` (a Prolog or Epilog, which Slurm kills at
+        PrologEpilogTimeout) start no message after that many seconds, leaving the rest, in order, to the
+        health check or the next hook."""
         from slurm_mig.api.client import ControllerUnavailable
 
         try:
-            sent = self.state.flush(self.client)
+            sent = self.state.flush(self.client, budget_s)
             if sent:
                 log.info("delivered %d queued message(s) to the controller", sent)
         except ControllerUnavailable as exc:
@@ -256,12 +265,20 @@ class Node:
 
     def send_or_queue(self, route: str, payload: dict) -> dict | None:
         """Deliver a message, or keep it: in the outbox when the controller is unreachable (sent later),
-        as ``<outbox>/*.refused`` for an admin when the controller refused it (an outcome is never dropped)."""
+        as ``<outbox>/*.refused`` for an admin when the controller refused it (an outcome is never dropped).
+        A message about a job that an older message about it still waits in the outbox for goes behind that
+        one, unsent: delivered first, it would overtake it (a bounded flush, or another hook's flush under
+        way, leaves messages queued while the controller answers)."""
         from slurm_mig.api.client import ControllerRefused, ControllerUnavailable
         from slurm_mig.node.localstate import identified
 
         # The id goes with the first try: the controller may have handled it when only its answer was lost.
         payload = identified(payload)
+        if payload.get("job_id") is not None and self.state.queued_about(str(payload["job_id"])):
+            kept = self.state.enqueue(route, payload)
+            log.info("%s for job %s queued behind an older message about it in the outbox: %s", route,
+                     payload["job_id"], kept.name)
+            return None
         try:
             return self.client.call(route, payload)
         except ControllerUnavailable as exc:
@@ -512,7 +529,13 @@ def prolog(env: dict, node: Node) -> int:
         # without taking it over.
         return _requeue_lock_busy(node, job_id, exc)
     node.state.note_attempt(job_id, _int(env.get("SLURM_JOB_RESTART_COUNT")))
-    node.flush_outbox()
+    # A bounded share of the outbox (after a long controller outage it may hold hundreds of messages); the
+    # health check and later hooks deliver the rest, in order.
+    node.flush_outbox(HOOK_FLUSH_BUDGET_S)
+    # An older message about this job still queued (its earlier run's Epilog or binding, left behind the
+    # budget or by another hook's flush under way) must reach the controller before anything this Prolog
+    # says about the job: it then decides as without the controller, and its own messages queue behind.
+    behind = node.state.queued_about(job_id)
     observed_at = time.time()  # before looking: a re-carve made while we look has a later time
     try:
         observed = node.observe()
@@ -526,13 +549,19 @@ def prolog(env: dict, node: Node) -> int:
         raise
     payload = {"job_id": job_id, "node": node.name, "observed": observed, "observed_at": observed_at,
                "bindings": node.bindings_json()}
-    try:
-        resp = node.client.call("/v1/prolog", payload)
-    except ControllerRefused as exc:
-        return node.requeue(job_id, f"the controller refused the job: {exc}")
-    except ControllerUnavailable as exc:
-        log.warning("controller unreachable for job %s: %s; trying instances that already exist", job_id, exc)
-        resp = _local_choice(node, job_id, payload["observed"])
+    if behind:
+        log.warning("job %s: an older message about it waits in the outbox and must reach the controller first; "
+                    "trying instances that already exist, as without the controller", job_id)
+        resp = _local_choice(node, job_id, payload["observed"],
+                             "an older message about this job waits in the node's outbox")
+    else:
+        try:
+            resp = node.client.call("/v1/prolog", payload)
+        except ControllerRefused as exc:
+            return node.requeue(job_id, f"the controller refused the job: {exc}")
+        except ControllerUnavailable as exc:
+            log.warning("controller unreachable for job %s: %s; trying instances that already exist", job_id, exc)
+            resp = _local_choice(node, job_id, payload["observed"])
     action = resp.get("action")
     if action == "skip":
         return 0
@@ -644,12 +673,14 @@ def _keep_earlier_runs_binding(node: Node, job_id: str, restarts: int | None) ->
                     "until its instances are idle; this run is not bound to them", job_id, key)
 
 
-def _local_choice(node: Node, job_id: str, observed: list[dict]) -> dict:
+def _local_choice(node: Node, job_id: str, observed: list[dict], why: str | None = None) -> dict:
     """Without the controller: bind instances that already exist and are free, every size the job asks
-    for with its count, or requeue it (never start it with part of its request)."""
+    for with its count, or requeue it (never start it with part of its request). ``why`` the controller
+    is not asked (the requeue's reason): unreachable unless said."""
+    why = why or "controller unreachable"
     req = _job_request(node, job_id)
     if req is None:
-        return {"action": "requeue", "reason": "controller unreachable and the job's MIG request unreadable"}
+        return {"action": "requeue", "reason": f"{why} and the job's MIG request unreadable"}
     if not req:
         return {"action": "skip"}
     from slurm_mig.mig.profiles import get_model
@@ -676,7 +707,7 @@ def _local_choice(node: Node, job_id: str, observed: list[dict]) -> dict:
             short.append(f"{count} x {kind}")
     if short:
         return {"action": "requeue",
-                "reason": f"controller unreachable and no free {', '.join(short)} instance exists on {node.name}"}
+                "reason": f"{why} and no free {', '.join(short)} instance exists on {node.name}"}
     return {"action": "bind", "instances": chosen, "targets": {}, "local": True}
 
 
@@ -758,7 +789,7 @@ def epilog(env: dict, node: Node) -> int:
     # killed from here on, the next hook or health check still delivers it, and it never overtakes an
     # older message about the same job (a binding made while the controller was down).
     node.state.enqueue("/v1/epilog", payload)
-    node.flush_outbox()
+    node.flush_outbox(HOOK_FLUSH_BUDGET_S)  # behind a long backlog, its outcome waits for the health check
     if requeued:
         _hold_back(node, job_id)
     if lingering:

@@ -448,8 +448,17 @@ class NodeState:
                     pass
         return out
 
-    def flush(self, client) -> int:
+    def queued_about(self, job_id: str) -> bool:
+        """Whether a message about ``job_id`` (its ``job_id``) waits in the outbox: a hook must not send its
+        own about that job before it (it would overtake it; see Node.send_or_queue)."""
+        return any(str(payload.get("job_id")) == str(job_id) for _p, _r, payload in self.pending_messages())
+
+    def flush(self, client, budget_s: float | None = None) -> int:
         """Send queued messages in order; stop at the first failure. Returns how many were delivered.
+
+        ``budget_s``: start no message once this many seconds have passed since the flush began (the one
+        under way is finished: at most the client's timeout, twice with its retry); the rest stay queued,
+        in order, for the next flush. None: send them all.
 
         One process flushes at a time (a hook and the health check may overlap): another one finding
         the outbox busy leaves it to that flush, or the next, rather than sending the same messages
@@ -467,8 +476,10 @@ class NodeState:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 return 0
-            sent = 0
+            sent, t0 = 0, time.monotonic()
             for path, route, payload in self.pending_messages():
+                if budget_s is not None and time.monotonic() - t0 >= budget_s:
+                    break
                 try:
                     client.call(route, payload)
                 except ControllerRefused:
