@@ -1989,3 +1989,56 @@ def test_a_prolog_never_overtakes_an_older_message_about_its_job_another_hook_is
     assert rig.report() == 0
     mine = [s for s in seen if s[1] == "73"]
     assert mine == [("/v1/epilog", "73"), ("/v1/bound", "73")], mine
+
+
+# -- an older controller asking to carve on a GPU the node reports blocked ---------------------
+
+def _block_gpu1(rig, how: str) -> None:
+    """GPU 1 left with 3g@0 and room at 4-5, blocked ``how``; GPU 0 full (busy)."""
+    for slot in ("3g@0", "2g@4", "1g@6"):
+        rig.gpu.set_in_use(0, slot, "job 8")
+    rig.gpu.destroy(1, Slot(4, "2g"))
+    if how == "mig_pending":
+        rig.gpu.set_mig_mode(1, False, pending=True)
+    elif how == "foreign":
+        rig.gpu.destroy(1, Slot(6, "1g"))
+        rig.gpu.make_foreign(1, 6, 1, profile_id=47)
+    else:  # the driver renumbered the 1g: our table's 1g.10gb is not the driver's
+        rig.gpu.set_driver_profiles(1, {0: {"id": 30}}, driver="590.1")
+
+
+@pytest.mark.parametrize("how,why", [
+    ("mig_pending", "its MIG mode changes at the next GPU reset"),
+    ("foreign", "it holds GPU instance(s) of a profile slurm-mig does not know"),
+    ("table_errors", "the driver's MIG profiles differ from slurm-mig's table"),
+])
+def test_a_prolog_refuses_a_controller_answer_that_carves_on_a_gpu_the_node_reports_blocked(rig, monkeypatch,
+                                                                                          how, why):
+    """Found in review. The controller plans nothing on a GPU the node reports blocked, but one older than the
+    block (a rolling upgrade) does not know it, and the Prolog carved whatever its answer named: beside an
+    instance of a profile we do not know, or from our table where the driver's differs (the wrong size). The
+    Prolog now refuses such an answer as a failed re-carve: the job is requeued with the reason, the
+    controller told, the GPU left as it is."""
+    _block_gpu1(rig, how)
+    before = _sim_layout(rig, 1)
+    answer = {"action": "bind", "instances": [{"gpu": 1, "profile": "2g.20gb", "start": 4}],
+              "targets": {"1": "3g@0,2g@4" + (",1g@6" if how != "foreign" else "")}}
+    monkeypatch.setitem(rig.srv.routes, "/v1/prolog", lambda payload, who: answer)
+    rig.job("81", "2g")
+    assert rig.hook("prolog", "81") == 0
+    ((job, reason),) = rig.requeues
+    assert job == "81" and f"GPU 1: {why}" in reason and "blocked" in reason, reason
+    assert _sim_layout(rig, 1) == before and not rig.record_file("81").exists()
+    assert any("not carved: GPU 1 is blocked on n1" in m for m in _events_of(rig, "81", "bind-failed"))
+
+
+def test_a_health_check_leaves_a_gpu_with_an_instance_of_an_unknown_profile_as_it_is_whoever_asks(rig, monkeypatch):
+    """With 7138b9b the health check left out GPUs whose driver differs from our table, whoever asked; a GPU
+    holding an instance of a profile we do not know (or with a MIG mode change pending) is blocked as well, and
+    an older controller, or the layouts cached before it appeared, had the free slices beside it carved. It is
+    now left as it is too."""
+    _block_gpu1(rig, "foreign")
+    monkeypatch.setitem(rig.srv.routes, "/v1/report",
+                        lambda payload, who: {"desired": {"1": "3g@0,2g@4"}, "release": []})
+    assert rig.report() == 0
+    assert _sim_layout(rig, 1) == "3g@0"

@@ -464,6 +464,25 @@ def _table_fingerprint(model) -> str:
                                 model.profiles)).encode()).hexdigest()[:16]
 
 
+def _blocked_gpus(observed: list[dict]) -> dict[str, str]:
+    """The GPUs of a node's report (Node.observe) that nothing may be carved on, by index (a string), with
+    why: a MIG mode change waiting for a reset, GPU instances of a profile our tables do not list, or a
+    driver whose MIG profiles differ from our table. The controller stores each as blocked and plans nothing
+    there; the node refuses, whoever asks (an older controller in a rolling upgrade, the cached layouts)."""
+    out = {}
+    for g in observed:
+        if g.get("mig_pending") is not None:
+            why = "its MIG mode changes at the next GPU reset"
+        elif g.get("foreign"):
+            why = "it holds GPU instance(s) of a profile slurm-mig does not know"
+        elif g.get("table_errors"):
+            why = "the driver's MIG profiles differ from slurm-mig's table"
+        else:
+            continue
+        out[str(g.get("index"))] = why
+    return out
+
+
 def _requeue(job_id: str, reason: str, slurm_conf: str | None) -> int:
     from slurm_mig.slurm.runner import SlurmClient
 
@@ -585,7 +604,8 @@ def prolog(env: dict, node: Node) -> int:
                 failure = ([{"error": f"instances held by job(s) {clash}"}],
                            f"the instance chosen on {node.name} is held by another job")
             else:
-                failure, bound, results, message = _bind_here(node, env, job_id, resp, uid, gid)
+                failure, bound, results, message = _bind_here(node, env, job_id, resp, uid, gid,
+                                                              _blocked_gpus(payload["observed"]))
     except LayoutLockBusy as exc:
         # Nothing was touched: the lock was never held. The controller releases the binding it made.
         return _requeue_lock_busy(node, job_id, exc)
@@ -613,14 +633,31 @@ def _requeue_lock_busy(node: Node, job_id: str, exc: Exception) -> int:
                                 f"{wait if wait is not None else 0:g} s (the node's layout lock stayed held)")
 
 
-def _bind_here(node: Node, env: dict, job_id: str, resp: dict, uid: int, gid: int | None):
+def _bind_here(node: Node, env: dict, job_id: str, resp: dict, uid: int, gid: int | None,
+               blocked: dict[str, str] | None = None):
     """The Prolog's part under the layout lock: make the instances the answer names (if it asks), and write
     the binding. Returns (failure, bound, results, message): failure is (results for /v1/bind-failed, the
-    requeue's reason) when the job cannot be bound here, for the caller to say once the lock is let go."""
+    requeue's reason) when the job cannot be bound here, for the caller to say once the lock is let go.
+    ``blocked``: the GPUs this Prolog's report showed blocked (_blocked_gpus); an answer that would carve on
+    one is refused."""
     from slurm_mig.node.localstate import BoundInstance
 
     # A named instance without its compute instance is made whole here rather than bound useless.
     remake = resp.get("targets") or node.half_made_among(resp["instances"])
+    carving = {str(k) for k in resp.get("targets") or {}}
+    if remake:
+        carving |= {str(i["gpu"]) for i in resp["instances"]}
+    refused = sorted(carving & set(blocked or {}), key=lambda g: (len(g), g))
+    if refused:
+        # The controller stores such a GPU as blocked and plans nothing there; one that does not know the block
+        # (older than this node, in a rolling upgrade) would have it carved, the wrong size where the driver
+        # differs from our table. Refused as a failed re-carve: the job goes back to the queue, nothing touched.
+        why = "; ".join(f"GPU {g}: {blocked[g]}" for g in refused)
+        log.error("job %s: the controller asked to carve on GPU(s) %s of %s, which this node reports as blocked "
+                  "(%s); nothing was changed", job_id, ", ".join(refused), node.name, why)
+        return (([{"gpu": int(g), "ok": False, "error": f"not carved: GPU {g} is blocked on {node.name}: {blocked[g]}"}
+                  for g in refused],
+                 f"the controller asked to carve on {node.name}'s GPU(s) blocked there ({why})"), [], [], None)
     results = node.make_instances(resp["instances"]) if remake else []
     failed = [r for r in results if not r.get("ok", False) or r.get("reached") is False]
     if failed:
@@ -888,14 +925,16 @@ def healthcheck(env: dict, node: Node) -> int:
     with _unless_lock_busy("releasing the bindings of jobs that ended"):
         _release_ended_bindings(node, [str(j) for j in resp.get("release") or []])
     targets = resp.get("desired") or {}
-    # A GPU whose driver's MIG profiles differ from our table is left as it is, whoever asks: the layouts
-    # cached while the controller is down were made under an older driver (a node rebooted onto a new one
-    # re-created them there), and a controller older than table_errors does not know to leave it out.
-    differs = {str(g.get("index")) for g in report["observed"] if g.get("table_errors")}
-    if differs & {str(k) for k in targets}:
-        log.warning("health check: GPU(s) %s not moved to their layouts: the driver's MIG profiles differ from "
-                    "slurm-mig's table", ", ".join(sorted(differs & {str(k) for k in targets})))
-        targets = {k: v for k, v in targets.items() if str(k) not in differs}
+    # A GPU this report shows blocked (a MIG mode change waiting for a reset, an instance of a profile we do not
+    # know, a driver whose MIG profiles differ from our table) is left as it is, whoever asks: the layouts
+    # cached while the controller is down were made before the block (a node rebooted onto a new driver
+    # re-created them there), and a controller older than the block does not know to leave it out.
+    blocked = _blocked_gpus(report["observed"])
+    left = sorted({str(k) for k in targets} & set(blocked), key=lambda g: (len(g), g))
+    if left:
+        log.warning("health check: GPU(s) %s not moved to their layouts: %s", ", ".join(left),
+                    "; ".join(f"GPU {g}: {blocked[g]}" for g in left))
+        targets = {k: v for k, v in targets.items() if str(k) not in blocked}
     if targets:
         results = []
         with _unless_lock_busy(f"moving GPU(s) {', '.join(sorted(str(k) for k in targets))} to their layouts"):
