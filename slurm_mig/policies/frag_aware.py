@@ -29,7 +29,11 @@ Reservations: the first blocked job always gets one (EASY backfill); a second
 blocked job gets one too once it has waited ``reserve_min_age_s`` (like
 Slurm's bf_min_age_reserve), while reserved GPUs stay at most
 ``reserve_share`` of the cluster. Without the second one, a second multi-GPU
-job could see its only drainable node taken by a long job for weeks.
+job could see its only drainable node taken by a long job for weeks. A blocked
+job that asks exactly what a blocked job ahead of it asked is given that job's
+verdict without being looked at again (the dispatch loop's memo), so it gets
+no reservation of its own in that decision; letting it try changed nothing
+measurable on dev workloads (docs/benchmarks.md, "Honest notes").
 
 Multi-instance jobs try every node that could hold them and keep the node with
 the lowest total score. On a large cluster (more than ``exact_limit``
