@@ -2042,3 +2042,55 @@ def test_a_health_check_leaves_a_gpu_with_an_instance_of_an_unknown_profile_as_i
                         lambda payload, who: {"desired": {"1": "3g@0,2g@4"}, "release": []})
     assert rig.report() == 0
     assert _sim_layout(rig, 1) == "3g@0"
+
+
+# -- review of the lock bound, the bounded outbox and the blocked-GPU refusal (2026-11-26) -----------------
+
+def test_a_prolog_that_never_asked_the_controller_leaves_the_lock_holders_journal_entries_open(rig, monkeypatch):
+    """Found in review. A Prolog whose wait for the layout lock ran out before it asked the controller (here its
+    first look, at the record an earlier run left) sent /v1/bind-failed naming no GPU; the controller, holding no
+    journal entry that Prolog took up, closed every re-carve in progress on the node as failed: those the lock's
+    holder (the health check re-carving GPU 1) was carrying out at that very moment. Nothing was touched and the
+    controller bound nothing for this run, so the Prolog now only requeues its job."""
+    from slurm_mig.mig.layout import parse_layout
+    from slurm_mig.mig.profiles import get_model
+    from slurm_mig.mig.transitions import plan_transition
+
+    _lock_wait(rig, 0.3)
+    _run_one_left_processes(rig, monkeypatch, "64")
+    _run_two_waits(rig, "64")
+    model = get_model("H100-80GB")
+    steps = plan_transition(parse_layout(LAYOUT, model), parse_layout("7g@0", model), set())
+    entry = rig.store.journal_begin("n1", 1, LAYOUT, "7g@0", steps, started=True)  # the health check's, under way
+    lock = _HeldLock(rig)
+    try:
+        assert rig.hook("prolog", "64", SLURM_JOB_RESTART_COUNT="1") == 0
+    finally:
+        lock.release()
+    assert [j for j, _ in rig.requeues] == ["64"] and "layout lock" in rig.requeues[0][1]
+    assert rig.store.journal_entry(entry).state == "in_progress", rig.store.journal_entry(entry)
+
+
+def test_a_prolog_choosing_as_without_the_controller_sends_no_bind_failure_when_the_lock_stays_held(rig, monkeypatch):
+    """The same for a Prolog that chose an existing instance itself (here: an older message about its job waits in
+    the outbox, so it asks the controller nothing) and then could not take the lock: the controller made no
+    binding to release, and the queued /v1/bind-failed, delivered later, would close the node's re-carves in
+    progress then as failed. Only the requeue."""
+    import fcntl
+    import os
+
+    _lock_wait(rig, 0.3)
+    _backlog(rig, monkeypatch, 0, per_message_s=0.0, about="65")
+    rig.job("65", "3g")
+    fd = os.open(rig.tmp / "node" / "n1" / "outbox.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # another hook is delivering the outbox
+        lock = _HeldLock(rig)
+        try:
+            assert rig.hook("prolog", "65") == 0
+        finally:
+            lock.release()
+    finally:
+        os.close(fd)
+    assert [j for j, _ in rig.requeues] == ["65"] and "layout lock" in rig.requeues[0][1]
+    assert _queued(rig) == [("/v1/epilog", "65")]

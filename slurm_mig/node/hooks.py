@@ -545,8 +545,8 @@ def prolog(env: dict, node: Node) -> int:
         _keep_earlier_runs_binding(node, job_id, _int(env.get("SLURM_JOB_RESTART_COUNT")))
     except LayoutLockBusy as exc:
         # The record an earlier run left cannot be set aside, so this run cannot be bound (nor shown no GPU)
-        # without taking it over.
-        return _requeue_lock_busy(node, job_id, exc)
+        # without taking it over. The controller was not asked yet: it bound nothing for this run to release.
+        return _requeue_lock_busy(node, job_id, exc, tell=False)
     node.state.note_attempt(job_id, _int(env.get("SLURM_JOB_RESTART_COUNT")))
     # A bounded share of the outbox (after a long controller outage it may hold hundreds of messages); the
     # health check and later hooks deliver the rest, in order.
@@ -607,8 +607,9 @@ def prolog(env: dict, node: Node) -> int:
                 failure, bound, results, message = _bind_here(node, env, job_id, resp, uid, gid,
                                                               _blocked_gpus(payload["observed"]))
     except LayoutLockBusy as exc:
-        # Nothing was touched: the lock was never held. The controller releases the binding it made.
-        return _requeue_lock_busy(node, job_id, exc)
+        # Nothing was touched: the lock was never held. The controller releases the binding it made; one that
+        # was not asked (a choice made here, as without it) made none.
+        return _requeue_lock_busy(node, job_id, exc, tell=not resp.get("local"))
     if failure is not None:
         node.send_or_queue("/v1/bind-failed", {"job_id": job_id, "node": node.name, "results": failure[0]})
         return node.requeue(job_id, failure[1])
@@ -620,14 +621,20 @@ def prolog(env: dict, node: Node) -> int:
     return 0
 
 
-def _requeue_lock_busy(node: Node, job_id: str, exc: Exception) -> int:
+def _requeue_lock_busy(node: Node, job_id: str, exc: Exception, *, tell: bool) -> int:
     """The Prolog could not take the node's layout lock within [node].layout_lock_wait_s (another hook holds
-    it: hung inside NVML, or a long chain of re-carves): tell the controller (its binding for the job, if it
-    made one, is released) and requeue the job with the reason, exit 0. Waiting on, Slurm would kill this
-    Prolog at PrologEpilogTimeout and drain the node."""
+    it: hung inside NVML, or a long chain of re-carves): with ``tell`` (the controller answered this Prolog
+    with a binding), tell the controller, which releases that binding, and requeue the job with the reason,
+    exit 0. Waiting on, Slurm would kill this Prolog at PrologEpilogTimeout and drain the node.
+
+    Not ``tell`` (the controller was not asked: the wait ran out at the first look, or the choice was made
+    here as without it): nothing is sent. The controller bound nothing for this run, and a /v1/bind-failed of
+    a Prolog whose journal entries it does not know closes every re-carve in progress on the node as failed,
+    which here are the lock holder's own, carried out at that moment."""
     log.error("job %s: %s; the job is requeued", job_id, exc)
-    node.send_or_queue("/v1/bind-failed", {"job_id": job_id, "node": node.name,
-                                           "results": [{"error": f"layout lock busy: {exc}"}]})
+    if tell:
+        node.send_or_queue("/v1/bind-failed", {"job_id": job_id, "node": node.name,
+                                               "results": [{"error": f"layout lock busy: {exc}"}]})
     wait = node.settings.lock_wait_s
     return node.requeue(job_id, f"{node.name} was busy changing its MIG layout for over "
                                 f"{wait if wait is not None else 0:g} s (the node's layout lock stayed held)")
