@@ -2094,3 +2094,25 @@ def test_a_prolog_choosing_as_without_the_controller_sends_no_bind_failure_when_
         os.close(fd)
     assert [j for j, _ in rig.requeues] == ["65"] and "layout lock" in rig.requeues[0][1]
     assert _queued(rig) == [("/v1/epilog", "65")]
+
+
+@pytest.mark.parametrize("how,why", [
+    ("mig_pending", "its MIG mode changes at the next GPU reset"),
+    ("table_errors", "the driver's MIG profiles differ from slurm-mig's table"),
+])
+def test_a_prolog_refuses_a_controller_answer_that_starts_its_job_on_a_gpu_where_it_would_start_none(rig, monkeypatch,
+                                                                                                  how, why):
+    """Found in review, with 02afa68. An older controller's answer that carves on a blocked GPU is refused, but one
+    that only names an instance already there was bound: a job started on a GPU whose MIG mode changes at its
+    next reset, or whose driver's MIG profiles differ from our table (the instance may not be the size its name
+    says), where the node's own choice without the controller (and the controller that knows the block) starts
+    none. Refused the same way now."""
+    _block_gpu1(rig, how)
+    before = _sim_layout(rig, 1)
+    answer = {"action": "bind", "instances": [{"gpu": 1, "profile": "3g.40gb", "start": 0}], "targets": {}}
+    monkeypatch.setitem(rig.srv.routes, "/v1/prolog", lambda payload, who: answer)
+    rig.job("82", "3g")
+    assert rig.hook("prolog", "82") == 0
+    ((job, reason),) = rig.requeues
+    assert job == "82" and f"GPU 1: {why}" in reason, reason
+    assert _sim_layout(rig, 1) == before and not rig.record_file("82").exists()

@@ -483,6 +483,15 @@ def _blocked_gpus(observed: list[dict]) -> dict[str, str]:
     return out
 
 
+def _closed_to_new_jobs(blocked: dict[str, str], observed: list[dict]) -> dict[str, str]:
+    """Of the blocked GPUs (_blocked_gpus), those no new job may start on, even on an instance already there: a
+    MIG mode change waiting for a reset (which ends the job), or a driver whose MIG profiles differ from our
+    table (the instance may not be the size its name says). An instance of a profile we do not know blocks
+    carving only: our instances beside it are what they say."""
+    return {str(g.get("index")): blocked[str(g.get("index"))] for g in observed
+            if str(g.get("index")) in blocked and (g.get("mig_pending") is not None or g.get("table_errors"))}
+
+
 def _requeue(job_id: str, reason: str, slurm_conf: str | None) -> int:
     from slurm_mig.slurm.runner import SlurmClient
 
@@ -604,8 +613,9 @@ def prolog(env: dict, node: Node) -> int:
                 failure = ([{"error": f"instances held by job(s) {clash}"}],
                            f"the instance chosen on {node.name} is held by another job")
             else:
-                failure, bound, results, message = _bind_here(node, env, job_id, resp, uid, gid,
-                                                              _blocked_gpus(payload["observed"]))
+                blocked = _blocked_gpus(payload["observed"])
+                failure, bound, results, message = _bind_here(node, env, job_id, resp, uid, gid, blocked,
+                                                              _closed_to_new_jobs(blocked, payload["observed"]))
     except LayoutLockBusy as exc:
         # Nothing was touched: the lock was never held. The controller releases the binding it made; one that
         # was not asked (a choice made here, as without it) made none.
@@ -641,12 +651,13 @@ def _requeue_lock_busy(node: Node, job_id: str, exc: Exception, *, tell: bool) -
 
 
 def _bind_here(node: Node, env: dict, job_id: str, resp: dict, uid: int, gid: int | None,
-               blocked: dict[str, str] | None = None):
+               blocked: dict[str, str] | None = None, closed: dict[str, str] | None = None):
     """The Prolog's part under the layout lock: make the instances the answer names (if it asks), and write
     the binding. Returns (failure, bound, results, message): failure is (results for /v1/bind-failed, the
     requeue's reason) when the job cannot be bound here, for the caller to say once the lock is let go.
     ``blocked``: the GPUs this Prolog's report showed blocked (_blocked_gpus); an answer that would carve on
-    one is refused."""
+    one is refused. ``closed``: those of them no job may start on (_closed_to_new_jobs); an answer that names
+    an instance on one is refused too."""
     from slurm_mig.node.localstate import BoundInstance
 
     # A named instance without its compute instance is made whole here rather than bound useless.
@@ -654,17 +665,23 @@ def _bind_here(node: Node, env: dict, job_id: str, resp: dict, uid: int, gid: in
     carving = {str(k) for k in resp.get("targets") or {}}
     if remake:
         carving |= {str(i["gpu"]) for i in resp["instances"]}
-    refused = sorted(carving & set(blocked or {}), key=lambda g: (len(g), g))
+    # Nor does a job start on an instance already there on a GPU closed to new jobs (the node's own choice
+    # without the controller starts none there either).
+    starting = {str(i["gpu"]) for i in resp["instances"]} & set(closed or {})
+    refused = sorted((carving & set(blocked or {})) | starting, key=lambda g: (len(g), g))
     if refused:
         # The controller stores such a GPU as blocked and plans nothing there; one that does not know the block
         # (older than this node, in a rolling upgrade) would have it carved, the wrong size where the driver
         # differs from our table. Refused as a failed re-carve: the job goes back to the queue, nothing touched.
+        blocked = {**(blocked or {}), **(closed or {})}
         why = "; ".join(f"GPU {g}: {blocked[g]}" for g in refused)
-        log.error("job %s: the controller asked to carve on GPU(s) %s of %s, which this node reports as blocked "
-                  "(%s); nothing was changed", job_id, ", ".join(refused), node.name, why)
-        return (([{"gpu": int(g), "ok": False, "error": f"not carved: GPU {g} is blocked on {node.name}: {blocked[g]}"}
-                  for g in refused],
-                 f"the controller asked to carve on {node.name}'s GPU(s) blocked there ({why})"), [], [], None)
+        verb = "carve on" if carving & set(refused) else "start the job on"
+        log.error("job %s: the controller asked to %s GPU(s) %s of %s, which this node reports as blocked "
+                  "(%s); nothing was changed", job_id, verb, ", ".join(refused), node.name, why)
+        return (([{"gpu": int(g), "ok": False,
+                   "error": f"not {'carved' if g in carving else 'started'}: GPU {g} is blocked on {node.name}: "
+                            f"{blocked[g]}"} for g in refused],
+                 f"the controller asked to {verb} {node.name}'s GPU(s) blocked there ({why})"), [], [], None)
     results = node.make_instances(resp["instances"]) if remake else []
     failed = [r for r in results if not r.get("ok", False) or r.get("reached") is False]
     if failed:
