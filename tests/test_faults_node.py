@@ -1750,15 +1750,20 @@ def test_a_prolog_with_no_earlier_runs_record_does_not_wait_for_the_layout_lock(
 
     holder = threading.Thread(target=hold)
     holder.start()
+    from slurm_mig.node.localstate import NodeState
+
+    asked = []
+    real = NodeState.layout_lock
     try:
         assert held.wait(5.0)
-        t0 = time.monotonic()
+        # Told by who asks for the lock, not by a clock (a loaded machine can take longer than any bound).
+        monkeypatch.setattr(NodeState, "layout_lock",
+                            lambda self, *a, **k: asked.append(a or k) or real(self, *a, **k))
         assert rig.hook("prolog", "47", SLURM_JOB_RESTART_COUNT="0") == 0
-        waited = time.monotonic() - t0
     finally:
         done.set()
         holder.join()
-    assert waited < 1.5, waited
+    assert asked == []
     assert rig.requeues == []
 
 
@@ -1869,21 +1874,25 @@ def test_a_health_check_waits_for_the_layout_lock_only_so_long_and_still_reports
     assert _sim_layout(rig, 0) == "7g@0"
 
 
-def test_an_epilog_never_waits_for_the_layout_lock(rig):
+def test_an_epilog_never_waits_for_the_layout_lock(rig, monkeypatch):
     """The Epilog takes no layout lock: it reads and removes its own job's binding record (copy first), which
     only ever frees an instance, and a lock holder that read the record before counts it busy. So it is not
-    held up by a hung holder either (this passed before the bound too)."""
+    held up by a hung holder either (this passed before the bound too). Told by who asks for the lock, not
+    by a clock: a loaded machine can take longer than the wait for an Epilog's own work."""
+    from slurm_mig.node.localstate import NodeState
+
     _lock_wait(rig, 0.5)
     rig.job("63", "3g")
     assert rig.hook("prolog", "63") == 0
     lock = _HeldLock(rig)
+    asked = []
+    real = NodeState.layout_lock
+    monkeypatch.setattr(NodeState, "layout_lock", lambda self, *a, **k: asked.append(a or k) or real(self, *a, **k))
     try:
-        t0 = time.monotonic()
         assert rig.hook("epilog", "63", SLURM_JOB_EXIT_CODE="0") == 0
-        waited = time.monotonic() - t0
     finally:
         lock.release()
-    assert waited < 0.5, waited
+    assert asked == []
     assert not rig.record_file("63").exists() and rig.store.outcome("63").state == "COMPLETED"
 
 
