@@ -292,3 +292,24 @@ def test_a_report_with_malformed_table_errors_is_refused(bad, words):
         "2g.20gb: at most 2 instances, ours 3"]
     with pytest.raises(RequestRejected, match=words.replace("[", r"\[").replace("]", r"\]")):
         _v_observed([{**gpu, "table_errors": bad}])
+
+
+def test_a_report_asks_the_driver_version_and_reads_the_kept_verdicts_once(tmp_path, monkeypatch):
+    """The check runs for every GPU of a report: its inputs (the driver version, tables.json) are read once per
+    report, not once per GPU (a Prolog's report is on the job's start path)."""
+    from pathlib import Path
+
+    from slurm_mig.node.hooks import Node
+    from slurm_mig.node.localstate import NodeState
+
+    node = Node.__new__(Node)
+    node.name, node.state = "n1", NodeState(tmp_path / "n1")
+    node._backend = init_state(tmp_path / "g.json", [("H100-80GB", 4)])
+    asked, reads = [], []
+    real_version, real_read = type(node._backend).driver_version, Path.read_text
+    monkeypatch.setattr(type(node._backend), "driver_version", lambda self: asked.append(1) or real_version(self))
+    monkeypatch.setattr(Path, "read_text", lambda self, *a, **k: (reads.append(self.name), real_read(self, *a, **k))[1])
+    for _ in range(2):  # the first report makes the verdicts, the second reads them
+        asked.clear(), reads.clear()
+        assert all("table_errors" not in g for g in node.observe())
+        assert asked == [1] and reads.count("tables.json") == 1

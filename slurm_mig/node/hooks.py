@@ -140,19 +140,23 @@ class Node:
     # -- observation -----------------------------------------------------------
     TABLES_FILE = "tables.json"
 
-    def table_errors(self, gpu) -> list[str]:
-        """Where the driver's MIG profiles for GPU ``gpu`` (a GpuInfo) differ from our table for its model, as
-        ``nvml check-tables`` words them; [] when they agree or cannot be read (nothing is blocked on a guess).
+    def table_errors(self, gpus) -> dict[int, list[str]]:
+        """Where the driver's MIG profiles differ from our table for each GPU of ``gpus`` (GpuInfo), by index,
+        as ``nvml check-tables`` words them; [] where they agree or cannot be read (nothing is blocked on a
+        guess: a check that fails is logged and made again next time).
 
         Asked once per GPU, driver version and table of ours (a few dozen read-only NVML calls) and kept in
-        ``<state>/tables.json``, so a Prolog reads a file, not NVML, to know."""
+        ``<state>/tables.json``, which is read (and the driver version asked) once per call, so a Prolog
+        reads a file, not NVML, to know."""
         import json
 
         from slurm_mig.node.localstate import _atomic_write
         from slurm_mig.nvml.tables import check_gpu
 
-        if gpu.model is None or gpu.lost or not gpu.uuid:
-            return []
+        out: dict[int, list[str]] = {}
+        gpus = [g for g in gpus if g.model is not None and not g.lost and g.uuid]
+        if not gpus:
+            return out
         version = getattr(self.backend, "driver_version", None)
         driver = str(version()) if version is not None else "unknown"
         path = self.state.root / self.TABLES_FILE
@@ -161,47 +165,63 @@ class Node:
         except (OSError, ValueError):
             cache = {}
         cache = cache if isinstance(cache, dict) else {}
-        table = _table_fingerprint(gpu.model)
-        seen = cache.get(gpu.uuid)
-        # The verdict is about our table as much as the driver: one kept for another table (slurm-mig upgraded
-        # since, or a verdict an older version kept without a fingerprint) is made again.
-        if isinstance(seen, dict) and seen.get("driver") == driver and seen.get("model") == gpu.model.name \
-                and seen.get("table") == table and isinstance(seen.get("errors"), list):
-            return [str(e) for e in seen["errors"]]
-        check = check_gpu(self.backend, gpu)
-        if check.unreadable is not None:
-            log.warning("GPU %s: the driver's MIG profiles could not be compared with ours: %s", gpu.index,
-                        check.unreadable)
-            return []
-        errors = [f"{f.profile}: {f.message}" for f in check.errors]
-        if errors:
-            log.error("GPU %s (%s, driver %s): the driver's MIG profiles differ from slurm-mig's table, so "
-                      "nothing is carved or started there: %s", gpu.index, gpu.name, driver, "; ".join(errors))
-        cache[gpu.uuid] = {"driver": driver, "model": gpu.model.name, "table": table, "errors": errors}
+        changed = False
+        for gpu in gpus:
+            table = _table_fingerprint(gpu.model)
+            seen = cache.get(gpu.uuid)
+            # The verdict is about our table as much as the driver: one kept for another table (slurm-mig
+            # upgraded since, or a verdict an older version kept without a fingerprint) is made again.
+            if isinstance(seen, dict) and seen.get("driver") == driver and seen.get("model") == gpu.model.name \
+                    and seen.get("table") == table and isinstance(seen.get("errors"), list):
+                out[gpu.index] = [str(e) for e in seen["errors"]]
+                continue
+            out[gpu.index] = []
+            try:
+                check = check_gpu(self.backend, gpu)
+            except Exception as exc:  # noqa: BLE001 - a check that fails blocks nothing; the others go on
+                log.warning("GPU %s: the MIG table check failed: %s: %s", gpu.index, type(exc).__name__, exc)
+                continue
+            if check.unreadable is not None:
+                log.warning("GPU %s: the driver's MIG profiles could not be compared with ours: %s", gpu.index,
+                            check.unreadable)
+                continue
+            errors = [f"{f.profile}: {f.message}" for f in check.errors]
+            if errors:
+                log.error("GPU %s (%s, driver %s): the driver's MIG profiles differ from slurm-mig's table, so "
+                          "nothing is carved or started there: %s", gpu.index, gpu.name, driver, "; ".join(errors))
+            cache[gpu.uuid] = {"driver": driver, "model": gpu.model.name, "table": table, "errors": errors}
+            out[gpu.index], changed = errors, True
+        if changed:
+            try:
+                self.state.ensure()
+                _atomic_write(path, json.dumps(cache, sort_keys=True).encode(), 0o600)
+            except OSError as exc:  # asked again next time
+                log.warning("could not keep the MIG table check in %s: %s", path, exc)
+        return out
+
+    def _table_errors_or_none(self, gpus) -> dict[int, list[str]]:
+        """table_errors, or {} (nothing blocked) when even the driver version cannot be read."""
         try:
-            self.state.ensure()
-            _atomic_write(path, json.dumps(cache, sort_keys=True).encode(), 0o600)
-        except OSError as exc:  # asked again next time
-            log.warning("could not keep the MIG table check in %s: %s", path, exc)
-        return errors
+            return self.table_errors(gpus)
+        except Exception as exc:  # noqa: BLE001 - a check that fails blocks nothing; the report goes on
+            log.warning("the MIG table check failed: %s: %s", type(exc).__name__, exc)
+            return {}
 
     def observe(self) -> list[dict]:
         """Every GPU and its instances, as JSON for the controller."""
         from slurm_mig.nvml import foreign_instances
 
         out = []
-        for g in self.backend.gpus():
+        gpus = self.backend.gpus()
+        tables = self._table_errors_or_none(gpus)
+        for g in gpus:
             entry = {"index": g.index, "uuid": g.uuid, "name": g.name,
                      "model": g.model.name if g.model else None, "mig_enabled": g.mig_enabled,
                      "lost": getattr(g, "lost", False), "instances": []}
             if g.mig_pending is not None:
                 # A MIG mode change waits for a GPU reset: the controller carves nothing there meanwhile.
                 entry["mig_pending"] = g.mig_pending
-            try:
-                table = self.table_errors(g)
-            except Exception as exc:  # noqa: BLE001 - a check that fails blocks nothing; the report goes on
-                log.warning("GPU %s: the MIG table check failed: %s: %s", g.index, type(exc).__name__, exc)
-                table = []
+            table = tables.get(g.index)
             if table:
                 # The driver would refuse (or mislabel) what our table plans: nothing new there, as for mig_pending.
                 entry["table_errors"] = [e if len(e) <= MAX_TABLE_ERROR_CHARS else e[:MAX_TABLE_ERROR_CHARS - 3] + "..."
@@ -402,14 +422,13 @@ class Node:
         from slurm_mig.mig.layout import Layout
 
         results = []
-        for g in self.backend.gpus():
+        gpus = self.backend.gpus()
+        tables = self._table_errors_or_none(gpus)
+        for g in gpus:
             if g.model is None or not g.mig_enabled or g.lost or g.mig_pending is not None:
                 continue  # (a MIG mode change pending a reset: apply_layout refuses to touch the GPU)
-            try:
-                if self.table_errors(g):
-                    continue  # the driver's profiles differ from the table a re-creation would follow
-            except Exception:  # noqa: BLE001 - observe() logs it; a failed check blocks nothing
-                pass
+            if tables.get(g.index):
+                continue  # the driver's profiles differ from the table a re-creation would follow
             try:
                 insts = self.backend.instances(g.index)
             except Exception:  # noqa: BLE001 - observe() reports this GPU's error; the others go on
