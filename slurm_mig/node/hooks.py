@@ -766,13 +766,14 @@ def _local_choice(node: Node, job_id: str, observed: list[dict], why: str | None
     from slurm_mig.mig.profiles import get_model
 
     held = node.state.bound_slots()
+    # A GPU whose MIG mode changes at its next reset, or whose driver's MIG profiles differ from our table:
+    # no new job starts there (as the controller would decide).
+    closed = _closed_to_new_jobs(_blocked_gpus(observed), observed)
     chosen, short = [], []
     for kind, count in req.items():
         found = []
         for g in observed:
-            if g.get("mig_pending") is not None or g.get("table_errors"):
-                # The admin is changing this GPU's MIG mode at its next reset, or its driver's MIG profiles differ
-                # from our table: no new job starts there (as the controller would decide).
+            if str(g.get("index")) in closed:
                 continue
             try:
                 name = get_model(g["model"]).profile(kind).name
@@ -1100,6 +1101,7 @@ def _cache_desired(node: Node, resp: dict, observed: list[dict], observed_at: fl
     from slurm_mig.mig.profiles import get_model
 
     desired = {str(k): v for k, v in (resp.get("desired") or {}).items()}
+    blocked = _blocked_gpus(observed)  # their reported layouts are not ours to keep
     with node.apply_lock():  # read and written under the lock the Prologs cache their targets with
         old, old_at = _cached_layouts(node)
         targets_at = {}
@@ -1113,7 +1115,7 @@ def _cache_desired(node: Node, resp: dict, observed: list[dict], observed_at: fl
                 desired[key], targets_at[key] = old[key], at  # a Prolog's target, newer than this report
                 continue
             if not g.get("model") or not g.get("mig_enabled") or g.get("lost") or g.get("error") \
-                    or g.get("mig_pending") is not None or g.get("foreign") or g.get("table_errors"):
+                    or str(g.get("index")) in blocked:
                 continue
             try:
                 layout = Layout.of(get_model(g["model"]), [Slot(int(i["start"]), str(i["profile"]))
