@@ -449,6 +449,39 @@ def test_a_prologs_report_closes_its_own_journal_entries_only(rig):
     assert states == {ia["gpu"]: "done", ib["gpu"]: "failed"}, _journal(rig)
 
 
+@pytest.mark.parametrize("error", ["instance {'gpu': 0, 'profile': '1g.10gb', 'start': 6} missing",
+                                   "instances held by job(s) ['3']"])
+def test_a_bind_failure_naming_no_gpu_closes_no_recarve_its_prolog_did_not_take_up(rig, error):
+    """Found in review. A Prolog that chose an existing instance itself (the controller unreachable, or an older
+    message about its job queued) and then found it missing or held by another job sends /v1/bind-failed naming
+    no GPU. The controller, knowing no journal entry that Prolog took up, closed every re-carve in progress on
+    the node as failed: the health check's (or another Prolog's), under way at that moment. It closes none."""
+    _plan_recarve(rig, 1, "7g@0")
+    (entry,) = [j[0] for j in _journal(rig)]
+    rig.store.journal_started(entry)  # the health check carries it out now
+    rig.job("9", "1g")
+    rig.ctl.on_bind_failed({"job_id": "9", "node": "n1", "results": [{"error": error}]}, "n1")
+    assert [j[3] for j in _journal(rig)] == ["in_progress"], _journal(rig)
+
+
+def test_a_bind_failure_naming_no_gpu_after_a_controller_restart_closes_its_prologs_recarves_only(rig):
+    """The same after a controller restart, which forgets which entries each Prolog took up: job 1's Prolog
+    re-carved GPU 0 for it, then found its instance held by another job (naming no GPU). Its own entry is
+    closed as failed, known from the layout the Prolog set for its job; the health check's on GPU 1 stays open."""
+    rig.job("1", "4g")
+    a = rig.ctl.on_prolog({"job_id": "1", "node": "n1", "bindings": {}}, "n1")
+    assert a["action"] == "bind" and a["targets"]
+    (ia,) = a["instances"]
+    other = 1 - ia["gpu"]
+    _plan_recarve(rig, other, "7g@0")
+    rig.store.journal_started(max(j[0] for j in _journal(rig)))  # the health check's, under way
+    restarted = Controller(Config(), rig.store, rig.slurm)
+    restarted.on_bind_failed({"job_id": "1", "node": "n1",
+                              "results": [{"error": "instances held by job(s) ['3']"}]}, "n1")
+    states = {gpu: state for _id, gpu, _to, state, _why in _journal(rig)}
+    assert states == {ia["gpu"]: "failed", other: "in_progress"}, _journal(rig)
+
+
 # -- NVML faults during a Prolog's re-carve ---------------------------------------------------
 
 @pytest.mark.parametrize("op,error,expect", [

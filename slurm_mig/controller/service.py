@@ -1032,13 +1032,21 @@ class Controller:
         """The open journal entries job ``job_id``'s Prolog took up on ``node``.
 
         Known from its /v1/prolog; after a controller restart, the in-progress ones on the GPUs the
-        message names (all of the node's when it names none, as before).
+        message names. A message naming no GPU (a Prolog's local failure: its instance missing, or held by
+        another job) gets those on the GPUs whose desired layout this job's Prolog set (policy "bind", its
+        reason "job <id>: ...") and that lead to it; none when there are none (a Prolog that chose an
+        existing instance itself took none up). It used to get every entry in progress on the node: the
+        health check's and other Prologs' re-carves, under way at that moment, were closed as failed.
         """
         ids = self._prolog_entries.pop((node, job_id), None)
         open_entries = [e for e in self.store.open_journal_entries(node) if e.state == "in_progress"]
         if ids is not None:
             return [e for e in open_entries if e.id in ids]
-        return [e for e in open_entries if not gpus or e.gpu in gpus]
+        if gpus:
+            return [e for e in open_entries if e.gpu in gpus]
+        desired, mine = self.store.desired(node), f"job {job_id}: "
+        return [e for e in open_entries if (d := desired.get(e.gpu)) is not None and d.policy == "bind"
+                and d.reason.startswith(mine) and d.spec == e.to_layout]
 
     def _message(self, node: str, route: str, message_id: str | None, now: float) -> "_NodeMessage":
         """A node message (``_v_message``), handled once: create it inside the handler's transaction."""

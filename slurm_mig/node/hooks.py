@@ -657,9 +657,9 @@ def _requeue_lock_busy(node: Node, job_id: str, exc: Exception, *, tell: bool) -
     exit 0. Waiting on, Slurm would kill this Prolog at PrologEpilogTimeout and drain the node.
 
     Not ``tell`` (the controller was not asked: the wait ran out at the first look, or the choice was made
-    here as without it): nothing is sent. The controller bound nothing for this run, and a /v1/bind-failed of
-    a Prolog whose journal entries it does not know closes every re-carve in progress on the node as failed,
-    which here are the lock holder's own, carried out at that moment."""
+    here as without it): nothing is sent. The controller bound nothing for this run (a /v1/bind-failed of a
+    Prolog whose journal entries it did not know used to close every re-carve in progress on the node as
+    failed, which here are the lock holder's own, carried out at that moment)."""
     log.error("job %s: %s; the job is requeued", job_id, exc)
     if tell:
         node.send_or_queue("/v1/bind-failed", {"job_id": job_id, "node": node.name,
