@@ -1770,32 +1770,13 @@ def test_a_prolog_with_no_earlier_runs_record_does_not_wait_for_the_layout_lock(
     job asking for no MIG instance (or one the controller requeues) waited for whatever held the lock (a health
     check's re-carve, other Prologs' NVML steps), which it never did before. The lock is taken only when there
     is a record to set aside."""
-    import threading
-
     monkeypatch.setitem(rig.srv.routes, "/v1/prolog", lambda payload, who: {"action": "skip"})
-    state = hooks.Node("n1", hooks.NodeSettings.load()).state
-    held, done = threading.Event(), threading.Event()
-
-    def hold():
-        with state.layout_lock():
-            held.set()
-            done.wait(3.0)
-
-    holder = threading.Thread(target=hold)
-    holder.start()
-    from slurm_mig.node.localstate import NodeState
-
-    asked = []
-    real = NodeState.layout_lock
+    lock = _HeldLock(rig, hold_s=3.0)
+    asked = _lock_spy(monkeypatch)  # told by who asks for the lock, not by a clock
     try:
-        assert held.wait(5.0)
-        # Told by who asks for the lock, not by a clock (a loaded machine can take longer than any bound).
-        monkeypatch.setattr(NodeState, "layout_lock",
-                            lambda self, *a, **k: asked.append(a or k) or real(self, *a, **k))
         assert rig.hook("prolog", "47", SLURM_JOB_RESTART_COUNT="0") == 0
     finally:
-        done.set()
-        holder.join()
+        lock.release()
     assert asked == []
     assert rig.requeues == []
 
@@ -1821,6 +1802,16 @@ def test_a_driver_reading_garbage_placements_still_gets_its_report_taken(rig):
 def _lock_wait(rig, seconds: float) -> None:
     """Set [node].layout_lock_wait_s in the rig's config."""
     rig.config.write_text(rig.config.read_text().replace("[node]\n", f"[node]\nlayout_lock_wait_s = {seconds}\n", 1))
+
+
+def _lock_spy(monkeypatch) -> list:
+    """From now on, each NodeState.layout_lock asked for (its timeout) is noted in the list returned; the lock
+    is still taken."""
+    from slurm_mig.node.localstate import NodeState
+
+    asked, real = [], NodeState.layout_lock
+    monkeypatch.setattr(NodeState, "layout_lock", lambda self, *a, **k: asked.append(a or k) or real(self, *a, **k))
+    return asked
 
 
 class _HeldLock:
@@ -1912,15 +1903,11 @@ def test_an_epilog_never_waits_for_the_layout_lock(rig, monkeypatch):
     only ever frees an instance, and a lock holder that read the record before counts it busy. So it is not
     held up by a hung holder either (this passed before the bound too). Told by who asks for the lock, not
     by a clock: a loaded machine can take longer than the wait for an Epilog's own work."""
-    from slurm_mig.node.localstate import NodeState
-
     _lock_wait(rig, 0.5)
     rig.job("63", "3g")
     assert rig.hook("prolog", "63") == 0
     lock = _HeldLock(rig)
-    asked = []
-    real = NodeState.layout_lock
-    monkeypatch.setattr(NodeState, "layout_lock", lambda self, *a, **k: asked.append(a or k) or real(self, *a, **k))
+    asked = _lock_spy(monkeypatch)
     try:
         assert rig.hook("epilog", "63", SLURM_JOB_EXIT_CODE="0") == 0
     finally:
