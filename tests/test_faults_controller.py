@@ -999,7 +999,7 @@ def test_a_note_on_an_earlier_runs_end_does_not_settle_a_new_run(rig):
 
 
 def test_a_gpu_of_a_model_slurm_mig_does_not_know_is_not_padded(rig):
-    """n1 has one H100 in MIG mode and a GPU slurm-mig does not know (a display GPU, an 'NVIDIA H100 NVL'):
+    """n1 has one H100 in MIG mode and a GPU slurm-mig does not know (a display GPU, an 'NVIDIA GH200'):
     that GPU is left out, and slurm.conf's mig total is 7 (one MIG GPU). 7c010d6 counted every GPU the node
     reports in the padded total, so the controller set 14, above slurm.conf's 7, and slurmd's next
     registration (7 < 14) drains the node. A GPU that fell off the bus (no model, no UUID) still counts."""

@@ -66,7 +66,9 @@ def independent_maximal(model, slots) -> bool:
 
 
 @pytest.mark.parametrize("name,expected", [("A100-80GB", 19), ("H100-80GB", 19), ("A100-40GB", 19),
-                                           ("H200-141GB", 19), ("B200-180GB", 19), ("A30-24GB", 5)])
+                                           ("H200-141GB", 19), ("B200-180GB", 19), ("A30-24GB", 5),
+                                           ("H100-94GB", 19), ("H100-96GB", 19), ("GH200-144GB", 19),
+                                           ("GB200-186GB", 19)])
 def test_maximal_layout_counts(name, expected):
     layouts = enumerate_maximal_layouts(get_model(name))
     assert len(layouts) == expected
@@ -114,6 +116,32 @@ def test_profile_lookup():
         get_model("A30").profile("3g")
 
 
+# Profile names as NVIDIA publishes them (NVIDIA/mig-parted deployments/systemd/config-default.yaml, its
+# "all-<profile>" configs and the "all-balanced" device filters; the MIG user guide's supported-GPU list):
+# the models whose tables were not read from a driver here.
+NVIDIA_PROFILE_NAMES = {
+    "H100-94GB": {"1g.12gb", "1g.12gb+me", "1g.24gb", "2g.24gb", "3g.47gb", "4g.47gb", "7g.94gb"},
+    "H100-96GB": {"1g.12gb", "1g.12gb+me", "1g.24gb", "2g.24gb", "3g.48gb", "4g.48gb", "7g.96gb"},
+    "GH200-144GB": {"1g.18gb", "1g.18gb+me", "1g.36gb", "2g.36gb", "3g.72gb", "4g.72gb", "7g.144gb"},
+    "B200-180GB": {"1g.23gb", "1g.23gb+me", "1g.45gb", "2g.45gb", "3g.90gb", "4g.90gb", "7g.180gb"},
+    "GB200-186GB": {"1g.23gb", "1g.23gb+me", "1g.47gb", "2g.47gb", "3g.93gb", "4g.93gb", "7g.186gb"},
+}
+
+
+@pytest.mark.parametrize("name", sorted(NVIDIA_PROFILE_NAMES))
+def test_tables_from_nvidias_documents_use_its_profile_names(name):
+    assert {p.name for p in get_model(name).profiles} == NVIDIA_PROFILE_NAMES[name]
+
+
+@pytest.mark.parametrize("name", sorted(GPU_MODELS))
+def test_every_model_has_its_gres_table(name):
+    """The GRES side (node counts, job_submit.lua's names) knows each profile of each model, by the same kind."""
+    from slurm_mig.slurm import gres
+
+    model = get_model(name)
+    assert gres.PROFILES_BY_MODEL[name] == {p.name: gres.gres_type_for_kind(p.kind) for p in model.profiles}
+
+
 def test_nvml_name_mapping():
     assert model_from_nvml_name("NVIDIA H100 80GB HBM3").name == "H100-80GB"
     assert model_from_nvml_name("NVIDIA A100-SXM4-80GB").name == "A100-80GB"
@@ -129,14 +157,26 @@ def test_nvml_name_mapping():
     ("NVIDIA A100 80GB PCIe", "A100-80GB"),
     ("NVIDIA A100-PCIE-40GB", "A100-40GB"),
     ("NVIDIA B200", "B200-180GB"),
+    # Parts that share a word with another model's: their own table, or none.
+    ("NVIDIA GH200 480GB", "H100-96GB"),
+    ("NVIDIA GH200 144G HBM3e", "GH200-144GB"),
+    ("NVIDIA H20", "H100-96GB"),
+    ("NVIDIA H100 NVL", "H100-94GB"),
+    ("NVIDIA H800 NVL", "H100-94GB"),
+    ("NVIDIA H100 94GB HBM2e", "H100-94GB"),
+    ("NVIDIA H100 SXM5 94GB", "H100-94GB"),
+    ("NVIDIA H100 96GB", "H100-96GB"),
+    ("NVIDIA H100", "H100-80GB"),  # a shared marker without a size is its first model's
+    ("NVIDIA H200 NVL", "H200-141GB"),
+    ("NVIDIA GB200", "GB200-186GB"),
     # Parts whose MIG geometry is not in our tables: not mislabelled as one whose name they contain.
-    ("NVIDIA GH200 480GB", None),
-    ("NVIDIA H100 NVL", None),
-    ("NVIDIA H100 94GB HBM2e", None),
-    ("NVIDIA H200 NVL", None),
+    ("NVIDIA GH200", None),  # 96 or 144 GB: the name must say
+    ("NVIDIA H100 NVL 80GB", None),
+    ("NVIDIA H20 141GB", None),
     ("NVIDIA A100X", None),
     ("NVIDIA A30X", None),
-    ("NVIDIA GB200", None),
+    ("NVIDIA RTX PRO 6000 Blackwell Server Edition", None),
+    ("NVIDIA GB300", None),
 ])
 def test_nvml_names_match_whole_words_not_substrings(name, model):
     found = model_from_nvml_name(name)

@@ -56,6 +56,9 @@ def test_state_and_lock_files_are_private_and_writes_leave_no_temp_files(state):
 
 
 def test_sim_names_map_back_to_their_models():
+    from slurm_mig.mig import GPU_MODELS
+
+    assert set(SIM_DEVICE_NAMES) == set(GPU_MODELS)  # every model can be simulated under its real name
     for name, device_name in SIM_DEVICE_NAMES.items():
         assert model_from_nvml_name(device_name).name == name
 

@@ -128,7 +128,7 @@ def test_mig_off_is_still_compared_an_unknown_model_is_unreadable(fake):
     fake.mig = False  # NVML lists profiles and placements with MIG off (an H200 on driver 580 did)
     check = _check()
     assert check.ok and check.mig_mode == "off" and len(check.readings) == len(H100.profiles)
-    fake.device_name = "NVIDIA H100 NVL"
+    fake.device_name = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
     check = _check()
     assert not check.ok and "not a GPU model slurm-mig has a table for" in check.unreadable
     assert check.readings  # still read and shown: what an admin needs to add the model

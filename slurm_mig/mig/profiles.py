@@ -143,18 +143,40 @@ GPU_MODELS: dict[str, GpuModel] = {
             "H100-80GB", {"1g": 10, "1g.dm": 20, "2g": 20, "3g": 40, "4g": 40, "7g": 80},
             ("H100 80GB", "H100-SXM", "H100 PCIe", "H100"),
         ),
+        # The models below were not measured here: their names and memory sizes are NVIDIA's (MIG user
+        # guide, "Supported GPUs"; mig-parted's config-default.yaml), their geometry the Hopper/Blackwell
+        # one. A node checks every table against its driver before carving (slurm_mig/nvml/tables.py).
+        _seven_slice_model(
+            "H100-94GB", {"1g": 12, "1g.dm": 24, "2g": 24, "3g": 47, "4g": 47, "7g": 94},
+            ("H100 NVL", "H800 NVL", "H100"),
+        ),
+        _seven_slice_model(
+            "H100-96GB", {"1g": 12, "1g.dm": 24, "2g": 24, "3g": 48, "4g": 48, "7g": 96},
+            ("GH200 480GB", "H20", "H100"),
+        ),
         _seven_slice_model(
             "H200-141GB", {"1g": 18, "1g.dm": 35, "2g": 35, "3g": 71, "4g": 71, "7g": 141},
-            ("H200",),
+            ("H200", "H200 NVL"),
+        ),
+        _seven_slice_model(
+            "GH200-144GB", {"1g": 18, "1g.dm": 36, "2g": 36, "3g": 72, "4g": 72, "7g": 144},
+            ("GH200 144G",),
         ),
         _seven_slice_model(
             "B200-180GB", {"1g": 23, "1g.dm": 45, "2g": 45, "3g": 90, "4g": 90, "7g": 180},
             ("B200",),
         ),
+        _seven_slice_model(
+            "GB200-186GB", {"1g": 23, "1g.dm": 47, "2g": 47, "3g": 93, "4g": 93, "7g": 186},
+            ("GB200",),
+        ),
     )
 }
 
-_ALIASES = {"A30": "A30-24GB", "A100": "A100-80GB", "H100": "H100-80GB", "H200": "H200-141GB", "B200": "B200-180GB"}
+_ALIASES = {
+    "A30": "A30-24GB", "A100": "A100-80GB", "H100": "H100-80GB", "H200": "H200-141GB", "B200": "B200-180GB",
+    "GB200": "GB200-186GB",
+}
 
 
 def get_model(name: str) -> GpuModel:
@@ -175,24 +197,42 @@ def _name_tokens(text: str) -> list[str]:
     return [t for t in re.split(r"[\s_-]+", text.upper()) if t]
 
 
+def _default_owner_of_markers() -> dict[tuple[str, ...], str]:
+    """Each marker -> the first model listing it: the part a name with no memory size means."""
+    owners: dict[tuple[str, ...], str] = {}
+    for model in GPU_MODELS.values():
+        for marker in model.nvml_names:
+            owners.setdefault(tuple(_name_tokens(marker)), model.name)
+    return owners
+
+
 def model_from_nvml_name(device_name: str) -> GpuModel | None:
     """Map nvmlDeviceGetName() (e.g. 'NVIDIA H100 80GB HBM3') to a model, or None for a part whose MIG
     geometry is not in our tables (the GPU is then left out of scheduling, never mislabelled).
 
     Whole words, not substrings: the name (less a leading NVIDIA/Tesla) must start with one of the
     model's markers, and every word after it must be a form factor or memory type, or the model's own
-    memory size. So 'NVIDIA GH200 480GB' is not an H200 and 'NVIDIA H100 NVL' (94 GB) not an H100-80GB.
-    The longest marker wins, so 'A100-SXM4-80GB' is not taken for a 40 GB part.
+    memory size. So 'NVIDIA GH200 480GB' is not an H200 and 'NVIDIA H100 NVL' not an H100-80GB.
+    The longest marker wins, so 'A100-SXM4-80GB' is not taken for a 40 GB part. A marker several
+    models share ("H100") means its first model when the name gives no memory size ('NVIDIA H100
+    PCIe' is an H100-80GB); the others match only with their own size in the name ('H100 94GB').
     """
     words = _name_tokens(device_name)
     while words and words[0] in ("NVIDIA", "TESLA"):
         words = words[1:]
-    best: tuple[int, GpuModel] | None = None
+    owners = _default_owner_of_markers()
+    best: tuple[int, int, GpuModel] | None = None
     for model in GPU_MODELS.values():
         size = model.name.rsplit("-", 1)[-1].upper()  # "80GB"
         for marker in model.nvml_names:
             m = _name_tokens(marker)
-            if words[:len(m)] == m and all(w in _NAME_QUALIFIERS or w == size for w in words[len(m):]):
-                if best is None or len(m) > best[0]:
-                    best = (len(m), model)
-    return None if best is None else best[1]
+            rest = words[len(m):]
+            if words[:len(m)] != m or not all(w in _NAME_QUALIFIERS or w == size for w in rest):
+                continue
+            sized = size in rest
+            if not sized and owners[tuple(m)] != model.name:
+                continue  # another model's part unless the name says this one's size
+            rank = (len(m), int(sized))
+            if best is None or rank > best[:2]:
+                best = (*rank, model)
+    return None if best is None else best[2]

@@ -82,6 +82,22 @@ PROFILES_BY_MODEL: dict[str, dict[str, str]] = {
         "1g.18gb": "1g", "1g.18gb+me": "1gme", "1g.35gb": "1gdm", "2g.35gb": "2g",
         "3g.71gb": "3g", "4g.71gb": "4g", "7g.141gb": "7g",
     },
+    "H100-94GB": {
+        "1g.12gb": "1g", "1g.12gb+me": "1gme", "1g.24gb": "1gdm", "2g.24gb": "2g",
+        "3g.47gb": "3g", "4g.47gb": "4g", "7g.94gb": "7g",
+    },
+    "H100-96GB": {
+        "1g.12gb": "1g", "1g.12gb+me": "1gme", "1g.24gb": "1gdm", "2g.24gb": "2g",
+        "3g.48gb": "3g", "4g.48gb": "4g", "7g.96gb": "7g",
+    },
+    "GH200-144GB": {
+        "1g.18gb": "1g", "1g.18gb+me": "1gme", "1g.36gb": "1gdm", "2g.36gb": "2g",
+        "3g.72gb": "3g", "4g.72gb": "4g", "7g.144gb": "7g",
+    },
+    "GB200-186GB": {
+        "1g.23gb": "1g", "1g.23gb+me": "1gme", "1g.47gb": "1gdm", "2g.47gb": "2g",
+        "3g.93gb": "3g", "4g.93gb": "4g", "7g.186gb": "7g",
+    },
     "B200-180GB": {
         "1g.23gb": "1g", "1g.23gb+me": "1gme", "1g.45gb": "1gdm", "2g.45gb": "2g",
         "3g.90gb": "3g", "4g.90gb": "4g", "7g.180gb": "7g",
