@@ -365,6 +365,39 @@ def test_a_gpu_whose_driver_differs_from_our_mig_table_is_left_as_it_is(rig):
     assert all(g.blocked is None for g in rig.store.observed_gpus("n1"))
 
 
+def test_a_gpu_whose_driver_lists_no_profile_is_asked_once_per_driver_not_in_every_report(rig, caplog):
+    """A driver that offers no GPU-instance profile on a GPU (so nothing can be compared) answers the same
+    until it changes. The verdict was not kept, so every report, each Prolog's included, asked NVML for
+    every profile index again and logged the warning again. It is now kept (blocking nothing); an NVML
+    call that fails is still asked again next time."""
+    from slurm_mig.nvml.base import NvmlError
+
+    rig.gpu.set_driver_profiles(1, {i: None for i in range(10)}, driver="590.1")
+    asked = []
+    real = SimulatedBackend.profile_readings
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(SimulatedBackend, "profile_readings", lambda self, gpu: asked.append(gpu) or real(self, gpu))
+        with caplog.at_level(logging.WARNING):
+            assert rig.report() == 0
+            assert rig.report() == 0
+        assert sorted(asked) == [0, 1]
+        assert sum("could not be compared" in r.getMessage() for r in caplog.records) == 1
+        assert all(g.blocked is None for g in rig.store.observed_gpus("n1"))
+
+        def failing(self, gpu):
+            asked.append(gpu)
+            raise NvmlError("NVML_ERROR_UNKNOWN")
+
+        rig.gpu.set_driver_profiles(1, {}, driver="590.2")
+        mp.setattr(SimulatedBackend, "profile_readings", failing)
+        asked.clear()
+        assert rig.report() == 0
+        first = sorted(asked)
+        assert rig.report() == 0
+        assert first and sorted(asked) == sorted(first * 2)  # failed calls: asked again in the next report
+        assert all(g.blocked is None for g in rig.store.observed_gpus("n1"))
+
+
 def test_without_the_controller_no_job_is_bound_on_a_gpu_whose_driver_differs_from_our_table(rig):
     for slot in ("3g@0", "2g@4", "1g@6"):
         rig.gpu.set_in_use(0, slot, "job 8")  # GPU 0 is full

@@ -181,15 +181,21 @@ class Node:
             except Exception as exc:  # noqa: BLE001 - a check that fails blocks nothing; the others go on
                 log.warning("GPU %s: the MIG table check failed: %s: %s", gpu.index, type(exc).__name__, exc)
                 continue
+            errors = [f"{f.profile}: {f.message}" for f in check.errors]
             if check.unreadable is not None:
                 log.warning("GPU %s: the driver's MIG profiles could not be compared with ours: %s", gpu.index,
                             check.unreadable)
-                continue
-            errors = [f"{f.profile}: {f.message}" for f in check.errors]
+                if check.failed:
+                    continue  # an NVML call failed: asked again next time
+                # The driver answered (no profile at all), and answers the same until it changes: kept like a
+                # verdict that blocks nothing, so the Prologs do not ask NVML again, nor log it, in every report.
+                errors = []
             if errors:
                 log.error("GPU %s (%s, driver %s): the driver's MIG profiles differ from slurm-mig's table, so "
                           "nothing is carved or started there: %s", gpu.index, gpu.name, driver, "; ".join(errors))
             cache[gpu.uuid] = {"driver": driver, "model": gpu.model.name, "table": table, "errors": errors}
+            if check.unreadable is not None:
+                cache[gpu.uuid]["unreadable"] = check.unreadable
             out[gpu.index], changed = errors, True
         if changed:
             try:

@@ -58,6 +58,7 @@ class TableCheck:
     readings: list[ProfileReading] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
     unreadable: str | None = None  # why nothing could be compared
+    failed: bool = False  # unreadable because an NVML call failed (maybe transient), not by the driver's answer
 
     @property
     def errors(self) -> list[Finding]:
@@ -149,7 +150,7 @@ def check_gpu(backend, gpu) -> TableCheck:
     try:
         check.readings = reader(gpu.index)
     except NvmlError as exc:
-        check.unreadable = f"{type(exc).__name__}: {exc}"
+        check.unreadable, check.failed = f"{type(exc).__name__}: {exc}", True
         return check
     if gpu.model is None:
         check.unreadable = f"{gpu.name!r} is not a GPU model slurm-mig has a table for"
