@@ -339,3 +339,51 @@ def test_the_shadow_policy_decides_outside_the_ticks_transaction(tmp_path):
     ctl.tick()
     assert seen == [0]
     assert store.recent_decisions(5, shadow=True)
+
+
+
+def _wide_onnx(path: Path, input_name: str, n_in: int, scores: list[float] | None) -> None:
+    """A network giving each row len(scores) outputs (0 * features + scores); scores None: features times
+    their own transpose, [N, N] (a width loading cannot check)."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    if scores is None:
+        nodes = [helper.make_node("Transpose", [input_name], ["t"]), helper.make_node("MatMul", [input_name, "t"],
+                                                                                     ["logits"])]
+        init, shape = [], ["N", "N"]
+    else:
+        nodes = [helper.make_node("MatMul", [input_name, "W"], ["mm"]), helper.make_node("Add", ["mm", "b"],
+                                                                                         ["logits"])]
+        init = [numpy_helper.from_array(np.zeros((n_in, len(scores)), np.float32), "W"),
+                numpy_helper.from_array(np.asarray(scores, np.float32), "b")]
+        shape = ["N", len(scores)]
+    g = helper.make_graph(nodes, "wide", [helper.make_tensor_value_info(input_name, TensorProto.FLOAT, ["N", n_in])],
+                          [helper.make_tensor_value_info("logits", TensorProto.FLOAT, shape)], init)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.save(m, str(path))
+
+
+def test_a_network_giving_other_than_one_score_per_option_is_a_model_error(tmp_path):
+    """Only the input width was checked (and the guard's output width where the file states it): a placement
+    network giving 3 scores per row had them flattened, and argmax took candidate 2 of 4 by a score of
+    row 0 (past the options: an error naming no cause); a guard giving one score for its 6 options always
+    took the first (0 h). Both are now a PolicyModelError saying so, which the controller falls back on."""
+    from slurm_mig.policies.rl import N_GUARD_FEATURES
+
+    m = _copy_model(tmp_path)
+    card = json.loads((m.parent / "model_card.json").read_text())
+    card["placement"] = "network"
+    card.pop("feature_range", None)
+    card["guard"].pop("feature_range", None)
+    (m.parent / "model_card.json").write_text(json.dumps(card))
+    _wide_onnx(m, "features", N_FEATURES, [0.0, 0.0, 5.0])
+    _wide_onnx(m.parent / "guard.onnx", "guard_features", N_GUARD_FEATURES, None)
+    pol = RLPolicy(model_path=str(m)).load()
+    rows = [[0.0] * N_FEATURES for _ in range(4)]
+    with pytest.raises(PolicyModelError, match="gave 12 scores for 4 options"):
+        pol.choose(Choice(None, rows, list(range(4)), 0.0))
+    with pytest.raises(PolicyModelError, match="the guard of model .* gave 1 scores for 6 options"):
+        pol.scorer().guard_logits([0.0] * N_GUARD_FEATURES)

@@ -392,12 +392,21 @@ class OnnxScorer:
 
     def guard_logits(self, features: list[float]):
         x = self.np.asarray([features], dtype=self.np.float32)
-        return self._finite(self.guard_session.run([self.guard_output], {"guard_features": x})[0].reshape(-1),
-                            "the guard of model")
+        out = self.guard_session.run([self.guard_output], {"guard_features": x})[0].reshape(-1)
+        return self._finite(self._sized(out, len(self.guard_options), "the guard of model"), "the guard of model")
 
     def logits(self, features: list[list[float]]):
         x = self.np.asarray(features, dtype=self.np.float32)
-        return self._finite(self.session.run([self.output], {"features": x})[0].reshape(-1), "model")
+        return self._finite(self._sized(self.session.run([self.output], {"features": x})[0].reshape(-1), len(x),
+                                        "model"), "model")
+
+    def _sized(self, out, want: int, what: str):
+        # One score per option: an output of another size (a dynamic output width the load could not check)
+        # would make argmax pick an index that names no option, or a subset of them, and be obeyed silently.
+        if out.size != want:
+            raise PolicyModelError(f"{what} {self.path} (version {self.version}) gave {out.size} scores for "
+                                   f"{want} options")
+        return out
 
     def _finite(self, out, what: str):
         # argmax takes the first NaN as the largest score: a broken network would be obeyed, not noticed
