@@ -387,3 +387,22 @@ def test_a_network_giving_other_than_one_score_per_option_is_a_model_error(tmp_p
         pol.choose(Choice(None, rows, list(range(4)), 0.0))
     with pytest.raises(PolicyModelError, match="the guard of model .* gave 1 scores for 6 options"):
         pol.scorer().guard_logits([0.0] * N_GUARD_FEATURES)
+
+
+def test_a_card_of_the_wrong_shape_is_a_model_error_and_the_old_model_is_not_kept(tmp_path):
+    """A card that is JSON but not an object, or whose feature lists are not lists, raised AttributeError or
+    TypeError out of the model check; the rl policy kept the model it had loaded before and, for 5 s after
+    each such failure, decided with it again instead of falling back."""
+    m = _copy_model(tmp_path)
+    good = json.loads((m.parent / "model_card.json").read_text())
+    guard_features = {**good, "guard": {**good["guard"], "features": 7}}
+    for card in ([1, 2], {**good, "features": 46}, guard_features):
+        pol = RLPolicy(model_path=str(m))
+        (m.parent / "model_card.json").write_text(json.dumps(good))
+        pol.load()
+        (m.parent / "model_card.json").write_text(json.dumps(card))
+        pol._checked_at -= 10  # as if 10 s had passed
+        with pytest.raises(PolicyModelError, match="JSON object|feature list"):
+            pol.load()
+        with pytest.raises(PolicyModelError, match="JSON object|feature list"):  # not the old model
+            pol.load()

@@ -226,3 +226,16 @@ def test_training_retrain_install_says_when_a_pin_keeps_the_old_model(monkeypatc
     monkeypatch.setattr("slurm_mig.policies.rl._config_model_path", lambda: "")
     assert rt.main(["--db", "state.db", "--install"]) == 0
     assert "warning" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("change", ["list", "features", "guard_features"])
+def test_install_refuses_a_card_of_the_wrong_shape_with_a_clear_error(tmp_path, capsys, change):
+    src = model_dir(tmp_path, "a", version="v1")
+    card = json.loads((src / "model_card.json").read_text())
+    card = {"list": [card], "features": {**card, "features": 46},
+            "guard_features": {**card, "guard": {**card["guard"], "features": 7}}}[change]
+    (src / "model_card.json").write_text(json.dumps(card))
+    assert main(["policy", "install", str(src)]) != 0
+    err = capsys.readouterr().err
+    assert ("JSON object" in err or "feature list" in err) and "Traceback" not in err, err
+    assert PolicyStore().active() == "default" and not (tmp_path / "store" / "v1").exists()

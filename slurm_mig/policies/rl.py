@@ -188,11 +188,14 @@ def card_path(model_path: str | Path) -> Path:
 def read_card(model_path: str | Path) -> dict:
     cp = card_path(model_path)
     try:
-        return json.loads(cp.read_text())
+        card = json.loads(cp.read_text())
     except FileNotFoundError:
         raise PolicyModelError(f"no model card {cp} beside {model_path}") from None
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         raise PolicyModelError(f"cannot read model card {cp}: {exc}") from None
+    if not isinstance(card, dict):
+        raise PolicyModelError(f"model card {cp} is not a JSON object")
+    return card
 
 
 def store_dir() -> Path:
@@ -327,7 +330,7 @@ class OnnxScorer:
             raise PolicyModelError(f"model {path} was trained on feature schema {schema!r}; this slurm-mig "
                                    f"computes {FEATURE_SCHEMA!r}")
         names = card.get("features")
-        if names is not None and tuple(names) != FEATURE_NAMES:
+        if names is not None and (not isinstance(names, list) or tuple(names) != FEATURE_NAMES):
             raise PolicyModelError(f"model {path}: the card's feature list differs from this slurm-mig's")
         try:
             import numpy as np
@@ -368,7 +371,7 @@ class OnnxScorer:
         if g.get("feature_schema") != GUARD_SCHEMA:
             raise PolicyModelError(f"model {path}: guard trained on schema {g.get('feature_schema')!r}; this "
                                    f"slurm-mig computes {GUARD_SCHEMA!r}")
-        if tuple(g.get("features") or ()) != GUARD_FEATURE_NAMES:
+        if not isinstance(g.get("features"), list) or tuple(g["features"]) != GUARD_FEATURE_NAMES:
             raise PolicyModelError(f"model {path}: the guard's feature list differs from this slurm-mig's")
         opts = g.get("options_h")
         if (not isinstance(opts, list) or not opts
@@ -505,6 +508,10 @@ class RLPolicy(FragAwarePolicy):
         except PolicyModelError as exc:
             self._scorer, self._error = None, exc
             raise
+        except Exception as exc:  # anything else about a model is a model error too: never the old model kept
+            err = PolicyModelError(f"cannot use the rl model: {type(exc).__name__}: {exc}")
+            self._scorer, self._error = None, err
+            raise err from None
 
     def load(self) -> "RLPolicy":
         """Load the model now (raises PolicyModelError with the reason)."""
