@@ -29,7 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from slurm_mig.errors import ConfigError
-from slurm_mig.policies.rl import CARD_NAME, SHIPPED_MODEL, OnnxScorer, PolicyModelError, read_card, store_dir
+from slurm_mig.policies.rl import (
+    CARD_NAME, SHIPPED_MODEL, OnnxScorer, PolicyModelError, created_time, read_card, store_dir,
+)
 
 DEFAULT = "default"
 VERSION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")  # use with fullmatch ("$" lets "v1\n" through)
@@ -68,12 +70,6 @@ def check_weights(pt: Path) -> None:
                                   "could run code. Re-save it with torch.save(<dict of tensors>) or leave it out")
     except ValueError as exc:  # pickletools' word for a truncated or corrupt pickle
         raise ConfigError(f"{pt}: corrupt pickle ({exc})") from None
-
-
-def created_time(card: dict) -> float | None:
-    """The card's ``created`` as a Unix time; None when absent or not a number (a hand-written date)."""
-    c = card.get("created")
-    return float(c) if isinstance(c, (int, float)) and not isinstance(c, bool) and c == c else None
 
 
 @dataclass

@@ -239,3 +239,18 @@ def test_install_refuses_a_card_of_the_wrong_shape_with_a_clear_error(tmp_path, 
     err = capsys.readouterr().err
     assert ("JSON object" in err or "feature list" in err) and "Traceback" not in err, err
     assert PolicyStore().active() == "default" and not (tmp_path / "store" / "v1").exists()
+
+
+def test_the_shadow_candidate_is_found_beside_a_hand_written_date_or_a_broken_card(tmp_path):
+    """rl-candidate compared the stored versions' ``created`` as written: a hand-written date beside a
+    number raised TypeError, and a card that is not an object AttributeError, so the shadow policy failed
+    every tick while the store held a good candidate. The order is now list's (a number, else 0)."""
+    st = PolicyStore()
+    st.add(model_dir(tmp_path, "a", version="v1", created="2026-01-01"))
+    st.add(model_dir(tmp_path, "b", version="v2", created=2.0))
+    st.add(model_dir(tmp_path, "c", version="v3", created=3.0))
+    st.install("v3")
+    assert resolve_model_path(candidate=True) == tmp_path / "store" / "v2" / "model.onnx"
+    assert get_policy("rl-candidate").load().version == "v2"
+    (tmp_path / "store" / "v1" / "model_card.json").write_text("[1]")
+    assert resolve_model_path(candidate=True) == tmp_path / "store" / "v2" / "model.onnx"

@@ -198,6 +198,12 @@ def read_card(model_path: str | Path) -> dict:
     return card
 
 
+def created_time(card: dict) -> float | None:
+    """The card's ``created`` as a Unix time; None when absent or not a number (a hand-written date)."""
+    c = card.get("created")
+    return float(c) if isinstance(c, (int, float)) and not isinstance(c, bool) and c == c else None
+
+
 def store_dir() -> Path:
     return Path(os.environ.get("SLURM_MIG_POLICY_STORE") or DEFAULT_STORE)
 
@@ -225,9 +231,9 @@ def _store_candidate(store: Path) -> Path | None:
         if not m.is_file() or (active is not None and m == active):
             continue
         try:
-            created = json.loads((d / CARD_NAME).read_text()).get("created", 0)
-        except (OSError, ValueError):
-            created = 0
+            created = created_time(read_card(m)) or 0.0
+        except PolicyModelError:
+            created = 0.0
         key = (created, d.name)
         if best is None or key > best[0]:
             best = (key, m)
