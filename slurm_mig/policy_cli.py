@@ -77,20 +77,30 @@ def _store(args):
     return PolicyStore(args.store)
 
 
+def _num(v) -> float | None:
+    """A card's number; None for anything else (a card is hand-editable: list shows it, never crashes)."""
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def _obj(v) -> dict:
+    return v if isinstance(v, dict) else {}
+
+
 def _metric_line(card: dict) -> str:
-    m = card.get("metrics") or {}
-    held = m.get("heldout") or {}
+    m = _obj(card.get("metrics"))
+    held = _obj(m.get("heldout"))
     if held:
         parts = []
         for fam, v in sorted(held.items()):
-            r = v.get("rl_over_best_wait")
+            r = _num(_obj(v).get("rl_over_best_wait"))
             if r is not None:
                 parts.append(f"{fam} {r:.2f}x")
         return "wait vs best heuristic: " + ", ".join(parts) if parts else ""
-    if m.get("candidate_mean_wait_s") is not None:
-        return (f"held-out wait {m['candidate_mean_wait_s']:.0f} s (was {m.get('current_mean_wait_s', 0):.0f} s, "
-                f"frag-aware {m.get('frag_aware_mean_wait_s', 0):.0f} s)")
-    r = card.get("validation_wait_ratio_vs_frag_aware")
+    if _num(m.get("candidate_mean_wait_s")) is not None:
+        return (f"held-out wait {_num(m['candidate_mean_wait_s']):.0f} s (was "
+                f"{_num(m.get('current_mean_wait_s')) or 0:.0f} s, "
+                f"frag-aware {_num(m.get('frag_aware_mean_wait_s')) or 0:.0f} s)")
+    r = _num(card.get("validation_wait_ratio_vs_frag_aware"))
     return f"validation wait / frag-aware {r:.3f}" if r is not None else ""
 
 
@@ -109,12 +119,16 @@ def _list(args) -> int:
     for v in vs:
         created = created_time(v.card)
         raw = v.card.get("created")
-        when = (time.strftime("%Y-%m-%d %H:%M", time.localtime(created)) if created is not None
-                else str(raw)[:16] if raw else "-")  # a hand-written date is shown as written
+        try:
+            when = time.strftime("%Y-%m-%d %H:%M", time.localtime(created)) if created is not None else None
+        except (OverflowError, OSError, ValueError):  # no date at all (1e300, infinity)
+            when = None
+        if when is None:
+            when = str(raw)[:16] if raw else "-"  # a hand-written date is shown as written
         mark = "*" if v.active else " "
         places = f"places: {v.card.get('placement', PLACEMENT_NETWORK)}"
-        print(f" {mark} {v.version:28s} {when:16s} {v.card.get('feature_schema', '?'):18s} {places:20s} "
-              f"{_metric_line(v.card)}")
+        schema = str(v.card.get("feature_schema", "?"))
+        print(f" {mark} {v.version:28s} {when:16s} {schema:18s} {places:20s} {_metric_line(v.card)}")
     return 0
 
 

@@ -254,3 +254,18 @@ def test_the_shadow_candidate_is_found_beside_a_hand_written_date_or_a_broken_ca
     assert get_policy("rl-candidate").load().version == "v2"
     (tmp_path / "store" / "v1" / "model_card.json").write_text("[1]")
     assert resolve_model_path(candidate=True) == tmp_path / "store" / "v2" / "model.onnx"
+
+
+@pytest.mark.parametrize("card", [
+    {"feature_schema": None}, {"feature_schema": 1}, {"metrics": [1]}, {"metrics": {"heldout": {"x": 3}}},
+    {"metrics": {"heldout": {"x": {"rl_over_best_wait": "1.0"}}}}, {"metrics": {"candidate_mean_wait_s": "5"}},
+    {"metrics": {"candidate_mean_wait_s": 5, "current_mean_wait_s": None}},
+    {"validation_wait_ratio_vs_frag_aware": "0.9"}, {"created": 1e300}, {"created": float("inf")},
+])
+def test_list_shows_a_stored_card_of_wrong_types_instead_of_crashing(tmp_path, capsys, card):
+    """`policy list` reads every folder of the store, and a card there is hand-editable (or from another
+    slurm-mig): one field of an unexpected type ended the listing in a traceback."""
+    PolicyStore().add(model_dir(tmp_path, "a", version="v1"))
+    (tmp_path / "store" / "v1" / "model_card.json").write_text(json.dumps(card))
+    assert main(["policy", "list"]) == 0
+    assert [ln for ln in capsys.readouterr().out.splitlines() if " v1 " in ln]
