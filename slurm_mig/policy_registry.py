@@ -207,8 +207,12 @@ class PolicyStore:
         prev = h[-1]["version"] if h else DEFAULT
         if prev != DEFAULT:
             self.get(prev)
-        self._set_active(prev)
+        # History first: stopped between the two writes, the store still runs ``cur`` and the next rollback
+        # (its entries popped) goes to ``prev`` again; the other order left ``prev`` active with ``cur`` last in
+        # the history, and the next rollback re-activated ``cur``, the version rolled back from.
+        self._writable_root()
         self._write_json("history.json", h)
+        self._set_active(prev)
         return prev
 
     def _writable_root(self) -> None:

@@ -269,3 +269,35 @@ def test_list_shows_a_stored_card_of_wrong_types_instead_of_crashing(tmp_path, c
     (tmp_path / "store" / "v1" / "model_card.json").write_text(json.dumps(card))
     assert main(["policy", "list"]) == 0
     assert [ln for ln in capsys.readouterr().out.splitlines() if " v1 " in ln]
+
+
+class _Stopped(BaseException):
+    """The command killed between two writes."""
+
+
+@pytest.mark.parametrize("stop_at", [1, 2])
+def test_a_rollback_stopped_halfway_never_leads_back_to_the_version_rolled_back_from(tmp_path, monkeypatch, stop_at):
+    """rollback wrote ``active`` and then history.json: killed in between, the previous version ran with the
+    current one still last in the history, and the next rollback re-activated that current one."""
+    import os
+
+    st = PolicyStore()
+    for v in ("v1", "v2"):
+        st.add(model_dir(tmp_path, v, version=v))
+        st.install(v)
+    real, calls = os.replace, []
+
+    def replace(a, b):
+        calls.append(b)
+        if len(calls) == stop_at:
+            raise _Stopped
+        return real(a, b)
+
+    monkeypatch.setattr(os, "replace", replace)
+    with pytest.raises(_Stopped):
+        st.rollback()
+    monkeypatch.setattr(os, "replace", real)
+    seen = [st.active()]
+    while seen[-1] != "default" and len(seen) < 5:
+        seen.append(st.rollback())
+    assert seen in (["v2", "v1", "default"], ["v1", "default"]), seen
