@@ -129,7 +129,8 @@ class PolicyStore:
         if self.root.is_dir():
             for d in self.root.iterdir():
                 m = d / "model.onnx"
-                if d.is_dir() and m.is_file():
+                # not the temporary folder of an add that was stopped (".<version>.<random>", half copied)
+                if VERSION_RE.fullmatch(d.name) and d.is_dir() and m.is_file():
                     try:
                         card = read_card(m)
                     except PolicyModelError:

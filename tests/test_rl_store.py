@@ -11,7 +11,7 @@ import pytest
 from slurm_mig.cli import main
 from slurm_mig.errors import ConfigError
 from slurm_mig.policies import get_policy
-from slurm_mig.policies.rl import SHIPPED_MODEL, resolve_model_path
+from slurm_mig.policies.rl import SHIPPED_MODEL, PolicyModelError, resolve_model_path
 from slurm_mig.policy_registry import PolicyStore
 
 
@@ -301,3 +301,19 @@ def test_a_rollback_stopped_halfway_never_leads_back_to_the_version_rolled_back_
     while seen[-1] != "default" and len(seen) < 5:
         seen.append(st.rollback())
     assert seen in (["v2", "v1", "default"], ["v1", "default"]), seen
+
+
+def test_the_folder_of_a_stopped_install_is_no_version(tmp_path, capsys):
+    """add() copies into ".<version>.<random>" and renames it into place; killed before the rename, that
+    folder stayed, and list showed it as a version, install took it by that name, and rl-candidate (the
+    shadow) could choose it, its model.onnx half copied."""
+    st = PolicyStore()
+    st.add(model_dir(tmp_path, "a", version="v1", created=1.0))
+    st.install("v1")
+    left = model_dir(tmp_path / "store", ".v2.k3j4h5", version="v2", created=2.0)
+    (left / "model.onnx").write_bytes(SHIPPED_MODEL.read_bytes()[:1000])
+    assert [v["version"] for v in run_json(capsys, "policy", "list", "--json")["versions"]] == ["default", "v1"]
+    assert main(["policy", "install", left.name]) != 0
+    assert "no policy version" in capsys.readouterr().err
+    with pytest.raises(PolicyModelError, match="no candidate"):  # v1 is active: there is none
+        resolve_model_path(candidate=True)

@@ -228,7 +228,8 @@ def _store_candidate(store: Path) -> Path | None:
         return None
     for d in entries:
         m = d / "model.onnx"
-        if not m.is_file() or (active is not None and m == active):
+        # d.name starting with ".": the temporary folder of a `policy install` that was stopped, half copied
+        if d.name.startswith(".") or not m.is_file() or (active is not None and m == active):
             continue
         try:
             created = created_time(read_card(m)) or 0.0
