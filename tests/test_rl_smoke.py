@@ -470,3 +470,23 @@ def test_guard_training_with_no_multi_gpu_query_says_so(tmp_path, capsys):
     rc = guard.main(["--out", str(tmp_path / "g"), "--smoke", "--played", str(played)])
     assert rc == 2
     assert "nothing to learn" in capsys.readouterr().err
+
+
+def test_retrain_replays_on_the_mig_gpus_of_the_db_not_every_gpu(tmp_path):
+    """cluster_of counted every row of the gpus table: a site with one node of 2 MIG H100s beside nodes whose
+    GPUs take no MIG job (MIG mode off, or a model without MIG) was replayed on 3 x 4 H100s, six times the
+    GPUs its MIG jobs had, where no policy waits and a candidate can never be judged better."""
+    from slurm_mig.store import open_store
+    from training.retrain import cluster_of
+
+    db = tmp_path / "state.db"
+    _fill_db(db)
+    assert cluster_of(db) == (1, 2, "H100-80GB")
+    store = open_store(str(db))
+    store.replace_observed("n2", [{"gpu": g, "uuid": f"GPU-n2-{g}", "model": None, "name": "NVIDIA L4",
+                                   "mig_enabled": False} for g in range(4)], [], now=1000.0)
+    store.replace_observed("n3", [{"gpu": g, "uuid": f"GPU-n3-{g}", "model": "H100-80GB", "mig_enabled": False}
+                                  for g in range(4)], [], now=1000.0)
+    store.close()
+    assert cluster_of(db) == (1, 2, "H100-80GB")
+    assert cluster_of(tmp_path / "none.db") == (1, 8, "H100-80GB")

@@ -31,12 +31,10 @@ import argparse
 import json
 import math
 import random
-import sqlite3
 import statistics
 import sys
 import tempfile
 import time
-from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
@@ -46,7 +44,7 @@ from slurm_mig.errors import ConfigError
 from slurm_mig.policies.rl import MAX_HOLD_H, SHIPPED_MODEL, RLPolicy, read_card, resolve_model_path
 from slurm_mig.policy_registry import DEFAULT, PolicyStore
 from slurm_mig.sim.engine import ClusterSpec
-from slurm_mig.sim.workloads import Job, Workload, load_outcomes_db
+from slurm_mig.sim.workloads import Job, Workload, load_outcomes_db, outcomes_db_cluster
 
 from training.evaluate import ci, run_case
 from training.guard import carry_guard
@@ -62,19 +60,14 @@ HOLD_CAPS_H = (0.0, 6.0, 12.0, 24.0, 48.0)
 
 
 def cluster_of(db: str | Path) -> tuple[int, int, str]:
-    """(nodes, GPUs per node, GPU model) from the DB's gpus table; (1, 8, H100-80GB) when it is empty."""
-    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-    try:
-        rows = con.execute("SELECT node, gpu, model FROM gpus").fetchall()
-    except sqlite3.Error:
-        rows = []
-    finally:
-        con.close()
-    per: Counter = Counter(r[0] for r in rows)
-    models = Counter(r[2] for r in rows if r[2])
-    if not per:
+    """(nodes, GPUs per node, GPU model) of the MIG GPUs the DB's gpus table holds, as `slurm-mig simulate
+    --db` replays them (the most common model, the nodes holding one, the most on one node); GPUs without
+    MIG mode or of no MIG model take no MIG job and are not counted. (1, 8, H100-80GB) when there is none."""
+    site = outcomes_db_cluster(db)
+    if site is None:
         return 1, 8, "H100-80GB"
-    return len(per), max(per.values()), (models.most_common(1)[0][0] if models else "H100-80GB")
+    model, nodes, per_node = site
+    return nodes, per_node, model
 
 
 def replay_of(w: Workload, k: int, jitter: float, seed: int = 0) -> Workload:
