@@ -8,6 +8,7 @@ says so.
 from __future__ import annotations
 
 import json
+import os
 import time
 
 import pytest
@@ -707,3 +708,43 @@ def test_squeue_json_cpus_asked_and_exclusive():
     newer = parsers.parse_squeue_json({"jobs": [{"job_id": 5, "cpus": {"set": True, "number": 3},
                                                  "shared": ["none"]}]})
     assert (newer[0].cpus, newer[0].exclusive) == (3, True)
+
+
+# -- output that is not UTF-8 ---------------------------------------------------------------------------
+
+def _fake_command(tmp_path, monkeypatch, name: str, body: bytes) -> None:
+    """Put an executable ``name`` first on PATH that writes ``body`` (raw bytes) and exits 0."""
+    data = tmp_path / f"{name}.out"
+    data.write_bytes(body)
+    exe = tmp_path / name
+    exe.write_text(f"#!/bin/sh\ncat '{data}'\n")
+    exe.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+
+
+def test_a_job_whose_name_or_path_is_not_utf8_neither_breaks_squeue_nor_scontrol(tmp_path, monkeypatch):
+    """Slurm prints names, comments and paths as the bytes it was given (json-c escapes only control
+    characters; scontrol prints them as they are): a job from a latin-1 working directory, or named
+    `sbatch -J $'caf\\xe9'`, must not turn every squeue of the controller's tick into an exception."""
+    from slurm_mig.slurm.runner import SlurmClient
+
+    squeue = (b'{"errors":[],"jobs":[{"job_id":7,"name":"caf\xe9","job_state":"PENDING",'
+              b'"current_working_directory":"/home/jos\xe9","tres_per_node":"gres:mig:3g:1"}]}')
+    _fake_command(tmp_path, monkeypatch, "squeue", squeue)
+    jobs = SlurmClient().jobs()
+    assert jobs is not None and [(j.job_id, j.mig, j.name) for j in jobs] == [(7, {"3g": 1}, "caf\ufffd")]
+    scontrol = b"JobId=7 JobName=caf\xe9\n   JobState=PENDING Reason=Resources\n   TresPerNode=gres:mig:3g:1\n"
+    _fake_command(tmp_path, monkeypatch, "scontrol", scontrol)
+    detail = SlurmClient().scontrol_show_job(7)
+    assert detail is not None and (detail.job_id, detail.mig) == (7, {"3g": 1})
+
+
+def test_a_timed_out_command_with_undecodable_output_is_a_timeout_not_an_exception(tmp_path, monkeypatch):
+    from slurm_mig.slurm.runner import run_slurm
+
+    exe = tmp_path / "squeue"
+    exe.write_text("#!/bin/sh\nprintf 'caf\\351\\n'\nprintf 'x\\351\\n' >&2\nexec sleep 30\n")
+    exe.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    res = run_slurm(["squeue", "--json"], timeout=1.0)
+    assert res.timed_out and not res.ok and res.returncode == 124

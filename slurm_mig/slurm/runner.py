@@ -114,16 +114,19 @@ def run_slurm(argv: Sequence[str], *, timeout: float | None = DEFAULT_TIMEOUT,
                            f"for {timeout}s", time.monotonic() - started, timed_out=True)
     try:
         left = None if timeout is None else max(0.1, timeout - (time.monotonic() - started))
+        # Slurm prints job names, comments, paths and reasons as the bytes it was given, which need not be
+        # UTF-8 (a latin-1 working directory, `sbatch -J $'\xe9'`): read strictly, one such job would make
+        # every squeue raise instead of answer. Undecodable bytes read as U+FFFD.
         proc = subprocess.run(
-            argv_t, input=input, capture_output=True, text=True, timeout=left,
+            argv_t, input=input, capture_output=True, encoding="utf-8", errors="replace", timeout=left,
             env=slurm_env(env, slurm_conf), stdin=None if input is not None else subprocess.DEVNULL,
         )
     except FileNotFoundError:
         return SlurmResult(argv_t, 127, "", f"{argv_t[0]}: command not found (is Slurm installed?)",
                            time.monotonic() - started)
     except subprocess.TimeoutExpired as exc:
-        out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
-        err = exc.stderr.decode() if isinstance(exc.stderr, bytes) else (exc.stderr or "")
+        out = exc.stdout.decode("utf-8", "replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        err = exc.stderr.decode("utf-8", "replace") if isinstance(exc.stderr, bytes) else (exc.stderr or "")
         return SlurmResult(argv_t, 124, out, err + f"\ntimed out after {timeout}s",
                            time.monotonic() - started, timed_out=True)
     finally:
