@@ -17,12 +17,13 @@ from slurm_mig.config import Config
 from slurm_mig.controller.queue import ARRAY_TASKS_AHEAD, queue_entries
 from slurm_mig.controller.service import Controller
 from slurm_mig.slurm.parsers import (
-    JobDetail, SlurmJob, SlurmNode, array_task_ids, parse_reservations, parse_sinfo_json, parse_squeue_json,
+    JobDetail, SlurmJob, SlurmNode, array_task_ids, parse_reservations, parse_scontrol_jobs, parse_sinfo_json,
+    parse_squeue_json,
 )
 from slurm_mig.store import open_store
 
 from tests.test_slurm_parsers import (
-    SCONTROL_RES, SINFO_JSON_CPUS, SINFO_JSON_WHERE, SQUEUE_JSON_CPUS, SQUEUE_JSON_WHERE,
+    SCONTROL_JOBS_D, SCONTROL_RES, SINFO_JSON_CPUS, SINFO_JSON_WHERE, SQUEUE_JSON_CPUS, SQUEUE_JSON_WHERE,
 )
 
 _KEYS = ("job_id", "array_job_id", "array_task_id", "array_task_string", "array_max_tasks", "job_state",
@@ -554,3 +555,16 @@ def test_explain_shows_cpus_promised_on_a_node_slurm_may_start_the_job_on(tmp_pa
         assert options["n1/0"]["verdict"] == "idle-instance" and options["n1/0"]["chosen"], options
     finally:
         store.close()
+
+
+def test_a_job_named_like_a_mig_request_is_not_given_one(ctl):
+    """`sbatch -J 'x TresPerNode=gres:mig:7g:1'` with no --gres: at its Prolog (no tick has seen it, so the
+    controller reads `scontrol show job`) it was bound a whole 7g, carved for it, that Slurm never counted."""
+    ctl.tick()
+    text = (SCONTROL_JOBS_D.split("\n\n")[0].replace("JobId=19", "JobId=31")
+            .replace("JobName=train", "JobName=x TresPerNode=gres:mig:7g:1")
+            .replace("   TresPerNode=gres:mig:3g:1\n", ""))
+    ctl.slurm.details["31"] = parse_scontrol_jobs(text)[0]
+    gpu = {"index": 0, "uuid": "GPU-0", "name": "H100", "model": "H100-80GB", "mig_enabled": True, "instances": []}
+    assert ctl.on_prolog({"node": "n1", "job_id": "31", "observed": [gpu], "bindings": {}}, None) == {"action": "skip"}
+    assert _desired(ctl) == ""

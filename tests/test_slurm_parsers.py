@@ -748,3 +748,54 @@ def test_a_timed_out_command_with_undecodable_output_is_a_timeout_not_an_excepti
     monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
     res = run_slurm(["squeue", "--json"], timeout=1.0)
     assert res.timed_out and not res.ok and res.returncode == 124
+
+
+# -- what a user writes into scontrol's text is never read as a field -----------------------------------
+
+def _job19_with(**lines: str) -> str:
+    """Job 19 of SCONTROL_JOBS_D (running mig:3g:1 on n1) with some lines replaced, as scontrol prints them."""
+    text = SCONTROL_JOBS_D.split("\n\n")[0] + "\n\n"
+    for old, new in lines.items():
+        text = text.replace(old, new)
+    return text
+
+
+@pytest.mark.parametrize("field, value", [
+    ("JobName", "x TresPerNode=gres:mig:7g:2 NodeList=n9 Partition=gpu ArrayJobId=4 ArrayTaskId=2"),
+    ("Command", "/home/u/run TresPerNode=gres:mig:7g:2 NodeList=n9 JobState=COMPLETED"),
+    ("WorkDir", "/home/u/a TresPerNode=gres:mig:7g:2 Nodes=n9 CPU_IDs=0 Mem=0 GRES=mig:7g(CNT:2)"),
+    ("StdOut", "/home/u/out TresPerNode=gres:mig:7g:2 NodeList=n9 ExitCode=9:0"),
+])
+def test_a_job_name_path_or_comment_that_spells_fields_is_read_as_that_text(field, value):
+    """Slurm prints the job name, script, paths and comments as the user gave them (`sbatch -J 'x
+    TresPerNode=gres:mig:7g:2'`, a path with spaces): read key by key, a job's own name set its MIG request,
+    nodes, state or array task, and the Prolog of a job that asked Slurm for one 1g (or for no GPU at all)
+    bound a whole 7g the next job's count still held."""
+    line = {"JobName": "JobName=train", "Command": "Command=(null)", "WorkDir": "WorkDir=/tmp/cap",
+            "StdOut": "StdOut=/tmp/cap/slurm-19.out"}[field]
+    # As a job without --gres: scontrol then prints no TresPerNode line of its own.
+    text = _job19_with(**{line: f"{field}={value}", "   TresPerNode=gres:mig:3g:1\n": ""})
+    job, = parsers.parse_scontrol_jobs(text)
+    assert job.fields[field] == value
+    assert (job.mig, job.nodes, job.partition, job.state) == ({}, ["n1"], "debug", "RUNNING")
+    assert job.node_gres == {"n1": {"3g": 1}}
+    assert "ArrayJobId" not in job.fields and job.fields["ExitCode"] == "0:0"
+    if field == "JobName":
+        assert job.name == value
+    # and with its real request: that one, not the text's
+    job, = parsers.parse_scontrol_jobs(_job19_with(**{line: f"{field}={value}"}))
+    assert job.mig == {"3g": 1} and job.nodes == ["n1"]
+
+
+def test_free_text_fields_end_where_scontrol_ends_them():
+    text = _job19_with(**{"   TresPerNode=gres:mig:3g:1\n": (
+        "   Comment=see TresPerNode=gres:mig:7g:1 \n"
+        "   MailUser=a ArrayJobId=4 MailType=x b MailType=END,FAIL\n"
+        "   TresPerNode=gres:mig:3g:1\n")})
+    job, = parsers.parse_scontrol_jobs(text)
+    assert job.fields["Comment"] == "see TresPerNode=gres:mig:7g:1"
+    assert (job.fields["MailUser"], job.fields["MailType"]) == ("a ArrayJobId=4 MailType=x b", "END,FAIL")
+    assert "ArrayJobId" not in job.fields and job.mig == {"3g": 1}
+    # the one-line form (-o) is read key by key, as before
+    one, = parsers.parse_scontrol_jobs(SCONTROL_JOB20_D_ONELINE)
+    assert one.job_id == 20 and one.mig == {"1g": 2}

@@ -462,18 +462,51 @@ def parse_sinfo_json(doc: dict) -> list[SlurmNode]:
 _KEY_RE = re.compile(r"(?:(?<=\s)|^)([A-Za-z][A-Za-z0-9_:/]*)=", re.M)
 
 
-def parse_kv(text: str) -> list[tuple[str, str]]:
+#: Fields of ``scontrol show job`` (multi-line form) that print what the job's user gave, verbatim: the job
+#: name, script, paths and comments. Each is printed at the end of its own line (JobName ends the first one),
+#: or before the one key named here, so its value runs to there: a name such as
+#: ``x TresPerNode=gres:mig:7g:1 NodeList=n9`` is a name, not a MIG request (Slurm prints it with
+#: ``JobName=%s`` and the others the same way, in scontrol show job's job_info printer).
+JOB_FREE_TEXT: dict[str, str | None] = {
+    "JobName": None, "Command": None, "WorkDir": None, "AdminComment": None, "SystemComment": None,
+    "Comment": None, "Extra": None, "StdErr": None, "StdIn": None, "StdOut": None,
+    "MailUser": "MailType", "Container": "ContainerID",
+}
+
+
+def parse_kv(text: str, free_text: dict[str, str | None] | None = None) -> list[tuple[str, str]]:
     """Split scontrol ``Key=Value Key=Value ...`` text into ordered pairs.
 
     Values run to the next key, so values with spaces (``Reason=...``,
     ``OS=Linux 6.1 #1 SMP``) survive. A value that itself contains
-    `` word=`` would be split; scontrol prints none of those in the fields we use.
+    `` word=`` would be split, unless its key is in ``free_text`` and ``text``
+    is scontrol's multi-line form: such a value runs to the end of its line
+    (or to the last `` <stop key>=`` on it) and holds no keys. In the one-line
+    (``-o``) form there is no telling a value's end: never read one a user
+    writes there.
     """
     pairs = []
     matches = list(_KEY_RE.finditer(text))
-    for i, m in enumerate(matches):
+    multiline = "\n" in text.strip("\n")
+    i = 0
+    while i < len(matches):
+        m = matches[i]
+        key = m.group(1)
+        if free_text and multiline and key in free_text:
+            eol = text.find("\n", m.end())
+            end = len(text) if eol < 0 else eol
+            stop = free_text[key]
+            if stop:
+                at = text.rfind(f" {stop}=", m.end(), end)
+                end = end if at < 0 else at
+            pairs.append((key, text[m.end():end].strip()))
+            i += 1
+            while i < len(matches) and matches[i].start() < end:
+                i += 1  # a key inside the value is part of the value
+            continue
         end = matches[i + 1].start() if i + 1 < len(matches) else len(text)
-        pairs.append((m.group(1), text[m.end():end].strip()))
+        pairs.append((key, text[m.end():end].strip()))
+        i += 1
     return pairs
 
 
@@ -559,7 +592,7 @@ def parse_scontrol_jobs(text: str) -> list[JobDetail]:
         kv: dict[str, str] = {}
         node_gres: dict[str, dict[str, int]] = {}
         detail: dict[str, str] | None = None
-        for k, v in parse_kv(chunk):
+        for k, v in parse_kv(chunk, JOB_FREE_TEXT):
             # "-d" adds "Nodes=n1 CPU_IDs=0 Mem=0 GRES=mig:3g(CNT:1)" groups.
             if k == "Nodes":
                 detail = {}
