@@ -799,3 +799,21 @@ def test_free_text_fields_end_where_scontrol_ends_them():
     # the one-line form (-o) is read key by key, as before
     one, = parsers.parse_scontrol_jobs(SCONTROL_JOB20_D_ONELINE)
     assert one.job_id == 20 and one.mig == {"1g": 2}
+
+
+def test_a_slurm_command_that_cannot_be_started_is_a_failed_query_not_an_exception(tmp_path, monkeypatch):
+    """run_slurm never raises for its command's failure: a scontrol this user may not execute (or a fork
+    refused under load) raised PermissionError/OSError through the tick and its `except SlurmMigError`
+    handlers, where a failed command is stale data."""
+    from slurm_mig.errors import SlurmCommandError
+    from slurm_mig.slurm.runner import SlurmClient, run_slurm
+
+    exe = tmp_path / "squeue"
+    exe.write_text("#!/bin/sh\necho '{\"jobs\": []}'\n")
+    exe.chmod(0o644)
+    res = run_slurm([str(exe), "--json"])
+    assert (res.ok, res.returncode, res.timed_out) == (False, 126, False) and "could not be run" in res.stderr
+    monkeypatch.setenv("PATH", f"{tmp_path}:/nonexistent")
+    assert SlurmClient().jobs() is None
+    with pytest.raises(SlurmCommandError):
+        SlurmClient().check([str(exe)])

@@ -100,7 +100,8 @@ def run_slurm(argv: Sequence[str], *, timeout: float | None = DEFAULT_TIMEOUT,
     """Run one Slurm command and return what it did; never raises for its failure.
 
     ``argv`` is a list such as ``["scontrol", "show", "node", "n1"]``; it is
-    executed directly (no shell). A missing binary gives returncode 127 and a
+    executed directly (no shell). A missing binary gives returncode 127, one that
+    cannot be started (not executable, no process to be had) 126, and a
     timeout gives ``timed_out=True`` with returncode 124, so callers handle
     every failure the same way. Use :func:`check_slurm` when failure is an error.
     """
@@ -124,6 +125,8 @@ def run_slurm(argv: Sequence[str], *, timeout: float | None = DEFAULT_TIMEOUT,
     except FileNotFoundError:
         return SlurmResult(argv_t, 127, "", f"{argv_t[0]}: command not found (is Slurm installed?)",
                            time.monotonic() - started)
+    except OSError as exc:  # not executable for us, or no process to be had (fork's EAGAIN under load)
+        return SlurmResult(argv_t, 126, "", f"{argv_t[0]}: could not be run: {exc}", time.monotonic() - started)
     except subprocess.TimeoutExpired as exc:
         out = exc.stdout.decode("utf-8", "replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
         err = exc.stderr.decode("utf-8", "replace") if isinstance(exc.stderr, bytes) else (exc.stderr or "")
