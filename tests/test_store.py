@@ -147,6 +147,28 @@ def test_new_file_is_0600_even_with_a_permissive_umask(tmp_path):
     s.close()
 
 
+def test_folders_made_for_the_database_have_their_modes_whatever_the_umask(tmp_path):
+    """The folders above the database's that open_store made were 0777 less the umask: world-writable
+    under umask 0 (anyone could move the database's folder aside and plant their own); and the group's
+    folder was 0750 less the umask, 0700 under umask 0077, where db_group's readers cannot enter it."""
+    group = grp.getgrgid(os.getegid()).gr_name
+    old = os.umask(0)
+    try:
+        open_store(tmp_path / "a" / "b" / "state.db").close()
+    finally:
+        os.umask(old)
+    assert (mode_of(tmp_path / "a"), mode_of(tmp_path / "a" / "b")) == (0o755, 0o700)
+    old = os.umask(0o077)
+    try:
+        open_store(tmp_path / "g" / "h" / "state.db", group=group).close()
+    finally:
+        os.umask(old)
+    assert (mode_of(tmp_path / "g"), mode_of(tmp_path / "g" / "h")) == (0o755, 0o750)
+    os.chmod(tmp_path / "a", 0o711)  # a folder that exists is left as it is
+    open_store(tmp_path / "a" / "c" / "state.db").close()
+    assert (mode_of(tmp_path / "a"), mode_of(tmp_path / "a" / "c")) == (0o711, 0o700)
+
+
 def test_group_readable_when_a_group_is_configured(tmp_path):
     group = grp.getgrgid(os.getegid()).gr_name
     path = tmp_path / "state.db"

@@ -144,18 +144,38 @@ def _open_checked(path: Path, flags: int, mode: int, gid: int | None) -> None:
         os.close(fd)
 
 
+def _make_db_folders(folder: Path, gid: int | None) -> None:
+    """Make the database's folder (0700, or 0750 owned by ``gid``) and the missing folders above it (0755),
+    each given its mode whatever the umask: made with it (the umask can only take bits away) and then
+    chmod-ed. ``mkdir(parents=True)`` made those above with 0777 less the umask: world-writable under
+    umask 0, so anyone could move the database's folder aside and put one of their own in its place; and
+    under umask 0077 the group's folder came out 0700, which the readers of ``db_group`` cannot enter.
+    A folder that exists is left as it is."""
+    missing, d = [], folder
+    while not os.path.lexists(d) and d != d.parent:
+        missing.append(d)
+        d = d.parent
+    for d in reversed(missing):
+        mine = d == folder
+        want = (0o750 if gid is not None else 0o700) if mine else 0o755
+        try:
+            try:
+                os.mkdir(d, want)
+            except FileExistsError:  # made meanwhile by another process: left to it
+                continue
+            os.chmod(d, want)
+            if mine and gid is not None and os.geteuid() == 0:
+                os.chown(d, -1, gid)  # group readers must be able to enter it
+        except OSError as exc:
+            raise StoreError(f"cannot create the state database directory {d}: {exc.strerror}") from None
+
+
 def prepare_db_file(path: str | os.PathLike, group: str | int | None = None) -> Path:
     """Create (0600, or 0640 with ``group``) or check/repair the database file and its WAL companions."""
     path = Path(path)
     gid = _resolve_gid(group)
     mode = 0o640 if gid is not None else 0o600
-    if not path.parent.exists():
-        try:
-            path.parent.mkdir(parents=True, mode=0o750 if gid is not None else 0o700)
-            if gid is not None and os.geteuid() == 0:
-                os.chown(path.parent, -1, gid)  # group readers must be able to enter it
-        except OSError as exc:
-            raise StoreError(f"cannot create the state database directory {path.parent}: {exc.strerror}") from None
+    _make_db_folders(path.parent, gid)
     _open_checked(path, os.O_RDWR | os.O_CREAT, mode, gid)
     for suffix in ("-wal", "-shm", "-journal"):
         extra = Path(str(path) + suffix)
