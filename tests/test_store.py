@@ -670,6 +670,25 @@ def test_reconfiguration_journal(db):
     assert [x.id for x in db.open_journal_entries("n1")] == [planned]
 
 
+def test_journal_started_takes_the_store_lock_like_every_other_call(tmp_path):
+    """journal_started ran its UPDATE on the shared connection without the store's lock or a transaction of
+    its own: called from a thread while another held a transaction, it went into that thread's transaction
+    at once and was undone with it (and committed with it, had it not rolled back)."""
+    s = open_store(tmp_path / "state.db", busy_timeout_s=5.0)
+    eid = s.journal_begin("n1", 0, "", "7g@0", [], started=False, now=1.0)
+    other = threading.Thread(target=s.journal_started, args=(eid,), kwargs={"now": 2.0})
+    with pytest.raises(RuntimeError):
+        with s.transaction():
+            other.start()
+            other.join(0.3)
+            assert other.is_alive()  # it waits for this transaction, as every other call does
+            raise RuntimeError("this transaction rolls back")
+    other.join(5)
+    entry = s.journal_entry(eid)
+    assert (entry.state, entry.started_at) == ("in_progress", 2.0)
+    s.close()
+
+
 def test_desired_layouts(db):
     observe(db, "n1", {0: "7g@0", 1: "7g@0"})
     db.set_desired("n1", 0, parse_layout("3g@0,2g@4,1g@6", H100), "first-fit", "carve for job 3", now=1.0)

@@ -1203,8 +1203,9 @@ class Store:
 
     def journal_started(self, entry_id: int, *, now: float | None = None) -> None:
         """Mark an open entry as taken up by a node (``in_progress``); its start time is kept if it had one."""
-        self._x("UPDATE reconfig_journal SET state = 'in_progress', started_at = COALESCE(started_at, ?) "
-                "WHERE id = ? AND state IN ('planned', 'in_progress')", (_now(now), int(entry_id)))
+        with self.transaction():
+            self._x("UPDATE reconfig_journal SET state = 'in_progress', started_at = COALESCE(started_at, ?) "
+                    "WHERE id = ? AND state IN ('planned', 'in_progress')", (_now(now), int(entry_id)))
 
     def open_journal_entries(self, node: str | None = None) -> list[JournalEntry]:
         """Entries still planned or in progress (after a crash: what to resume or undo), oldest first."""
