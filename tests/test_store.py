@@ -206,6 +206,23 @@ def test_world_writable_wal_is_refused(tmp_path):
     s.close()
 
 
+@pytest.mark.parametrize("suffix", ["", "-wal"])
+def test_a_database_file_another_user_owns_is_refused(tmp_path, monkeypatch, suffix):
+    """A 0600 state.db (or -wal) owned by another user passed the checks: its owner, who can rewrite it
+    whatever its mode (one planted in a folder others can write), decided what the controller binds."""
+    path = tmp_path / "state.db"
+    s = open_store(path)
+    s.add_event("x", "y")  # makes SQLite create -wal
+    target = Path(str(path) + suffix)
+    if os.geteuid() == 0:
+        os.chown(target, 4242, -1)
+    else:  # a file of ours, seen by a process of another (non-root) user
+        monkeypatch.setattr(os, "geteuid", lambda: os.getuid() + 1)
+    with pytest.raises(StoreError, match="owned by uid"):
+        open_store(path)
+    s.close()
+
+
 def test_symlinked_database_is_refused(tmp_path):
     real = tmp_path / "real.db"
     open_store(real).close()

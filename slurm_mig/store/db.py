@@ -2,8 +2,9 @@
 
 Opening: the file is created by ``os.open(path, O_CREAT|O_NOFOLLOW, 0o600)``
 (0o640 when a group is configured) before SQLite touches it; an existing file
-that is a symlink, not a regular file, or world-writable is refused with a
-StoreError; any other wrong mode is repaired. SQLite's ``-wal``/``-shm`` files
+that is a symlink, not a regular file, world-writable, or owned by a user other
+than this process's and root is refused with a StoreError; any other wrong mode
+is repaired. SQLite's ``-wal``/``-shm`` files
 are checked the same way (SQLite creates them with the database's mode).
 
 Transactions: ``store.transaction()`` opens ``BEGIN IMMEDIATE`` (the write
@@ -114,6 +115,14 @@ def _check_fd(fd: int, path: Path, mode: int, gid: int | None) -> None:
         raise StoreError(
             f"state database {path} is world-writable (mode {stat.S_IMODE(st.st_mode):04o}); refusing to "
             f"use it, since anyone could have changed it. Check its contents, then `chmod {mode:o} {path}`"
+        )
+    if st.st_uid not in (os.geteuid(), 0):
+        # Its owner may rewrite it whatever its mode: a state.db planted, in a folder others can write, by
+        # a user who then decides what the controller binds and carves.
+        raise StoreError(
+            f"state database {path} is owned by uid {st.st_uid}, neither this process's (uid {os.geteuid()}) "
+            f"nor root's; refusing to use it, since its owner can change it. Check its contents, then "
+            f"`chown {os.geteuid()} {path}`"
         )
     try:
         if gid is not None and st.st_gid != gid:
