@@ -51,13 +51,16 @@ def test_a_wheel_install_needs_no_checkout(tmp_path):
 
     repo = Path(__file__).resolve().parents[1]
     wheels = tmp_path / "wheels"
+    # pip sees what PYTHONPATH holds as installed: with a checkout on it (PYTHONPATH=$PWD) and the egg-info
+    # the wheel build leaves there, it skipped the install as "already satisfied", and the test failed.
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
-                    str(wheels), str(repo)], check=True, capture_output=True, timeout=300)
+                    str(wheels), str(repo)], check=True, capture_output=True, timeout=300, env=env)
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
     (whl,) = wheels.glob("slurm_mig-*.whl")
     subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "--no-deps",
-                    "-q", str(whl)], check=True, capture_output=True, timeout=300)
+                    "-q", str(whl)], check=True, capture_output=True, timeout=300, env=env)
     share = venv / "share" / "slurm-mig"
     for rel in ("prolog/slurm-mig-prolog", "epilog/slurm-mig-epilog", "policy/default.onnx", "policy/guard.onnx",
                 "policy/model_card.json", "etc/job_submit.lua", "etc/slurm.conf.snippet"):
