@@ -500,6 +500,8 @@ def test_a_mig_job_running_without_its_prolog_is_requeued(rig, caplog):
     rig.tick()
     assert ("requeue", "5") not in rig.fake.calls  # a Prolog may still be binding it
     t[0] += 120
+    assert rig.tick()["requeued_unbound"] == 0  # n1 has not reported its binding files since
+    assert report(rig)[0] == 200  # ... now it has: none for job 5
     with caplog.at_level(logging.WARNING):
         summary = rig.tick()
     assert summary["requeued_unbound"] == 1 and ("requeue", "5") in rig.fake.calls
@@ -512,6 +514,26 @@ def test_a_mig_job_running_without_its_prolog_is_requeued(rig, caplog):
                                submit_time=int(t[0]) - 300, start_time=int(t[0]) - 200, priority=1)]
     rig.fake.calls.clear()
     assert rig.tick()["requeued_unbound"] == 0 and all(c[0] != "requeue" for c in rig.fake.calls)
+
+
+def test_a_controller_back_from_an_outage_does_not_requeue_a_job_its_node_bound_alone_meanwhile(rig):
+    """While the controller was down, n1's Prolog bound job 5 to a free 3g alone and queued its /v1/bound
+    in the outbox. The restarted controller's first tick saw job 5 running for 5 min with no binding and
+    requeued it (the grace alone decided), killing a job that had its instance. It now waits for n1's
+    report, which lists the binding file: adopted, not requeued. A report without it still requeues."""
+    t = [time.time()]
+    rig.clock = lambda: t[0]
+    job = dict(name="e", user="eve", state="RUNNING", nodes=["n1"], mig={"3g": 1}, tres_per_node="gres:mig:3g:1",
+               submit_time=int(t[0]) - 900, start_time=int(t[0]) - 300, priority=1)
+    rig.fake.queue = [SlurmJob(job_id=5, **job), SlurmJob(job_id=6, **job)]
+    assert rig.tick()["requeued_unbound"] == 0 and ("requeue", "5") not in rig.fake.calls
+    bound = {"5": [{"gpu": 0, "profile": "3g.40gb", "start": 0, "uuid": "MIG-a"}]}
+    status, _ = post(rig, "/v1/report", {"node": "n1", "observed": OBSERVED, "bindings": bound,
+                                         "binding_times": {"5": t[0] - 299}})
+    assert status == 200 and rig.store.bound_instances("5")
+    t[0] += 5
+    assert rig.tick()["requeued_unbound"] == 1
+    assert ("requeue", "6") in rig.fake.calls and ("requeue", "5") not in rig.fake.calls
 
 
 # -- Slurm starting jobs while the controller changes a node's counts -----------------------------

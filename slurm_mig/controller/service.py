@@ -206,6 +206,7 @@ class Controller:
         # node -> when (node's clock) the freshest GPU report stored was observed: an older one arriving
         # later (a Prolog that looked before another re-carved, an outbox message) must not undo it.
         self._observed_at: dict[str, float] = {}
+        self._reported_at: dict[str, float] = {}  # node -> when (our clock) its last report was stored
         # (node, job) -> journal entries its Prolog's re-carve carries: closed by that job's /v1/bound or
         # /v1/bind-failed, not every open entry of the node (another Prolog's or the health check's).
         self._prolog_entries: dict[tuple[str, str], list[int]] = {}
@@ -550,6 +551,12 @@ class Controller:
         its Prolog, so without its MIG instance (the TaskProlog then shows it no GPU). Seen on the local
         cluster (slurmd: "reissued job credential for job N", no Prolog). Requeued again, it gets its
         Prolog the next time. The grace period leaves time for a binding the node made alone to arrive.
+
+        And a job is requeued only once its node has reported since its Prolog could have bound it (a report
+        received _unlisted_binding_wait after the start): the report lists the node's binding files, so one
+        that does not show the job's means there is none. Until 2026-11-26 the grace alone decided, so the
+        first tick of a controller back from an outage requeued, killing them, the jobs that had started
+        meanwhile on instances the node bound alone, their messages still in its outbox.
         """
         grace = self._grace()
         done = 0
@@ -557,6 +564,9 @@ class Controller:
         for j in jobs:
             if j.state != "RUNNING" or not j.wants_mig or not j.start_time or now - j.start_time < grace:
                 continue
+            heard = [self._reported_at.get(n) for n in (j.nodes or [None])]
+            if any(h is None or h - j.start_time < self._unlisted_binding_wait() for h in heard):
+                continue  # its node has not reported its binding files since: one may be there
             if bound is None:
                 bound = {job_id for job_id, _node, _b in self.store.live_bindings()}
             job_id = str(j.job_id)
@@ -1692,6 +1702,7 @@ class Controller:
             for e in self.store.open_journal_entries(node):
                 if e.state == "planned" and str(e.gpu) in desired:
                     self.store.journal_started(e.id, now=now)
+        self._reported_at[node] = now  # stored: its binding files are known as of now
         return {"desired": desired, "release": release}
 
     def _reconcile_bindings(self, node: str, node_bindings: dict, now: float,
