@@ -419,3 +419,25 @@ def test_many_threads_sign_and_verify_at_once(munge_socket, use_library):
     for t in threads:
         t.join(60)
     assert failures == []
+
+
+@pytest.mark.parametrize("skew", [15.0, 120.0])
+def test_a_nodes_munge_credentials_live_as_long_as_max_clock_skew_s_says(munge_socket, tmp_path, monkeypatch, skew):
+    """With MUNGE, what bounds how far a node's clock may be behind the controller's is the lifetime (TTL)
+    of the node's credentials: munged refuses one older than the TTL its encoder wrote into it. The hooks
+    built their authenticator without [auth].max_clock_skew_s, so every node credential lived 60 s, whatever
+    the setting: lowered, the controller's clock margin (2 x the setting) assumed closer clocks than the
+    channel let through; raised for a node with a poor clock, its requests still expired after 60 s."""
+    from slurm_mig.node import hooks
+
+    config = tmp_path / "slurm-mig.toml"
+    config.write_text(f'[auth]\nmethod = "munge"\nmunge_socket = "{munge_socket}"\nmax_clock_skew_s = {skew}\n'
+                      f'[node]\ncache_dir = "{tmp_path}/node"\n')
+    os.chmod(config, 0o600)
+    monkeypatch.setenv("SLURM_MIG_CONFIG", str(config))
+    node = hooks.Node("n1", hooks.NodeSettings.load())
+    header = node.client.auth.sign(b"{}", "n1", path="/v1/report")
+    out = subprocess.run(["unmunge", "--socket", munge_socket], input=header.split(" ", 1)[1].encode(),
+                         capture_output=True, check=True).stdout.decode()
+    ttl = [line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("TTL:")]
+    assert ttl == [str(int(skew))]

@@ -54,6 +54,9 @@ class NodeSettings:
     log_file: str | None
     log_level: str
     lock_wait_s: float | None = None  # [node].layout_lock_wait_s; None: wait for the layout lock unbounded
+    # [auth].max_clock_skew_s: with MUNGE, the lifetime (TTL) of the node's credentials, which is what bounds
+    # how far a node's clock may be behind the controller's for its requests to be accepted
+    max_skew_s: float = 30.0
 
     @classmethod
     def load(cls) -> "NodeSettings":
@@ -75,6 +78,7 @@ class NodeSettings:
             log_file=cfg.log.file,
             log_level=cfg.log.level,
             lock_wait_s=cfg.node.layout_lock_wait_s,
+            max_skew_s=cfg.auth.max_clock_skew_s,
         )
 
 
@@ -133,7 +137,8 @@ class Node:
             from slurm_mig.api.client import ControllerClient
 
             s = self.settings
-            auth = auth_from_settings(s.auth_method, munge_socket=s.munge_socket, key_file=s.auth_key_file)
+            auth = auth_from_settings(s.auth_method, munge_socket=s.munge_socket, key_file=s.auth_key_file,
+                                      max_skew_s=s.max_skew_s)
             self._client = ControllerClient(s.controller_url, auth, self.name, timeout_s=s.timeout_s)
         return self._client
 
