@@ -441,3 +441,33 @@ def test_a_nodes_munge_credentials_live_as_long_as_max_clock_skew_s_says(munge_s
                          capture_output=True, check=True).stdout.decode()
     ttl = [line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("TTL:")]
     assert ttl == [str(int(skew))]
+
+
+def test_the_replay_cache_does_not_go_through_every_remembered_credential_at_each_request():
+    """Past 10,000 credentials remembered, each request copied every one still in the window, ~0.1 us each
+    under the cache's lock (measured: 1 ms a request at 20,000, 10 ms at 100,000). With the default 300 s
+    window a controller so held at most ~180 requests a second, sustained, against the 627-692 it serves
+    in reliability.md's load runs (4,000 requests, under the 10,000). Counted here by the hashing of the
+    ids already held."""
+    from slurm_mig.api.auth import ReplayCache
+
+    class Id(str):
+        hashed = 0
+
+        def __hash__(self):
+            Id.hashed += 1
+            return str.__hash__(self)
+
+    cache = ReplayCache(window_s=300.0)
+    now = 1_000_000.0
+    for i in range(20_000):
+        cache.check_and_add(Id(f"k{i}"), now + i * 0.01)
+    Id.hashed = 0
+    for i in range(100):
+        cache.check_and_add(f"new{i}", now + 200 + i * 0.01)  # all 20,000 still in the window
+    assert Id.hashed < 1000
+    with pytest.raises(AuthError, match="replayed"):
+        cache.check_and_add("k0", now + 299)
+    # Past the window the old ones are forgotten as time goes on, oldest first.
+    cache.check_and_add("later", now + 350)
+    assert len(cache._seen) == 20_101 - 5_000
