@@ -156,6 +156,15 @@ class _Bad(Exception):
     pass
 
 
+#: TOML's integers: 64-bit signed. One outside "cannot be represented losslessly, an error must be thrown"
+#: (the TOML spec), which tomllib leaves to us: it reads any size.
+INT64 = (-(1 << 63), (1 << 63) - 1)
+
+
+def _int64(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and INT64[0] <= v <= INT64[1]
+
+
 def _show(value: Any) -> str:
     if isinstance(value, str):
         return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
@@ -165,6 +174,8 @@ def _show(value: Any) -> str:
         return "a table"
     if isinstance(value, list):
         return "an array"
+    if isinstance(value, int) and not _int64(value):
+        return f"an integer of {len(str(abs(value)))} digits, over TOML's 64 bits"
     return repr(value)
 
 
@@ -177,7 +188,8 @@ def _number(minimum: float | None = None, exclusive: bool = True, maximum: float
         want += f" and <= {maximum:g}"
 
     def check(v: Any) -> float:
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, int) and not _int64(v)) \
+                or not math.isfinite(v):
             raise _Bad(want)
         if minimum is not None and (v <= minimum if exclusive else v < minimum):
             raise _Bad(want)
@@ -192,7 +204,7 @@ def _integer(minimum: int, maximum: int | None = None) -> Callable:
     want = f"an integer >= {minimum}" + (f" and <= {maximum}" if maximum is not None else "")
 
     def check(v: Any) -> int:
-        if isinstance(v, bool) or not isinstance(v, int) or v < minimum or (maximum is not None and v > maximum):
+        if not _int64(v) or v < minimum or (maximum is not None and v > maximum):
             raise _Bad(want)
         return v
 
@@ -424,6 +436,8 @@ def parse_config_text(text: str, source: str | os.PathLike | None = None) -> Con
             raise ConfigError(f"{_where(source)}: TOML syntax error at line {m.group(1)}, column {m.group(2)}: "
                               f"{detail}") from None
         raise ConfigError(f"{_where(source)}: TOML syntax error: {msg}") from None
+    except ValueError as exc:  # an integer of over 4,300 digits: Python refuses to read it (int_max_str_digits)
+        raise ConfigError(f"{_where(source)}: cannot read it as TOML: {str(exc).split(';')[0]}") from None
     return parse_config(data, source)
 
 

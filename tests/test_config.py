@@ -155,6 +155,28 @@ def test_bad_values(tmp_path, text, expected):
     assert error_of(text, tmp_path).startswith(expected)
 
 
+@pytest.mark.parametrize("text, expected", [
+    # A number no float holds: float() raised OverflowError, a traceback instead of the key.
+    ("[controller]\ntick_interval_s = 1" + "0" * 400 + "\n",
+     "[controller].tick_interval_s: expected a number > 0, got an integer of 401 digits, over TOML's 64 bits"),
+    # Accepted, then every 500th tick (the first included) failed in the store's prune: SQLite takes 64 bits.
+    ("[controller]\nkeep_decisions = 9223372036854775808\n",
+     "[controller].keep_decisions: expected an integer >= 1, got an integer of 19 digits, over TOML's 64 bits"),
+    ("[node]\nsim_gpu_count = -9223372036854775809\n",
+     "[node].sim_gpu_count: expected an integer >= 1 and <= 64, got an integer of 19 digits, over TOML's 64 bits"),
+    # Over Python's 4,300 digits tomllib itself raised ValueError, naming no file.
+    ("[controller]\nkeep_events = " + "1" * 5000 + "\n", "cannot read it as TOML: Exceeds the limit (4300 digits)"),
+])
+def test_an_integer_over_tomls_64_bits_is_an_error_naming_the_key(tmp_path, text, expected):
+    """TOML's integers are 64-bit signed and one that is not "must" be an error; tomllib reads any size."""
+    assert error_of(text, tmp_path).startswith(expected)
+
+
+def test_the_largest_64_bit_integer_is_still_taken(tmp_path):
+    assert load_config(write(tmp_path, "[controller]\nkeep_events = 9223372036854775807\n")).controller.keep_events \
+        == 2 ** 63 - 1
+
+
 def test_unknown_keys_and_sections_suggest_the_right_name(tmp_path):
     assert error_of("[controller]\ntick_intervall_s = 5\n", tmp_path).startswith(
         "[controller].tick_intervall_s: unknown key (did you mean tick_interval_s?)")
