@@ -310,6 +310,65 @@ def test_a_symlinked_or_short_key_file_is_refused(tmp_path):
         load_key(str(short))
 
 
+def test_a_key_file_swapped_for_a_symlink_after_its_checks_is_not_read(tmp_path, monkeypatch):
+    """load_key checked the path (lstat: a file, 0600, ours) and then opened the path again: in a folder
+    others can write, the file could be swapped for a symlink to a file of theirs in between, and their
+    key was read. The checks are now made on the file opened (O_NOFOLLOW, fstat). Here the swap is made
+    as the path is looked at, the moment that window opened."""
+    import slurm_mig.api.auth as authmod
+
+    path = tmp_path / "key"
+    create_key(str(path))
+    genuine = load_key(str(path))
+    theirs = tmp_path / "theirs"
+    theirs.write_bytes(b"t" * 64)
+    os.chmod(theirs, 0o644)
+    real_stat, swapped = os.stat, []
+
+    def stat_then_swap(p, *args, **kw):
+        st = real_stat(p, *args, **kw)
+        if str(p) == str(path) and not swapped:
+            swapped.append(True)
+            os.rename(path, tmp_path / "moved")
+            os.symlink(theirs, path)
+        return st
+
+    monkeypatch.setattr(authmod.os, "stat", stat_then_swap)
+    try:
+        assert load_key(str(path)) == genuine
+    except AuthError as exc:
+        assert "symlink" in str(exc)
+
+
+def test_a_key_path_that_is_a_folder_or_a_fifo_is_refused_not_a_crash_or_a_hang(tmp_path):
+    """A folder (hmac_key_file pointed at /etc/slurm-mig) raised IsADirectoryError, a traceback at the
+    controller's start instead of the reason; a FIFO hung the open for ever."""
+    import threading
+
+    folder = tmp_path / "keys"
+    folder.mkdir(mode=0o700)
+    with pytest.raises(AuthError, match="not a regular file"):
+        load_key(str(folder))
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo, 0o600)
+    got: list = []
+
+    def read():
+        try:
+            load_key(str(fifo))
+        except AuthError as exc:
+            got.append(str(exc))
+
+    t = threading.Thread(target=read, daemon=True)
+    t.start()
+    t.join(5)
+    if t.is_alive():  # free the old code's blocked open, so the test ends
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        t.join(5)
+        pytest.fail("load_key hung opening a FIFO")
+    assert got and "not a regular file" in got[0]
+
+
 def _munge_socket():
     for candidate in (os.environ.get("SLURM_MIG_MUNGE_SOCKET"), "/run/munge/munge.socket.2"):
         if candidate and os.path.exists(candidate) and shutil.which("munge"):

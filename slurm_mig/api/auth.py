@@ -26,6 +26,7 @@ from __future__ import annotations
 import collections
 import ctypes
 import ctypes.util
+import errno
 import hashlib
 import hmac
 import logging
@@ -329,20 +330,32 @@ class MungeAuth:
 
 def load_key(path: str) -> bytes:
     """Read a shared key file, refusing one that other users can read or write, or that another user owns
-    (its owner could rewrite it, 0600 or not, with a key of their own)."""
+    (its owner could rewrite it, 0600 or not, with a key of their own), a symlink, or anything but a file.
+
+    The checks are made on the file opened, not on the path before opening it: checked first and opened
+    after, the path could be swapped for a symlink to another file in between, and that file was read."""
     try:
-        st = os.stat(path, follow_symlinks=False)
+        # O_NONBLOCK: a FIFO put there must not hang the open (it is refused below, as not a file)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
+        if exc.errno == errno.ELOOP and os.path.islink(path):
+            raise AuthError(f"auth key file {path} is a symlink; refusing it") from None
         raise AuthError(f"cannot read auth key file {path}: {exc.strerror}") from exc
-    if stat.S_ISLNK(st.st_mode):
-        raise AuthError(f"auth key file {path} is a symlink; refusing it")
-    if st.st_mode & 0o077:
-        raise AuthError(f"auth key file {path} has mode {oct(st.st_mode & 0o777)}; it must be 0600")
-    if st.st_uid != os.geteuid():
-        raise AuthError(f"auth key file {path} is owned by uid {st.st_uid}, not by uid {os.geteuid()} who "
-                        f"reads it; refusing it (chown it)")
-    with open(path, "rb") as fh:
-        key = fh.read().strip()
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise AuthError(f"auth key file {path} is not a regular file; refusing it")
+        if st.st_mode & 0o077:
+            raise AuthError(f"auth key file {path} has mode {oct(st.st_mode & 0o777)}; it must be 0600")
+        if st.st_uid != os.geteuid():
+            raise AuthError(f"auth key file {path} is owned by uid {st.st_uid}, not by uid {os.geteuid()} who "
+                            f"reads it; refusing it (chown it)")
+        chunks = []
+        while chunk := os.read(fd, 1 << 16):
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    key = b"".join(chunks).strip()
     if len(key) < 32:
         raise AuthError(f"auth key file {path} holds {len(key)} bytes; at least 32 are needed")
     return key
