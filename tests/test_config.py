@@ -215,3 +215,19 @@ def test_as_dict_is_plain_data():
     import json
 
     json.dumps(d)
+
+
+@pytest.mark.parametrize("host", ["head-node:7677", "::1", "no-such-host.invalid"])
+def test_a_listen_host_the_controller_cannot_listen_on_is_an_error_naming_the_key(tmp_path, host):
+    """listen_host takes any name without spaces or "/" (an IPv6 address the IPv4 server cannot take,
+    "host:port", a name that does not resolve): the controller then stopped at its start with socket's
+    traceback ("Name or service not known"), naming no setting."""
+    from types import SimpleNamespace
+
+    from slurm_mig.controller.cli import serve
+
+    cfg = load_config(write(tmp_path, f'[controller]\nlisten_host = "{host}"\nlisten_port = 1\n'))
+    stub = SimpleNamespace(routes=dict, get_routes=dict, metrics=None)
+    with pytest.raises(ConfigError, match=re.escape(f"config {tmp_path}/slurm-mig.toml: [controller].listen_host, "
+                                                    f"listen_port: cannot listen on {host}:1: ")):
+        serve(cfg, stub)

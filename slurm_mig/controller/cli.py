@@ -64,11 +64,19 @@ def make_auth(cfg):
 def serve(cfg, controller):
     """Start the node API in a background thread; returns the ApiServer."""
     from slurm_mig.api.server import ApiServer
+    from slurm_mig.errors import ConfigError
 
-    return ApiServer(cfg.controller.listen_host, cfg.controller.listen_port, make_auth(cfg), controller.routes(),
-                     controller.get_routes(),
-                     on_error=lambda kind, msg: controller.metrics.inc("slurm_mig_api_errors_total",
-                                                                       (("kind", kind),))).start()
+    host, port = cfg.controller.listen_host, cfg.controller.listen_port
+    auth = make_auth(cfg)
+    try:
+        server = ApiServer(host, port, auth, controller.routes(), controller.get_routes(),
+                           on_error=lambda kind, msg: controller.metrics.inc("slurm_mig_api_errors_total",
+                                                                             (("kind", kind),)))
+    except OSError as exc:  # a name that does not resolve (gaierror), an address not ours, a port in use
+        where = f"config {cfg.source}" if cfg.source else "config <built-in defaults>"
+        raise ConfigError(f"{where}: [controller].listen_host, listen_port: cannot listen on {host}:{port}: "
+                          f"{exc.strerror or exc}") from None
+    return server.start()
 
 
 class _NoOverrunLines(logging.Filter):
