@@ -313,3 +313,27 @@ def test_a_report_asks_the_driver_version_and_reads_the_kept_verdicts_once(tmp_p
         asked.clear(), reads.clear()
         assert all("table_errors" not in g for g in node.observe())
         assert asked == [1] and reads.count("tables.json") == 1
+
+
+def test_a_kept_no_profile_answer_is_asked_again_once_mig_mode_changes(tmp_path, monkeypatch):
+    """nvml.h: nvmlDeviceGetGpuInstanceProfileInfo answers NOT_SUPPORTED on a GPU without MIG mode, so a driver
+    that does so lists no profile while MIG is off (profile_readings skips each). That answer was kept in
+    tables.json for the driver version alone, so once MIG mode was turned on (no reset on Hopper, no new driver)
+    the driver's profiles were never compared: a table of ours that differs (one never read from a driver here)
+    was carved by. It is now kept for the MIG mode it was made in, and asked again when that changes."""
+    from slurm_mig.node.hooks import Node
+    from slurm_mig.node.localstate import NodeState
+    from slurm_mig.nvml.simulated import SimulatedBackend
+
+    node = Node.__new__(Node)
+    node.name, node.state = "n1", NodeState(tmp_path / "n1")
+    node._backend = backend = init_state(tmp_path / "g.json", [("H100-80GB", 1)])
+    real = SimulatedBackend.profile_readings
+    monkeypatch.setattr(SimulatedBackend, "profile_readings",
+                        lambda self, gpu: real(self, gpu) if self.gpus()[gpu].mig_enabled else [])
+    backend.set_driver_profiles(0, {1: {"placements": [[0, 2], [2, 2]]}}, driver="590.1")  # no 2g at 4
+    backend.set_mig_mode(0, False)
+    assert node.table_errors(backend.gpus()) == {0: []}  # nothing to compare with MIG off
+    assert node.table_errors(backend.gpus()) == {0: []}
+    backend.set_mig_mode(0, True)
+    assert node.table_errors(backend.gpus()) == {0: ["2g.20gb: placements {0,2}:2, ours {0,2,4}:2"]}

@@ -175,9 +175,12 @@ class Node:
             table = _table_fingerprint(gpu.model)
             seen = cache.get(gpu.uuid)
             # The verdict is about our table as much as the driver: one kept for another table (slurm-mig
-            # upgraded since, or a verdict an older version kept without a fingerprint) is made again.
+            # upgraded since, or a verdict an older version kept without a fingerprint) is made again. And about
+            # the MIG mode it was made in: a driver may list no profile with MIG off (nvml.h: NOT_SUPPORTED
+            # without MIG mode), so that answer says nothing once MIG is turned on, which needs no new driver.
             if isinstance(seen, dict) and seen.get("driver") == driver and seen.get("model") == gpu.model.name \
-                    and seen.get("table") == table and isinstance(seen.get("errors"), list):
+                    and seen.get("table") == table and isinstance(seen.get("errors"), list) \
+                    and ("unreadable" not in seen or seen.get("mig_enabled") == bool(gpu.mig_enabled)):
                 out[gpu.index] = [str(e) for e in seen["errors"]]
                 continue
             out[gpu.index] = []
@@ -200,7 +203,7 @@ class Node:
                           "nothing is carved or started there: %s", gpu.index, gpu.name, driver, "; ".join(errors))
             cache[gpu.uuid] = {"driver": driver, "model": gpu.model.name, "table": table, "errors": errors}
             if check.unreadable is not None:
-                cache[gpu.uuid]["unreadable"] = check.unreadable
+                cache[gpu.uuid].update(unreadable=check.unreadable, mig_enabled=bool(gpu.mig_enabled))
             out[gpu.index], changed = errors, True
         if changed:
             try:
