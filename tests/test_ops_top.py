@@ -258,3 +258,29 @@ def test_a_job_slurm_will_not_start_is_no_demand_in_the_pending_rule(tmp_path):
         ro.close()
     assert "queue 3" in text and "── Pending 3" in text and "2gx1" not in text, text
     assert "held by its user" in text  # still listed, with why
+
+
+def test_wide_characters_in_the_pending_table_do_not_push_the_frame_past_the_terminal(tmp_path):
+    """The pending table (and the text tables of `jobs`, `status`) measured and cut its cells in characters, and a
+    CJK or emoji character takes two terminal cells: a user or reason in such characters made a pending line
+    wider than the terminal (139 cells at 80), which the live dashboard wraps, so the frame took more rows than
+    the screen and its last lines (the footer) were lost. Cells are now measured and cut in terminal cells."""
+    from rich.cells import cell_len
+    from rich.console import Console, Group
+
+    with open_store(tmp_path / "state.db") as s:
+        build_state(s)
+        s.upsert_job("900", profile="2g", user="用户" * 20, submit_time=NOW - 5, now=NOW)
+        s.set_job_state("900", "PENDING", reason="理由" * 60, now=NOW)
+    ro = V.open_readonly(tmp_path / "state.db")
+    try:
+        f = frame(ro, width=80, height=24)
+    finally:
+        ro.close()
+    assert_fits(f, 80, 24)
+    con = Console(width=80, height=24, force_terminal=False, record=True, file=open("/dev/null", "w"))
+    con.print(Group(*f.lines))  # as the live dashboard draws a frame: lines wider than the screen wrap
+    assert len(con.export_text().splitlines()) == 24
+    lines = R.table([["1", "用户" * 3, "x"], ["22", "ab", "用户" * 30]], ["ID", "USER", "WHY"], 30)
+    assert all(cell_len(x) <= 30 for x in lines) and lines[2].endswith("…")
+    assert lines == ["ID  USER          WHY", "1   用户用户用户  x", "22  ab            用户用户用…"]  # aligned in cells

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from typing import Iterable, Sequence
 
+from rich.cells import cell_len, set_cell_size
 from rich.text import Text
 
 from slurm_mig.controlchars import visible
@@ -257,14 +258,16 @@ def node_summary_line(n: dict, width: int, g: Glyphs, name_width: int) -> Text:
 
 def table(rows: Sequence[Sequence[str]], header: Sequence[str], width: int, *, flex: int = -1,
           align: str | None = None, ascii_only: bool = False) -> list[str]:
-    """A plain aligned table; column ``flex`` (default: the last) takes what is left and is cropped."""
+    """A plain aligned table; column ``flex`` (default: the last) takes what is left and is cropped.
+
+    Measured in terminal cells, not characters: a CJK or emoji character (a user, a reason) takes two."""
     cols = len(header)
     flex = flex % cols
     align = align or "l" * cols
-    widths = [len(h) for h in header]
+    widths = [cell_len(h) for h in header]
     for r in rows:
         for i, c in enumerate(r):
-            widths[i] = max(widths[i], len(str(c)))
+            widths[i] = max(widths[i], cell_len(str(c)))
     fixed = sum(w for i, w in enumerate(widths) if i != flex) + 2 * (cols - 1)
     widths[flex] = max(4, min(widths[flex], width - fixed))
 
@@ -272,10 +275,12 @@ def table(rows: Sequence[Sequence[str]], header: Sequence[str], width: int, *, f
         parts = []
         for i, c in enumerate(r):
             c = str(c)
-            if len(c) > widths[i]:
-                c = c[: max(0, widths[i] - 1)] + ("~" if ascii_only else "…")
-            parts.append(c.rjust(widths[i]) if align[i] == "r" else c.ljust(widths[i]))
-        return "  ".join(parts).rstrip()[:width]
+            if cell_len(c) > widths[i]:
+                c = set_cell_size(c, max(0, widths[i] - 1)).rstrip(" ") + ("~" if ascii_only else "…")
+            pad = " " * max(0, widths[i] - cell_len(c))
+            parts.append(pad + c if align[i] == "r" else c + pad)
+        out = "  ".join(parts).rstrip()
+        return set_cell_size(out, width).rstrip(" ") if cell_len(out) > width else out
     return [line(header)] + [line(r) for r in rows]
 
 
