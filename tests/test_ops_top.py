@@ -284,3 +284,29 @@ def test_wide_characters_in_the_pending_table_do_not_push_the_frame_past_the_ter
     lines = R.table([["1", "用户" * 3, "x"], ["22", "ab", "用户" * 30]], ["ID", "USER", "WHY"], 30)
     assert all(cell_len(x) <= 30 for x in lines) and lines[2].endswith("…")
     assert lines == ["ID  USER          WHY", "1   用户用户用户  x", "22  ab            用户用户用…"]  # aligned in cells
+
+
+def test_the_live_dashboard_in_a_terminal_narrower_than_its_frame_crops_lines_instead_of_wrapping(
+        store, monkeypatch):
+    """A frame is at least 40 columns wide; in a narrower terminal the live dashboard let rich wrap each line, so
+    a 24-row frame took 43 rows at 30 columns and the screen showed its first half: no queue, no footer (q quit).
+    Lines are now cropped at the terminal's edge, as `--once` does."""
+    import io
+    import re
+    import sys
+
+    from rich.console import Console
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    monkeypatch.setattr(V.time, "time", lambda: NOW)
+    monkeypatch.setattr(T._Keys, "wait", lambda self, timeout: "q")  # one frame, then q
+    monkeypatch.setattr(sys, "stdout", Tty())
+    for width in (30, 80):
+        out = io.StringIO()
+        con = Console(file=out, width=width, height=24, force_terminal=True, color_system=None)
+        assert T.run(store, T.TopOptions(width=width, height=24), console=con) == 0
+        screen = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "\n", out.getvalue())
+        assert "q quit" in screen and "Pending 3" in screen, (width, screen)

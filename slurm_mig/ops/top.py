@@ -398,6 +398,8 @@ def run(store, opts: TopOptions, *, cfg=None, interval: float = 2.0, once: bool 
             try:
                 f = frame(w, h)
                 opts.page = f.page
+                for line in f.lines:  # a frame is at least 40 columns: in a narrower terminal, cut, never wrap
+                    line.no_wrap, line.overflow = True, "crop"
                 live.update(Group(*f.lines), refresh=True)
             except Exception as exc:  # a locked or vanished database must not kill the dashboard
                 live.update(Text(f"slurm-mig top: cannot read the state database: {exc}\nretrying every "
