@@ -33,6 +33,15 @@ SYSTEM_PATH = Path("/etc/slurm-mig/slurm-mig.toml")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 #: 30 days: the longest [policy].rl_max_hold_h, and the longest hold an rl guard option may name.
 MAX_HOLD_H = 720.0
+#: The longest a timeout may be ([controller].db_busy_timeout_s, [node].request_timeout_s and layout_lock_wait_s,
+#: [slurm].command_timeout_s): a day. What waits for them takes milliseconds in 32 bits (poll(), SQLite's
+#: busy_timeout: 24.8 days at most), and sockets, locks and time.sleep at most ~9.2e9 s: above those a
+#: timeout failed where it was used (OverflowError) or, in SQLite, silently became 0.
+MAX_TIMEOUT_S = 86_400.0
+#: The longest any other time setting may be (tick_interval_s, node_stale_after_s, health_check_interval_s,
+#: max_clock_skew_s, replay_window_s): 365 days. A tick interval past ~3e11 s (a date past the year 9999)
+#: failed the scheduler; a MUNGE credential's lifetime is a C int.
+MAX_PERIOD_S = 365 * 86_400.0
 
 
 @dataclass(frozen=True)
@@ -179,7 +188,10 @@ def _show(value: Any) -> str:
     return repr(value)
 
 
-def _number(minimum: float | None = None, exclusive: bool = True, maximum: float | None = None) -> Callable:
+def _number(minimum: float | None = None, exclusive: bool = True, maximum: float | None = None,
+            ceiling: tuple[float, str] | None = None) -> Callable:
+    """A finite number within bounds. ``maximum`` is part of what every error says; ``ceiling``
+    (value, in words) only of the error for a number above it (a time setting's sanity bound)."""
     if minimum is None:
         want = "a number"
     else:
@@ -187,17 +199,33 @@ def _number(minimum: float | None = None, exclusive: bool = True, maximum: float
     if maximum is not None:
         want += f" and <= {maximum:g}"
 
+    above = f"{want} and <= {ceiling[0]:,.0f} s ({ceiling[1]})" if ceiling is not None else want
+
     def check(v: Any) -> float:
         if isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, int) and not _int64(v)) \
-                or not math.isfinite(v):
+                or math.isnan(v):
             raise _Bad(want)
         if minimum is not None and (v <= minimum if exclusive else v < minimum):
             raise _Bad(want)
         if maximum is not None and v > maximum:
             raise _Bad(want)
+        if ceiling is not None and v > ceiling[0]:  # inf too (1e400 in TOML reads as inf)
+            raise _Bad(above)
+        if not math.isfinite(v):
+            raise _Bad(want)
         return float(v)
 
     return check
+
+
+def _timeout(minimum: float = 0, exclusive: bool = True) -> Callable:
+    """A time setting something waits on (a socket, poll(), SQLite): at most MAX_TIMEOUT_S."""
+    return _number(minimum, exclusive=exclusive, ceiling=(MAX_TIMEOUT_S, "a day"))
+
+
+def _period(minimum: float = 0, exclusive: bool = True) -> Callable:
+    """Any other time setting: at most MAX_PERIOD_S."""
+    return _number(minimum, exclusive=exclusive, ceiling=(MAX_PERIOD_S, "365 days"))
 
 
 def _integer(minimum: int, maximum: int | None = None) -> Callable:
@@ -313,9 +341,9 @@ RULES: dict[str, dict[str, Callable]] = {
         "listen_port": _integer(1, 65535),
         "db_path": _path(allow_empty=False),
         "db_group": _string(),
-        "db_busy_timeout_s": _number(0, exclusive=False),
-        "tick_interval_s": _number(0),
-        "node_stale_after_s": _number(0),
+        "db_busy_timeout_s": _timeout(0, exclusive=False),
+        "tick_interval_s": _period(),
+        "node_stale_after_s": _period(),
         "slurm_conf": _path(allow_empty=False),
         "keep_decisions": _integer(1),
         "keep_events": _integer(1),
@@ -324,27 +352,27 @@ RULES: dict[str, dict[str, Callable]] = {
     },
     "node": {
         "controller_url": _url,
-        "request_timeout_s": _number(0),
+        "request_timeout_s": _timeout(),
         "cache_dir": _path(allow_empty=False),
         "nvml_backend": _choice("real", "simulated"),
         "sim_state_path": _path(allow_empty=False),
         "sim_gpu_model": _gpu_model,
         "sim_gpu_count": _integer(1, 64),
         "sim_delay_scale": _number(0, exclusive=False),
-        "health_check_interval_s": _number(0),
-        "layout_lock_wait_s": _number(0),
+        "health_check_interval_s": _period(),
+        "layout_lock_wait_s": _timeout(),
     },
     "auth": {
         "method": _choice("munge", "hmac"),
         "munge_socket": _path(allow_empty=False),
         "hmac_key_file": _path(),
         "hmac_node_keys_dir": _path(),
-        "max_clock_skew_s": _number(0),
-        "replay_window_s": _number(0),
+        "max_clock_skew_s": _period(),
+        "replay_window_s": _period(),
         "node_origin": _choice("off", "warn", "enforce"),
     },
     "slurm": {
-        "command_timeout_s": _number(0),
+        "command_timeout_s": _timeout(),
         "gres_name": _gres_name,
         "partitions": _name_list,
     },

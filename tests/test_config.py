@@ -231,3 +231,75 @@ def test_a_listen_host_the_controller_cannot_listen_on_is_an_error_naming_the_ke
     with pytest.raises(ConfigError, match=re.escape(f"config {tmp_path}/slurm-mig.toml: [controller].listen_host, "
                                                     f"listen_port: cannot listen on {host}:1: ")):
         serve(cfg, stub)
+
+
+# -- time settings: bounded by what uses them ---------------------------------------------
+
+TIMEOUTS = [("controller", "db_busy_timeout_s"), ("node", "request_timeout_s"), ("node", "layout_lock_wait_s"),
+            ("slurm", "command_timeout_s")]
+PERIODS = [("controller", "tick_interval_s"), ("controller", "node_stale_after_s"),
+           ("node", "health_check_interval_s"), ("auth", "max_clock_skew_s"), ("auth", "replay_window_s")]
+
+
+def test_every_seconds_setting_is_a_timeout_or_a_period():
+    assert sorted(TIMEOUTS + PERIODS) == sorted((s, k) for s, keys in RULES.items() for k in keys if k.endswith("_s"))
+
+
+@pytest.mark.parametrize("value", ["1e10", "1e308", "1e400", "inf", "9223372036854775807"])
+@pytest.mark.parametrize("section, key, bound", [(s, k, "86,400 s (a day)") for s, k in TIMEOUTS]
+                         + [(s, k, "31,536,000 s (365 days)") for s, k in PERIODS])
+def test_a_time_setting_too_large_for_what_uses_it_is_an_error_naming_the_key(tmp_path, section, key, bound, value):
+    """Any number passed: past ~9.2e9 s sockets, locks and time.sleep raise OverflowError (request_timeout_s:
+    every hook's request; command_timeout_s past 24.8 days already: poll() takes 32-bit milliseconds, so
+    every Slurm command failed), SQLite's busy_timeout silently became 0 past 24.8 days (every contended
+    database call failed at once), a tick interval past ~3e11 s failed the scheduler at the start."""
+    assert f"[{section}].{key}: expected a number " in error_of(f"[{section}]\n{key} = {value}\n", tmp_path)
+    assert error_of(f"[{section}]\n{key} = {value}\n", tmp_path).split(", got ")[0].endswith(f" and <= {bound}")
+
+
+@pytest.mark.parametrize("section, key, bound", [(s, k, 86_400.0) for s, k in TIMEOUTS]
+                         + [(s, k, 365 * 86_400.0) for s, k in PERIODS])
+def test_a_time_setting_at_its_bound_is_taken(tmp_path, section, key, bound):
+    c = load_config(write(tmp_path, f"[{section}]\n{key} = {int(bound)}\n"))
+    assert getattr(getattr(c, section), key) == bound
+    assert error_of(f"[{section}]\n{key} = {bound + 0.5}\n", tmp_path).startswith(f"[{section}].{key}: expected")
+    assert error_of(f'[{section}]\n{key} = "1 day"\n', tmp_path).startswith(  # the bound is said only when passed
+        f'[{section}].{key}: expected a number > 0, got "1 day"' if key != "db_busy_timeout_s" else
+        f'[{section}].{key}: expected a number >= 0, got "1 day"')
+
+
+def test_the_bounds_fit_what_uses_the_settings(tmp_path):
+    """At their bounds the settings work where they are used: no OverflowError, no silent 0."""
+    import logging
+    import threading
+
+    from apscheduler.schedulers.background import BackgroundScheduler
+
+    from slurm_mig.api.auth import HmacAuth
+    from slurm_mig.api.client import ControllerClient, ControllerUnavailable
+    from slurm_mig.controller.cli import schedule_ticks
+    from slurm_mig.slurm.runner import run_slurm
+    from slurm_mig.store import open_store
+
+    day, year = cfgmod.MAX_TIMEOUT_S, cfgmod.MAX_PERIOD_S
+    assert run_slurm(["true"], timeout=day).returncode == 0  # poll() in 32-bit milliseconds: 24.8 days
+    store = open_store(str(tmp_path / "s.db"), busy_timeout_s=day)
+    assert store.busy_timeout_s == day
+    assert store.db.execute("PRAGMA busy_timeout").fetchone()[0] == int(day * 1000)  # past 24.8 days: 0
+    store.close()
+    client = ControllerClient("http://127.0.0.1:1", HmacAuth(b"k" * 32), "n1", timeout_s=day, retries=0)
+    with pytest.raises(ControllerUnavailable):
+        client.call("/v1/health", {})
+    assert year < threading.TIMEOUT_MAX and int(year) < 2 ** 31  # a MUNGE TTL is a C int
+    sched = BackgroundScheduler()
+
+    class _Metrics:
+        def inc(self, *_a):
+            pass
+
+    schedule_ticks(sched, lambda: None, year, _Metrics(), logging.getLogger("test"))
+    sched.start(paused=True)
+    try:
+        assert sched.get_jobs()[0].next_run_time is not None
+    finally:
+        sched.shutdown(wait=False)
