@@ -447,6 +447,12 @@ def parse_config(data: dict, source: str | os.PathLike | None = None) -> Config:
 def _cross_checks(cfg: Config, where: str) -> None:
     if cfg.auth.method == "hmac" and not cfg.auth.hmac_key_file:
         raise ConfigError(f'{where}: [auth].hmac_key_file: expected a key file path when [auth].method = "hmac", got ""')
+    if cfg.auth.hmac_node_keys_dir and cfg.auth.method != "hmac":
+        # Read only by HMAC: with MUNGE the controller never looked at it, so a site could believe each node
+        # held its own key (a node's root able to speak for its own node only) when every node could sign for all.
+        raise ConfigError(f"{where}: [auth].hmac_node_keys_dir: expected \"\" when [auth].method = "
+                          f"{_show(cfg.auth.method)} (a key per node needs method = \"hmac\"; with MUNGE it "
+                          f"would be ignored), got {_show(cfg.auth.hmac_node_keys_dir)}")
     if cfg.policy.shadow and cfg.policy.shadow == cfg.policy.name:
         raise ConfigError(f"{where}: [policy].shadow: expected a policy other than [policy].name "
                           f"({_show(cfg.policy.name)}), got {_show(cfg.policy.shadow)}")

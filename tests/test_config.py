@@ -303,3 +303,17 @@ def test_the_bounds_fit_what_uses_the_settings(tmp_path):
         assert sched.get_jobs()[0].next_run_time is not None
     finally:
         sched.shutdown(wait=False)
+
+
+def test_a_node_keys_folder_with_munge_is_an_error_not_ignored(tmp_path):
+    """With method = "munge" the controller built MungeAuth and never read hmac_node_keys_dir: a site that
+    set it believed each node could sign for itself only, when (with MUNGE) any node's root can speak for
+    every node (docs/security.md §7)."""
+    msg = error_of('[auth]\nmethod = "munge"\nhmac_node_keys_dir = "/etc/slurm-mig/node-keys"\n', tmp_path)
+    assert msg == ('[auth].hmac_node_keys_dir: expected "" when [auth].method = "munge" (a key per node needs '
+                   'method = "hmac"; with MUNGE it would be ignored), got "/etc/slurm-mig/node-keys"')
+    assert error_of('[auth]\nhmac_node_keys_dir = "keys"\n', tmp_path).startswith(  # munge is the default
+        "[auth].hmac_node_keys_dir: expected \"\" when [auth].method = \"munge\"")
+    c = load_config(write(tmp_path, '[auth]\nmethod = "hmac"\nhmac_node_keys_dir = "keys"\n'))
+    assert c.auth.hmac_node_keys_dir == str(tmp_path / "keys")
+    assert load_config(write(tmp_path, '[auth]\nmethod = "munge"\nhmac_node_keys_dir = ""\n')).auth.method == "munge"
