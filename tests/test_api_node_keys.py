@@ -195,3 +195,64 @@ def test_keys_command(tmp_path, capsys):
     assert capsys.readouterr().out.strip().endswith("kept")
     assert main(["keys", "--dir", str(tmp_path / "k"), "../x"]) != 0
     assert "not a node name" in capsys.readouterr().err
+
+
+def test_an_unsafe_key_file_is_logged_once_per_node_per_window_and_every_refusal_counted(keys, tmp_path, caplog):
+    """Anyone who can reach the port can send requests naming a node whose key file is unsafe: each is
+    refused (401) and counted, but the reason (path, mode) was logged at ERROR once per request, so a
+    loop of them flooded the controller's log. Now once per node per window, with the count not logged."""
+    import logging
+
+    n1, n2 = node_auth(keys, "n1"), node_auth(keys, "n2")
+    os.chmod(keys / "n1.key", 0o644)
+    os.chmod(keys / "n2.key", 0o640)
+    ctl_auth = HmacAuth(None, node_keys=NodeKeys(str(keys)))
+    clock = [1000.0]
+    ctl_auth.clock = lambda: clock[0]  # no wall-clock waits: the window is stepped by hand
+    store = open_store(tmp_path / "state.db")
+    ctl = Controller(Config(), store, NoSlurm())
+    srv = ApiServer("127.0.0.1", 0, ctl_auth, ctl.routes(), ctl.get_routes(),
+                    on_error=lambda kind, msg: ctl.metrics.inc("slurm_mig_api_errors_total", (("kind", kind),)))
+    srv.start()
+    body = json.dumps({"node": "n1", "observed": [], "bindings": {}}).encode()
+
+    def post(auth, node) -> int:
+        conn = http.client.HTTPConnection(*srv.address, timeout=5)
+        conn.request("POST", "/v1/report", body=body, headers={HEADER: auth.sign(body, node, path="/v1/report")})
+        status = conn.getresponse().status
+        conn.close()
+        return status
+
+    def said() -> list[str]:
+        return [r.getMessage() for r in caplog.records if r.name == "slurm_mig.api.auth" and r.levelno >= logging.ERROR]
+
+    caplog.set_level(logging.WARNING)
+    try:
+        assert [post(n1, "n1") for _ in range(40)] == [401] * 40
+        assert len(said()) == 1 and "n1.key has mode 0o644" in said()[0] and "must be 0600" in said()[0]
+        assert post(n2, "n2") == 401  # another node's line is not held back by n1's
+        assert len(said()) == 2 and "n2.key" in said()[1]
+        clock[0] += 599.0
+        assert post(n1, "n1") == 401
+        assert len(said()) == 2
+        clock[0] += 1.0  # 600 s after n1's first line
+        assert post(n1, "n1") == 401
+        assert len(said()) == 3 and "n1.key" in said()[2] and "40 more requests" in said()[2]
+        assert post(n1, "n1") == 401
+        assert len(said()) == 3
+    finally:
+        srv.stop()
+        store.close()
+    assert 'slurm_mig_api_errors_total{kind="auth"} 44' in ctl.metrics.render().decode()  # every refusal
+
+
+def test_the_log_limit_tracks_a_bounded_number_of_lines():
+    """Distinct reasons past the cap (paths of nodes that need not exist) share one slot: no unbounded memory."""
+    from slurm_mig.api.auth import _Quiet
+
+    q = _Quiet(600.0, max_keys=3)
+    assert [q.say(f"line {i}", 0.0) for i in range(3)] == [0, 0, 0]
+    assert q.say("line 3", 1.0) == 0 and q.say("line 4", 2.0) is None  # the shared slot, said once per window
+    assert len(q._last) == 4 and q.say("line 0", 3.0) is None
+    assert q.say("line 5", 700.0) == 0  # expired ones are forgotten to make room
+    assert len(q._last) <= 3

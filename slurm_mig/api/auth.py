@@ -429,10 +429,40 @@ class NodeKeys:
         return key
 
 
+class _Quiet:
+    """Which log lines to say: each distinct one at most once every ``every_s`` seconds, counting the
+    times it was held back. For what anyone who can reach the port can make the controller say at will
+    (a request naming a node whose key file is unsafe), which one line per request would flood the log with.
+    At most ``max_keys`` lines are tracked: past them (paths of nodes that do not exist, say, where the
+    folder cannot be searched) the rest share one slot."""
+
+    def __init__(self, every_s: float, max_keys: int = 1024):
+        self.every_s = every_s
+        self.max_keys = max_keys
+        self._last: dict[str, list] = {}  # line -> [when last said, times held back since]
+        self._lock = threading.Lock()
+
+    def say(self, line: str, now: float) -> int | None:
+        """None: hold ``line`` back; otherwise say it now, with the number of times it was held back."""
+        with self._lock:
+            if line not in self._last and len(self._last) >= self.max_keys:
+                self._last = {k: v for k, v in self._last.items() if now - v[0] < self.every_s}
+                if len(self._last) >= self.max_keys:
+                    line = ""  # the shared slot
+            seen = self._last.get(line)
+            if seen is not None and now - seen[0] < self.every_s:
+                seen[1] += 1
+                return None
+            self._last[line] = [now, 0]
+            return 0 if seen is None else seen[1]
+
+
 class HmacAuth:
     """HMAC-SHA256 request signatures with a shared key, a clock-skew limit and a nonce cache."""
 
     scheme = "hmac"
+    #: The reason a node's key file is refused is logged at most this often per node (and reason).
+    UNSAFE_KEY_LOG_EVERY_S = 600.0
 
     def __init__(self, key: bytes | None, *, max_skew_s: float = 60.0, uid: int = 0,
                  node_keys: NodeKeys | None = None, replay_window_s: float = 0.0):
@@ -447,14 +477,21 @@ class HmacAuth:
         self.max_skew_s = max_skew_s
         self.uid = uid
         self.replay = ReplayCache(window_s=max(2 * max_skew_s, replay_window_s))
+        self.clock = time.monotonic  # for the log's rate limit only
+        self._quiet = _Quiet(self.UNSAFE_KEY_LOG_EVERY_S)
 
     def _key_for(self, node: str) -> bytes:
         try:
             key = self.node_keys.get(node) if self.node_keys is not None else None
         except AuthError as exc:
             # An unsafe or short key file: the admin reads why in the controller's log; the sender, who is
-            # not authenticated yet, learns no path or file mode.
-            log.error("%s", exc)
+            # not authenticated yet, learns no path or file mode. Each request is refused (and counted by the
+            # server), but anyone can send them: the reason is logged once per node per 10 minutes.
+            held = self._quiet.say(str(exc), self.clock())
+            if held is not None:
+                log.error("%s (a request for node %s refused: so is each one until this is fixed; this line is logged "
+                          "at most every %.0f min%s)", exc, node, self.UNSAFE_KEY_LOG_EVERY_S / 60,
+                          f", {held} more requests refused for it since the last one" if held else "")
             raise AuthError(f"the controller cannot use node {node}'s key file (see its log)") from None
         if key is None:
             key = self.key
