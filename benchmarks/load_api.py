@@ -89,7 +89,7 @@ def serve(args) -> int:
         def nodes(self):
             return []
 
-        def scontrol_show_job(self, job_id):
+        def job_detail(self, job_id):
             return None
 
         def scontrol_requeue(self, job_id, **kw):

@@ -31,7 +31,7 @@ class EndedSlurm:
     def nodes(self):
         return [SlurmNode(name="n1", state="idle", gres={}, gres_used={})]
 
-    def scontrol_show_job(self, job_id):
+    def job_detail(self, job_id):
         return None
 
     def update_node_gres(self, node, counts, **kw):

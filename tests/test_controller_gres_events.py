@@ -62,7 +62,7 @@ class CapturedSlurm:
     def reservations(self):
         return []
 
-    def scontrol_show_job(self, job_id):
+    def job_detail(self, job_id):
         return None
 
     def update_node_gres(self, node, counts, *, pad_to=None, **kw):

@@ -130,7 +130,7 @@ class QueueSlurm:
     def nodes(self):
         return [SlurmNode(name="n1", state="idle", gres={}, gres_used={})]
 
-    def scontrol_show_job(self, job_id):
+    def job_detail(self, job_id):
         return self.details.get(str(job_id))
 
     def update_node_gres(self, node, counts, **kw):

@@ -64,7 +64,7 @@ class FlakySlurm:
         self._wait()
         return None if self.down else [SlurmNode(name="n1", state="idle", gres={"3g": 2}, gres_used={})]
 
-    def scontrol_show_job(self, job_id):
+    def job_detail(self, job_id):
         self._wait()
         return None
 
@@ -679,7 +679,7 @@ def test_the_prolog_of_a_request_slurm_mig_cannot_serve_holds_the_job(rig, mig, 
     """Mixed sizes would get only one size bound; such a job is requeued and held, with the reason in its
     AdminComment, rather than run without its instances or start again and again."""
     holds = []
-    rig.fake.scontrol_show_job = lambda job_id: JobDetail(job_id=int(job_id), mig=dict(mig))
+    rig.fake.job_detail = lambda job_id: JobDetail(job_id=int(job_id), mig=dict(mig))
     rig.fake.scontrol_requeue = lambda job_id, **kw: holds.append((str(job_id), kw))
     status, resp = post(rig, "/v1/prolog", {"job_id": "9", "node": "n1", "observed": OBSERVED, "bindings": {}})
     assert status == 200 and resp["action"] == "requeue" and resp["requeued"], resp
@@ -696,7 +696,7 @@ def test_scontrol_for_an_unseen_job_does_not_hold_the_store_lock(rig):
         time.sleep(1.5)
         return None
 
-    rig.fake.scontrol_show_job = slow
+    rig.fake.job_detail = slow
     answers = []
     prolog = threading.Thread(target=lambda: answers.append(
         post(rig, "/v1/prolog", {"job_id": "77", "node": "n1", "observed": OBSERVED, "bindings": {}})))
@@ -717,10 +717,10 @@ def test_a_prolog_for_a_job_neither_the_store_nor_slurm_can_describe_is_answered
     assert status == 503 and resp["kind"] == "SlurmUnavailable", resp
     assert "busy" in rig.errors
     # A job Slurm describes as having no MIG request is still skipped; one the store knows needs no scontrol.
-    rig.fake.scontrol_show_job = lambda job_id: JobDetail(job_id=int(job_id), mig={})
+    rig.fake.job_detail = lambda job_id: JobDetail(job_id=int(job_id), mig={})
     assert post(rig, "/v1/prolog", {"job_id": "78", "node": "n1", "observed": OBSERVED, "bindings": {}}) == \
         (200, {"action": "skip"})
-    rig.fake.scontrol_show_job = lambda job_id: None
+    rig.fake.job_detail = lambda job_id: None
     rig.tick()  # job 1 (3g) is now in the store
     status, resp = post(rig, "/v1/prolog", {"job_id": "1", "node": "n1", "observed": OBSERVED, "bindings": {}})
     assert status == 200 and resp["action"] == "bind", resp
@@ -732,7 +732,7 @@ def test_only_the_configured_partitions_are_managed(rig):
     rig.fake.queue = [replace(j, partition=p) for j, p in zip(rig.fake.queue, ("debug", "debug,gpu"))]
     rig.tick()
     assert rig.store.get_job("1") is None and rig.store.get_job("2") is not None
-    rig.fake.scontrol_show_job = lambda job_id: JobDetail(job_id=int(job_id), partition="debug", mig={"3g": 1})
+    rig.fake.job_detail = lambda job_id: JobDetail(job_id=int(job_id), partition="debug", mig={"3g": 1})
     status, resp = post(rig, "/v1/prolog", {"job_id": "5", "node": "n1", "observed": OBSERVED, "bindings": {}})
     assert (status, resp) == (200, {"action": "skip"}) and rig.store.get_job("5") is None
 
@@ -750,7 +750,7 @@ def test_a_prolog_for_a_job_bound_on_another_node_asks_slurm_first(rig, slurm_sa
     rig.store.upsert_job("10", profile="3g", submit_time=1)
     assert rig.on_prolog({"job_id": "10", "node": "n2", "bindings": {}}, Principal(0, 0, "n2", "hmac"))["action"] == "bind"
     held = rig.store.live_bindings()
-    rig.fake.scontrol_show_job = lambda job_id: None if slurm_says is None else JobDetail(
+    rig.fake.job_detail = lambda job_id: None if slurm_says is None else JobDetail(
         job_id=int(job_id), nodes=[slurm_says], mig={"3g": 1})
     ask = lambda: rig.on_prolog({"job_id": "10", "node": "n1", "bindings": {}}, Principal(0, 0, "n1", "hmac"))  # noqa: E731
     if slurm_says == "n1":
@@ -870,7 +870,7 @@ def test_a_job_id_slurm_uses_again_after_it_ended_here_is_a_new_run(rig, seen_by
         assert [j.job_id for j in rig.store.pending_jobs(include_bound=True)] == ["5"]
     else:
         local = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(submitted))  # as scontrol prints it
-        rig.fake.scontrol_show_job = lambda job_id: JobDetail(job_id=5, state="RUNNING", nodes=["n1"],
+        rig.fake.job_detail = lambda job_id: JobDetail(job_id=5, state="RUNNING", nodes=["n1"],
                                                               mig={"3g": 1}, fields={"SubmitTime": local})
     status, resp = post(rig, "/v1/prolog", {"job_id": "5", "node": "n1", "observed": OBSERVED, "bindings": {}})
     assert status == 200 and resp["action"] == "bind", resp
@@ -1007,13 +1007,13 @@ def test_a_note_on_an_earlier_runs_end_does_not_settle_a_new_run(rig):
     t = _job_5_ended_here(rig, "3g", "FAILED", 256)
     rig._ended_since["5"] = (t[0] - 610, ("FAILED", 256, t[0] - 615))  # the earlier run's note
     rig.fake.queue = []
-    rig.fake.scontrol_show_job = lambda job_id: JobDetail(job_id=5, state="RUNNING", nodes=["n1"], mig={"3g": 1})
+    rig.fake.job_detail = lambda job_id: JobDetail(job_id=5, state="RUNNING", nodes=["n1"], mig={"3g": 1})
     status, resp = post(rig, "/v1/prolog", {"job_id": "5", "node": "n1", "observed": OBSERVED, "bindings": {}})
     assert status == 200 and resp["action"] == "bind", resp
     t[0] += 3  # a short job: it ended before the next tick, its Epilog not reported yet
     rig.fake.queue = [SlurmJob(job_id=5, name="again", user="zoe", state="COMPLETED", mig={"3g": 1},
                                tres_per_node="gres:mig:3g:1", submit_time=int(t[0]) - 5, priority=20)]
-    rig.fake.scontrol_show_job = lambda job_id: JobDetail(job_id=5, state="COMPLETED", nodes=["n1"], mig={"3g": 1},
+    rig.fake.job_detail = lambda job_id: JobDetail(job_id=5, state="COMPLETED", nodes=["n1"], mig={"3g": 1},
                                                           fields={"ExitCode": "0:0"})
     rig.tick()
     job = rig.store.get_job("5")
@@ -1043,7 +1043,7 @@ def test_node_requests_run_at_most_detail_concurrency_scontrol_calls(rig):
     from tests.helpers import MostAtOnce
 
     probe = MostAtOnce()
-    rig.fake.scontrol_show_job = probe.wrap(lambda job_id: JobDetail(job_id=int(job_id), mig={}))
+    rig.fake.job_detail = probe.wrap(lambda job_id: JobDetail(job_id=int(job_id), mig={}))
     threads = [threading.Thread(target=rig._slurm_detail, args=(str(100 + i),)) for i in range(30)]
     for t in threads:
         t.start()

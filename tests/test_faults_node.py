@@ -48,7 +48,7 @@ class StubSlurm:
     def nodes(self):
         return []
 
-    def scontrol_show_job(self, job_id):
+    def job_detail(self, job_id):
         return self.details.get(str(job_id))
 
     def scontrol_requeue(self, job_id, **kw):
@@ -1384,7 +1384,7 @@ def test_without_the_controller_a_mixed_request_gets_all_of_it_or_is_requeued(ri
     from slurm_mig.slurm.runner import SlurmClient
 
     monkeypatch.setattr(hooks, "_job_request", _JOB_REQUEST)
-    monkeypatch.setattr(SlurmClient, "scontrol_show_job", lambda self, job_id: JobDetail(job_id=50, mig=request_))
+    monkeypatch.setattr(SlurmClient, "job_detail", lambda self, job_id: JobDetail(job_id=50, mig=request_))
     rig.srv.stop()
     assert rig.hook("prolog", "50") == 0
     if request_["3g"] > 2:

@@ -54,7 +54,7 @@ class StubSlurm:
     def nodes(self):
         return []
 
-    def scontrol_show_job(self, job_id):
+    def job_detail(self, job_id):
         # Slurm answers, for a job without a MIG request (a failed scontrol is answered 503: that is
         # tests/test_faults_controller.py's, not a fuzzing outcome)
         from slurm_mig.slurm.parsers import JobDetail

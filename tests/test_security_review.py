@@ -19,7 +19,7 @@ H100 = [{"gpu": 0, "uuid": "GPU-0", "model": "H100-80GB", "mig_enabled": True}]
 
 
 class _NoSlurm:
-    def scontrol_show_job(self, job_id):
+    def job_detail(self, job_id):
         return None
 
     def scontrol_requeue(self, job_id, **kw):

@@ -817,3 +817,76 @@ def test_a_slurm_command_that_cannot_be_started_is_a_failed_query_not_an_excepti
     assert SlurmClient().jobs() is None
     with pytest.raises(SlurmCommandError):
         SlurmClient().check([str(exe)])
+
+
+# -- one job's record from squeue fields no user writes (SlurmClient.job_detail) --------------------------
+
+# `squeue -h --states=all -j ID -O JOB_DETAIL_FORMAT` on this machine's Slurm 22.05.8, 2026-11-26: job 1
+# `exit 3`; array 2 (`--array=1-2`, tasks 2 and 6), asked as "2"; job 3 `--gres=mig:1g:1` named
+# $'a\n   TresPerNode=gres:mig:7g:1' (scontrol show job prints that name as two lines); job 4 held, named
+# 'b|c|d' with a comment holding a newline and bars (neither is a field here); job 5 killed by SIGKILL.
+SQUEUE_DETAIL = {
+    "1": "1|1|N/A|FAILED|NonZeroExitCode|debug|n1|n1|1|4294901759|365-00:00:00|N/A|2026-11-26T21:07:20|"
+         "2026-11-26T21:07:21|2026-11-26T21:07:21|768|root|\n",
+    "2": "2|2|2|COMPLETED|None|debug|n1|n1|1|4294901758|365-00:00:00|N/A|2026-11-26T21:07:20|2026-11-26T21:07:21|"
+         "2026-11-26T21:07:21|0|root|\n6|2|1|COMPLETED|None|debug|n1|n1|1|4294901758|365-00:00:00|N/A|"
+         "2026-11-26T21:07:20|2026-11-26T21:07:21|2026-11-26T21:07:21|0|root|\n",
+    "3": "3|3|N/A|RUNNING|None|debug|n1|n1|1|4294901757|365-00:00:00|gres:mig:1g:1|2026-11-26T21:07:20|"
+         "2026-11-26T21:07:21|2027-11-26T21:07:21|0|root|\n",
+    "4": "4|4|N/A|PENDING|JobHeldUser|debug||n/a|1|0|UNLIMITED|N/A|2026-11-26T21:07:20|N/A|N/A|0|root|\n",
+    "5": "5|5|N/A|FAILED|JobLaunchFailure|debug|n1|n1|1|4294901756|365-00:00:00|N/A|2026-11-26T21:07:20|"
+         "2026-11-26T21:07:21|2026-11-26T21:07:21|9|root|\n",
+}
+
+
+def test_job_detail_format_names_no_field_a_user_writes():
+    from slurm_mig.slurm.parsers import JOB_DETAIL_FIELDS, JOB_DETAIL_FORMAT
+
+    names = {n.lower() for n, _ in JOB_DETAIL_FIELDS}
+    assert not names & {"name", "comment", "command", "workdir", "stdout", "stderr", "stdin", "admincomment",
+                        "systemcomment", "mailuser", "container", "reservation", "features", "account", "wckey"}
+    assert JOB_DETAIL_FORMAT.count("|") == len(JOB_DETAIL_FIELDS)
+
+
+@pytest.mark.parametrize("asked,expect", [
+    ("1", (1, "FAILED", {}, ["n1"], "3:0", None)),
+    ("2", (2, "COMPLETED", {}, ["n1"], "0:0", ("2", "2"))),
+    ("3", (3, "RUNNING", {"1g": 1}, ["n1"], "0:0", None)),
+    ("4", (4, "PENDING", {}, [], "0:0", None)),
+    ("5", (5, "FAILED", {}, ["n1"], "0:9", None)),
+])
+def test_parse_job_detail_on_literal_squeue_output(asked, expect):
+    from slurm_mig.slurm.parsers import parse_job_detail, wait_status
+
+    d = parse_job_detail(SQUEUE_DETAIL[asked], asked)
+    array = (d.fields["ArrayJobId"], d.fields["ArrayTaskId"]) if "ArrayTaskId" in d.fields else None
+    assert (d.job_id, d.state, d.mig, d.nodes, d.fields["ExitCode"], array) == expect
+    assert d.partition == "debug" and d.user == "root" and d.name == ""
+    assert wait_status(d.fields["ExitCode"]) == {"1": 768, "5": 9}.get(asked, 0)
+    assert d.held == (asked == "4") and ("EndTime" in d.fields) == (asked != "4")
+
+
+def test_parse_job_detail_picks_the_asked_record():
+    from slurm_mig.slurm.parsers import parse_job_detail
+
+    both = SQUEUE_DETAIL["2"]
+    assert parse_job_detail(both, "6").fields["ArrayTaskId"] == "1"
+    assert parse_job_detail(both, "2_1").job_id == 6 and parse_job_detail(both, "2_2").job_id == 2
+    assert parse_job_detail(both, "7") is None and parse_job_detail("", "2") is None
+    # a line with a field more or less is no record (not a shifted one)
+    assert parse_job_detail("3|3|N/A|RUNNING|None|debug|n1|n1|1|1|UNLIMITED|gres:mig:7g:1|\n", "3") is None
+    assert parse_job_detail(SQUEUE_DETAIL["3"].replace("root|", "root|x|"), "3") is None
+
+
+def test_job_detail_asks_squeue_not_the_text_a_user_can_forge(tmp_path, monkeypatch):
+    """scontrol show job of job 3 as Slurm 22.05 prints it when the job's name holds a newline (one 1g asked,
+    the name forging a 7g): the controller's and the Prolog's question about one job (job_detail) reads
+    squeue's fields and gets the 1g."""
+    from slurm_mig.slurm.runner import SlurmClient
+
+    forged = (b"JobId=3 JobName=a\n   TresPerNode=gres:mig:7g:1\n   UserId=root(0) GroupId=root(0)\n"
+              b"   JobState=RUNNING Reason=None\n   Partition=debug\n   NodeList=n1\n   TresPerNode=gres:mig:1g:1\n")
+    _fake_command(tmp_path, monkeypatch, "scontrol", forged)
+    _fake_command(tmp_path, monkeypatch, "squeue", SQUEUE_DETAIL["3"].encode())
+    assert SlurmClient().scontrol_show_job(3).mig == {"7g": 1}  # first value wins: the forged one
+    assert SlurmClient().job_detail(3).mig == {"1g": 1}

@@ -528,7 +528,7 @@ class Controller:
                 # it ended), whose end and exit status are not this run's. This run waits its own grace.
                 first, record = now, None
             if record is None and sj is not None:
-                detail = self.slurm.scontrol_show_job(job.job_id)
+                detail = self.slurm.job_detail(job.job_id)
                 if detail is not None and detail.state not in TERMINAL:
                     continue  # requeued meanwhile: the next ticks see it
                 record = _slurm_end(detail, sj.state, now)
@@ -1187,7 +1187,7 @@ class Controller:
                         job_id, self.DETAIL_CONCURRENCY)
             return None
         try:
-            return self.slurm.scontrol_show_job(job_id)
+            return self.slurm.job_detail(job_id)
         finally:
             self._detail_slots.release()
 
@@ -1259,7 +1259,7 @@ class Controller:
         if elsewhere:
             # Bound on another node: the job was requeued and started here before a tick saw it, or this
             # node speaks beyond itself. Only Slurm can tell; its bindings there are not released unasked.
-            where = detail or self.slurm.scontrol_show_job(job_id)
+            where = detail or self.slurm.job_detail(job_id)
             if where is None or node not in where.nodes:
                 from slurm_mig.api.server import RequestRejected
 

@@ -559,7 +559,7 @@ def _job_request(node: Node, job_id: str) -> dict[str, int] | None:
     empty for a job without one), for when the controller cannot be asked; None if Slurm cannot say."""
     from slurm_mig.slurm.runner import SlurmClient
 
-    detail = SlurmClient(slurm_conf=node.settings.slurm_conf, timeout=10).scontrol_show_job(job_id)
+    detail = SlurmClient(slurm_conf=node.settings.slurm_conf, timeout=10).job_detail(job_id)
     if detail is None:
         return None
     from slurm_mig.slurm.gres import GRES_TO_KIND

@@ -627,6 +627,58 @@ def parse_scontrol_jobs(text: str) -> list[JobDetail]:
     return jobs
 
 
+#: ``squeue -O`` fields for one job's record (SlurmClient.job_detail), and the ``scontrol show job`` key each
+#: stands in for in JobDetail.fields. None is text the job's user writes: Slurm prints the name, comment, paths
+#: and mail user verbatim, newlines included, and one such newline forged a whole ``TresPerNode=`` line in
+#: ``scontrol show job`` (seen on Slurm 22.05: ``sbatch -J $'a\n   TresPerNode=gres:mig:7g:1'``).
+JOB_DETAIL_FIELDS: tuple[tuple[str, str], ...] = (
+    ("JobID", "JobId"), ("ArrayJobID", "ArrayJobId"), ("ArrayTaskID", "ArrayTaskId"), ("State", "JobState"),
+    ("Reason", "Reason"), ("Partition", "Partition"), ("NodeList", "NodeList"), ("BatchHost", "BatchHost"),
+    ("NumNodes", "NumNodes"), ("PriorityLong", "Priority"), ("TimeLimit", "TimeLimit"),
+    ("tres-per-node", "TresPerNode"), ("SubmitTime", "SubmitTime"), ("StartTime", "StartTime"),
+    ("EndTime", "EndTime"), ("exit_code", "ExitCode"), ("UserName", "UserId"),
+)
+
+#: The ``squeue -O`` argument for JOB_DETAIL_FIELDS: each field ends in "|" (none of their values holds one).
+JOB_DETAIL_FORMAT = ",".join(f"{name}:|" for name, _ in JOB_DETAIL_FIELDS)
+
+
+def parse_job_detail(text: str, job_id: int | str) -> JobDetail | None:
+    """Job ``job_id`` (``"42"``, or an array task ``"40_2"``) from ``squeue -h --states=all -j ID -O
+    JOB_DETAIL_FORMAT`` output; None when it is not there. A line with another number of fields is no record.
+
+    squeue lists every task of an array for the array's id, so the record is picked by its own id. Its fields
+    are put under scontrol show job's keys (ExitCode as ``exit:signal``; "N/A" left out) for the callers that
+    read those; there is no job name (the user's text, see JOB_DETAIL_FIELDS)."""
+    want = str(job_id).strip()
+    for line in text.splitlines():
+        values = line.split("|")
+        if len(values) != len(JOB_DETAIL_FIELDS) + 1 or values[-1].strip():
+            continue
+        kv = {key: v.strip() for (_, key), v in zip(JOB_DETAIL_FIELDS, values)}
+        kv = {k: v for k, v in kv.items() if v and v not in ("N/A", "n/a", "(null)")}
+        array = f"{kv.get('ArrayJobId', '')}_{kv.get('ArrayTaskId', '')}"
+        if want not in (kv.get("JobId"), array):
+            continue
+        if "ArrayTaskId" not in kv:
+            kv.pop("ArrayJobId", None)  # squeue says the job's own id there; scontrol says nothing
+        status = _num(kv.get("ExitCode"))
+        if status is not None:
+            kv["ExitCode"] = format_exit_status(status)
+        job = _num(kv.get("JobId"))
+        if job is None:
+            continue
+        tres = kv.get("TresPerNode", "")
+        return JobDetail(
+            job_id=job, user=kv.get("UserId", ""), state=kv.get("JobState", "").rstrip("+"),
+            reason=kv.get("Reason", ""), partition=kv.get("Partition", ""),
+            nodes=expand_hostlist(kv.get("NodeList")), batch_host=kv.get("BatchHost", ""),
+            num_nodes=_num(kv.get("NumNodes")), priority=_num(kv.get("Priority")),
+            time_limit=kv.get("TimeLimit", ""), tres_per_node=tres, mig=mig_request(tres), fields=kv,
+        )
+    return None
+
+
 def parse_scontrol_kv(text: str) -> dict[str, str]:
     """Top-level ``Key=Value`` fields of the first record in scontrol output (first occurrence wins).
 

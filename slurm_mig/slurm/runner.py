@@ -246,8 +246,17 @@ class SlurmClient:
         doc = self.sinfo_json()
         return None if doc is None else parsers.parse_sinfo_json(doc)
 
+    def job_detail(self, job_id: int | str) -> parsers.JobDetail | None:
+        """One job's record from ``squeue -h --states=all -j ID -O ...`` (parsers.parse_job_detail); None if
+        Slurm failed or forgot the job. What the hooks and the controller ask Slurm about one job: it reads
+        no text the job's user writes, where ``scontrol show job`` prints such text, newlines included, in
+        the same lines as the request (parsers.JOB_DETAIL_FIELDS)."""
+        res = self.query(["squeue", "-h", "--states=all", "-j", str(job_id), "-O", parsers.JOB_DETAIL_FORMAT])
+        return None if res is None else parsers.parse_job_detail(res.stdout, job_id)
+
     def scontrol_show_job(self, job_id: int | str) -> parsers.JobDetail | None:
-        """Parsed ``scontrol show job -d ID``; None if Slurm failed or forgot the job."""
+        """Parsed ``scontrol show job -d ID``; None if Slurm failed or forgot the job. Not for deciding what a
+        job may have (its user's text can forge lines there: use job_detail)."""
         res = self.query(["scontrol", "-d", "show", "job", str(job_id)])
         if res is None:
             return None

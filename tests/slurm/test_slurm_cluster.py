@@ -70,6 +70,24 @@ def test_jobs_without_mig_pass_through(slurm, job_dir, wait_for):
     assert d.tres_per_node == "" and d.job_gres == {}
 
 
+def test_a_newline_in_a_jobs_own_text_forges_no_mig_request(slurm, job_dir, wait_for):
+    """Slurm 22.05 takes a newline in a job's name, comment and output path, and scontrol show job prints
+    it as it is: a line of the user's making (`   TresPerNode=gres:mig:7g:1`) that parse_scontrol_jobs
+    reads as the job's request. job_detail, which the controller and the Prolog ask, reads squeue fields
+    no user writes: the job asked for one 1g, or for nothing, and that is what it is said to ask for."""
+    forged = "x\n   TresPerNode=gres:mig:7g:1\n   NodeList=n9"
+    asks = slurm.sbatch(wrap="sleep 30", gres="mig:1g", args=["-H", "-J", forged, "--comment", forged])
+    plain = slurm.sbatch(wrap="true", args=["-H", "-J", forged, "-o", str(job_dir / "x\n   TresPerNode=gres:mig:7g:1")])
+    try:
+        assert slurm.scontrol_show_job(plain).mig == {"7g": 1}  # the text form is fooled: why it is not asked
+        for job_id, mig in ((asks, {"1g": 1}), (plain, {})):
+            d = slurm.job_detail(job_id)
+            assert d is not None and (d.job_id, d.mig, d.nodes, d.state) == (int(job_id), mig, [], "PENDING"), d
+    finally:
+        slurm.scancel(asks)
+        slurm.scancel(plain)
+
+
 @pytest.mark.parametrize("request_,message", [
     ("mig:5g", "unknown MIG size '5g'"),
     ("mig:8g", "unknown MIG size '8g'"),
