@@ -1171,19 +1171,19 @@ class Controller:
         self.store.replace_observed(node, gpus, insts, now=self.clock(),
                                     state="up" if known is None or known.state == "unknown" else None)
 
-    #: ``scontrol show job`` calls node requests make at once. Each Prolog of a job no tick has seen asks
+    #: Slurm queries about one job (SlurmClient.job_detail) node requests make at once. Each Prolog of a job no tick has seen asks
     #: one from its own request thread: a burst of job starts (or one node sending many) would fork as many
     #: on the head node. Below runner.MAX_CONCURRENT, so the tick's own Slurm commands always find a slot.
     DETAIL_CONCURRENCY = 8
 
     def _slurm_detail(self, job_id: str):
-        """``scontrol show job`` for a job the store does not know yet (None if it does, or if Slurm cannot
+        """Slurm's record (SlurmClient.job_detail) of a job the store does not know yet (None if it does, or if Slurm cannot
         be asked, within 10 s, for a free one of DETAIL_CONCURRENCY slots). Asked before the store's transaction:
-        scontrol may take up to its timeout, and other nodes' requests wait on the lock."""
+        squeue may take up to its timeout, and other nodes' requests wait on the lock."""
         if self._known_request(job_id):
             return None
         if not self._detail_slots.acquire(timeout=10.0):
-            log.warning("job %s: %d scontrol show job calls already running for node requests; not asked",
+            log.warning("job %s: %d Slurm job queries already running for node requests; not asked",
                         job_id, self.DETAIL_CONCURRENCY)
             return None
         try:
@@ -1250,7 +1250,7 @@ class Controller:
         if detail is None and not self._known_request(job_id):
             # Neither the store nor Slurm can say what the job asks for: answering "skip" would start a MIG
             # job with no instance. 503: the node asks Slurm itself (bind an existing instance, or requeue).
-            raise SlurmUnavailable(f"job {job_id}: not seen by a tick yet, and `scontrol show job` failed")
+            raise SlurmUnavailable(f"job {job_id}: not seen by a tick yet, and Slurm's record of it (squeue -j) could not be read")
         try:
             self._request_of(detail)  # said here, outside the transaction: holding it runs scontrol
         except ValueError as exc:
@@ -1899,7 +1899,7 @@ def _same_run(job, listed, outcome=None) -> bool:
 
 
 def _array_task_of(detail) -> str | None:
-    """``"<array job id>_<task id>"`` of an array task from its ``scontrol show job``, else None."""
+    """``"<array job id>_<task id>"`` of an array task from its Slurm record (job_detail), else None."""
     fields = getattr(detail, "fields", None) or {}
     array_id, task = fields.get("ArrayJobId", ""), fields.get("ArrayTaskId", "")
     job_id = f"{array_id}_{task}"
@@ -1907,7 +1907,7 @@ def _array_task_of(detail) -> str | None:
 
 
 def _slurm_end(detail, state: str, now: float) -> tuple[str, int | None, float]:
-    """(state, exit status as the Epilog reports it, end time) of an ended job from ``scontrol show job``;
+    """(state, exit status as the Epilog reports it, end time) of an ended job from its Slurm record (job_detail);
     squeue's state and an unknown exit status when scontrol could not answer."""
     if detail is None:
         return state, None, now
