@@ -194,3 +194,33 @@ def test_after_apply_sees_each_decision_in_place_before_time_moves():
             assert in_use >= 1 and all(sim.records[a.job_id].start >= t for a in decision.assignments)
     assert len(seen) == steps and steps > 10
     assert sim.result(0.0).jobs and all(r.end < math.inf for r in sim.result(0.0).jobs)
+
+
+def test_a_job_past_its_time_limit_ends_there_and_its_run_time_is_never_shown():
+    """A replayed history (`simulate --db`, `policy retrain`'s replay 0) can hold a job whose recorded run
+    time exceeds its --time: the simulator ran it to the end and showed every policy start + run time as
+    the instance's expected end, the oracle the controller never has (it shows start + limit). Slurm
+    ends such a job at its limit; so does the simulator now, and the lower bounds count that."""
+    seen = []
+
+    class Spy:
+        name = "spy"
+
+        def __init__(self):
+            self.inner = get_policy("greedy")
+
+        def decide(self, state):
+            seen.extend(t for g in state.gpus for _s, t in g.busy_until)
+            return self.inner.decide(state)
+
+    w = one_gpu([Job("a", 0.0, "7g", 1, 3600.0, 600.0), Job("b", 10.0, "7g", 1, 100.0, 600.0)])
+    r = simulate(w, Spy(), ClusterSpec(1, 1), SimConfig(check=True))
+    a, b = sorted(r.jobs, key=lambda x: x.job.job_id)
+    c = CREATE_7G
+    assert seen and max(seen) == pytest.approx(c + 600.0)  # b waits behind a's limit, never its 3600 s
+    assert a.end == pytest.approx(600.0 + c) and a.duration == pytest.approx(600.0)
+    assert b.start == pytest.approx(600.0 + c)
+    m = compute_metrics(r)
+    lb = lower_bounds(w, 1)
+    assert lb.mean_jct_s == pytest.approx(350.0) and lb.makespan_s == pytest.approx(700.0)
+    assert lb.mean_jct_s <= m.mean_jct_s and lb.makespan_s <= m.makespan_s

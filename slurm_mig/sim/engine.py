@@ -16,7 +16,10 @@ Model (the same contract the controller has with a policy):
     ``reconfiguring`` until then;
   - an Assignment binds the instances at once; the job starts when the last of
     them exists and runs for its run time on that profile (the workload's speed
-    model), then frees them (instances are kept for the next job).
+    model), at most its time limit (Slurm ends it there), then frees them
+    (instances are kept for the next job). The policy sees start + time limit
+    as the instance's expected end (busy_until), as the controller does; never
+    the run time.
 
 * Deterministic: no randomness here; ties are broken by event order.
 
@@ -345,6 +348,8 @@ class Simulator:
                 prof = self.model.profile(gs[0][1].profile) if gs else None
                 dur = rec.job.duration_on(kind)
                 tl = rec.pending.time_limit_s
+                if tl and dur > tl:
+                    dur = tl  # Slurm ends a job at its time limit (TIMEOUT): a replayed history can have one
                 rec.start, rec.end, rec.duration = start, start + dur, dur
                 rec.node = a.node
                 rec.instances = tuple(a.instances)
@@ -353,7 +358,7 @@ class Simulator:
                 for g, slot in gs:
                     g.busy[slot] = a.job_id
                     if tl:
-                        g.busy_until[slot] = start + max(tl, dur)
+                        g.busy_until[slot] = start + tl  # what the controller shows: never the run time
                     self._touch(g)
                     if cfg.record:
                         self.timeline.append(Segment(g.key, "job", slot, start, start + dur, a.job_id))

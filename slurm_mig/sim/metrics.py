@@ -15,6 +15,9 @@ profile it asked for or, no-MIG, on whole GPUs):
   a job's work is min(size x run time, 7 x run time on 7g) in
   compute-slice-seconds; and each job's submit + its shortest run time.
 * mean JCT >= mean of each job's shortest run time (zero wait); mean wait >= 0.
+
+A job's run time is at most its time limit: the simulator ends it there, as
+Slurm does.
 """
 
 from __future__ import annotations
@@ -91,6 +94,9 @@ def _shortest(j: Job) -> tuple[float, float]:
     size = {"1g": 1, "2g": 2, "3g": 3, "4g": 4, "7g": 7}.get(base_kind(j.profile), 7)
     own = j.duration_s
     whole = j.duration_on("7g")
+    if j.time_limit_s:  # the simulator ends a job at its limit, as Slurm does
+        own = min(own, j.time_limit_s)
+        whole = min(whole, j.time_limit_on("7g"))
     return min(own, whole), j.count * min(size * own, 7 * whole)
 
 
