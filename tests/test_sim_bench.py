@@ -122,3 +122,29 @@ def test_acceptance_frag_aware_waits_least_on_alibaba():
     assert waits["greedy"] > 600, "the cluster is sized so that jobs queue"
     for base in BASELINES:
         assert waits["frag-aware"] < waits[base], waits
+
+
+def test_report_markdown_says_when_jobs_never_ran(tmp_path, capsys):
+    """benchmarks/report.py writes docs/benchmarks.md's tables from `bench --json`, whose mean waits are over
+    the jobs that ran; `bench`'s own table says when some never did, the Markdown said nothing."""
+    import runpy
+    import sys
+
+    trace = small_trace(tmp_path, n=30)
+    with open(trace, "a") as f:
+        f.write("big,1000,1024,16,1000,,BE,Running,100,5000,105\n")
+    assert main(["bench", "--json", "--no-synthetic", "--trace", str(trace), "--nodes", "1",
+                 "--policies", "greedy"]) == 0
+    out = tmp_path / "bench.json"
+    out.write_text(capsys.readouterr().out)
+    assert json.loads(out.read_text())["workloads"][0]["results"][0]["finished"] == 26
+    report = Path(__file__).resolve().parents[1] / "benchmarks" / "report.py"
+    argv = sys.argv
+    sys.argv = [str(report), str(out)]
+    try:
+        with pytest.raises(SystemExit) as e:
+            runpy.run_path(str(report), run_name="__main__")
+    finally:
+        sys.argv = argv
+    assert e.value.code == 0
+    assert "greedy: 1 of 27 jobs never ran; its times are over the 26 that did." in capsys.readouterr().out
