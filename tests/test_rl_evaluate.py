@@ -37,3 +37,22 @@ def test_markdown_says_when_a_policy_left_jobs_unrun():
     assert summary["f"]["mean_wait_s"]["rl_minus_best"][0] == pytest.approx(-52.0)
     md = markdown(summary, ["rl", "frag-aware"])
     assert "f: rl left 2 job(s) unrun over the seeds" in md and "frag-aware left" not in md
+
+
+def test_p95_wait_is_interpolated_as_the_bench_does():
+    """run_case took waits[int(0.95 * (n - 1))], the lower rank: of two jobs the p95 was the shorter wait,
+    while `slurm-mig bench` (metrics._pct) interpolates; the two now agree."""
+    from slurm_mig.policies import get_policy
+    from slurm_mig.sim.engine import ClusterSpec, simulate
+    from slurm_mig.sim.metrics import compute_metrics
+    from slurm_mig.sim.workloads import Job, Workload
+    from training.evaluate import run_case
+    from training.splits import Case
+
+    w = Workload("two", [Job("a", 0.0, "7g", 1, 100.0, 120.0), Job("b", 0.0, "7g", 1, 100.0, 120.0)],
+                 nodes=1, gpus_per_node=1)
+    spec = ClusterSpec(1, 1)
+    got = run_case(Case("two", w, spec), "greedy")
+    bench = compute_metrics(simulate(w, get_policy("greedy"), spec))
+    assert got["max_wait_s"] - got["p95_wait_s"] == pytest.approx(5.0, abs=0.01)  # 0.95 of the 100 s between
+    assert got["p95_wait_s"] == pytest.approx(bench.p95_wait_s)

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from slurm_mig.policies import get_policy
 from slurm_mig.sim.engine import SimConfig, simulate
+from slurm_mig.sim.metrics import _pct
 
 from training.splits import TEST_FAMILIES, TEST_SEEDS, Case, heldout_cases
 
@@ -67,7 +68,7 @@ def run_case(case: Case, policy, *, check: bool = False) -> dict:
     return {
         "mean_wait_s": sum(waits) / n,
         "mean_jct_s": sum(x.end - x.job.submit_time for x in done) / n,
-        "p95_wait_s": waits[int(0.95 * (len(waits) - 1))] if waits else 0.0,
+        "p95_wait_s": _pct(waits, 0.95),  # interpolated, as `slurm-mig bench`'s
         "max_wait_s": waits[-1] if waits else 0.0,
         "jobs": len(recs), "unfinished": len(recs) - len(done),
         "reconfigurations": r.reconfigurations, "wall_s": time.perf_counter() - t0,
