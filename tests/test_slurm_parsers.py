@@ -824,17 +824,19 @@ def test_a_slurm_command_that_cannot_be_started_is_a_failed_query_not_an_excepti
 # `squeue -h --states=all -j ID -O JOB_DETAIL_FORMAT` on this machine's Slurm 22.05.8, 2026-11-26: job 1
 # `exit 3`; array 2 (`--array=1-2`, tasks 2 and 6), asked as "2"; job 3 `--gres=mig:1g:1` named
 # $'a\n   TresPerNode=gres:mig:7g:1' (scontrol show job prints that name as two lines); job 4 held, named
-# 'b|c|d' with a comment holding a newline and bars (neither is a field here); job 5 killed by SIGKILL.
+# 'b|c|d' with a comment holding a newline and bars (neither is a field here); job 5 killed by SIGKILL. Their
+# fifth column, Reason (NonZeroExitCode, None, None, None, JobHeldUser, JobLaunchFailure), is taken out: it is
+# no longer asked (free text, test_job_detail_asks_for_no_field_whose_text_may_be_a_scripts_answer).
 SQUEUE_DETAIL = {
-    "1": "1|1|N/A|FAILED|NonZeroExitCode|debug|n1|n1|1|4294901759|365-00:00:00|N/A|2026-11-26T21:07:20|"
+    "1": "1|1|N/A|FAILED|debug|n1|n1|1|4294901759|365-00:00:00|N/A|2026-11-26T21:07:20|"
          "2026-11-26T21:07:21|2026-11-26T21:07:21|768|root|\n",
-    "2": "2|2|2|COMPLETED|None|debug|n1|n1|1|4294901758|365-00:00:00|N/A|2026-11-26T21:07:20|2026-11-26T21:07:21|"
-         "2026-11-26T21:07:21|0|root|\n6|2|1|COMPLETED|None|debug|n1|n1|1|4294901758|365-00:00:00|N/A|"
+    "2": "2|2|2|COMPLETED|debug|n1|n1|1|4294901758|365-00:00:00|N/A|2026-11-26T21:07:20|2026-11-26T21:07:21|"
+         "2026-11-26T21:07:21|0|root|\n6|2|1|COMPLETED|debug|n1|n1|1|4294901758|365-00:00:00|N/A|"
          "2026-11-26T21:07:20|2026-11-26T21:07:21|2026-11-26T21:07:21|0|root|\n",
-    "3": "3|3|N/A|RUNNING|None|debug|n1|n1|1|4294901757|365-00:00:00|gres:mig:1g:1|2026-11-26T21:07:20|"
+    "3": "3|3|N/A|RUNNING|debug|n1|n1|1|4294901757|365-00:00:00|gres:mig:1g:1|2026-11-26T21:07:20|"
          "2026-11-26T21:07:21|2027-11-26T21:07:21|0|root|\n",
-    "4": "4|4|N/A|PENDING|JobHeldUser|debug||n/a|1|0|UNLIMITED|N/A|2026-11-26T21:07:20|N/A|N/A|0|root|\n",
-    "5": "5|5|N/A|FAILED|JobLaunchFailure|debug|n1|n1|1|4294901756|365-00:00:00|N/A|2026-11-26T21:07:20|"
+    "4": "4|4|N/A|PENDING|debug||n/a|1|0|UNLIMITED|N/A|2026-11-26T21:07:20|N/A|N/A|0|root|\n",
+    "5": "5|5|N/A|FAILED|debug|n1|n1|1|4294901756|365-00:00:00|N/A|2026-11-26T21:07:20|"
          "2026-11-26T21:07:21|2026-11-26T21:07:21|9|root|\n",
 }
 
@@ -844,7 +846,8 @@ def test_job_detail_format_names_no_field_a_user_writes():
 
     names = {n.lower() for n, _ in JOB_DETAIL_FIELDS}
     assert not names & {"name", "comment", "command", "workdir", "stdout", "stderr", "stdin", "admincomment",
-                        "systemcomment", "mailuser", "container", "reservation", "features", "account", "wckey"}
+                        "systemcomment", "mailuser", "container", "reservation", "features", "account", "wckey",
+                        "reason", "reasonlist"}
     assert JOB_DETAIL_FORMAT.count("|") == len(JOB_DETAIL_FIELDS)
 
 
@@ -890,3 +893,37 @@ def test_job_detail_asks_squeue_not_the_text_a_user_can_forge(tmp_path, monkeypa
     _fake_command(tmp_path, monkeypatch, "squeue", SQUEUE_DETAIL["3"].encode())
     assert SlurmClient().scontrol_show_job(3).mig == {"7g": 1}  # first value wins: the forged one
     assert SlurmClient().job_detail(3).mig == {"1g": 1}
+
+
+def test_job_detail_asks_for_no_field_whose_text_may_be_a_scripts_answer(tmp_path, monkeypatch):
+    """squeue's Reason prints the job's state_desc when Slurm set one, and that is free text: the burst-buffer
+    plugins put `<plugin>: <op>: <their script's answer>` there (a site's Lua script, or dw_wlm_cli, answering
+    about the job's own #BB/#DW lines). An answer with a newline and bars spelt a record of its own, as a job
+    name did in scontrol show job. No caller reads the reason, so it is not asked. The fake squeue prints what
+    it is asked for, the reason spelling a line that asks for a 7g."""
+    import json
+    import sys
+
+    from slurm_mig.slurm.parsers import JOB_DETAIL_FIELDS
+    from slurm_mig.slurm.runner import SlurmClient
+
+    real = {"JobID": "3", "ArrayJobID": "3", "ArrayTaskID": "N/A", "State": "RUNNING", "Reason": "None",
+            "Partition": "debug", "NodeList": "n1", "BatchHost": "n1", "NumNodes": "1", "PriorityLong": "4294901757",
+            "TimeLimit": "365-00:00:00", "tres-per-node": "gres:mig:1g:1", "SubmitTime": "2026-11-26T21:07:20",
+            "StartTime": "2026-11-26T21:07:21", "EndTime": "2027-11-26T21:07:21", "exit_code": "0", "UserName": "root"}
+    assert {n for n, _ in JOB_DETAIL_FIELDS} <= set(real)
+    forged = {**real, "tres-per-node": "gres:mig:7g:1"}
+    data = tmp_path / "squeue.json"
+    data.write_text(json.dumps({"real": real, "forged": forged}))
+    exe = tmp_path / "squeue"
+    exe.write_text(f"#!{sys.executable}\n" + """import json, sys
+d = json.load(open(%r))
+names = [f.split(":")[0] for f in sys.argv[sys.argv.index("-O") + 1].split(",")]
+line = lambda v: "".join(v.get(n, "") + "|" for n in names)
+real = dict(d["real"], Reason="burst_buffer/lua: slurm_bb_setup: no such pool\\n" + line(d["forged"]) + "\\nx")
+sys.stdout.write(line(real) + "\\n")
+""" % str(data))
+    exe.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    d = SlurmClient().job_detail(3)
+    assert d is not None and (d.job_id, d.mig, d.state) == (3, {"1g": 1}, "RUNNING")

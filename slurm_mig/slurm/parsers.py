@@ -630,10 +630,12 @@ def parse_scontrol_jobs(text: str) -> list[JobDetail]:
 #: ``squeue -O`` fields for one job's record (SlurmClient.job_detail), and the ``scontrol show job`` key each
 #: stands in for in JobDetail.fields. None is text the job's user writes: Slurm prints the name, comment, paths
 #: and mail user verbatim, newlines included, and one such newline forged a whole ``TresPerNode=`` line in
-#: ``scontrol show job`` (seen on Slurm 22.05: ``sbatch -J $'a\n   TresPerNode=gres:mig:7g:1'``).
+#: ``scontrol show job`` (seen on Slurm 22.05: ``sbatch -J $'a\n   TresPerNode=gres:mig:7g:1'``). Nor is
+#: ``Reason``: squeue prints the job's state_desc there when Slurm set one, free text (the burst-buffer plugins
+#: put their script's answer about the job's own #BB/#DW lines in it), and no caller reads it.
 JOB_DETAIL_FIELDS: tuple[tuple[str, str], ...] = (
     ("JobID", "JobId"), ("ArrayJobID", "ArrayJobId"), ("ArrayTaskID", "ArrayTaskId"), ("State", "JobState"),
-    ("Reason", "Reason"), ("Partition", "Partition"), ("NodeList", "NodeList"), ("BatchHost", "BatchHost"),
+    ("Partition", "Partition"), ("NodeList", "NodeList"), ("BatchHost", "BatchHost"),
     ("NumNodes", "NumNodes"), ("PriorityLong", "Priority"), ("TimeLimit", "TimeLimit"),
     ("tres-per-node", "TresPerNode"), ("SubmitTime", "SubmitTime"), ("StartTime", "StartTime"),
     ("EndTime", "EndTime"), ("exit_code", "ExitCode"), ("UserName", "UserId"),
@@ -649,7 +651,7 @@ def parse_job_detail(text: str, job_id: int | str) -> JobDetail | None:
 
     squeue lists every task of an array for the array's id, so the record is picked by its own id. Its fields
     are put under scontrol show job's keys (ExitCode as ``exit:signal``; "N/A" left out) for the callers that
-    read those; there is no job name (the user's text, see JOB_DETAIL_FIELDS)."""
+    read those; there is no job name (the user's text) nor reason (free text), see JOB_DETAIL_FIELDS."""
     want = str(job_id).strip()
     for line in text.splitlines():
         values = line.split("|")
@@ -671,7 +673,7 @@ def parse_job_detail(text: str, job_id: int | str) -> JobDetail | None:
         tres = kv.get("TresPerNode", "")
         return JobDetail(
             job_id=job, user=kv.get("UserId", ""), state=kv.get("JobState", "").rstrip("+"),
-            reason=kv.get("Reason", ""), partition=kv.get("Partition", ""),
+            partition=kv.get("Partition", ""),
             nodes=expand_hostlist(kv.get("NodeList")), batch_host=kv.get("BatchHost", ""),
             num_nodes=_num(kv.get("NumNodes")), priority=_num(kv.get("Priority")),
             time_limit=kv.get("TimeLimit", ""), tres_per_node=tres, mig=mig_request(tres), fields=kv,
