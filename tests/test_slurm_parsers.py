@@ -927,3 +927,18 @@ sys.stdout.write(line(real) + "\\n")
     monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
     d = SlurmClient().job_detail(3)
     assert d is not None and (d.job_id, d.mig, d.state) == (3, {"1g": 1}, "RUNNING")
+
+
+def test_slurm_commands_ignore_the_squeue_and_sinfo_variables_they_inherit(monkeypatch):
+    """SQUEUE_USERS, SQUEUE_PARTITION, SQUEUE_STATES, SINFO_PARTITION or SLURM_CLUSTERS in the controller's (or a
+    hook's) environment filtered what squeue and sinfo list: the tick would not see other users' jobs, and a
+    job's own record could be missing. Only the formats were dropped before."""
+    from slurm_mig.slurm.runner import slurm_env
+
+    for var, value in (("SQUEUE_USERS", "nobody"), ("SQUEUE_PARTITION", "other"), ("SQUEUE_STATES", "R"),
+                       ("SQUEUE_ARRAY", "1"), ("SINFO_PARTITION", "other"), ("SLURM_CLUSTERS", "elsewhere"),
+                       ("SCONTROL_ALL", "1"), ("SQUEUE_FORMAT", "%i"), ("SLURM_CONF", "/etc/slurm/x.conf")):
+        monkeypatch.setenv(var, value)
+    env = slurm_env()
+    assert not [v for v in env if v.startswith(("SQUEUE_", "SINFO_", "SCONTROL_")) or v == "SLURM_CLUSTERS"]
+    assert env["SLURM_CONF"] == "/etc/slurm/x.conf" and slurm_env(slurm_conf="/y")["SLURM_CONF"] == "/y"

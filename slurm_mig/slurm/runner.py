@@ -88,8 +88,13 @@ def slurm_env(env: Mapping[str, str] | None = None, slurm_conf: str | os.PathLik
         out.update(env)
     if slurm_conf is not None:
         out["SLURM_CONF"] = os.fspath(slurm_conf)
-    # A user's SQUEUE_FORMAT/SINFO_FORMAT etc. would change the text we parse.
-    for var in ("SQUEUE_FORMAT", "SQUEUE_FORMAT2", "SINFO_FORMAT", "SQUEUE_SORT", "SLURM_TIME_FORMAT"):
+    # The query commands' input variables change what they list or how: SQUEUE_FORMAT/SINFO_FORMAT the text we
+    # parse, SQUEUE_USERS/SQUEUE_PARTITION/SQUEUE_STATES/SQUEUE_ARRAY/SINFO_PARTITION which jobs or nodes, and
+    # SLURM_CLUSTERS which cluster. Inherited by the controller or a hook, one would hide jobs from the tick or a
+    # job's own record from job_detail; none is ours to honour.
+    for var in [v for v in out if v.startswith(("SQUEUE_", "SINFO_", "SCONTROL_"))]:
+        out.pop(var)
+    for var in ("SLURM_TIME_FORMAT", "SLURM_CLUSTERS"):
         out.pop(var, None)
     return out
 
