@@ -536,6 +536,26 @@ def test_a_controller_back_from_an_outage_does_not_requeue_a_job_its_node_bound_
     assert ("requeue", "6") in rig.fake.calls and ("requeue", "5") not in rig.fake.calls
 
 
+def test_a_binding_file_a_report_could_not_adopt_keeps_its_job_from_being_requeued(rig):
+    """Found in review: the API serves reports before the first tick, and a report naming a binding file of a job
+    the store does not know yet adopts nothing (it needs the job's row) but counted as the node having
+    reported. The first tick then requeued the job as started without its Prolog, though the node holds its
+    instance. A job a binding file names is left for the next report, which adopts it."""
+    t = [time.time()]
+    rig.clock = lambda: t[0]
+    bound = {"5": [{"gpu": 0, "profile": "3g.40gb", "start": 0, "uuid": "MIG-a"}]}
+    status, _ = post(rig, "/v1/report", {"node": "n1", "observed": OBSERVED, "bindings": bound,
+                                         "binding_times": {"5": t[0] - 299}})
+    assert status == 200 and rig.store.get_job("5") is None  # nothing to adopt it for yet
+    rig.fake.queue = [SlurmJob(job_id=5, name="e", user="eve", state="RUNNING", nodes=["n1"], mig={"3g": 1},
+                               tres_per_node="gres:mig:3g:1", submit_time=int(t[0]) - 900,
+                               start_time=int(t[0]) - 300, priority=1)]
+    assert rig.tick()["requeued_unbound"] == 0 and ("requeue", "5") not in rig.fake.calls
+    assert post(rig, "/v1/report", {"node": "n1", "observed": OBSERVED, "bindings": bound,
+                                    "binding_times": {"5": t[0] - 299}})[0] == 200
+    assert rig.store.bound_instances("5")  # adopted now that the tick knows the job
+
+
 # -- Slurm starting jobs while the controller changes a node's counts -----------------------------
 
 def _race_rig(rig, *, slip: bool):

@@ -206,7 +206,8 @@ class Controller:
         # node -> when (node's clock) the freshest GPU report stored was observed: an older one arriving
         # later (a Prolog that looked before another re-carved, an outbox message) must not undo it.
         self._observed_at: dict[str, float] = {}
-        self._reported_at: dict[str, float] = {}  # node -> when (our clock) its last report was stored
+        # node -> when (our clock) its last report was stored, and the jobs its binding files named
+        self._reported_at: dict[str, tuple[float, frozenset[str]]] = {}
         # (node, job) -> journal entries its Prolog's re-carve carries: closed by that job's /v1/bound or
         # /v1/bind-failed, not every open entry of the node (another Prolog's or the health check's).
         self._prolog_entries: dict[tuple[str, str], list[int]] = {}
@@ -565,8 +566,10 @@ class Controller:
             if j.state != "RUNNING" or not j.wants_mig or not j.start_time or now - j.start_time < grace:
                 continue
             heard = [self._reported_at.get(n) for n in (j.nodes or [None])]
-            if any(h is None or h - j.start_time < self._unlisted_binding_wait() for h in heard):
+            if any(h is None or h[0] - j.start_time < self._unlisted_binding_wait() for h in heard):
                 continue  # its node has not reported its binding files since: one may be there
+            if any(str(j.job_id) in h[1] for h in heard):
+                continue  # a binding file names it: one the report could not adopt (the job was not known yet)
             if bound is None:
                 bound = {job_id for job_id, _node, _b in self.store.live_bindings()}
             job_id = str(j.job_id)
@@ -1702,7 +1705,7 @@ class Controller:
             for e in self.store.open_journal_entries(node):
                 if e.state == "planned" and str(e.gpu) in desired:
                     self.store.journal_started(e.id, now=now)
-        self._reported_at[node] = now  # stored: its binding files are known as of now
+        self._reported_at[node] = (now, frozenset(str(j) for j in node_bindings))  # stored: its files as of now
         return {"desired": desired, "release": release}
 
     def _reconcile_bindings(self, node: str, node_bindings: dict, now: float,
