@@ -651,6 +651,61 @@ def test_a_job_bound_while_the_second_squeue_runs_keeps_its_binding(rig):
     assert (resp["instances"][0]["gpu"], resp["instances"][0]["start"]) != (held[0].gpu, held[0].start)
 
 
+def test_a_job_bound_between_the_ticks_two_transactions_keeps_its_instance_out_of_the_recarve(rig):
+    """Found in review. Job 3 (3g) waited while job 1 ran on 3g@0, so the policy reserved it 3g@4. Job 1 ended
+    and Slurm started job 3 just before a tick's squeue; its Prolog waited on the store's lock while the tick
+    decided, on a state where job 3, unbound yet, held the lowest free 3g (3g@0): the policy re-carved 3g@4
+    into 1g's for jobs 4 and 5. Served between the tick's two transactions, the Prolog bound job 3 to its
+    reservation, 3g@4, and the tick then committed the re-carve through it (the counts did not see it: job 3
+    ran at both squeues): a desired layout the node refuses while job 3 runs, Slurm told of two 1g that do
+    not exist and of one 3g (job 3's), so a 3g job waited beside the idle 3g@0 for job 3's whole run. The
+    commit now leaves that GPU to the next tick, which decides with job 3 bound."""
+    _race_rig(rig, slip=False)
+    t = [time.time()]
+    rig.clock = lambda: t[0]
+
+    def job(i, size, **kw):
+        return SlurmJob(job_id=i, name="x", user="u", mig={size: 1}, tres_per_node=f"gres:mig:{size}:1",
+                        submit_time=int(t[0]) - 100, priority=10 - i, **kw)
+
+    observed = [{**OBSERVED[0], "instances": [{**i, "uuid": f"MIG-{i['start']}"} for i in OBSERVED[0]["instances"]]}]
+    rig.fake.queue = [job(1, "3g", state="RUNNING", nodes=["n1"], start_time=int(t[0]) - 5),
+                      job(3, "3g", state="PENDING")]
+    rig.tick()
+    assert post(rig, "/v1/prolog", {"job_id": "1", "node": "n1", "observed": observed, "bindings": {}})[1][
+        "instances"] == [{"gpu": 0, "profile": "3g.40gb", "start": 0}]
+    rig.tick()
+    assert rig.store.get_meta("reservations") == {"3": {"node": "n1", "instances": [[0, "3g.40gb", 4]]}}
+    t[0] += 10
+    status, _ = post(rig, "/v1/epilog", {"job_id": "1", "node": "n1", "exit_code": 0, "end_time": t[0],
+                                         "instances": [{"gpu": 0, "profile": "3g.40gb", "start": 0, "uuid": "MIG-0"}]})
+    assert status == 200
+    t[0] += 10
+    rig.fake.queue = [job(3, "3g", state="RUNNING", nodes=["n1"], start_time=int(t[0]) - 1),
+                      job(4, "1g", state="PENDING"), job(5, "1g", state="PENDING")]
+    withdraw = rig._withdraw_first
+
+    def prolog_first(*args, **kw):  # served once the tick's first transaction let go of the store
+        status, resp = post(rig, "/v1/prolog", {"job_id": "3", "node": "n1", "observed": observed, "bindings": {}})
+        assert status == 200 and resp["instances"] == [{"gpu": 0, "profile": "3g.40gb", "start": 4}], resp
+        return withdraw(*args, **kw)
+
+    rig._withdraw_first = prolog_first
+    rig.tick()
+    rig._withdraw_first = withdraw
+    held = {"3g.40gb@4"}
+    desired = rig.store.desired("n1").get(0)
+    assert desired is None or held <= {str(s) for s in desired.layout().slots}, desired
+    assert not rig.store.open_journal_entries("n1")
+    last = [c[2] for c in rig.fake.calls if c[0] == "gres"][-1]
+    assert last.get("1g", 0) == 0 and last.get("3g") == 2, rig.fake.calls
+    assert any("job 3 was bound to 3g.40gb@4" in e.message for e in rig.store.recent_events(20, kind="layout"))
+    t[0] += 30
+    rig.tick()  # decided again, with job 3 bound: the 1g are carved from 3g@0
+    desired = rig.store.desired("n1")[0].layout()
+    assert held <= {str(s) for s in desired.slots} and any(s.profile.startswith("1g") for s in desired.slots)
+
+
 @pytest.mark.parametrize("requeued", [False, True])
 def test_an_epilog_from_a_node_the_job_is_not_on_ends_nothing(rig, requeued):
     """Job 10 runs on n2. An Epilog about it from n1 (a stale attempt's, or n1's root speaking beyond

@@ -745,8 +745,15 @@ class Controller:
             self._last_signature = signature
             decision_id = self.store.record_decision(decision, state=state, latency_ms=plan.latency, now=now)
         applied = 0
+        moved = self._moved_since_plan(plan)
         for ch, layout, steps in plan.changes:
             if ch.node in held_back:
+                continue
+            if (ch.node, ch.gpu) in moved:
+                msg = (f"{ch.key}: {layout} -> {ch.target} not made: {moved[(ch.node, ch.gpu)]} after it was "
+                       f"decided; decided again next tick")
+                log.info("%s", msg)
+                self.store.add_event("layout", msg, node=ch.node, details={"decision": decision_id}, now=now)
                 continue
             self.store.set_desired(ch.node, ch.gpu, ch.target, used.name, ch.reason, now=now)
             self.store.journal_begin(ch.node, ch.gpu, layout, ch.target, steps, decision_id=decision_id,
@@ -761,6 +768,39 @@ class Controller:
             self._shadow_state = state  # decided by tick() after this transaction (_run_shadow)
         return {"pending": len(state.pending), "changes": applied, "assignments": len(decision.assignments),
                 "policy": used.name}
+
+    def _moved_since_plan(self, plan: "_Plan") -> dict[tuple[str, int], str]:
+        """GPUs of the plan's changes that node requests changed between the tick's two transactions, and how.
+
+        The plan was made on the first transaction's state; a Prolog served in between (one that waited on the
+        store's lock while the policy ran, its job started before the tick's squeue) may have bound its job to an
+        instance the change destroys (its policy's reservation from the last tick, an instance the plan did
+        not count as promised to it) or begun a re-carve there, and a report may show an instance now in use.
+        Committed, such a change was a desired layout the node refuses while the job runs, with Slurm told of its
+        instances (a job waited beside an idle one for as long). Its GPU is decided again next tick."""
+        out: dict[tuple[str, int], str] = {}
+        targets = {(ch.node, ch.gpu): ch.target for ch, _layout, _steps in plan.changes}
+        if not targets:
+            return out
+
+        def kept(key: tuple[str, int], profile: str, start: int) -> bool:
+            target = targets[key]
+            try:
+                return Slot(start, target.model.profile(profile).name) in target.slots
+            except SlurmMigError:
+                return False
+
+        for node in sorted({n for n, _gpu in targets}):
+            for e in self.store.open_journal_entries(node):  # none at planning: _plan leaves such GPUs alone
+                if (node, e.gpu) in targets:
+                    out.setdefault((node, e.gpu), f"reconfiguration {e.id} began there")
+            for jid, _node, b in self.store.live_bindings(node):
+                if (node, b.gpu) in targets and not kept((node, b.gpu), b.profile, b.start):
+                    out.setdefault((node, b.gpu), f"job {jid} was bound to {b.profile}@{b.start} there")
+            for i in self.store.observed_instances(node):
+                if i.in_use and (node, i.gpu) in targets and not kept((node, i.gpu), i.profile, i.start):
+                    out.setdefault((node, i.gpu), f"{i.profile}@{i.start} was reported in use there")
+        return out
 
     def _run_shadow(self, state, now: float) -> None:
         """What the shadow policy would have decided on ``state``, recorded and never acted on. Run after
