@@ -133,15 +133,6 @@ def test_tables_from_nvidias_documents_use_its_profile_names(name):
     assert {p.name for p in get_model(name).profiles} == NVIDIA_PROFILE_NAMES[name]
 
 
-@pytest.mark.parametrize("name", sorted(GPU_MODELS))
-def test_every_model_has_its_gres_table(name):
-    """The GRES side (node counts, job_submit.lua's names) knows each profile of each model, by the same kind."""
-    from slurm_mig.slurm import gres
-
-    model = get_model(name)
-    assert gres.PROFILES_BY_MODEL[name] == {p.name: gres.gres_type_for_kind(p.kind) for p in model.profiles}
-
-
 def test_nvml_name_mapping():
     assert model_from_nvml_name("NVIDIA H100 80GB HBM3").name == "H100-80GB"
     assert model_from_nvml_name("NVIDIA A100-SXM4-80GB").name == "A100-80GB"

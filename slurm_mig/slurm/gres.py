@@ -41,6 +41,7 @@ import re
 from collections.abc import Iterable, Mapping
 
 from slurm_mig.errors import GeometryError
+from slurm_mig.mig.profiles import GPU_MODELS
 
 #: The GRES name every MIG instance is counted under.
 GRES_NAME = "mig"
@@ -64,50 +65,6 @@ COMPUTE_SLICES: dict[str, int] = {
     "1g": 1, "1gme": 1, "1gdm": 1, "2g": 2, "2gme": 2, "3g": 3, "4g": 4, "7g": 7,
 }
 
-#: Full NVIDIA profile names per GPU model (FACTS.md section 1) -> GRES type.
-PROFILES_BY_MODEL: dict[str, dict[str, str]] = {
-    "A100-40GB": {
-        "1g.5gb": "1g", "1g.5gb+me": "1gme", "1g.10gb": "1gdm", "2g.10gb": "2g",
-        "3g.20gb": "3g", "4g.20gb": "4g", "7g.40gb": "7g",
-    },
-    "A100-80GB": {
-        "1g.10gb": "1g", "1g.10gb+me": "1gme", "1g.20gb": "1gdm", "2g.20gb": "2g",
-        "3g.40gb": "3g", "4g.40gb": "4g", "7g.80gb": "7g",
-    },
-    "H100-80GB": {
-        "1g.10gb": "1g", "1g.10gb+me": "1gme", "1g.20gb": "1gdm", "2g.20gb": "2g",
-        "3g.40gb": "3g", "4g.40gb": "4g", "7g.80gb": "7g",
-    },
-    "H200-141GB": {
-        "1g.18gb": "1g", "1g.18gb+me": "1gme", "1g.35gb": "1gdm", "2g.35gb": "2g",
-        "3g.71gb": "3g", "4g.71gb": "4g", "7g.141gb": "7g",
-    },
-    "H100-94GB": {
-        "1g.12gb": "1g", "1g.12gb+me": "1gme", "1g.24gb": "1gdm", "2g.24gb": "2g",
-        "3g.47gb": "3g", "4g.47gb": "4g", "7g.94gb": "7g",
-    },
-    "H100-96GB": {
-        "1g.12gb": "1g", "1g.12gb+me": "1gme", "1g.24gb": "1gdm", "2g.24gb": "2g",
-        "3g.48gb": "3g", "4g.48gb": "4g", "7g.96gb": "7g",
-    },
-    "GH200-144GB": {
-        "1g.18gb": "1g", "1g.18gb+me": "1gme", "1g.36gb": "1gdm", "2g.36gb": "2g",
-        "3g.72gb": "3g", "4g.72gb": "4g", "7g.144gb": "7g",
-    },
-    "GB200-186GB": {
-        "1g.23gb": "1g", "1g.23gb+me": "1gme", "1g.47gb": "1gdm", "2g.47gb": "2g",
-        "3g.93gb": "3g", "4g.93gb": "4g", "7g.186gb": "7g",
-    },
-    "B200-180GB": {
-        "1g.23gb": "1g", "1g.23gb+me": "1gme", "1g.45gb": "1gdm", "2g.45gb": "2g",
-        "3g.90gb": "3g", "4g.90gb": "4g", "7g.180gb": "7g",
-    },
-    "A30-24GB": {
-        "1g.6gb": "1g", "1g.6gb+me": "1gme", "2g.12gb": "2g", "2g.12gb+me": "2gme",
-        "4g.24gb": "4g",
-    },
-}
-
 #: Profile names whose meaning depends on the GPU model, and the type we pick.
 #: "1g.10gb" is the plain 1g on A100-80GB/H100-80GB (this project's reference
 #: hardware) but the double-memory 1g on A100-40GB; A100-40GB users who want the
@@ -126,10 +83,6 @@ def _merge_profiles() -> dict[str, str]:
     return dict(sorted(merged.items()))
 
 
-#: Every known full profile name (lower case, no "MIG " prefix) -> GRES type.
-PROFILE_TO_GRES: dict[str, str] = _merge_profiles()
-
-
 #: slurm_mig.mig.profiles Profile.kind -> GRES type (the geometry code spells
 #: variants "1g+me", "1g.dm", "2g+me"; GRES types cannot hold "." or "+").
 KIND_TO_GRES: dict[str, str] = {
@@ -137,6 +90,14 @@ KIND_TO_GRES: dict[str, str] = {
     "3g": "3g", "4g": "4g", "7g": "7g",
 }
 GRES_TO_KIND: dict[str, str] = {v: k for k, v in KIND_TO_GRES.items()}
+
+#: Full NVIDIA profile names per GPU model -> GRES type, from the geometry tables (slurm_mig.mig.profiles).
+PROFILES_BY_MODEL: dict[str, dict[str, str]] = {
+    model.name: {p.name: KIND_TO_GRES[p.kind] for p in model.profiles} for model in GPU_MODELS.values()
+}
+
+#: Every known full profile name (lower case, no "MIG " prefix) -> GRES type.
+PROFILE_TO_GRES: dict[str, str] = _merge_profiles()
 
 
 def gres_type_for_kind(kind: str) -> str:
