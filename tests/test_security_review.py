@@ -188,3 +188,103 @@ def test_a_401_does_not_tell_an_unauthenticated_sender_where_the_keys_are(tmp_pa
     with pytest.raises(AuthError, match="no key for node 'n9'") as refused:
         ctl.verify(HmacAuth(b"x" * 64).sign(b"{}", "n9", path="/v1/report"), b"{}", path="/v1/report")
     assert "secret-key-folder" not in str(refused.value)
+
+
+def test_refused_requests_are_logged_once_per_kind_and_address_per_window_and_every_one_counted(tmp_path, caplog):
+    """Anyone who can reach the port (every user on every node) can send requests the server refuses: each
+    wrote one WARNING line, so a loop of them grew the controller's log by thousands of lines a second.
+    Now the first refusal of a kind from an address is logged in full, then at most one line a window with
+    the number held back since; every request is still refused and counted in slurm_mig_api_errors_total."""
+    import logging
+    import socket
+
+    from slurm_mig.api import server as servermod
+
+    store = open_store(tmp_path / "state.db")
+    ctl = Controller(Config(), store, _NoSlurm())
+    srv = ApiServer("127.0.0.1", 0, HmacAuth(KEY), ctl.routes(), ctl.get_routes(),
+                    on_error=lambda kind, msg: ctl.metrics.inc("slurm_mig_api_errors_total", (("kind", kind),)))
+    clock = [5000.0]
+    srv.clock = lambda: clock[0]  # no wall-clock waits: the window is stepped by hand
+    srv.start()
+    forged = HmacAuth(b"x" * 64)  # a key the controller does not have
+    body = json.dumps({"node": "n1", "observed": [], "bindings": {}}).encode()
+
+    def post(source: str = "127.0.0.1") -> int:
+        conn = http.client.HTTPConnection(*srv.address, timeout=5, source_address=(source, 0))
+        try:
+            conn.request("POST", "/v1/report", body=body,
+                         headers={HEADER: forged.sign(body, "n1", path="/v1/report")})
+            resp = conn.getresponse()
+            resp.read()
+            return resp.status
+        finally:
+            conn.close()
+
+    def oversized() -> bytes:  # a bad_request: refused before its body is read
+        with socket.create_connection(srv.address, timeout=5) as sock:
+            sock.sendall(b"POST /v1/report HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999\r\n\r\n")
+            return sock.recv(4096).split(b"\r\n", 1)[0]
+
+    def said() -> list[str]:
+        return [r.getMessage() for r in caplog.records
+                if r.name == "slurm_mig.api" and "request refused" in r.getMessage()]
+
+    caplog.set_level(logging.WARNING, logger="slurm_mig.api")
+    try:
+        assert [post() for _ in range(30)] == [401] * 30  # every one refused, as before
+        assert len(said()) == 1 and said()[0].startswith("request refused (auth): 127.0.0.1 /v1/report: ")
+        assert post("127.0.0.2") == 401  # another address gets its own first line
+        assert len(said()) == 2 and "127.0.0.2" in said()[1]
+        assert b" 413 " in oversized()  # and so does another kind from the same address
+        assert len(said()) == 3 and said()[2].startswith("request refused (bad_request): 127.0.0.1 ")
+        clock[0] += servermod.REFUSAL_LOG_EVERY_S - 1
+        assert post() == 401
+        assert len(said()) == 3
+        clock[0] += 1  # a window after 127.0.0.1's first auth line: one line, with the count held back
+        assert post() == 401
+        assert len(said()) == 4 and "30 more auth refusals from 127.0.0.1" in said()[3], said()[3]
+        assert post() == 401
+        assert len(said()) == 4
+    finally:
+        srv.stop()
+        store.close()
+    metrics = ctl.metrics.render().decode()
+    assert 'slurm_mig_api_errors_total{kind="auth"} 34' in metrics  # every refusal counted
+    assert 'slurm_mig_api_errors_total{kind="bad_request"} 1' in metrics
+
+    # Without an address, refusals are told apart by kind and message; still counted every time.
+    seen = []
+    srv = ApiServer("127.0.0.1", 0, HmacAuth(KEY), {}, on_error=lambda kind, msg: seen.append(kind))
+    srv.clock = lambda: clock[0]
+    caplog.clear()
+    for _ in range(5):
+        srv._error("rejected", "/v1/x: no")
+    srv._error("rejected", "/v1/x: other")
+    srv.httpd.server_close()
+    assert said() == ["request refused (rejected): /v1/x: no", "request refused (rejected): /v1/x: other"]
+    assert seen == ["rejected"] * 6
+
+
+def test_the_refusal_log_limit_remembers_a_bounded_number_of_addresses(monkeypatch, caplog):
+    """Addresses past the cap (a flood from many) share one slot: memory stays bounded."""
+    import logging
+
+    from slurm_mig.api import server as servermod
+
+    monkeypatch.setattr(servermod, "REFUSAL_LOG_MAX_KEYS", 3)
+    srv = ApiServer("127.0.0.1", 0, HmacAuth(KEY), {})
+    clock = [0.0]
+    srv.clock = lambda: clock[0]
+    try:
+        with caplog.at_level(logging.WARNING, logger="slurm_mig.api"):
+            for i in range(50):
+                srv._error("auth", f"10.0.0.{i} /v1/report: bad", peer=f"10.0.0.{i}")
+            assert len(srv._quiet._last) <= 4  # 3 addresses and the shared slot
+            lines = [r.getMessage() for r in caplog.records]
+            assert len(lines) == 4  # 3 addresses in full, and the first that did not fit
+            clock[0] += servermod.REFUSAL_LOG_EVERY_S
+            srv._error("auth", "10.0.0.99 /v1/report: bad", peer="10.0.0.99")
+            assert len(srv._quiet._last) <= 3
+    finally:
+        srv.httpd.server_close()

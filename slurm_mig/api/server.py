@@ -10,11 +10,12 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable
 
-from slurm_mig.api.auth import HEADER, RESPONSE_HEADER, AuthError, Principal
+from slurm_mig.api.auth import HEADER, RESPONSE_HEADER, AuthError, Principal, _Quiet
 from slurm_mig.controlchars import visible
 from slurm_mig.errors import SlurmMigError
 
@@ -24,6 +25,11 @@ MAX_BODY = 1 << 20  # a hook's request is a few hundred bytes; anything huge is 
 IO_TIMEOUT_S = 30.0
 MAX_CONNECTIONS = 2048  # open connections served at once (one thread each); more get a 503
 EX_TEMPFAIL = 75  # the exit_code of errors that mean "try again later" (StoreBusy, StoreUnavailable)  # per socket read/write; hooks send their whole request at once
+# A refused request's WARNING line is written at most this often per kind and sender's address (the first
+# in full, then one a window with the number held back since): anyone who can reach the port can send
+# refused requests as fast as they like. Every refusal is still counted (on_error, the metric).
+REFUSAL_LOG_EVERY_S = 60.0
+REFUSAL_LOG_MAX_KEYS = 1024  # (kind, address) pairs remembered; past them the rest share one
 
 
 def _shown(text) -> str:
@@ -100,6 +106,8 @@ class ApiServer:
         self.routes = routes
         self.get_routes = get_routes or {}
         self.on_error = on_error  # (kind, message) -> None, e.g. to count errors in metrics
+        self.clock = time.monotonic  # for the refusal lines' rate limit only
+        self._quiet = _Quiet(REFUSAL_LOG_EVERY_S, REFUSAL_LOG_MAX_KEYS)
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -122,7 +130,8 @@ class ApiServer:
                     try:
                         response_auth = server.auth.sign_response(self.signed_request, status, body)
                     except AuthError as exc:  # e.g. munged down: the node will not trust an unsigned answer
-                        server._error("auth", f"cannot sign the answer to {self.path}: {exc}")
+                        server._error("auth", f"{self._peer()} {self.path}: cannot sign the answer: {exc}",
+                                      peer=self._peer())
                 self.send_response(status)
                 if response_auth:
                     self.send_header(RESPONSE_HEADER, response_auth)
@@ -130,6 +139,9 @@ class ApiServer:
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)
+
+            def _peer(self) -> str:
+                return str(self.client_address[0]) if self.client_address else ""
 
             def _json(self, status: int, obj: dict) -> None:
                 self._send(status, json.dumps(obj).encode())
@@ -153,24 +165,26 @@ class ApiServer:
                 except ValueError:
                     length = -1
                 if length < 0 or length > MAX_BODY:
-                    server._error("bad_request", f"body length {length} refused")
+                    server._error("bad_request", f"{self._peer()} {self.path}: body length {length} refused",
+                                  peer=self._peer())
                     self.close_connection = True
                     return self._json(413 if length > MAX_BODY else 411, {"error": "missing or oversized body"})
                 try:
                     body = self.rfile.read(length)
                 except OSError as exc:  # the client stalled past the timeout, or went away
-                    server._error("bad_request", f"{self.client_address[0]} {self.path}: body not received: {exc}")
+                    server._error("bad_request", f"{self._peer()} {self.path}: body not received: {exc}",
+                                  peer=self._peer())
                     self.close_connection = True
                     return
                 if len(body) != length:
-                    server._error("bad_request", f"{self.client_address[0]} {self.path}: body cut short")
+                    server._error("bad_request", f"{self._peer()} {self.path}: body cut short", peer=self._peer())
                     self.close_connection = True
                     return
                 try:
                     # The credential covers the route too: one signed for another path is refused here.
                     principal = server.auth.verify(self.headers.get(HEADER, ""), body, path=self.path)
                 except AuthError as exc:
-                    server._error("auth", f"{self.client_address[0]} {self.path}: {exc}")
+                    server._error("auth", f"{self._peer()} {self.path}: {exc}", peer=self._peer())
                     return self._json(401, {"error": str(exc)})
                 self.signed_request = self.headers.get(HEADER, "")
                 if route is None:
@@ -180,7 +194,8 @@ class ApiServer:
                     if not isinstance(payload, dict):
                         raise ValueError("the body must be a JSON object")
                 except (ValueError, RecursionError) as exc:  # RecursionError: absurdly deep nesting
-                    server._error("bad_request", f"{self.path}: {type(exc).__name__}: {str(exc)[:200]}")
+                    server._error("bad_request", f"{self._peer()} {self.path}: {type(exc).__name__}: {str(exc)[:200]}",
+                                  peer=self._peer())
                     return self._json(400, {"error": f"malformed JSON: {str(exc)[:200]}"})
                 try:
                     result = route(payload, principal)
@@ -189,25 +204,37 @@ class ApiServer:
                         # The database is busy, full or broken (StoreBusy, StoreUnavailable): nothing is wrong with
                         # the request, so the node treats the controller as unavailable (keeps its message in the
                         # outbox, uses its fallback) rather than as a refusal (requeue, message set aside).
-                        server._error("busy", f"{self.path}: {exc}")
+                        server._error("busy", f"{self._peer()} {self.path}: {exc}", peer=self._peer())
                         return self._json(503, {"error": str(exc), "kind": type(exc).__name__})
-                    server._error("rejected", f"{self.path}: {exc}")
+                    server._error("rejected", f"{self._peer()} {self.path}: {exc}", peer=self._peer())
                     return self._json(getattr(exc, "http_status", 422), {"error": str(exc), "kind": type(exc).__name__})
                 except Exception as exc:
                     log.exception("POST %s failed", _shown(self.path))
-                    server._error("internal", f"{self.path}: {exc}")
+                    server._error("internal", f"{self._peer()} {self.path}: {exc}", peer=self._peer())
                     return self._json(500, {"error": f"internal error: {exc}"})
                 self._json(200, result)
 
         self.httpd = _Server((host, port), Handler, max_connections=max_connections,
                              on_overload=lambda addr: self._error("busy", f"{addr[0]}: over {max_connections} "
-                                                                          f"open connections, answered 503"))
+                                                                          f"open connections, answered 503",
+                                                                  peer=str(addr[0])))
         self.httpd.daemon_threads = True
         self._thread: threading.Thread | None = None
 
-    def _error(self, kind: str, message: str) -> None:
+    def _error(self, kind: str, message: str, *, peer: str | None = None) -> None:
+        """A refused request: counted every time (``on_error``), logged at most once per ``REFUSAL_LOG_EVERY_S``
+        per kind and sender's address (per kind and message when the address is not known), the number held
+        back since said with the next line."""
         message = _shown(message)
-        log.warning("request refused (%s): %s", kind, message)
+        key = f"{kind} {_shown(peer)}" if peer else f"{kind} - {message}"
+        held = self._quiet.say(key, self.clock())
+        if held == 0:
+            log.warning("request refused (%s): %s", kind, message)
+        elif held is not None:
+            log.warning("request refused (%s): %s (and %d more %s refusals %s since the last line about them, not "
+                        "logged: at most one line every %.0f s per kind and address; all are counted in "
+                        "slurm_mig_api_errors_total)", kind, message, held, kind,
+                        "from " + _shown(peer) if peer else "like it", REFUSAL_LOG_EVERY_S)
         if self.on_error:
             self.on_error(kind, message)
 
