@@ -653,7 +653,11 @@ class Controller:
 
     def _plan(self, now: float) -> "_Plan":
         """Ask the policy (or the fallback) about the stored state; nothing is written but metrics."""
-        state = self.store.cluster_state(now, stale_after_s=self.cfg.controller.node_stale_after_s)
+        # A started job the Prolog has not bound holds, in the policy's view, the instance its Prolog will
+        # choose: its reservation from the last tick when that is free (store.cluster_state, choose_binding).
+        reservations = self.store.get_meta("reservations") or {}
+        state = self.store.cluster_state(now, stale_after_s=self.cfg.controller.node_stale_after_s,
+                                         reserved=lambda job_id, node: self._reservation(job_id, node, reservations))
         if self._no_free_cpu:
             # Slurm starts nothing on a node without a free CPU, whatever its slices: carved for there, jobs
             # waited while other nodes' GPUs sat idle (seen with 8-CPU nodes and 14 1g slices each).
@@ -1422,8 +1426,10 @@ class Controller:
             out.append(NodeGpu(g.gpu, base, _desired_layout(d), set(held)))
         return out
 
-    def _reservation(self, job_id: str, node: str) -> tuple:
-        res = (self.store.get_meta("reservations") or {}).get(job_id)
+    def _reservation(self, job_id: str, node: str, reservations: dict | None = None) -> tuple:
+        """The policy's last-tick reservation for ``job_id`` on ``node`` (from ``reservations``, the meta row,
+        when the caller read it already), as the Prolog's choose_binding takes it."""
+        res = ((self.store.get_meta("reservations") if reservations is None else reservations) or {}).get(job_id)
         if not res or res.get("node") != node:
             return ()
         return tuple((int(gi), Slot(int(start), profile)) for gi, profile, start in res["instances"])

@@ -32,12 +32,12 @@ import threading
 import time
 import urllib.parse
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import sqlite_utils
 
 from slurm_mig.errors import BindingConflict, SlurmMigError, StoreBusy, StoreError
-from slurm_mig.mig.layout import Layout, Slot
+from slurm_mig.mig.layout import Layout, Slot, parse_layout
 from slurm_mig.mig.profiles import GpuModel, get_model
 from slurm_mig.store import schema
 from slurm_mig.store.models import (
@@ -1291,7 +1291,8 @@ class Store:
                 for r in rows]
 
     # -- the policy's view ------------------------------------------------------
-    def cluster_state(self, now: float | None = None, *, stale_after_s: float | None = None) -> Any:
+    def cluster_state(self, now: float | None = None, *, stale_after_s: float | None = None,
+                      reserved: Callable[[str, str], tuple] | None = None) -> Any:
         """A policies.base.ClusterState built from the database, so a policy can run straight from it.
 
         Per GPU with a known model: ``layout`` = the observed instances, with the
@@ -1301,7 +1302,8 @@ class Store:
         to a live job, plus any the node reports in use. ``busy_until`` = start
         + time limit of running bound jobs. ``available`` = node up, MIG on, the
         GPU not blocked, and (with ``stale_after_s``) seen recently. ``pending`` = pending_jobs().
-        GPUs whose model slurm-mig does not know are left out.
+        GPUs whose model slurm-mig does not know are left out. ``reserved(job_id, node)``: the policy's
+        reservation for a job on a node, as the Prolog reads it (see "promised" below).
         """
         from slurm_mig.policies.base import ClusterState, GpuState, PendingJob
 
@@ -1324,6 +1326,7 @@ class Store:
                 "AND node IS NOT NULL AND (start_time IS NULL OR start_time >= ?) AND job_id NOT IN "
                 "(SELECT job_id FROM bindings WHERE released_at IS NULL) ORDER BY start_time, job_id",
                 (t - UNBOUND_START_WINDOW_S,))
+            desired_rows = self._q("SELECT node, gpu, layout FROM desired_layouts") if unbound else []
         observed: dict[tuple[str, int], list[dict]] = {}
         for r in inst_rows:
             observed.setdefault((r["node"], r["gpu"]), []).append(r)
@@ -1335,6 +1338,7 @@ class Store:
             open_entries.setdefault((e.node, e.gpu), []).append(e)
 
         gpus = []
+        bindable: set[tuple[str, int]] = set()
         for g in gpu_rows:
             key = (g["node"], g["gpu"])
             if not g["model"]:
@@ -1391,6 +1395,8 @@ class Store:
             available = bool(g["mig_enabled"]) and not g.get("blocked") and node is not None and node["state"] == "up"
             if available and stale_after_s is not None:
                 available = node["last_seen"] is not None and t - node["last_seen"] <= stale_after_s
+            if g["mig_enabled"] and not g.get("blocked"):
+                bindable.add(key)  # where a Prolog may bind (controller _node_gpus)
             gpus.append(dict(
                 node=g["node"], index=g["gpu"], model=model, layout=layout,
                 busy=set((bound_slots | in_use) & layout.slots),
@@ -1400,12 +1406,19 @@ class Store:
         # Promised instances: a job Slurm started minutes ago, not bound yet, holds an idle instance of its
         # size on its node in the policy's view, so no plan destroys the instance its Prolog is about to
         # take. Without this a burst at start-up had Slurm hand out a node's boot instances while the same
-        # tick planned them away, and the Prologs of bigger jobs sent there found the slices taken.
+        # tick planned them away, and the Prologs of bigger jobs sent there found the slices taken. The
+        # instance is the one its Prolog would choose now (choose_binding, its reservation first): counted as
+        # the lowest free one, a job reserved 3g@4 held 3g@0 in the plan, which re-carved 3g@4 under it. Where
+        # the Prolog would create one, the lowest free existing one is held (a plan cannot promise the rest).
+        desired = {(r["node"], r["gpu"]): r["layout"] for r in desired_rows}
         for j in unbound:
-            for _ in range(max(1, int(j["count"] or 1))):
-                for g in gpus:
-                    if g["node"] != j["node"]:
-                        continue
+            count = max(1, int(j["count"] or 1))
+            on_node = [g for g in gpus if g["node"] == j["node"]]
+            for gi, slot in self._prolog_choice(j, on_node, count, desired, bindable, reserved):
+                next(g for g in on_node if g["index"] == gi)["busy"].add(slot)
+                count -= 1
+            for _ in range(count):
+                for g in on_node:
                     try:
                         want = g["model"].profile(j["profile"]).name
                     except SlurmMigError:
@@ -1419,3 +1432,33 @@ class Store:
         jobs = tuple(PendingJob(job_id=j.job_id, profile=j.profile, count=j.count, submit_time=j.submit_time,
                                 time_limit_s=j.time_limit_s, user=j.user, partition=j.partition) for j in pending)
         return ClusterState(now=t, gpus=tuple(gpus), pending=jobs)
+
+    @staticmethod
+    def _prolog_choice(job: dict, on_node: list[dict], count: int, desired: dict, bindable: set,
+                       reserved: Callable[[str, str], tuple] | None) -> list[tuple[int, Slot]]:
+        """The idle existing instances the Prolog of started, unbound ``job`` would bind now: what
+        controller/binding.py's choose_binding picks (its reservation if free, else an instance of the GPU's
+        intended layout) on its node's GPUs as the policy sees them. Picks it would create are left out."""
+        from slurm_mig.controller.binding import NodeGpu, choose_binding
+
+        gpus = []
+        for g in on_node:
+            if (g["node"], g["index"]) not in bindable:
+                continue
+            want = None
+            if (g["node"], g["index"]) in desired:
+                try:
+                    want = parse_layout(desired[(g["node"], g["index"])], g["model"])
+                except (ValueError, SlurmMigError):
+                    pass
+            gpus.append(NodeGpu(g["index"], g["layout"], want, set(g["busy"])))
+        try:
+            res = reserved(str(job["job_id"]), job["node"]) if reserved is not None else ()
+            plan = choose_binding(gpus, job["profile"], count, res) if gpus else None
+        except (ValueError, KeyError, TypeError, SlurmMigError) as exc:
+            log.warning("could not tell which instance job %s's Prolog will take: %s", job["job_id"], exc)
+            return []
+        if plan is None:
+            return []
+        by = {g["index"]: g for g in on_node}
+        return [(gi, s) for gi, s in plan.instances if s in by[gi]["layout"].slots and s not in by[gi]["busy"]]
