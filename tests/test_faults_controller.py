@@ -733,6 +733,29 @@ def test_a_started_unbound_job_holds_its_reservation_in_the_plan(rig):
     assert status == 200 and resp["instances"] == [{"gpu": 0, "profile": "3g.40gb", "start": 4}], resp
 
 
+def test_slurm_is_not_told_of_a_desired_layout_a_busy_instance_blocks(rig):
+    """Found in review. The tick re-carved n1's two idle 3g to 7g@0 for job 2 and told Slurm mig:7g:1. The
+    node's next report showed 3g@0 in use (a binding file of a job whose end Slurm has not let go of), so
+    7g@0 cannot be made while it is: the node refuses it, and a Prolog falls back to what exists. Slurm was
+    still told mig:7g:1 (the desired layout, a slice set that does not exist) and no 3g, tick after tick until
+    a decision replaced it: job 2 was started only to be requeued, and 3g@4 sat idle. A desired layout that
+    cannot be reached from what exists with its busy instances is now told as what exists."""
+    _race_rig(rig, slip=False)
+    rig.tick()
+    assert str(rig.store.desired("n1")[0].spec) == "7g@0"
+    assert [c[2] for c in rig.fake.calls if c[0] == "gres"][-1].get("7g") == 1
+    busy = [{**OBSERVED[0], "instances": [{**i, "uuid": f"MIG-{i['start']}", "in_use": i["start"] == 0}
+                                          for i in OBSERVED[0]["instances"]]}]
+    status, resp = post(rig, "/v1/report", {"node": "n1", "observed": busy, "bindings": {}})
+    assert status == 200
+    assert {str(s) for s in rig.intended_layouts("n1")[0].slots} == {"3g.40gb@0", "3g.40gb@4"}
+    rig.tick()
+    last = [c[2] for c in rig.fake.calls if c[0] == "gres"][-1]
+    assert last.get("7g", 0) == 0 and last.get("3g") == 2, rig.fake.calls
+    status, resp = post(rig, "/v1/report", {"node": "n1", "observed": OBSERVED, "bindings": {}})
+    assert str(rig.intended_layouts("n1")[0]) == "7g@0"  # reachable again: what is about to exist
+
+
 @pytest.mark.parametrize("requeued", [False, True])
 def test_an_epilog_from_a_node_the_job_is_not_on_ends_nothing(rig, requeued):
     """Job 10 runs on n2. An Epilog about it from n1 (a stale attempt's, or n1's root speaking beyond

@@ -38,7 +38,9 @@ class BindPlan:
     reason: str
 
 
-def _intended(g: NodeGpu) -> Layout:
+def intended_layout(g: NodeGpu) -> Layout:
+    """The GPU's desired layout when it can be reached without destroying a bound instance, else what it has
+    now (also what the controller tells Slurm the GPU holds: service.intended_layouts)."""
     if g.desired is None or g.desired.slots == g.observed.slots:
         return g.observed
     try:
@@ -51,7 +53,7 @@ def _intended(g: NodeGpu) -> Layout:
 def choose_binding(gpus: list[NodeGpu], profile: str, count: int,
                    reserved: tuple[tuple[int, Slot], ...] = ()) -> BindPlan | None:
     """Pick ``count`` instances of ``profile`` (kind or full name) on one node, or None if impossible now."""
-    plans = {g.index: _intended(g) for g in gpus}
+    plans = {g.index: intended_layout(g) for g in gpus}
     taken = {g.index: set(g.bound) for g in gpus}
     by_index = {g.index: g for g in gpus}
     picked: list[tuple[int, Slot]] = []

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 
 from slurm_mig.api.auth import NODE_NAME
 from slurm_mig.api.origin import NodeOrigins
-from slurm_mig.controller.binding import NodeGpu, choose_binding
+from slurm_mig.controller.binding import NodeGpu, choose_binding, intended_layout
 from slurm_mig.controller.eligibility import eligible_nodes
 from slurm_mig.controller.queue import queue_entries
 from slurm_mig.errors import GeometryError, SlurmMigError, SlurmUnavailable
@@ -917,9 +917,12 @@ class Controller:
         return out
 
     def intended_layouts(self, node: str) -> dict[int, Layout]:
-        """Each GPU's layout that exists or is about to exist: the desired one when set, else observed."""
+        """Each GPU's layout that exists or is about to exist: the desired one when set and reachable from
+        what exists without destroying a busy instance (as a Prolog binds, binding.intended_layout), else
+        observed. Told the unreachable one, Slurm started jobs on instances nobody could make."""
         out = {}
         desired = self.store.desired(node)
+        bindable = None
         for g in self.store.observed_gpus(node):
             if not g.model or not g.mig_enabled:
                 continue
@@ -932,6 +935,11 @@ class Controller:
                 continue
             d = desired.get(g.gpu)
             lay = _desired_layout(d)
+            if lay is not None and (obs is None or lay.slots != obs.slots):
+                if bindable is None:
+                    bindable = {x.index: x for x in self._node_gpus(node, {}, exclude_job="")}
+                if g.gpu in bindable:
+                    lay = intended_layout(bindable[g.gpu])
             out[g.gpu] = lay if lay is not None else obs
         return out
 
