@@ -29,6 +29,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from slurm_mig.folders import make_missing_folders
+
 log = logging.getLogger("slurm_mig.hooks")
 
 #: The largest binding file root hooks will parse: a binding names a few instances (well under 1 KiB),
@@ -165,17 +167,7 @@ class NodeState:
         ``cache_dir`` 0700 for good (a folder that exists is never changed here), out of every TaskProlog's
         reach. A folder another process made meanwhile (a hook's ensure) is left to it. OSError when one
         cannot be made."""
-        missing, path = [], self.root
-        while not os.path.lexists(path) and path != path.parent:
-            missing.append(path)
-            path = path.parent
-        for d in reversed(missing):
-            mode = 0o711 if d == self.root else 0o755
-            try:
-                os.mkdir(d, mode)
-            except FileExistsError:
-                continue
-            os.chmod(d, mode)
+        make_missing_folders(self.root, lambda d: 0o711 if d == self.root else 0o755)
         return self
 
     def ensure(self) -> "NodeState":

@@ -37,6 +37,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 import sqlite_utils
 
 from slurm_mig.errors import BindingConflict, SlurmMigError, StoreBusy, StoreError
+from slurm_mig.folders import make_missing_folders
 from slurm_mig.mig.layout import Layout, Slot, parse_layout
 from slurm_mig.mig.profiles import GpuModel, get_model
 from slurm_mig.store import schema
@@ -155,28 +156,18 @@ def _open_checked(path: Path, flags: int, mode: int, gid: int | None) -> None:
 
 def _make_db_folders(folder: Path, gid: int | None) -> None:
     """Make the database's folder (0700, or 0750 owned by ``gid``) and the missing folders above it (0755),
-    each given its mode whatever the umask: made with it (the umask can only take bits away) and then
-    chmod-ed. ``mkdir(parents=True)`` made those above with 0777 less the umask: world-writable under
-    umask 0, so anyone could move the database's folder aside and put one of their own in its place; and
-    under umask 0077 the group's folder came out 0700, which the readers of ``db_group`` cannot enter.
-    A folder that exists is left as it is."""
-    missing, d = [], folder
-    while not os.path.lexists(d) and d != d.parent:
-        missing.append(d)
-        d = d.parent
-    for d in reversed(missing):
-        mine = d == folder
-        want = (0o750 if gid is not None else 0o700) if mine else 0o755
-        try:
-            try:
-                os.mkdir(d, want)
-            except FileExistsError:  # made meanwhile by another process: left to it
-                continue
-            os.chmod(d, want)
-            if mine and gid is not None and os.geteuid() == 0:
-                os.chown(d, -1, gid)  # group readers must be able to enter it
-        except OSError as exc:
-            raise StoreError(f"cannot create the state database directory {d}: {exc.strerror}") from None
+    each given its mode whatever the umask (folders.make_missing_folders). ``mkdir(parents=True)`` made those
+    above with 0777 less the umask: world-writable under umask 0, so anyone could move the database's folder
+    aside and put one of their own in its place; and under umask 0077 the group's folder came out 0700,
+    which the readers of ``db_group`` cannot enter. A folder that exists is left as it is."""
+    own = 0o750 if gid is not None else 0o700
+    try:
+        made = make_missing_folders(folder, lambda d: own if d == folder else 0o755)
+        if folder in made and gid is not None and os.geteuid() == 0:
+            os.chown(folder, -1, gid)  # group readers must be able to enter it
+    except OSError as exc:
+        raise StoreError(f"cannot create the state database directory {exc.filename or folder}: "
+                         f"{exc.strerror}") from None
 
 
 def prepare_db_file(path: str | os.PathLike, group: str | int | None = None) -> Path:
