@@ -248,9 +248,9 @@ def test_an_unsafe_key_file_is_logged_once_per_node_per_window_and_every_refusal
 
 def test_the_log_limit_tracks_a_bounded_number_of_lines():
     """Distinct reasons past the cap (paths of nodes that need not exist) share one slot: no unbounded memory."""
-    from slurm_mig.api.auth import _Quiet
+    from slurm_mig.api.loglimit import LogLimiter
 
-    q = _Quiet(600.0, max_keys=3)
+    q = LogLimiter(600.0, max_keys=3)
     assert [q.say(f"line {i}", 0.0) for i in range(3)] == [0, 0, 0]
     assert q.say("line 3", 1.0) == 0 and q.say("line 4", 2.0) is None  # the shared slot, said once per window
     assert len(q._last) == 4 and q.say("line 0", 3.0) is None

@@ -41,6 +41,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from slurm_mig.api.loglimit import LogLimiter
 from slurm_mig.errors import SlurmMigError
 
 log = logging.getLogger("slurm_mig.api.auth")
@@ -429,34 +430,6 @@ class NodeKeys:
         return key
 
 
-class _Quiet:
-    """Which log lines to say: each distinct one at most once every ``every_s`` seconds, counting the
-    times it was held back. For what anyone who can reach the port can make the controller say at will
-    (a request naming a node whose key file is unsafe), which one line per request would flood the log with.
-    At most ``max_keys`` lines are tracked: past them (paths of nodes that do not exist, say, where the
-    folder cannot be searched) the rest share one slot."""
-
-    def __init__(self, every_s: float, max_keys: int = 1024):
-        self.every_s = every_s
-        self.max_keys = max_keys
-        self._last: dict[str, list] = {}  # line -> [when last said, times held back since]
-        self._lock = threading.Lock()
-
-    def say(self, line: str, now: float) -> int | None:
-        """None: hold ``line`` back; otherwise say it now, with the number of times it was held back."""
-        with self._lock:
-            if line not in self._last and len(self._last) >= self.max_keys:
-                self._last = {k: v for k, v in self._last.items() if now - v[0] < self.every_s}
-                if len(self._last) >= self.max_keys:
-                    line = ""  # the shared slot
-            seen = self._last.get(line)
-            if seen is not None and now - seen[0] < self.every_s:
-                seen[1] += 1
-                return None
-            self._last[line] = [now, 0]
-            return 0 if seen is None else seen[1]
-
-
 class HmacAuth:
     """HMAC-SHA256 request signatures with a shared key, a clock-skew limit and a nonce cache."""
 
@@ -478,7 +451,7 @@ class HmacAuth:
         self.uid = uid
         self.replay = ReplayCache(window_s=max(2 * max_skew_s, replay_window_s))
         self.clock = time.monotonic  # for the log's rate limit only
-        self._quiet = _Quiet(self.UNSAFE_KEY_LOG_EVERY_S)
+        self._quiet = LogLimiter(self.UNSAFE_KEY_LOG_EVERY_S)
 
     def _key_for(self, node: str) -> bytes:
         try:

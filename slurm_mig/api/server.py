@@ -15,7 +15,8 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable
 
-from slurm_mig.api.auth import HEADER, RESPONSE_HEADER, AuthError, Principal, _Quiet
+from slurm_mig.api.auth import HEADER, RESPONSE_HEADER, AuthError, Principal
+from slurm_mig.api.loglimit import LogLimiter
 from slurm_mig.controlchars import visible
 from slurm_mig.errors import SlurmMigError
 
@@ -107,7 +108,7 @@ class ApiServer:
         self.get_routes = get_routes or {}
         self.on_error = on_error  # (kind, message) -> None, e.g. to count errors in metrics
         self.clock = time.monotonic  # for the refusal lines' rate limit only
-        self._quiet = _Quiet(REFUSAL_LOG_EVERY_S, REFUSAL_LOG_MAX_KEYS)
+        self._quiet = LogLimiter(REFUSAL_LOG_EVERY_S, REFUSAL_LOG_MAX_KEYS)
         server = self
 
         class Handler(BaseHTTPRequestHandler):
