@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import os
 import pickletools
-import re
 import shutil
 import tempfile
 import time
@@ -30,11 +29,10 @@ from pathlib import Path
 
 from slurm_mig.errors import ConfigError
 from slurm_mig.policies.rl import (
-    CARD_NAME, SHIPPED_MODEL, OnnxScorer, PolicyModelError, created_time, read_card, store_dir,
+    CARD_NAME, SHIPPED_MODEL, VERSION_RE, OnnxScorer, PolicyModelError, created_time, read_card, store_dir,
 )
 
 DEFAULT = "default"
-VERSION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")  # use with fullmatch ("$" lets "v1\n" through)
 
 # What a torch.save of plain weights names in its pickle: a stricter subset of what
 # torch.load(weights_only=True) accepts, checked without torch (the head node has none).
@@ -129,7 +127,6 @@ class PolicyStore:
         if self.root.is_dir():
             for d in self.root.iterdir():
                 m = d / "model.onnx"
-                # not the temporary folder of an add that was stopped (".<version>.<random>", half copied)
                 if VERSION_RE.fullmatch(d.name) and d.is_dir() and m.is_file():
                     try:
                         card = read_card(m)

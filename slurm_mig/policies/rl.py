@@ -44,6 +44,7 @@ import json
 import logging
 import math
 import os
+import re
 import statistics
 import sys
 import time
@@ -218,6 +219,11 @@ def _store_active(store: Path) -> Path | None:
     return store / version / "model.onnx"
 
 
+#: A stored version's name (use with fullmatch: "$" lets "v1\n" through). A folder of the store named otherwise
+#: is none: the temporary ".<version>.<random>" of a `policy install` that was stopped, half copied.
+VERSION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+
+
 def _store_candidate(store: Path) -> Path | None:
     """The newest stored version that is not the active one."""
     active = _store_active(store)
@@ -228,8 +234,7 @@ def _store_candidate(store: Path) -> Path | None:
         return None
     for d in entries:
         m = d / "model.onnx"
-        # d.name starting with ".": the temporary folder of a `policy install` that was stopped, half copied
-        if d.name.startswith(".") or not m.is_file() or (active is not None and m == active):
+        if not VERSION_RE.fullmatch(d.name) or not m.is_file() or (active is not None and m == active):
             continue
         try:
             created = created_time(read_card(m)) or 0.0
