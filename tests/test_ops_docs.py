@@ -140,14 +140,34 @@ def test_configuration_doc_lists_every_key_with_its_default():
         if not m:
             continue
         section = m.group(1)
-        rows = re.findall(r"(?m)^\| `(\w+)` \| `([^`]*)` \|", part)
-        assert [k for k, _ in rows] == list(RULES[section]), f"[{section}] table and config.RULES differ"
-        for key, shown in rows:
+        rows = re.findall(r"(?m)^\| `(\w+)` \| `([^`]*)` \| (.*) \|$", part)
+        assert [k for k, _, _ in rows] == list(RULES[section]), f"[{section}] table and config.RULES differ"
+        for key, shown, meaning in rows:
             value = getattr(getattr(cfg, section), key)
             value = list(value) if isinstance(value, tuple) else value
             assert tomllib.loads(f"v = {shown}")["v"] == value, f"[{section}].{key}: doc says {shown}, code {value!r}"
+            for bound in documented_bounds(RULES[section][key]):
+                assert bound in meaning, f"[{section}].{key}: the doc does not give its bound {bound!r}"
         seen.add(section)
     assert seen == set(RULES)
+
+
+def documented_bounds(check) -> list[str]:
+    """How a key's bounds read in docs/configuration.md, from what its check expects: "> 0", ">= 1",
+    "1-65535" (a range), or each choice quoted (the upper time bounds are said once, above the tables)."""
+    from slurm_mig.config import _Bad
+
+    try:
+        check(object())
+    except _Bad as bad:
+        want = str(bad)
+    m = re.fullmatch(r"an? (?:number|integer) (>=?) (\S+)(?: and <= (\S+))?", want)
+    if m:
+        return [f"{m.group(2)}-{m.group(3)}" if m.group(3) else f"{m.group(1)} {m.group(2)}"]
+    m = re.fullmatch(r"one of (.*)", want)
+    if m:
+        return [o.strip('"') for o in m.group(1).split(", ")]
+    return []
 
 
 def test_readme_commands_exist():
