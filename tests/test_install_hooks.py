@@ -120,3 +120,45 @@ def test_the_installed_taskprolog_ignores_the_jobs_slurm_mig_variables(tmp_path)
     assert res.returncode == 0
     assert "could not run" not in res.stderr, res.stderr  # the installed interpreter ran, not /bin/false
     assert "export CUDA_VISIBLE_DEVICES=" in res.stdout
+
+
+def _run_install(tmp_path, *args):
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "slurm_mig.cli", "install-hooks", "--prefix",
+                           str(tmp_path / "hooks"), *args], capture_output=True, text=True, timeout=120)
+
+
+def test_install_hooks_refuses_a_config_every_hook_would_fail_on_and_writes_nothing(tmp_path):
+    """The hooks read the config they were installed with: a missing or wrong one failed every hook
+    on the node (each Prolog requeued its job), while install-hooks said "installed"."""
+    import sys
+
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[controller]\ntick_interval_s = "fast"\n')
+    for config, said in ((bad, "tick_interval_s"), (tmp_path / "missing.toml", "file not found")):
+        res = _run_install(tmp_path, "--python", sys.executable, "--hook-config", str(config))
+        assert res.returncode == 2, res.stderr
+        assert said in res.stderr and "--hook-config" in res.stderr
+        assert not (tmp_path / "hooks").exists()
+
+
+def test_install_hooks_refuses_an_interpreter_without_slurm_mig(tmp_path):
+    good = tmp_path / "site.toml"
+    good.write_text("[controller]\ntick_interval_s = 5\n")
+    for python, said in (("/usr/bin/python3", "cannot import slurm-mig"),  # Debian's, no slurm-mig in it
+                         (str(tmp_path / "nopython"), "not an executable file")):
+        res = _run_install(tmp_path, "--python", python, "--hook-config", str(good))
+        assert res.returncode == 1, res.stderr
+        assert said in res.stderr
+        assert not (tmp_path / "hooks").exists()
+
+
+def test_install_hooks_installs_with_a_good_config_and_interpreter(tmp_path):
+    import sys
+
+    good = tmp_path / "site.toml"
+    good.write_text("[controller]\ntick_interval_s = 5\n")
+    res = _run_install(tmp_path, "--python", sys.executable, "--hook-config", str(good))
+    assert res.returncode == 0, res.stderr
+    assert sorted(p.name for p in (tmp_path / "hooks").iterdir()) == sorted(HOOKS)

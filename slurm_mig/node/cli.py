@@ -49,18 +49,22 @@ USER_HOOKS = frozenset({"slurm-mig-taskprolog"})
 SAFE_PATH = re.compile(r"/[A-Za-z0-9_./+@:-]*")
 
 
-def install_hooks(prefix: str | os.PathLike, python: str, config: str) -> dict[str, Path]:
-    """Copy the hook executables into ``prefix`` (0755, root-owned) with the interpreter and config set.
-
-    Raises SlurmMigError, before writing anything, when ``python`` or ``config`` is not an absolute
-    path made of plain characters (they are substituted into shell text that runs as root).
-    """
+def _check_safe_paths(python: str, config: str) -> None:
     from slurm_mig.errors import SlurmMigError
 
     for what, value in (("--python", python), ("--hook-config", config)):
         if not SAFE_PATH.fullmatch(str(value)):
             raise SlurmMigError(f"{what} {value!r}: use an absolute path of letters, digits and _ . / + @ : - "
                                 f"only (it is written into the root hooks' shell text)")
+
+
+def install_hooks(prefix: str | os.PathLike, python: str, config: str) -> dict[str, Path]:
+    """Copy the hook executables into ``prefix`` (0755, root-owned) with the interpreter and config set.
+
+    Raises SlurmMigError, before writing anything, when ``python`` or ``config`` is not an absolute
+    path made of plain characters (they are substituted into shell text that runs as root).
+    """
+    _check_safe_paths(python, config)
     prefix = Path(prefix)
     prefix.mkdir(parents=True, exist_ok=True)
     os.chmod(prefix, 0o755)
@@ -89,9 +93,42 @@ def install_hooks(prefix: str | os.PathLike, python: str, config: str) -> dict[s
     return out
 
 
+def check_hook_inputs(python: str, config: str) -> None:
+    """Raise SlurmMigError unless ``python`` runs slurm-mig and ``config`` is a config it accepts.
+
+    The hooks pass the config to slurm-mig as the file to read, so a missing or wrong one fails every
+    hook on the node, as does an interpreter without slurm-mig: each Prolog then requeues its job
+    (a hook never drains the node), and no job with a MIG request starts there. Better said once, here.
+    """
+    import subprocess
+
+    from slurm_mig.config import load_config
+    from slurm_mig.errors import ConfigError, SlurmMigError
+
+    _check_safe_paths(python, config)
+    try:
+        load_config(config)
+    except ConfigError as exc:
+        raise ConfigError(f"--hook-config: {exc}; every hook would fail on it (see docs/admin-guide.md "
+                            f"step 3)") from None
+    if not (os.path.isfile(python) and os.access(python, os.X_OK)):
+        raise SlurmMigError(f"--python {python}: not an executable file")
+    try:
+        # -I as the hooks run it: slurm-mig must be installed for that interpreter, not found on a path.
+        res = subprocess.run([python, "-I", "-c", "import slurm_mig.node.hooks"], capture_output=True,
+                             text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise SlurmMigError(f"--python {python}: could not run it: {exc}") from None
+    if res.returncode != 0:
+        last = (res.stderr.strip().splitlines() or ["no output"])[-1]
+        raise SlurmMigError(f"--python {python}: cannot import slurm-mig ({last}); give the interpreter of "
+                            f"the environment slurm-mig is installed in")
+
+
 def _install(args: argparse.Namespace) -> int:
-    config = args.hook_config or args.config or "/etc/slurm-mig/slurm-mig.toml"
-    for name, path in install_hooks(args.prefix, args.python, os.path.abspath(config)).items():
+    config = os.path.abspath(args.hook_config or args.config or "/etc/slurm-mig/slurm-mig.toml")
+    check_hook_inputs(args.python, config)
+    for name, path in install_hooks(args.prefix, args.python, config).items():
         print(f"installed {path}")
     print("now add the lines of etc/slurm.conf.snippet to slurm.conf (see docs/admin-guide.md)")
     return 0
