@@ -164,6 +164,15 @@ def test_nvml_name_mapping():
     ("NVIDIA GH200", None),  # 96 or 144 GB: the name must say
     ("NVIDIA H100 NVL 80GB", None),
     ("NVIDIA H20 141GB", None),
+    # A memory type the model's part is not made with is another part, often of another size.
+    ("NVIDIA H20 HBM3e", None),  # the 141 GB H20, not our 96 GB table (7c08af5 gave it that)
+    ("NVIDIA H20 HBM3", "H100-96GB"),
+    ("NVIDIA GH200 480GB HBM3e", None),  # the 144 GB GH200 is 'GH200 144G HBM3e'
+    ("NVIDIA H100 HBM3e", None),
+    ("NVIDIA H100 PCIe HBM2e", "H100-80GB"),
+    ("NVIDIA A100 80GB HBM3", None),
+    ("NVIDIA H200 HBM3", None),
+    ("NVIDIA B200 HBM3e", "B200-180GB"),
     ("NVIDIA A100X", None),
     ("NVIDIA A30X", None),
     ("NVIDIA RTX PRO 6000 Blackwell Server Edition", None),
@@ -172,6 +181,12 @@ def test_nvml_name_mapping():
 def test_nvml_names_match_whole_words_not_substrings(name, model):
     found = model_from_nvml_name(name)
     assert (found.name if found else None) == model
+
+
+def test_every_model_says_which_memory_it_is_made_with():
+    from slurm_mig.mig.profiles import _MEMORY_TYPES, GPU_MODELS
+
+    assert set(_MEMORY_TYPES) == set(GPU_MODELS)
 
 
 @pytest.mark.parametrize("text,problem", [

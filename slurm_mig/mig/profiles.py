@@ -189,8 +189,24 @@ def get_model(name: str) -> GpuModel:
 
 
 # Words a device name may carry after its model's marker without changing its MIG geometry: form
-# factors and memory types. Anything else (NVL, another memory size, ...) may be another part.
-_NAME_QUALIFIERS = frozenset({"SXM", "SXM2", "SXM4", "SXM5", "PCIE", "HBM2", "HBM2E", "HBM3", "HBM3E"})
+# factors, and the memory types of _MEMORY_TYPES. Anything else (NVL, another memory size, ...) may be
+# another part.
+_FORM_FACTORS = frozenset({"SXM", "SXM2", "SXM4", "SXM5", "PCIE"})
+# The memory each model is made with (NVIDIA's datasheets). A memory type in a device name is a model's only if
+# it is one of these: the same marker with other memory is another part, often of another size ('H20 HBM3e'
+# is a 141 GB H20, not the 96 GB one; 'GH200 480GB' has HBM3, the 144 GB GH200 HBM3e).
+_MEMORY_TYPES: dict[str, frozenset[str]] = {
+    "A30-24GB": frozenset({"HBM2"}),
+    "A100-40GB": frozenset({"HBM2"}),
+    "A100-80GB": frozenset({"HBM2E"}),
+    "H100-80GB": frozenset({"HBM3", "HBM2E"}),  # SXM5: HBM3; PCIe: HBM2e
+    "H100-94GB": frozenset({"HBM3", "HBM2E"}),  # NVL: HBM3; SXM5 94GB: HBM2e
+    "H100-96GB": frozenset({"HBM3"}),  # GH200 480GB, H20, H100 96GB
+    "H200-141GB": frozenset({"HBM3E"}),
+    "GH200-144GB": frozenset({"HBM3E"}),
+    "B200-180GB": frozenset({"HBM3E"}),
+    "GB200-186GB": frozenset({"HBM3E"}),
+}
 
 
 def _name_tokens(text: str) -> list[str]:
@@ -211,8 +227,8 @@ def model_from_nvml_name(device_name: str) -> GpuModel | None:
     geometry is not in our tables (the GPU is then left out of scheduling, never mislabelled).
 
     Whole words, not substrings: the name (less a leading NVIDIA/Tesla) must start with one of the
-    model's markers, and every word after it must be a form factor or memory type, or the model's own
-    memory size. So 'NVIDIA GH200 480GB' is not an H200 and 'NVIDIA H100 NVL' not an H100-80GB.
+    model's markers, and every word after it must be a form factor, a memory type the model is made with
+    (_MEMORY_TYPES: 'NVIDIA H20 HBM3e', a 141 GB part, is not our 96 GB H20), or the model's own memory size. So 'NVIDIA GH200 480GB' is not an H200 and 'NVIDIA H100 NVL' not an H100-80GB.
     The longest marker wins, so 'A100-SXM4-80GB' is not taken for a 40 GB part. A marker several
     models share ("H100") means its first model when the name gives no memory size ('NVIDIA H100
     PCIe' is an H100-80GB); the others match only with their own size in the name ('H100 94GB').
@@ -227,7 +243,8 @@ def model_from_nvml_name(device_name: str) -> GpuModel | None:
         for marker in model.nvml_names:
             m = _name_tokens(marker)
             rest = words[len(m):]
-            if words[:len(m)] != m or not all(w in _NAME_QUALIFIERS or w == size for w in rest):
+            if words[:len(m)] != m or not all(w in _FORM_FACTORS or w == size
+                                              or w in _MEMORY_TYPES.get(model.name, ()) for w in rest):
                 continue
             sized = size in rest
             if not sized and owners[tuple(m)] != model.name:
