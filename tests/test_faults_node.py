@@ -398,6 +398,44 @@ def test_a_gpu_whose_driver_lists_no_profile_is_asked_once_per_driver_not_in_eve
         assert all(g.blocked is None for g in rig.store.observed_gpus("n1"))
 
 
+def test_one_health_check_makes_the_mig_table_check_once(rig, monkeypatch):
+    """A health check asked for the table check in its repair of half-made instances, in its report and, after
+    a re-carve, in its /v1/applied report: each asked the driver version and read tables.json again (and, for a
+    GPU whose check failed, asked NVML for every profile again). It is now made once per health check, with the
+    same verdicts; each round of `node sync --loop` (one Node) makes it afresh."""
+    from pathlib import Path
+
+    asked, readings, reads = [], [], []
+    real_version, real_readings, real_read = (SimulatedBackend.driver_version, SimulatedBackend.profile_readings,
+                                              Path.read_text)
+    monkeypatch.setattr(SimulatedBackend, "driver_version", lambda self: asked.append(1) or real_version(self))
+    monkeypatch.setattr(SimulatedBackend, "profile_readings",
+                        lambda self, gpu: readings.append(gpu) or real_readings(self, gpu))
+    monkeypatch.setattr(Path, "read_text",
+                        lambda self, *a, **k: (reads.append(self.name), real_read(self, *a, **k))[1])
+    rig.gpu.set_driver_profiles(1, {1: {"placements": [[0, 2], [2, 2]]}}, driver="590.1")  # no 2g at 4
+    # The controller asks GPU 0 to re-carve: the health check then sends /v1/applied with a report of its own.
+    real_report = rig.srv.routes["/v1/report"]
+    monkeypatch.setitem(rig.srv.routes, "/v1/report", lambda payload, who: {"desired": {"0": "7g@0"}, "release": []})
+    node = hooks.Node("n1", hooks.NodeSettings.load())
+    applied = []
+    real_route = rig.srv.routes["/v1/applied"]
+    monkeypatch.setitem(rig.srv.routes, "/v1/applied", lambda payload, who: applied.append(payload)
+                        or real_route(payload, who))
+    assert hooks.healthcheck({}, node) == 0
+    assert _sim_layout(rig, 0) == "7g@0" and len(applied) == 1
+    assert (len(asked), sorted(readings), reads.count("tables.json")) == (1, [0, 1], 1)
+    gpu1 = [g for g in applied[0]["observed"] if g["index"] == 1][0]
+    assert gpu1["table_errors"] == ["2g.20gb: placements {0,2}:2, ours {0,2,4}:2"]  # the verdict, as before
+    # The next round on the same Node (node sync --loop) checks again: a new driver is seen.
+    asked.clear(), readings.clear(), reads.clear()
+    rig.gpu.set_driver_profiles(1, {}, driver="590.2")
+    monkeypatch.setitem(rig.srv.routes, "/v1/report", real_report)
+    assert hooks.healthcheck({}, node) == 0
+    assert (len(asked), sorted(readings), reads.count("tables.json")) == (1, [0, 1], 1)
+    assert all(g.blocked is None for g in rig.store.observed_gpus("n1"))
+
+
 def test_without_the_controller_no_job_is_bound_on_a_gpu_whose_driver_differs_from_our_table(rig):
     for slot in ("3g@0", "2g@4", "1g@6"):
         rig.gpu.set_in_use(0, slot, "job 8")  # GPU 0 is full

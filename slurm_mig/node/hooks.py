@@ -116,6 +116,9 @@ class Node:
         self._client = None
         # Seconds this hook run may still wait for the layout lock, in all (start_lock_budget); None: unbounded.
         self.lock_wait_left: float | None = None
+        # The MIG table verdicts this hook run (or health check round) made or read (table_errors), by (GPU
+        # uuid, model, MIG mode).
+        self._table_verdicts: dict[tuple, list[str]] = {}
 
     @property
     def backend(self):
@@ -152,7 +155,10 @@ class Node:
 
         Asked once per GPU, driver version and table of ours (a few dozen read-only NVML calls) and kept in
         ``<state>/tables.json``, which is read (and the driver version asked) once per call, so a Prolog
-        reads a file, not NVML, to know."""
+        reads a file, not NVML, to know. A verdict is also kept for the rest of this hook run (a health check
+        round: healthcheck starts each afresh), so a health check, which asks for its repair, its report and
+        the report after a re-carve, reads the file (and asks NVML) once; a check that failed is not kept,
+        and is made again at the next ask."""
         import json
 
         from slurm_mig.node.localstate import _atomic_write
@@ -162,6 +168,13 @@ class Node:
         gpus = [g for g in gpus if g.model is not None and not g.lost and g.uuid]
         if not gpus:
             return out
+        remembered = getattr(self, "_table_verdicts", None)  # None: a Node made without __init__ (tests)
+
+        def key(gpu) -> tuple:
+            return gpu.uuid, gpu.model.name, bool(gpu.mig_enabled)
+
+        if remembered is not None and all(key(g) in remembered for g in gpus):
+            return {g.index: list(remembered[key(g)]) for g in gpus}
         version = getattr(self.backend, "driver_version", None)
         driver = str(version()) if version is not None else "unknown"
         path = self.state.root / self.TABLES_FILE
@@ -182,6 +195,8 @@ class Node:
                     and seen.get("table") == table and isinstance(seen.get("errors"), list) \
                     and ("unreadable" not in seen or seen.get("mig_enabled") == bool(gpu.mig_enabled)):
                 out[gpu.index] = [str(e) for e in seen["errors"]]
+                if remembered is not None:
+                    remembered[key(gpu)] = list(out[gpu.index])
                 continue
             out[gpu.index] = []
             try:
@@ -205,6 +220,8 @@ class Node:
             if check.unreadable is not None:
                 cache[gpu.uuid].update(unreadable=check.unreadable, mig_enabled=bool(gpu.mig_enabled))
             out[gpu.index], changed = errors, True
+            if remembered is not None:
+                remembered[key(gpu)] = list(errors)
         if changed:
             try:
                 self.state.ensure()
@@ -963,6 +980,9 @@ def healthcheck(env: dict, node: Node) -> int:
 
     node.state.ensure()
     node.start_lock_budget()
+    # The MIG table check is made once per health check: its repair, its report and the report after a
+    # re-carve all read this round's verdicts (`node sync --loop` runs many rounds on one Node).
+    node._table_verdicts = {}
     node.flush_outbox()
     with _unless_lock_busy("making half-made instances whole"):
         with node.apply_lock():
