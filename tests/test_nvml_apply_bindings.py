@@ -250,6 +250,37 @@ def test_apply_waits_for_a_hook_holding_the_layout_lock(node, capsys):
     assert codes == [3] and _uuids(node)["2g.20gb@4"] == uuid
 
 
+@pytest.mark.parametrize("how", ["flag", "config"])
+def test_apply_waits_for_the_layout_lock_a_bounded_time_then_changes_nothing(node, capsys, how):
+    """A holder hung inside NVML kept `nvml apply` waiting for the layout lock without end (the Prolog and the
+    health check wait [node].layout_lock_wait_s). It now waits that long, or --lock-wait, then exits 75 (try
+    again) saying why, having changed nothing."""
+    if how == "config":
+        cfg = node / "slurm-mig.toml"
+        cfg.write_text(cfg.read_text() + "layout_lock_wait_s = 0.3\n")
+    argv = ["nvml", "apply", "--gpu", "0", "--layout", "7g@0"] + (["--lock-wait", "0.3"] if how == "flag" else [])
+    state = NodeState(node / "node" / "gpu01").ensure()
+    before, codes = _uuids(node), []
+    with state.layout_lock():
+        worker = threading.Thread(target=lambda: codes.append(main(argv)), daemon=True)
+        worker.start()
+        worker.join(10)
+        alive = worker.is_alive()
+    worker.join(30)
+    assert not alive and codes == [75]
+    err = capsys.readouterr().err
+    assert f"the node's layout lock ({state.root / 'apply.lock'}) stayed held by another process for 0.3 s" in err
+    assert "Nothing was changed" in err and "--lock-wait" in err
+    assert _uuids(node) == before
+
+
+@pytest.mark.parametrize("bad", ["-1", "nan", "inf", "1e9", "soon"])
+def test_a_lock_wait_that_is_not_a_bounded_number_of_seconds_is_refused(node, capsys, bad):
+    with pytest.raises(SystemExit) as exc:
+        main(["nvml", "apply", "--gpu", "0", "--layout", "7g@0", "--lock-wait", bad])
+    assert exc.value.code == 2 and "--lock-wait" in capsys.readouterr().err
+
+
 def test_a_bound_instance_missing_from_the_gpu_is_noted_not_kept(node, capsys):
     state = NodeState(node / "node" / "gpu01").ensure()
     state.write_binding("42", [BoundInstance(0, "1g.10gb", 5, "MIG-gone")], attempt=0)

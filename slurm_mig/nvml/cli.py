@@ -1,7 +1,8 @@
 """`slurm-mig nvml ...`: look at MIG GPUs, move one to a layout, manage simulated GPUs.
 
     slurm-mig nvml show [--json]
-    slurm-mig nvml apply --gpu 0 --layout 3g@0,2g@4,1g@6 [--dry-run] [--busy 3g@0] [--ignore-bindings] [--json]
+    slurm-mig nvml apply --gpu 0 --layout 3g@0,2g@4,1g@6 [--dry-run] [--busy 3g@0] [--ignore-bindings]
+                         [--lock-wait SECONDS] [--json]
     slurm-mig nvml assert --gpu 0 --layout 3g@0,2g@4,1g@6 [--json]
     slurm-mig nvml check-tables [--gpu 0] [--json]
     slurm-mig nvml sim-init --gpus H100-80GB:2 [--layout 3g@0,3g@4 | --layout 1=7g@0] [--force]
@@ -25,7 +26,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from slurm_mig.errors import BindingsUnreadable, ConfigError, GeometryError, TransitionBlocked
+from slurm_mig.errors import AlreadyRunning, BindingsUnreadable, ConfigError, GeometryError, TransitionBlocked
 from slurm_mig.mig.layout import Layout, Slot, parse_layout
 from slurm_mig.mig.profiles import get_model
 
@@ -242,12 +243,27 @@ def _bound_instances(state, backend, gpu: int, model) -> tuple[dict, list[str]]:
     return {slot: jobs for slot, jobs in held.items() if slot in present}, notes
 
 
-def _take_layout_lock(stack: contextlib.ExitStack, state) -> None:
+def _lock_wait(args: argparse.Namespace) -> float:
+    """How long an apply waits for the node's layout lock: --lock-wait, else [node].layout_lock_wait_s (the
+    hooks' own bound)."""
+    if getattr(args, "lock_wait", None) is not None:
+        return args.lock_wait
+    from slurm_mig.config import load_config
+
+    return load_config(getattr(args, "config", None)).node.layout_lock_wait_s
+
+
+def _take_layout_lock(stack: contextlib.ExitStack, state, wait_s: float) -> None:
     """Hold the lock the hooks change layouts and write bindings under, so no Prolog binds an instance
     between our reading the bindings and our last step. A node without its folder (no hook has run yet, or
     it was removed) has it made first, as the hooks make it (NodeState.ensure_root): a Prolog starting
     meanwhile makes or finds the same folder and waits for our lock. Until 2026-11-26 such an apply took no
-    lock. One that can neither make the folder nor take the lock is refused, never made without it."""
+    lock. One that can neither make the folder nor take the lock is refused, never made without it.
+
+    Waits at most ``wait_s`` for a holder to let go, then raises AlreadyRunning (exit 75): a holder hung inside
+    NVML kept the apply waiting without end until 2026-11-27."""
+    from slurm_mig.node.localstate import LayoutLockBusy
+
     try:
         state.ensure_root()
     except OSError as exc:
@@ -255,7 +271,12 @@ def _take_layout_lock(stack: contextlib.ExitStack, state) -> None:
                                  f"({exc.strerror or exc}), so the layout lock the hooks change layouts under "
                                  f"cannot be held. Nothing was changed: run it as root") from exc
     try:
-        stack.enter_context(state.layout_lock())
+        stack.enter_context(state.layout_lock(wait_s))
+    except LayoutLockBusy as exc:  # (a TimeoutError, so an OSError: caught first)
+        raise AlreadyRunning(f"{exc}: a Prolog or health check is changing this node's MIG layout, or one hung "
+                             f"inside NVML (`fuser -v {state.root / 'apply.lock'}` names it). Nothing was "
+                             f"changed: try again, or wait longer with --lock-wait SECONDS (default "
+                             f"[node].layout_lock_wait_s)") from exc
     except OSError as exc:
         raise BindingsUnreadable(f"cannot take the layout lock in {state.root}: {exc.strerror or exc}. "
                                  f"Nothing was changed") from exc
@@ -280,7 +301,7 @@ def _cmd_apply(args: argparse.Namespace) -> int:
             _check_node_name(args, state)
         with contextlib.ExitStack() as stack:
             if not args.dry_run:
-                _take_layout_lock(stack, state)
+                _take_layout_lock(stack, state, _lock_wait(args))
             if args.ignore_bindings:
                 print(IGNORE_BINDINGS_WARNING.format(root=state.records_dir, node=_node_name(args)), file=sys.stderr)
                 held, notes = {}, []
@@ -431,6 +452,21 @@ def _cmd_sim_busy(args: argparse.Namespace) -> int:
     return 0
 
 
+def _seconds(text: str) -> float:
+    """--lock-wait: 0 (try once) up to a day, as the config's timeouts."""
+    import math
+
+    from slurm_mig.config import MAX_TIMEOUT_S
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not math.isfinite(value) or not 0 <= value <= MAX_TIMEOUT_S:
+        raise argparse.ArgumentTypeError(f"{text!r}: give 0 to {MAX_TIMEOUT_S:g} seconds (a day)")
+    return value
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add `slurm-mig nvml ...`."""
     common = argparse.ArgumentParser(add_help=False)
@@ -460,6 +496,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="also treat these instances as busy (instances bound to jobs on this node are, always)")
     p.add_argument("--ignore-bindings", action="store_true",
                    help="do not read this node's binding records (DANGER: only on a node with no jobs)")
+    p.add_argument("--lock-wait", type=_seconds, metavar="SECONDS",
+                   help="wait at most this long for the node's layout lock, which the hooks hold while they change "
+                        "a layout, then exit 75 having changed nothing (default: [node].layout_lock_wait_s, 30)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=_cmd_apply)
 
