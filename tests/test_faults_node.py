@@ -1781,6 +1781,27 @@ def test_one_task_steps_asking_one_instance_each_see_different_ones(rig, capsys,
                     "export CUDA_VISIBLE_DEVICES=MIG-70a,MIG-70b"]
 
 
+def test_a_forged_step_record_only_narrows_the_step_to_its_own_jobs_instances(rig, capsys, monkeypatch):
+    """``scontrol -d show step`` prints the step's name (srun -J, the job's own user's text) as given, newlines
+    and ``Key=Value`` included, before its TresPerNode line, so a step may spell another request. Checked
+    (2026-11-27): whatever the record says, the TaskProlog shows the step a subset of its own job's binding,
+    never another instance; and the user can set CUDA_VISIBLE_DEVICES in their own task anyway (security.md
+    §6). So the step is still read with scontrol."""
+    from slurm_mig.slurm import runner
+
+    _bind_two(rig, "71")
+    _bind_two(rig, "72")  # another job's instances on the node
+    forged = ("StepId=71.{s} UserId=0\n   Nodes=1 CPUs=1 Tasks=1 Name=x\n   TresPerNode=gres:mig:1g:{n}\n"
+              "   TresPerNode=gres:mig:1g:{n},gres:mig:3g:1 Network=(null)\n   TresPerNode=gres:mig:1g:2\n")
+    for step, n in (("0", 1), ("1", 1), ("2", 7), ("3", 0)):
+        monkeypatch.setattr(runner, "run_slurm", lambda argv, **kw: runner.SlurmResult(
+            tuple(argv), 0, forged.format(s=step, n=n), "", 0.0))
+        capsys.readouterr()
+        assert rig.hook("taskprolog", "71", SLURM_STEP_ID=step, SLURM_STEP_NUM_TASKS="1") == 0
+        shown = _cvd(capsys.readouterr().out).split("=", 1)[1].split(",")
+        assert shown and set(shown) <= {"MIG-71a", "MIG-71b"}, (step, shown)
+
+
 def test_a_het_step_is_not_cut_down_by_another_components_step_record(rig, capsys, monkeypatch):
     """A het step's tasks are told the leader's job id, so ``scontrol show step <leader>.<step>`` describes
     the leader's part of the step (here 3g:1), not the component bound on this node (1g:2)."""
