@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass, field, replace
 
 from slurm_mig.api.auth import NODE_NAME
+from slurm_mig.api.loglimit import LogLimiter
 from slurm_mig.api.origin import NodeOrigins
 from slurm_mig.controller.binding import NodeGpu, choose_binding, intended_layout
 from slurm_mig.controller.eligibility import eligible_nodes
@@ -36,6 +37,7 @@ from slurm_mig.policies import check_decision, get_policy
 from slurm_mig.policies.base import PendingJob
 from slurm_mig.slurm.gres import GRES_TO_KIND, GRES_TYPES, PAD_TYPE, gres_type_for_kind, mig_total, padded_total
 from slurm_mig.slurm.parsers import format_exit_status, local_epoch, wait_status
+from slurm_mig.store.models import known_model, unknown_model_reason
 
 log = logging.getLogger("slurm_mig.controller")
 
@@ -45,6 +47,8 @@ JOB_ID = re.compile(r"[0-9]{1,12}(_[0-9]{1,9})?")  # use with fullmatch: "$" wou
 # A planned reconfiguration that no node carried out within this time is abandoned, so the GPU is not
 # locked forever by a node that went away.
 JOURNAL_TIMEOUT_S = 600.0
+# How often a node's GPU of a model this controller's tables do not list is said again (log and event).
+UNKNOWN_MODEL_LOG_EVERY_S = 3600.0
 # A job that ended in Slurm without an Epilog report for this long (at least two health-check intervals)
 # gets its outcome from Slurm's own record.
 EPILOG_GRACE_S = 60.0
@@ -241,6 +245,8 @@ class Controller:
         self._taken_tasks: dict[str, float] = {}
         self._unservable: set[str] = set()  # jobs whose MIG request cannot be served, said once each
         self._not_adopted: set[tuple[str, str, int]] = set()  # (node, job, run): an earlier run's file, said once
+        # node + GPU model our tables do not list (a newer node's): said once an hour, not once per report
+        self._unknown_models = LogLimiter(UNKNOWN_MODEL_LOG_EVERY_S)
         # Is a node's request encoded on its own host? Only MUNGE credentials say where they were made, so
         # under HMAC the check is off whatever [auth].node_origin says.
         self.origin_mode = cfg.auth.node_origin if cfg.auth.method == "munge" else "off"
@@ -927,7 +933,9 @@ class Controller:
             if not g.model or not g.mig_enabled:
                 continue
             obs = self.store.observed_layout(node, g.gpu)
-            if g.blocked and obs is not None:
+            if obs is None:
+                continue  # a model our tables do not list: no count Slurm is told can be checked, none is told
+            if g.blocked:
                 # Left as it is, and no new job goes there: Slurm is told of the instances jobs hold, not of
                 # the idle ones (it would start jobs there that could only be requeued).
                 busy = self._busy_starts(node, g.gpu)
@@ -951,9 +959,11 @@ class Controller:
     def _pad_gpus(self, node: str, layouts: dict) -> int:
         """How many GPUs node ``node``'s padded mig total counts (7 each): every GPU it reports, usable or not
         (MIG off after a driver reload, fallen off the bus). slurm.conf's total is 7 per GPU; a lower total
-        set at run time drains the node at slurmd's next registration. A GPU of a model slurm-mig does not know
-        (no model, but a UUID: a display GPU, a model outside the table) is left out, as slurm.conf leaves it;
-        a lost one reports neither."""
+        set at run time drains the node at slurmd's next registration. A GPU its node names no model for (no
+        model, but a UUID: a display GPU, a part outside the node's tables) is left out, as slurm.conf leaves it;
+        a lost one reports neither. One the node names a model for that this controller's tables do not list (a
+        newer node's, during a rolling upgrade) is counted: slurm.conf counts it for the node's slurm-mig, and
+        its 7 are padding until the controller knows it (intended_layouts leaves it out)."""
         return max(len(layouts), len([g for g in self.store.observed_gpus(node) if g.model or not g.uuid]))
 
     def expected_gres(self, node: str) -> dict[str, int] | None:
@@ -1211,6 +1221,7 @@ class Controller:
         held = {(int(b["gpu"]), int(b["start"])) for insts in (node_bindings or {}).values() for b in insts}
         gpus, insts = [], []
         for g in observed:
+            self._say_unknown_model(node, g)
             gpus.append({"gpu": g["index"], "uuid": g.get("uuid"), "model": g.get("model"),
                          "mig_enabled": bool(g.get("mig_enabled")) and not g.get("lost"), "name": g.get("name"),
                          "mig_pending": None if g.get("lost") else g.get("mig_pending"),
@@ -1225,6 +1236,25 @@ class Controller:
         known = self.store.node(node)
         self.store.replace_observed(node, gpus, insts, now=self.clock(),
                                     state="up" if known is None or known.state == "unknown" else None)
+
+    def _say_unknown_model(self, node: str, g: dict) -> None:
+        """Warn (log and a ``model`` event) that ``node`` reports a GPU whose model this controller cannot look
+        up, once per node and model an hour (LogLimiter), not once per report: health checks, Prologs and
+        results all carry the report."""
+        why = unknown_model_reason(g.get("model"), bool(g.get("instances")))
+        if why is None:
+            return
+        held = self._unknown_models.say(f"{node}\0{g.get('model')}", self.clock())
+        if held is None:
+            return
+        fix = (f"upgrade the controller to a slurm-mig whose tables list {g['model']!r}" if g.get("model") else
+               "upgrade the node (and the controller) to a slurm-mig whose tables list this GPU")
+        message = (f"{node} GPU {g['index']} ({g.get('name') or '?'}): {why}. It is kept out of the policy's view, "
+                   f"no GRES is advertised for its slices and no job is bound there by the controller; its "
+                   f"instances stay. To manage it, {fix} (docs/admin-guide.md, Upgrading)"
+                   + (f" [{held} more reports since]" if held else ""))
+        log.warning("%s", message)
+        self.store.add_event("model", message, node=node, now=self.clock())
 
     #: Slurm queries about one job (SlurmClient.job_detail) node requests make at once. Each Prolog of a job no tick has seen asks
     #: one from its own request thread: a burst of job starts (or one node sending many) would fork as many
@@ -2145,9 +2175,9 @@ def _v_observed(value) -> list[dict] | None:
                                   for k, e in enumerate(_v_list(g.get("table_errors"), f"{what}.table_errors"))]}
         if len(entry["table_errors"]) > 16:
             raise _rejected(f"{what}.table_errors: at most 16, got {len(entry['table_errors'])}")
-        if model:
+        m = known_model(model)
+        if m is not None:
             try:
-                m = get_model(model)
                 problems = Layout(m, frozenset(Slot(i["start"], m.profile(i["profile"]).name)
                                                for i in entry["instances"])).problems()
             except SlurmMigError as exc:
@@ -2155,8 +2185,12 @@ def _v_observed(value) -> list[dict] | None:
             if problems or len({(i["start"]) for i in entry["instances"]}) != len(entry["instances"]):
                 raise _rejected(f"{what}: the instances do not form a valid {m.name} layout: "
                                 + "; ".join(problems or ["two instances at one start"]))
-        elif entry["instances"]:
-            raise _rejected(f"{what}: MIG instances reported on a GPU of unknown model")
+        elif len({(i["start"]) for i in entry["instances"]}) != len(entry["instances"]):
+            raise _rejected(f"{what}: two instances at one start")
+        # A model our tables do not list (a node newer than this controller, during a rolling upgrade), or none
+        # named with instances on the GPU: the rest of the report is taken, and this GPU is kept as it is
+        # (store: ObservedGpu.blocked, left out of the policy's view, of the GRES and of every binding chosen
+        # here). Refusing the whole report refused every report and Prolog of the node for the whole upgrade.
         out.append(entry)
     return out
 

@@ -323,6 +323,8 @@ def gpu_view(snap: Snapshot, node: str, g) -> dict:
             layout = str(Layout(model, frozenset(existing)))
         except SlurmMigError:
             layout = ",".join(f"{i.profile}@{i.start}" for i in insts)
+    else:  # a model our tables do not list (a newer node's): its instances as the node named them
+        layout = ",".join(f"{i.profile}@{i.start}" for i in insts)
     d = snap.desired.get(key)
     entry = entries[-1] if entries else None
     if not g.mig_enabled:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import errno
 import logging
 import math
@@ -39,7 +40,7 @@ import sqlite_utils
 from slurm_mig.errors import BindingConflict, SlurmMigError, StoreBusy, StoreError
 from slurm_mig.folders import make_missing_folders
 from slurm_mig.mig.layout import Layout, Slot, parse_layout
-from slurm_mig.mig.profiles import GpuModel, get_model
+from slurm_mig.mig.profiles import GpuModel
 from slurm_mig.store import schema
 from slurm_mig.store.models import (
     BoundInstance,
@@ -60,8 +61,10 @@ from slurm_mig.store.models import (
     bound_instances_from_json,
     decision_to_json,
     dumps,
+    known_model,
     loads,
     state_to_json,
+    unknown_model_reason,
 )
 from slurm_mig.store.schema import (
     JOB_STATES,
@@ -621,7 +624,13 @@ class Store:
         t = _now(now)
         gpu_rows = [as_observed_gpu(g) for g in gpus]
         inst_rows = [as_observed_instance(i) for i in instances]
-        models = {g.gpu: (get_model(g.model) if g.model else None) for g in gpu_rows}
+        # A model this slurm-mig's tables do not list (a newer node's) is stored as named, the GPU blocked
+        # (as_observed_gpu); so is a GPU named no model that holds instances: their profiles are kept as given.
+        with_instances = {i.gpu for i in inst_rows}
+        gpu_rows = [dataclasses.replace(g, blocked="; ".join(filter(None, (unknown_model_reason(None, True),
+                                                                           g.blocked))))
+                    if g.model is None and g.gpu in with_instances else g for g in gpu_rows]
+        models = {g.gpu: known_model(g.model) for g in gpu_rows}
         if len(models) != len(gpu_rows):
             raise ValueError(f"node {node} reported the same GPU index twice")
         normalised = []
@@ -676,10 +685,11 @@ class Store:
         """The layout ``node``/``gpu`` last reported, or None if the GPU or its model is unknown."""
         with self.snapshot():
             g = self._q("SELECT model FROM gpus WHERE node = ? AND gpu = ?", (node, gpu))
-            if not g or not g[0]["model"]:
+            model = known_model(g[0]["model"]) if g else None
+            if model is None:
                 return None
             rows = self._q("SELECT profile, start FROM instances WHERE node = ? AND gpu = ?", (node, gpu))
-        return Layout(get_model(g[0]["model"]), frozenset(Slot(r["start"], r["profile"]) for r in rows))
+        return Layout(model, frozenset(Slot(r["start"], r["profile"]) for r in rows))
 
     # -- desired layouts --------------------------------------------------------
     def set_desired(self, node: str, gpu: int, layout: Layout | str, policy: str, reason: str = "", *,
@@ -855,7 +865,7 @@ class Store:
     # -- bindings --------------------------------------------------------------
     def _gpu_model(self, node: str, gpu: int) -> GpuModel | None:
         rows = self._q("SELECT model FROM gpus WHERE node = ? AND gpu = ?", (node, gpu))
-        return get_model(rows[0]["model"]) if rows and rows[0]["model"] else None
+        return known_model(rows[0]["model"]) if rows else None  # (None for a model not in our tables too)
 
     def bind(self, job_id: str, node: str, instances: Iterable[Any], *, now: float | None = None
              ) -> tuple[BoundInstance, ...]:
@@ -1332,12 +1342,10 @@ class Store:
         bindable: set[tuple[str, int]] = set()
         for g in gpu_rows:
             key = (g["node"], g["gpu"])
-            if not g["model"]:
-                continue
-            try:
-                model = get_model(g["model"])
-            except SlurmMigError:
-                log.warning("GPU %s/%s has unknown model %r; left out of the policy's view", *key, g["model"])
+            model = known_model(g["model"])
+            if model is None:
+                # No model, or one our tables do not list (a newer node's): left out of the policy's view. Not
+                # logged here, every tick: the controller warns when the report comes (Controller._store_observed).
                 continue
             layout = Layout(model, frozenset(Slot(r["start"], r["profile"]) for r in observed.get(key, ())))
             in_use = {Slot(r["start"], r["profile"]) for r in observed.get(key, ()) if r["in_use"]}

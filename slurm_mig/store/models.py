@@ -6,6 +6,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
+from slurm_mig.errors import GeometryError
 from slurm_mig.mig.layout import Layout, Slot, parse_layout
 from slurm_mig.mig.profiles import GpuModel, get_model
 
@@ -66,7 +67,10 @@ class ObservedGpu:
 
     gpu: int
     uuid: str | None
-    model: str | None  # GpuModel.name, None when not a known MIG model
+    # GpuModel.name; for a model this slurm-mig's tables do not list (a newer node's, during a rolling upgrade)
+    # the name the node reported (known_model() gives None: nothing reads a geometry from it); None when the
+    # node named none
+    model: str | None
     mig_enabled: bool
     name: str | None = None  # nvmlDeviceGetName
     last_observed: float | None = None
@@ -229,8 +233,34 @@ def as_bound_instance(item: Any) -> BoundInstance:
     return BoundInstance(int(gpu), str(profile), int(start), _get(item, "uuid"))
 
 
+def known_model(name: str | GpuModel | None) -> GpuModel | None:
+    """The GpuModel of a stored GPU's model, or None: none named, or one this slurm-mig's tables do not list
+    (ObservedGpu.model)."""
+    if name is None or isinstance(name, GpuModel):
+        return name
+    try:
+        return get_model(name) if name else None
+    except GeometryError:
+        return None
+
+
+def unknown_model_reason(model: str | None, instances: bool) -> str | None:
+    """Why a GPU whose model this slurm-mig cannot look up is left as it is (ObservedGpu.blocked); None where
+    the model is known, or where the GPU is named no model and holds no instance (no MIG GPU: nothing to
+    keep)."""
+    if model and known_model(model) is None:
+        return (f"model {model!r} is not in this controller's tables (its node runs a newer slurm-mig: upgrade "
+                f"the controller); left as it is")
+    if not model and instances:
+        return ("MIG instances on a GPU its node names no model for (its slurm-mig's tables do not list the "
+                "part); left as it is")
+    return None
+
+
 def as_observed_gpu(item: Any) -> ObservedGpu:
-    """Accept an ObservedGpu, an nvml GpuInfo or a dict with gpu/index, uuid, model, mig_enabled."""
+    """Accept an ObservedGpu, an nvml GpuInfo or a dict with gpu/index, uuid, model, mig_enabled (and, for
+    blocked_reason, mig_pending, foreign, table_errors). A model name this slurm-mig does not know is kept as
+    given, and the GPU blocked (unknown_model_reason)."""
     if isinstance(item, ObservedGpu):
         return item
     gpu = _get(item, "gpu", "index")
@@ -239,12 +269,15 @@ def as_observed_gpu(item: Any) -> ObservedGpu:
     model = _get(item, "model")
     if isinstance(model, GpuModel):
         model = model.name
-    elif isinstance(model, str) and model:
-        model = get_model(model).name
+    elif isinstance(model, str) and model.strip():
+        found = known_model(model)
+        model = found.name if found is not None else model.strip()
     else:
         model = None
-    blocked = _get(item, "blocked") or blocked_reason(_get(item, "mig_pending"), _get(item, "foreign") or (),
-                                                      _get(item, "table_errors") or ())
+    unknown = unknown_model_reason(model, False)
+    blocked = _get(item, "blocked") or "; ".join(
+        w for w in (unknown, blocked_reason(_get(item, "mig_pending"), _get(item, "foreign") or (),
+                                            _get(item, "table_errors") or ())) if w) or None
     return ObservedGpu(int(gpu), _get(item, "uuid"), model, bool(_get(item, "mig_enabled", default=False)),
                        _get(item, "name"), blocked=blocked)
 

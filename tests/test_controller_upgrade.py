@@ -1,0 +1,194 @@
+"""A rolling upgrade: nodes that know a GPU model the controller's tables do not (or the other way round).
+
+New GPU tables are added often (H100 NVL, GH200, GB200 in one session). Until 2026-11-26 a node report
+naming a model this controller could not look up was refused whole (400), and so was every Prolog request
+of that node: the node's bindings, its other GPUs and its results were lost with it, its Prologs took the
+controller-down path, and the node ran unmanaged for the whole upgrade window. Now such a GPU is kept as
+"unknown model": the rest of the report is taken, the GPU is left as it is (never re-carved, no GRES for
+its slices, never chosen for a binding), the instances on it are kept as held, and a job the node bound
+there alone is adopted, not requeued.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import pytest
+
+from slurm_mig.config import Config
+from slurm_mig.controller.service import Controller
+from slurm_mig.slurm.parsers import SlurmJob, SlurmNode
+from slurm_mig.store import open_store
+
+NEW_MODEL = "GX900-512GB"  # a model a newer node's tables name and this controller's do not
+
+KNOWN = {"index": 0, "uuid": "GPU-0", "name": "NVIDIA H100 80GB HBM3", "model": "H100-80GB", "mig_enabled": True,
+         "instances": [{"profile": "3g.40gb", "start": 0, "uuid": "MIG-0a", "in_use": False},
+                       {"profile": "3g.40gb", "start": 4, "uuid": "MIG-0b", "in_use": False}]}
+NEWER = {"index": 1, "uuid": "GPU-1", "name": "NVIDIA GX900", "model": NEW_MODEL, "mig_enabled": True,
+         "instances": [{"profile": "3g.256gb", "start": 0, "uuid": "MIG-1a", "in_use": True},
+                       {"profile": "3g.256gb", "start": 4, "uuid": "MIG-1b", "in_use": False}]}
+# Job 5 started while the controller refused this node: its Prolog bound it alone, on the newer GPU.
+NODE_BINDINGS = {"5": [{"gpu": 1, "profile": "3g.256gb", "start": 0, "uuid": "MIG-1a"}]}
+
+
+class Slurm:
+    def __init__(self, started: float):
+        self.queue = [SlurmJob(job_id=5, name="old", user="alice", state="RUNNING", mig={"3g": 1},
+                               tres_per_node="gres:mig:3g:1", submit_time=int(started) - 10,
+                               start_time=int(started), nodes=["n1"], priority=1),
+                      SlurmJob(job_id=7, name="new", user="bob", state="PENDING", mig={"3g": 1},
+                               tres_per_node="gres:mig:3g:1", submit_time=int(started), priority=2)]
+        self.gres_writes: list[tuple[str, dict, int | None]] = []
+        self.requeued: list[str] = []
+        self.run_calls: list = []
+
+    def jobs(self):
+        return list(self.queue)
+
+    def reservations(self):
+        return []
+
+    def nodes(self):
+        # slurm.conf's constant total: 7 per MIG GPU, both GPUs (the node's newer slurm-mig knows the second)
+        return [SlurmNode(name="n1", state="mixed", gres={"3g": 4, "pad": 10}, gres_used={"3g": 1})]
+
+    def job_detail(self, job_id):
+        return None
+
+    def update_node_gres(self, node, counts, *, pad_to=None, **kw):
+        self.gres_writes.append((node, dict(counts), pad_to))
+        return ",".join(f"mig:{t}:{n}" for t, n in sorted(counts.items()))
+
+    def scontrol_requeue(self, job_id, **kw):
+        self.requeued.append(str(job_id))
+
+    def run(self, argv, **kw):
+        self.run_calls.append(argv)
+
+
+class Clock:
+    def __init__(self, t: float):
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+@pytest.fixture
+def rig(tmp_path):
+    clock = Clock(time.time())
+    store = open_store(tmp_path / "state.db")
+    slurm = Slurm(started=clock.t - 600)
+    ctl = Controller(Config(), store, slurm, clock=clock)
+    yield ctl
+    store.close()
+
+
+def _report(ctl, gpus=(KNOWN, NEWER), bindings=NODE_BINDINGS) -> dict:
+    return ctl.on_report({"node": "n1", "observed": [dict(g) for g in gpus], "bindings": bindings,
+                          "binding_times": {j: ctl.clock() - 590 for j in bindings},
+                          "observed_at": ctl.clock()}, None)
+
+
+def test_a_report_naming_a_model_this_controller_does_not_know_is_taken_for_everything_else(rig):
+    rig.tick()  # the controller knows job 5 from squeue
+    answer = _report(rig)  # refused whole (400) before
+    assert "1" not in answer["desired"]
+    gpus = {g.gpu: g for g in rig.store.observed_gpus("n1")}
+    assert gpus[0].model == "H100-80GB" and not gpus[0].blocked
+    assert gpus[1].model == NEW_MODEL  # kept as reported, for the operator to see
+    assert "not in this controller's tables" in gpus[1].blocked
+    # The newer GPU's instances are kept as they are: held, never destroyed.
+    assert [(i.gpu, i.profile, i.start, i.in_use) for i in rig.store.observed_instances("n1", 1)] == [
+        (1, "3g.256gb", 0, True), (1, "3g.256gb", 4, False)]
+    # The job the node bound there alone is adopted from its binding file.
+    assert [(b.gpu, b.profile, b.start) for b in rig.store.bound_instances("5")] == [(1, "3g.256gb", 0)]
+
+
+def test_the_unknown_models_gpu_is_not_carved_advertised_or_bound_and_its_node_made_job_is_not_requeued(rig):
+    _report(rig)
+    rig.clock.t += 5
+    rig.tick()
+    _report(rig)
+    rig.clock.t += 5
+    rig.tick()
+    slurm = rig.slurm
+    assert slurm.requeued == [] and not any("requeue" in " ".join(map(str, a)) for a in slurm.run_calls)
+    assert rig.store.get_job("5").state == "RUNNING"
+    assert [(b.gpu, b.start) for b in rig.store.bound_instances("5")] == [(1, 0)]
+    # Never a target of the policy: no desired layout, no journal entry on GPU 1.
+    assert 1 not in rig.store.desired("n1")
+    assert all(e.gpu != 1 for e in rig.store.journal_entries())
+    assert [g.index for g in rig.store.cluster_state().gpus] == [0]
+    # Slurm is told of GPU 0's instances only; the pad keeps the node's total at 7 per GPU (14).
+    assert rig.intended_layouts("n1").keys() == {0}
+    node, counts, pad_to = slurm.gres_writes[-1]
+    assert counts["3g"] <= 2 and sum(counts.values()) <= 7 and pad_to == 14
+    # The instances on it stay.
+    assert {i.start for i in rig.store.observed_instances("n1", 1)} == {0, 4}
+
+
+def test_a_prolog_on_the_node_is_served_and_never_binds_on_the_unknown_models_gpu(rig):
+    _report(rig)
+    rig.tick()
+    # GPU 0's two 3g are taken by jobs the node knows of; only the newer GPU has an idle 3g-sized instance.
+    held = {**NODE_BINDINGS, "8": [{"gpu": 0, "profile": "3g.40gb", "start": 0}],
+            "9": [{"gpu": 0, "profile": "3g.40gb", "start": 4}]}
+    answer = rig.on_prolog({"job_id": "7", "node": "n1", "bindings": held,
+                            "observed": [KNOWN, NEWER], "observed_at": rig.clock()}, None)
+    assert answer["action"] == "requeue", answer  # not bound on GPU 1 (refused whole before)
+    answer = rig.on_prolog({"job_id": "7", "node": "n1", "bindings": NODE_BINDINGS,
+                            "observed": [KNOWN, NEWER], "observed_at": rig.clock()}, None)
+    assert answer["action"] == "bind" and {i["gpu"] for i in answer["instances"]} == {0}
+    assert not answer["targets"].get("1")
+
+
+def test_one_warning_per_node_and_model_not_one_per_report(rig, caplog):
+    with caplog.at_level(logging.WARNING):
+        for _ in range(5):
+            _report(rig)
+            rig.clock.t += 10
+            rig.tick()
+    said = [r.getMessage() for r in caplog.records if NEW_MODEL in r.getMessage()]
+    assert len(said) == 1, said
+    assert "upgrade" in said[0]
+    assert sum(NEW_MODEL in e.message for e in rig.store.recent_events(100)) == 1
+
+
+def test_a_gpu_the_node_names_no_model_for_with_instances_on_it_is_kept_as_held(rig):
+    # An older node's tables, or a part its tables cannot name: refused whole ("MIG instances reported on a
+    # GPU of unknown model") before, with the other GPU's report and every binding in it.
+    nameless = {**NEWER, "model": None}
+    rig.tick()
+    _report(rig, gpus=(KNOWN, nameless))
+    gpus = {g.gpu: g for g in rig.store.observed_gpus("n1")}
+    assert gpus[1].model is None and gpus[1].blocked
+    assert {i.start for i in rig.store.observed_instances("n1", 1)} == {0, 4}
+    assert [(b.gpu, b.start) for b in rig.store.bound_instances("5")] == [(1, 0)]
+    rig.tick()
+    assert 1 not in rig.store.desired("n1") and rig.intended_layouts("n1").keys() == {0}
+
+
+def test_operators_see_the_gpu_as_unknown_model(rig):
+    from slurm_mig.ops.views import load_snapshot, node_views
+
+    _report(rig)
+    rig.tick()
+    views = node_views(load_snapshot(rig.store))
+    gpu = next(g for n in views for g in n["gpus"] if g["gpu"] == 1)
+    assert gpu["status"] == "unknown-model" and gpu["model"] == NEW_MODEL
+    assert "3g.256gb@0" in gpu["layout"]
+
+
+def test_a_binding_the_node_made_alone_on_the_unknown_models_gpu_is_adopted_from_its_outbox(rig):
+    # /v1/bound of a Prolog that bound alone (the controller refused the node meanwhile), with its report.
+    rig.tick()
+    assert rig.on_bound({"job_id": "5", "node": "n1", "local": True, "bound_at": rig.clock() - 590,
+                         "instances": NODE_BINDINGS["5"], "observed": [KNOWN, NEWER],
+                         "observed_at": rig.clock()}, None) == {"ok": True}
+    assert [(b.gpu, b.profile, b.start, b.uuid) for b in rig.store.bound_instances("5")] == [
+        (1, "3g.256gb", 0, "MIG-1a")]
+    assert not any(e.kind == "conflict" for e in rig.store.recent_events(20))
+    assert rig.store.get_job("5").state == "RUNNING"
