@@ -841,7 +841,8 @@ def test_a_prolog_for_a_job_neither_the_store_nor_slurm_can_describe_is_answered
     status, resp = post(rig, "/v1/prolog", {"job_id": "77", "node": "n1", "observed": OBSERVED, "bindings": {}})
     assert status == 503 and resp["kind"] == "SlurmUnavailable", resp
     assert "busy" in rig.errors
-    # A job Slurm describes as having no MIG request is still skipped; one the store knows needs no scontrol.
+    # A job Slurm describes as having no MIG request is still skipped; one the store knows is bound as the store
+    # has it when Slurm cannot say.
     rig.fake.job_detail = lambda job_id: JobDetail(job_id=int(job_id), mig={})
     assert post(rig, "/v1/prolog", {"job_id": "78", "node": "n1", "observed": OBSERVED, "bindings": {}}) == \
         (200, {"action": "skip"})
@@ -849,6 +850,47 @@ def test_a_prolog_for_a_job_neither_the_store_nor_slurm_can_describe_is_answered
     rig.tick()  # job 1 (3g) is now in the store
     status, resp = post(rig, "/v1/prolog", {"job_id": "1", "node": "n1", "observed": OBSERVED, "bindings": {}})
     assert status == 200 and resp["action"] == "bind", resp
+
+
+@pytest.mark.parametrize("ticked,updated", [
+    # mig:1g:7 lowered to mig:1g:1: Slurm counts one 1g, the job was given seven (the GPU's whole compute)
+    ({"1g": 7}, {"1g": 1}),
+    # mig:1g raised to mig:7g: Slurm counts a 7g taken, the job was given a 1g
+    ({"1g": 1}, {"7g": 1}),
+    ({"3g": 2}, {"3g": 1}),
+])
+def test_the_prolog_binds_what_slurm_allocated_after_an_update_since_the_tick(rig, ticked, updated):
+    """`scontrol update JobId=3 Gres=...` on a pending job (job_submit.lua's slurm_job_modify accepts it) right
+    after a tick recorded its request: Slurm may schedule the job at once after an update, before the next tick.
+    The controller bound the store's request, not the one Slurm allocated, so a user could get more slices than
+    Slurm counts (taking the instances of the jobs Slurm starts beside it) or another size (found in review).
+    The Prolog now binds the request of Slurm's record of the job."""
+    (gtype, count), = ticked.items()
+    rig.fake.queue = [SlurmJob(job_id=3, name="c", user="carol", state="PENDING", mig=dict(ticked),
+                               tres_per_node=f"gres:mig:{gtype}:{count}", submit_time=1, priority=10)]
+    rig.tick()
+    assert (rig.store.get_job("3").profile, rig.store.get_job("3").count) == (gtype, count)
+    (new_type, new_count), = updated.items()
+    rig.fake.job_detail = lambda job_id: JobDetail(job_id=3, state="RUNNING", nodes=["n1"], partition="debug",
+                                                   tres_per_node=f"gres:mig:{new_type}:{new_count}",
+                                                   mig=dict(updated))
+    status, resp = post(rig, "/v1/prolog", {"job_id": "3", "node": "n1", "observed": OBSERVED, "bindings": {}})
+    assert status == 200 and resp["action"] == "bind", resp
+    assert [i["profile"].split(".")[0] for i in resp["instances"]] == [new_type] * new_count, resp
+    job = rig.store.get_job("3")
+    assert (job.profile, job.count, len(rig.store.bound_instances("3"))) == (new_type, new_count, new_count)
+
+
+def test_the_prolog_of_a_job_updated_to_no_mig_since_the_tick_binds_nothing(rig):
+    """`scontrol update JobId=1 Gres=gpu:1` after the tick stored its mig:3g: Slurm allocated no MIG instance,
+    and the job got a 3g nobody counted."""
+    rig.tick()
+    assert rig.store.get_job("1").profile == "3g"
+    rig.fake.job_detail = lambda job_id: JobDetail(job_id=1, state="RUNNING", nodes=["n1"], partition="debug",
+                                                   tres_per_node="gres:gpu:1", mig={})
+    status, resp = post(rig, "/v1/prolog", {"job_id": "1", "node": "n1", "observed": OBSERVED, "bindings": {}})
+    assert (status, resp) == (200, {"action": "skip"})
+    assert rig.store.get_job("1") is None and rig.store.live_bindings() == []
 
 
 def test_only_the_configured_partitions_are_managed(rig):

@@ -1261,13 +1261,19 @@ class Controller:
     #: on the head node. Below runner.MAX_CONCURRENT, so the tick's own Slurm commands always find a slot.
     DETAIL_CONCURRENCY = 8
 
-    def _slurm_detail(self, job_id: str):
-        """Slurm's record (SlurmClient.job_detail) of a job the store does not know yet (None if it does, or if Slurm cannot
-        be asked, within 10 s, for a free one of DETAIL_CONCURRENCY slots). Asked before the store's transaction:
-        squeue may take up to its timeout, and other nodes' requests wait on the lock."""
-        if self._known_request(job_id):
+    #: How long a Prolog for a job the store knows waits for a free Slurm query slot before it goes by the
+    #: store's record of the request (a job it does not know waits the full 10 s: it has nothing else).
+    KNOWN_DETAIL_WAIT_S = 2.0
+
+    def _slurm_detail(self, job_id: str, *, known_too: bool = False):
+        """Slurm's record (SlurmClient.job_detail) of a job the store does not know yet (None if it does, unless
+        ``known_too``, or if Slurm cannot be asked, within 10 s, for a free one of DETAIL_CONCURRENCY slots).
+        Asked before the store's transaction: squeue may take up to its timeout, and other nodes' requests
+        wait on the lock."""
+        known = self._known_request(job_id)
+        if known and not known_too:
             return None
-        if not self._detail_slots.acquire(timeout=10.0):
+        if not self._detail_slots.acquire(timeout=self.KNOWN_DETAIL_WAIT_S if known else 10.0):
             log.warning("job %s: %d Slurm job queries already running for node requests; not asked",
                         job_id, self.DETAIL_CONCURRENCY)
             return None
@@ -1288,12 +1294,32 @@ class Controller:
         return mig_size_request(detail.mig)
 
     def _job_request(self, job_id: str, detail):
-        """(kind, count) from the store, or from ``detail`` (:meth:`_slurm_detail`) for a job the last sync
-        did not see; None for a job without a MIG request. ValueError for one that cannot be served."""
+        """(kind, count) from ``detail`` (:meth:`_slurm_detail`) where Slurm answered, else from the store;
+        None for a job without a MIG request. ValueError for one that cannot be served.
+
+        Slurm's record wins over the store's: a pending job's request may be changed (``scontrol update
+        JobId=N Gres=...``) after the tick that stored it, and Slurm, which may start it before the next tick,
+        allocates the new one; bound from the store, a job lowered from mig:1g:7 to mig:1g:1 got seven slices
+        where Slurm counts one."""
         job = self.store.get_job(job_id)
-        if _live_request(job):
+        live = _live_request(job)
+        if live and detail is None:
             return job.profile, job.count
         req = self._request_of(detail)
+        if live:
+            if req == (job.profile, job.count):
+                return req
+            was = f"{job.count} x {job.profile}"
+            now = self.clock()
+            if req is None:
+                # Slurm allocated it no MIG instance (of ours): nothing to bind, nor to wait for.
+                self.store.forget_pending_job(job_id)
+                self.store.add_event("request", f"job {job_id}: asked for {was} when the tick saw it; Slurm's "
+                                     f"record now asks for no MIG instance", job_id=job_id, now=now)
+                return None
+            self.store.add_event("request", f"job {job_id}: asked for {was} when the tick saw it; bound as "
+                                 f"Slurm allocated it, {req[1]} x {req[0]} (its request was updated)",
+                                 job_id=job_id, now=now)
         if req is not None:
             self.store.upsert_job(job_id, profile=req[0], count=req[1], user=detail.user,
                                   name=detail.name, partition=detail.partition, now=self.clock())
@@ -1331,7 +1357,8 @@ class Controller:
         observed_at = _v_time(payload.get("observed_at"), "observed_at")
         now = self.clock()
         requeue_reason = None
-        detail = self._slurm_detail(job_id)
+        # Asked even for a job the store knows: its request may have been updated since the tick (_job_request).
+        detail = self._slurm_detail(job_id, known_too=True)
         if detail is None and not self._known_request(job_id):
             # Neither the store nor Slurm can say what the job asks for: answering "skip" would start a MIG
             # job with no instance. 503: the node asks Slurm itself (bind an existing instance, or requeue).
