@@ -26,7 +26,7 @@ from slurm_mig.api.server import ApiServer
 from slurm_mig.config import Config
 from slurm_mig.controller.service import Controller
 from slurm_mig.errors import SlurmCommandError, StoreBusy, StoreError
-from slurm_mig.slurm.parsers import JobDetail, SlurmJob, SlurmNode
+from slurm_mig.slurm.parsers import JobDetail, SlurmJob, SlurmNode, mig_request
 from slurm_mig.store import open_store
 
 KEY = b"c" * 64
@@ -783,7 +783,10 @@ def test_an_epilog_from_a_node_the_job_is_not_on_ends_nothing(rig, requeued):
 
 
 UNSERVABLE = [({"3g": 0}, "count must be at least 1"), ({"5g": 1}, "mig:5g, which is not a MIG size"),
-              ({"pad": 1}, "mig:pad, which is not a MIG size"), ({"1g": 1, "3g": 1}, "2 MIG sizes")]
+              ({"pad": 1}, "mig:pad, which is not a MIG size"), ({"1g": 1, "3g": 1}, "2 MIG sizes"),
+              # past SQLite's integers: stored, it raised OverflowError in every tick
+              (mig_request("gres:mig:3g:9223372036854775808"), "more than a node can hold"),
+              ({"1g": 1_000_000}, "more than a node can hold")]
 
 
 @pytest.mark.parametrize("mig,why", UNSERVABLE)

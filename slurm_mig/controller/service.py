@@ -135,11 +135,16 @@ def kind_of_gres(gtype: str) -> str:
     return GRES_TO_KIND.get(gtype, gtype)
 
 
+#: The most instances one job may ask for per node: job_submit.lua refuses a count of more than six digits.
+MAX_REQUEST_COUNT = 999_999
+
+
 def mig_size_request(mig: dict[str, int]) -> tuple[str, int]:
     """A job's MIG request as (geometry kind, count).
 
     ValueError, saying why, for a request slurm-mig cannot serve: two sizes (a job is planned, bound
-    and recorded as one size times a count), padding or an unknown type, a count below 1.
+    and recorded as one size times a count), padding or an unknown type, a count below 1 or above
+    MAX_REQUEST_COUNT.
     job_submit.lua refuses these at submission; a job queued before it was installed still comes here.
     """
     if len(mig) != 1:
@@ -150,6 +155,9 @@ def mig_size_request(mig: dict[str, int]) -> tuple[str, int]:
         raise ValueError(f"asks for mig:{gtype}, which is not a MIG size")
     if not isinstance(count, int) or count < 1:
         raise ValueError(f"asks for mig:{gtype}:{count}; the count must be at least 1")
+    if count > MAX_REQUEST_COUNT:
+        # Stored, a count past SQLite's 64-bit integers raised OverflowError in every tick while the job was queued.
+        raise ValueError(f"asks for {count} mig:{gtype} instances per node, more than a node can hold")
     return kind_of_gres(gtype), count
 
 
