@@ -693,7 +693,8 @@ def test_a_job_bound_between_the_ticks_two_transactions_keeps_its_instance_out_o
     cannot foresee, a node's fresher report in it, so that the commit's own check is what is tested.)"""
     t, observed = _reserved_3g_started_unbound(rig)
     view = rig.store.cluster_state
-    rig.store.cluster_state = lambda *a, reserved=None, **kw: view(*a, **kw)
+    rig.store.cluster_state = lambda *a, prolog_choice=None, **kw: view(
+        *a, prolog_choice=lambda *job: rig._prolog_choice(*job, reservations={}), **kw)
     withdraw = rig._withdraw_first
 
     def prolog_first(*args, **kw):  # served once the tick's first transaction let go of the store
@@ -731,6 +732,59 @@ def test_a_started_unbound_job_holds_its_reservation_in_the_plan(rig):
     assert not any("not made" in e.message for e in rig.store.recent_events(20, kind="layout"))
     status, resp = post(rig, "/v1/prolog", {"job_id": "3", "node": "n1", "observed": observed, "bindings": {}})
     assert status == 200 and resp["instances"] == [{"gpu": 0, "profile": "3g.40gb", "start": 4}], resp
+
+
+def test_a_started_unbound_array_task_is_promised_what_its_prolog_binds(rig):
+    """Checked in review (the policy's view looks a started job's reservation up under its own id only). As
+    above, but job 3 is an array (--array=1-2%1): the policy reserved 3g@4 for its task 3_1, and Slurm started
+    that task under an id of its own, job 10, seen by the tick before its Prolog. The view does not find 3_1's
+    reservation under 10 and holds the lowest free 3g (3g@0) for it; its Prolog does not either: on_prolog
+    looks a task's reservation up only for a job the store does not know yet (Slurm's record is asked only
+    then), and a job in the view's started-unbound list is one it knows. So the plan carves the 1g's from
+    3g@4, the Prolog served between the tick's transactions binds 3g@0, and the commit keeps the plan."""
+    _race_rig(rig, slip=False)
+    t = [time.time()]
+    rig.clock = lambda: t[0]
+
+    def job(i, size, **kw):
+        return SlurmJob(job_id=i, name="x", user="u", mig={size: 1}, tres_per_node=f"gres:mig:{size}:1",
+                        submit_time=int(t[0]) - 100, priority=10 - min(i, 9), **kw)
+
+    observed = [{**OBSERVED[0], "instances": [{**i, "uuid": f"MIG-{i['start']}"} for i in OBSERVED[0]["instances"]]}]
+    rig.fake.queue = [job(1, "3g", state="RUNNING", nodes=["n1"], start_time=int(t[0]) - 5),
+                      job(3, "3g", state="PENDING", array_job_id=3, array_task_string="1-2%1", array_max_tasks=1)]
+    rig.tick()
+    assert post(rig, "/v1/prolog", {"job_id": "1", "node": "n1", "observed": observed, "bindings": {}})[1][
+        "instances"] == [{"gpu": 0, "profile": "3g.40gb", "start": 0}]
+    rig.tick()
+    assert rig.store.get_meta("reservations") == {"3_1": {"node": "n1", "instances": [[0, "3g.40gb", 4]]}}
+    t[0] += 10
+    status, _ = post(rig, "/v1/epilog", {"job_id": "1", "node": "n1", "exit_code": 0, "end_time": t[0],
+                                         "instances": [{"gpu": 0, "profile": "3g.40gb", "start": 0, "uuid": "MIG-0"}]})
+    assert status == 200
+    t[0] += 10
+    rig.fake.queue = [job(10, "3g", state="RUNNING", nodes=["n1"], start_time=int(t[0]) - 1, array_job_id=3,
+                          array_task_id=1),
+                      job(3, "3g", state="PENDING", array_job_id=3, array_task_string="2", array_max_tasks=1),
+                      job(4, "1g", state="PENDING"), job(5, "1g", state="PENDING")]
+    rig.fake.job_detail = lambda job_id: JobDetail(
+        job_id=10, name="x", user="u", state="RUNNING", nodes=["n1"], tres_per_node="gres:mig:3g:1",
+        mig={"3g": 1}, fields={"JobId": "10", "ArrayJobId": "3", "ArrayTaskId": "1"}) if str(job_id) == "10" else None
+    withdraw = rig._withdraw_first
+
+    def prolog_first(*args, **kw):  # served once the tick's first transaction let go of the store
+        status, resp = post(rig, "/v1/prolog", {"job_id": "10", "node": "n1", "observed": observed, "bindings": {}})
+        assert status == 200 and resp["instances"] == [{"gpu": 0, "profile": "3g.40gb", "start": 0}], resp
+        return withdraw(*args, **kw)
+
+    rig._withdraw_first = prolog_first
+    rig.tick()
+    rig._withdraw_first = withdraw
+    assert not any("not made" in e.message for e in rig.store.recent_events(20, kind="layout"))
+    desired = rig.store.desired("n1")[0].layout()
+    assert "3g.40gb@0" in {str(s) for s in desired.slots}, desired
+    assert any(s.profile.startswith("1g") for s in desired.slots), desired
+    assert [(b.gpu, b.start) for b in rig.store.bound_instances("10")] == [(0, 0)]
 
 
 def test_slurm_is_not_told_of_a_desired_layout_a_busy_instance_blocks(rig):

@@ -46,3 +46,16 @@ def test_hook_process_imports_stay_light():
     loaded = set(out.stdout.split())
     assert not loaded & HOOK_FORBIDDEN, sorted(loaded & HOOK_FORBIDDEN)
     assert "pynvml" not in loaded  # the real backend imports NVML lazily, on first use
+
+
+def test_the_store_does_not_import_the_controller():
+    # The policy's guess at a started job's Prolog choice is the controller's (cluster_state's prolog_choice):
+    # the store once imported controller/binding.py inside cluster_state to build it again by itself.
+    offenders = {}
+    for path in (ROOT / "slurm_mig" / "store").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            if any(n == "slurm_mig.controller" or n.startswith("slurm_mig.controller.") for n in names):
+                offenders.setdefault(str(path.relative_to(ROOT)), []).append(node.lineno)
+    assert not offenders, offenders

@@ -12,6 +12,7 @@ reached without destroying a bound instance, else what the GPU has now.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from slurm_mig.errors import GeometryError, SlurmMigError
@@ -27,6 +28,47 @@ class NodeGpu:
     observed: Layout  # what exists, plus instances held by jobs whose Prolog is still creating them
     desired: Layout | None = None
     bound: set[Slot] = field(default_factory=set)  # held by live jobs (all within ``observed``)
+
+
+@dataclass(frozen=True)
+class GpuRow:
+    """What the controller knows of one GPU of a node, as :func:`node_gpus` reads it."""
+
+    index: int
+    observed: Layout | None  # what the node reported; None: the GPU's model is not known
+    mig_enabled: bool
+    blocked: bool  # a MIG mode change waits for a reset, an instance of an unknown profile, ...
+    desired: Layout | None = None
+    in_use: frozenset[Slot] = frozenset()  # instances the node reports in use
+
+
+def node_gpus(rows: Iterable[GpuRow], held: Mapping[int, Iterable[Slot]]) -> list[NodeGpu]:
+    """The GPUs of a node a Prolog may bind on, as choose_binding takes them: MIG on and a known model, not
+    blocked (nothing new is carved or bound there; its jobs run on). ``held``: GPU index -> instances bound
+    to other jobs; with the ones in use they are the GPU's bound set. A held instance not created yet (another
+    Prolog is creating it) counts as present, the idle instances it will replace as gone, so nobody else is
+    given those slices. The one builder of both the Prolog's choice (Controller._node_gpus) and the policy's
+    guess at it for a job Slurm started whose Prolog has not bound it (Store.cluster_state's prolog_choice)."""
+    out = []
+    for r in rows:
+        if r.observed is None or not r.mig_enabled or r.blocked:
+            continue
+        bound = set(held.get(r.index, ())) | set(r.in_use)
+        out.append(NodeGpu(r.index, with_inflight(r.observed, bound), r.desired, bound))
+    return out
+
+
+def with_inflight(observed: Layout, held: set[Slot]) -> Layout:
+    """``observed`` plus held instances not created yet, minus the idle instances they overlap."""
+    model = observed.model
+    pending = {s for s in held if s not in observed.slots}
+    if not pending:
+        return observed
+    mask = 0
+    for s in pending:
+        mask |= model.profile(s.profile).mask(s.start)
+    keep = {s for s in observed.slots if not (model.profile(s.profile).mask(s.start) & mask)}
+    return Layout(model, frozenset(keep | pending))
 
 
 @dataclass(frozen=True)

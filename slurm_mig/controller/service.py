@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 from slurm_mig.api.auth import NODE_NAME
 from slurm_mig.api.loglimit import LogLimiter
 from slurm_mig.api.origin import NodeOrigins
-from slurm_mig.controller.binding import NodeGpu, choose_binding, intended_layout
+from slurm_mig.controller.binding import GpuRow, NodeGpu, choose_binding, intended_layout, node_gpus
 from slurm_mig.controller.eligibility import eligible_nodes
 from slurm_mig.controller.queue import queue_entries
 from slurm_mig.errors import GeometryError, SlurmMigError, SlurmUnavailable
@@ -668,10 +668,11 @@ class Controller:
     def _plan(self, now: float) -> "_Plan":
         """Ask the policy (or the fallback) about the stored state; nothing is written but metrics."""
         # A started job the Prolog has not bound holds, in the policy's view, the instance its Prolog will
-        # choose: its reservation from the last tick when that is free (store.cluster_state, choose_binding).
+        # choose: its reservation from the last tick when that is free (store.cluster_state, _prolog_choice).
         reservations = self.store.get_meta("reservations") or {}
-        state = self.store.cluster_state(now, stale_after_s=self.cfg.controller.node_stale_after_s,
-                                         reserved=lambda job_id, node: self._reservation(job_id, node, reservations))
+        state = self.store.cluster_state(
+            now, stale_after_s=self.cfg.controller.node_stale_after_s,
+            prolog_choice=lambda *job: self._prolog_choice(*job, reservations=reservations))
         if self._no_free_cpu:
             # Slurm starts nothing on a node without a free CPU, whatever its slices: carved for there, jobs
             # waited while other nodes' GPUs sat idle (seen with 8-CPU nodes and 14 1g slices each).
@@ -1471,33 +1472,46 @@ class Controller:
                 "targets": {str(gi): str(t) for gi, t in plan.targets.items()}}
 
     def _node_gpus(self, node: str, node_bindings: dict, exclude_job: str) -> list[NodeGpu]:
+        """The GPUs of ``node`` a Prolog of ``exclude_job`` may bind on (binding.node_gpus), from the store and
+        the node's own binding files ``node_bindings``: they may know of jobs the store lost."""
+        return node_gpus(self._gpu_rows(node), self._held(node, node_bindings, exclude_job))
+
+    def _gpu_rows(self, node: str) -> list[GpuRow]:
+        """``node``'s GPUs as the store holds them (binding.node_gpus' rows). The desired layout is read only
+        of a GPU a Prolog may bind on: a blocked one keeps what it has."""
         desired = self.store.desired(node)
-        bound: dict[int, set[Slot]] = {}
-        for jid, _node, b in self.store.live_bindings(node):
-            if str(jid) == exclude_job:
-                continue
-            bound.setdefault(b.gpu, set()).add(Slot(b.start, b.profile))
-        # The node's own binding files count too: they may know of jobs the store lost.
-        for jid, insts in node_bindings.items():
-            if str(jid) == exclude_job:
-                continue
-            for i in insts:
-                bound.setdefault(int(i["gpu"]), set()).add(Slot(int(i["start"]), str(i["profile"])))
-        out = []
+        rows = []
         for g in self.store.observed_gpus(node):
-            if not g.model or not g.mig_enabled or g.blocked:
-                continue  # (blocked: nothing new is carved or bound there; its jobs run on)
-            obs = self.store.observed_layout(node, g.gpu)
-            for i in self.store.observed_instances(node, g.gpu):
-                if i.in_use:
-                    bound.setdefault(g.gpu, set()).add(Slot(i.start, i.profile))
-            held = bound.get(g.gpu, set())
-            # A job may hold an instance another Prolog is still creating: count it as present, and
-            # the idle instances it will replace as gone, so nobody else is given those slices.
-            base = _with_inflight(obs, held)
-            d = desired.get(g.gpu)
-            out.append(NodeGpu(g.gpu, base, _desired_layout(d), set(held)))
-        return out
+            obs = self.store.observed_layout(node, g.gpu) if g.model else None
+            in_use = frozenset(Slot(i.start, i.profile) for i in self.store.observed_instances(node, g.gpu)
+                               if i.in_use) if obs is not None else frozenset()
+            want = _desired_layout(desired.get(g.gpu)) if obs is not None and g.mig_enabled and not g.blocked \
+                else None
+            rows.append(GpuRow(g.gpu, obs, g.mig_enabled, bool(g.blocked), want, in_use))
+        return rows
+
+    def _held(self, node: str, node_bindings: dict, exclude_job: str) -> dict[int, set[Slot]]:
+        """GPU -> the instances of ``node`` bound to jobs other than ``exclude_job``: live bindings in the store,
+        and the node's binding files ``node_bindings``."""
+        held: dict[int, set[Slot]] = {}
+        for jid, _node, b in self.store.live_bindings(node):
+            if str(jid) != exclude_job:
+                held.setdefault(b.gpu, set()).add(Slot(b.start, b.profile))
+        for jid, insts in node_bindings.items():
+            if str(jid) != exclude_job:
+                for i in insts:
+                    held.setdefault(int(i["gpu"]), set()).add(Slot(int(i["start"]), str(i["profile"])))
+        return held
+
+    def _prolog_choice(self, job_id: str, node: str, profile: str, count: int, gpus: list[dict], *,
+                       reservations: dict) -> tuple[tuple[int, Slot], ...]:
+        """The instances the Prolog of ``job_id``, which Slurm started on ``node`` and which is not bound yet,
+        would bind now on ``gpus`` (Store.cluster_state's view of the node's GPUs): as on_prolog chooses, with
+        the same builder (binding.node_gpus) and its reservation in ``reservations`` (the meta row)."""
+        rows = [GpuRow(g["index"], g["observed"], g["mig_enabled"], g["blocked"], g["desired"]) for g in gpus]
+        choice = node_gpus(rows, {g["index"]: g["bound"] for g in gpus})
+        plan = choose_binding(choice, profile, count, self._reservation(job_id, node, reservations)) if choice else None
+        return plan.instances if plan is not None else ()
 
     def _reservation(self, job_id: str, node: str, reservations: dict | None = None) -> tuple:
         """The policy's last-tick reservation for ``job_id`` on ``node`` (from ``reservations``, the meta row,
@@ -2047,19 +2061,6 @@ def _desired_layout(d) -> Layout | None:
     except (ValueError, SlurmMigError) as exc:
         log.warning("desired layout %r of %s/%s does not apply to the GPU now: %s", d.spec, d.node, d.gpu, exc)
         return None
-
-
-def _with_inflight(observed: Layout, held: set[Slot]) -> Layout:
-    """``observed`` plus held instances not created yet, minus the idle instances they overlap."""
-    model = observed.model
-    pending = {s for s in held if s not in observed.slots}
-    if not pending:
-        return observed
-    mask = 0
-    for s in pending:
-        mask |= model.profile(s.profile).mask(s.start)
-    keep = {s for s in observed.slots if not (model.profile(s.profile).mask(s.start) & mask)}
-    return Layout(model, frozenset(keep | pending))
 
 
 def _fmt(counts: dict) -> str:

@@ -1293,7 +1293,8 @@ class Store:
 
     # -- the policy's view ------------------------------------------------------
     def cluster_state(self, now: float | None = None, *, stale_after_s: float | None = None,
-                      reserved: Callable[[str, str], tuple] | None = None) -> Any:
+                      prolog_choice: Callable[[str, str, str, int, list[dict]], Iterable[tuple[int, Slot]]]
+                      | None = None) -> Any:
         """A policies.base.ClusterState built from the database, so a policy can run straight from it.
 
         Per GPU with a known model: ``layout`` = the observed instances, with the
@@ -1303,8 +1304,11 @@ class Store:
         to a live job, plus any the node reports in use. ``busy_until`` = start
         + time limit of running bound jobs. ``available`` = node up, MIG on, the
         GPU not blocked, and (with ``stale_after_s``) seen recently. ``pending`` = pending_jobs().
-        GPUs whose model slurm-mig does not know are left out. ``reserved(job_id, node)``: the policy's
-        reservation for a job on a node, as the Prolog reads it (see "promised" below).
+        GPUs whose model slurm-mig does not know are left out. ``prolog_choice(job_id, node, profile, count,
+        gpus)``: the ``(gpu, slot)`` instances the Prolog of a job Slurm started on ``node`` would bind now, on
+        ``gpus`` (the node's GPUs as this view holds them: dicts of index, observed, mig_enabled, blocked,
+        desired and bound); the controller's (Controller._prolog_choice), so the store needs none of its
+        rules (see "promised" below). Without it such a job holds the lowest free instances of its size.
         """
         from slurm_mig.policies.base import ClusterState, GpuState, PendingJob
 
@@ -1339,7 +1343,7 @@ class Store:
             open_entries.setdefault((e.node, e.gpu), []).append(e)
 
         gpus = []
-        bindable: set[tuple[str, int]] = set()
+        flags: dict[tuple[str, int], tuple[bool, bool]] = {}  # (MIG on, blocked), for prolog_choice
         for g in gpu_rows:
             key = (g["node"], g["gpu"])
             model = known_model(g["model"])
@@ -1394,8 +1398,7 @@ class Store:
             available = bool(g["mig_enabled"]) and not g.get("blocked") and node is not None and node["state"] == "up"
             if available and stale_after_s is not None:
                 available = node["last_seen"] is not None and t - node["last_seen"] <= stale_after_s
-            if g["mig_enabled"] and not g.get("blocked"):
-                bindable.add(key)  # where a Prolog may bind (controller _node_gpus)
+            flags[key] = (bool(g["mig_enabled"]), bool(g.get("blocked")))
             gpus.append(dict(
                 node=g["node"], index=g["gpu"], model=model, layout=layout,
                 busy=set((bound_slots | in_use) & layout.slots),
@@ -1413,7 +1416,7 @@ class Store:
         for j in unbound:
             count = max(1, int(j["count"] or 1))
             on_node = [g for g in gpus if g["node"] == j["node"]]
-            for gi, slot in self._prolog_choice(j, on_node, count, desired, bindable, reserved):
+            for gi, slot in self._prolog_choice(j, on_node, count, desired, flags, prolog_choice):
                 next(g for g in on_node if g["index"] == gi)["busy"].add(slot)
                 count -= 1
             for _ in range(count):
@@ -1433,31 +1436,29 @@ class Store:
         return ClusterState(now=t, gpus=tuple(gpus), pending=jobs)
 
     @staticmethod
-    def _prolog_choice(job: dict, on_node: list[dict], count: int, desired: dict, bindable: set,
-                       reserved: Callable[[str, str], tuple] | None) -> list[tuple[int, Slot]]:
-        """The idle existing instances the Prolog of started, unbound ``job`` would bind now: what
-        controller/binding.py's choose_binding picks (its reservation if free, else an instance of the GPU's
-        intended layout) on its node's GPUs as the policy sees them. Picks it would create are left out."""
-        from slurm_mig.controller.binding import NodeGpu, choose_binding
-
+    def _prolog_choice(job: dict, on_node: list[dict], count: int, desired: dict, flags: dict,
+                       prolog_choice: Callable[[str, str, str, int, list[dict]], Iterable[tuple[int, Slot]]] | None
+                       ) -> list[tuple[int, Slot]]:
+        """The idle existing instances the Prolog of started, unbound ``job`` would bind now (``prolog_choice``
+        on its node's GPUs as the policy sees them). Picks it would create are left out."""
+        if prolog_choice is None or not on_node:
+            return []
         gpus = []
         for g in on_node:
-            if (g["node"], g["index"]) not in bindable:
-                continue
+            key = (g["node"], g["index"])
             want = None
-            if (g["node"], g["index"]) in desired:
+            if key in desired:
                 try:
-                    want = parse_layout(desired[(g["node"], g["index"])], g["model"])
+                    want = parse_layout(desired[key], g["model"])
                 except (ValueError, SlurmMigError):
                     pass
-            gpus.append(NodeGpu(g["index"], g["layout"], want, set(g["busy"])))
+            mig_enabled, blocked = flags[key]
+            gpus.append(dict(index=g["index"], observed=g["layout"], mig_enabled=mig_enabled, blocked=blocked,
+                             desired=want, bound=frozenset(g["busy"])))
         try:
-            res = reserved(str(job["job_id"]), job["node"]) if reserved is not None else ()
-            plan = choose_binding(gpus, job["profile"], count, res) if gpus else None
+            plan = list(prolog_choice(str(job["job_id"]), job["node"], job["profile"], count, gpus))
         except (ValueError, KeyError, TypeError, SlurmMigError) as exc:
             log.warning("could not tell which instance job %s's Prolog will take: %s", job["job_id"], exc)
             return []
-        if plan is None:
-            return []
         by = {g["index"]: g for g in on_node}
-        return [(gi, s) for gi, s in plan.instances if s in by[gi]["layout"].slots and s not in by[gi]["busy"]]
+        return [(gi, s) for gi, s in plan if gi in by and s in by[gi]["layout"].slots and s not in by[gi]["busy"]]
