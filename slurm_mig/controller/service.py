@@ -936,28 +936,25 @@ class Controller:
         what exists without destroying a busy instance (as a Prolog binds, binding.intended_layout), else
         observed. Told the unreachable one, Slurm started jobs on instances nobody could make."""
         out = {}
-        desired = self.store.desired(node)
+        rows = self._gpu_rows(node)
         bindable = None
-        for g in self.store.observed_gpus(node):
-            if not g.model or not g.mig_enabled:
+        for g in rows:
+            obs = g.observed
+            if obs is None or not g.mig_enabled:
                 continue
-            obs = self.store.observed_layout(node, g.gpu)
-            if obs is None:
-                continue  # a model our tables do not list: no count Slurm is told can be checked, none is told
             if g.blocked:
                 # Left as it is, and no new job goes there: Slurm is told of the instances jobs hold, not of
                 # the idle ones (it would start jobs there that could only be requeued).
-                busy = self._busy_starts(node, g.gpu)
-                out[g.gpu] = obs.without(s for s in obs.slots if s.start not in busy)
+                busy = self._busy_starts(node, g.index)
+                out[g.index] = obs.without(s for s in obs.slots if s.start not in busy)
                 continue
-            d = desired.get(g.gpu)
-            lay = _desired_layout(d)
-            if lay is not None and (obs is None or lay.slots != obs.slots):
-                if bindable is None:
-                    bindable = {x.index: x for x in self._node_gpus(node, {}, exclude_job="")}
-                if g.gpu in bindable:
-                    lay = intended_layout(bindable[g.gpu])
-            out[g.gpu] = lay if lay is not None else obs
+            lay = g.desired
+            if lay is not None and lay.slots != obs.slots:
+                if bindable is None:  # the rows read once; the bindings only where a desired layout differs
+                    bindable = {x.index: x for x in node_gpus(rows, self._held(node, {}, exclude_job=""))}
+                if g.index in bindable:
+                    lay = intended_layout(bindable[g.index])
+            out[g.index] = lay if lay is not None else obs
         return out
 
     def _busy_starts(self, node: str, gpu: int) -> set[int]:
@@ -1480,11 +1477,16 @@ class Controller:
         """``node``'s GPUs as the store holds them (binding.node_gpus' rows). The desired layout is read only
         of a GPU a Prolog may bind on: a blocked one keeps what it has."""
         desired = self.store.desired(node)
+        insts: dict[int, list] = {}
+        for i in self.store.observed_instances(node):
+            insts.setdefault(i.gpu, []).append(i)
         rows = []
         for g in self.store.observed_gpus(node):
-            obs = self.store.observed_layout(node, g.gpu) if g.model else None
-            in_use = frozenset(Slot(i.start, i.profile) for i in self.store.observed_instances(node, g.gpu)
-                               if i.in_use) if obs is not None else frozenset()
+            mine = insts.get(g.gpu, [])
+            # (as store.observed_layout reads it: None without a model, or with one our tables do not list)
+            model = known_model(g.model)
+            obs = Layout(model, frozenset(Slot(i.start, i.profile) for i in mine)) if model is not None else None
+            in_use = frozenset(Slot(i.start, i.profile) for i in mine if i.in_use)
             want = _desired_layout(desired.get(g.gpu)) if obs is not None and g.mig_enabled and not g.blocked \
                 else None
             rows.append(GpuRow(g.gpu, obs, g.mig_enabled, bool(g.blocked), want, in_use))
