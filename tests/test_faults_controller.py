@@ -735,13 +735,12 @@ def test_a_started_unbound_job_holds_its_reservation_in_the_plan(rig):
 
 
 def test_a_started_unbound_array_task_is_promised_what_its_prolog_binds(rig):
-    """Checked in review (the policy's view looks a started job's reservation up under its own id only). As
-    above, but job 3 is an array (--array=1-2%1): the policy reserved 3g@4 for its task 3_1, and Slurm started
-    that task under an id of its own, job 10, seen by the tick before its Prolog. The view does not find 3_1's
-    reservation under 10 and holds the lowest free 3g (3g@0) for it; its Prolog does not either: on_prolog
-    looks a task's reservation up only for a job the store does not know yet (Slurm's record is asked only
-    then), and a job in the view's started-unbound list is one it knows. So the plan carves the 1g's from
-    3g@4, the Prolog served between the tick's transactions binds 3g@0, and the commit keeps the plan."""
+    """As above, but job 3 is an array (--array=1-2%1): the policy reserved 3g@4 for its task 3_1, and Slurm
+    started that task under an id of its own, job 10, seen by the tick before its Prolog. Its Prolog asks
+    Slurm for the job's record and finds 3_1's reservation (3g@4). The policy's view looked the reservation up
+    under 10 only, held the lowest free 3g (3g@0) for the job and planned the 1g's through 3g@4, which the
+    Prolog served between the tick's transactions took. The tick now hands the task's reservation to the job
+    that runs it, so both look it up under 10, and the plan carves the 1g's from 3g@0."""
     _race_rig(rig, slip=False)
     t = [time.time()]
     rig.clock = lambda: t[0]
@@ -774,7 +773,7 @@ def test_a_started_unbound_array_task_is_promised_what_its_prolog_binds(rig):
 
     def prolog_first(*args, **kw):  # served once the tick's first transaction let go of the store
         status, resp = post(rig, "/v1/prolog", {"job_id": "10", "node": "n1", "observed": observed, "bindings": {}})
-        assert status == 200 and resp["instances"] == [{"gpu": 0, "profile": "3g.40gb", "start": 0}], resp
+        assert status == 200 and resp["instances"] == [{"gpu": 0, "profile": "3g.40gb", "start": 4}], resp
         return withdraw(*args, **kw)
 
     rig._withdraw_first = prolog_first
@@ -782,9 +781,10 @@ def test_a_started_unbound_array_task_is_promised_what_its_prolog_binds(rig):
     rig._withdraw_first = withdraw
     assert not any("not made" in e.message for e in rig.store.recent_events(20, kind="layout"))
     desired = rig.store.desired("n1")[0].layout()
-    assert "3g.40gb@0" in {str(s) for s in desired.slots}, desired
+    assert "3g.40gb@4" in {str(s) for s in desired.slots}, desired
     assert any(s.profile.startswith("1g") for s in desired.slots), desired
-    assert [(b.gpu, b.start) for b in rig.store.bound_instances("10")] == [(0, 0)]
+    assert [(b.gpu, b.start) for b in rig.store.bound_instances("10")] == [(0, 4)]
+    assert "3_1" not in (rig.store.get_meta("reservations") or {})
 
 
 def test_slurm_is_not_told_of_a_desired_layout_a_busy_instance_blocks(rig):

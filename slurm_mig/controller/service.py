@@ -378,7 +378,7 @@ class Controller:
         mine = [j for j in sorted(jobs, key=lambda j: (-(j.priority or 0), j.submit_time or 0, j.job_id))
                 if j.wants_mig and self._manages(j.partition)]
         # Array tasks that Slurm now runs (or ran) under ids of their own, and array records shown as tasks.
-        split = {f"{j.array_job_id}_{j.array_task_id}" for j in jobs
+        split = {f"{j.array_job_id}_{j.array_task_id}": str(j.job_id) for j in jobs
                  if j.array_job_id and j.array_task_id is not None}
         entries = queue_entries(mine)
         self._job_nodes = self._eligible(entries, queried_at)
@@ -456,9 +456,21 @@ class Controller:
             # waiting, no longer shown (past its limit or the look-ahead), waits in it to be shown again.
             lives_on = job.job_id in split or job.job_id.split("_")[0] in arrays
             if lives_on and self.store.forget_pending_job(job.job_id):
+                if job.job_id in split:
+                    self._carry_reservation(job.job_id, split[job.job_id], now)
                 continue
             self.store.set_job_state(job.job_id, "CANCELLED", now=now, reason=NOT_IN_QUEUE)
         return ended
+
+    def _carry_reservation(self, task: str, job_id: str, now: float) -> None:
+        """Array task ``task``, which Slurm now runs as ``job_id``: the instances the last decision reserved for it
+        are ``job_id``'s. The policy's view and the job's Prolog look a started job's reservation up under its own
+        id (the Prolog also under its task's, from Slurm's record): the view alone missed it, held the lowest free
+        instance for the job while its Prolog took the reserved one, and planned a re-carve through that."""
+        reservations = self.store.get_meta("reservations") or {}
+        if task in reservations and job_id not in reservations:
+            reservations[job_id] = reservations.pop(task)
+            self.store.set_meta("reservations", reservations, now=now)
 
     def _final_end_states(self, listed_ended: set[str], looked: set, now: float) -> list[str]:
         """The end states of Epilog-reported outcomes that are final now, each given once, to be counted in
