@@ -300,7 +300,9 @@ def _row_job(r: dict) -> Job:
         job_id=r["job_id"], user=r["user"], name=r["name"], partition=r["partition"], profile=r["profile"],
         count=r["count"], time_limit_s=r["time_limit_s"], state=r["state"], reason=r["reason"],
         submit_time=r["submit_time"], start_time=r["start_time"], end_time=r["end_time"], node=r["node"],
-        instances=bound_instances_from_json(loads(r["instances"], [])), priority_order=r["priority_order"],
+        # Most rows hold no instance: "[]" is not decoded (a tick reads every queued job's row, 2-3 times).
+        instances=() if r["instances"] in ("[]", None, "") else bound_instances_from_json(loads(r["instances"], [])),
+        priority_order=r["priority_order"],
         exit_code=r["exit_code"], updated_at=r["updated_at"],
         # Absent from a version-2 database that the read-only views open without migrating it.
         blocked=r.get("blocked"),
