@@ -922,3 +922,26 @@ def test_an_inner_failure_that_sqlite_rolled_back_whole_does_not_commit_the_rest
     assert [e.kind for e in db.recent_events()] == ["before"]
     db.add_event("later", "the store is usable afterwards")
     assert [e.kind for e in db.recent_events()] == ["later", "before"]
+
+
+def test_a_decision_with_infinite_or_nan_values_is_stored_with_null_and_every_jobs_reason_set_in_order(db):
+    from dataclasses import replace
+
+    from slurm_mig.policies import Assignment, Decision
+
+    observe(db, "n1", {0: "7g@0"})
+    for j in ("W1", "W2", "AB"):
+        db.upsert_job(j, profile="7g", submit_time=1.0)
+    state = db.cluster_state(now=120.0)
+    # A GPU held "until never" (frag-aware reserves behind jobs without a time limit), and a NaN a policy gave.
+    state = replace(state, gpus=tuple(replace(g, busy_until=((Slot(0, "7g.80gb"), float("inf")),)) for g in state.gpus))
+    decision = Decision(assignments=(Assignment("AB", "n1", ((0, Slot(0, "7g.80gb")),), "placed"),),
+                        waiting=(("W1", "waits one"), ("AB", "waits first"), ("W2", "waits two")),
+                        policy="p", extra={"hold_until": float("inf"), "score": float("nan"), "ok": 1.5})
+    did = db.record_decision(decision, state=state)
+    rec = db.recent_decisions(1)[0]
+    assert rec.id == did
+    assert rec.inputs["gpus"][0]["busy_until"] == [["7g.80gb@0", None]]
+    assert rec.action["extra"] == {"hold_until": None, "score": None, "ok": 1.5}
+    # A job both waiting and assigned ends with the assignment's reason, as when each was its own statement.
+    assert [db.get_job(j).reason for j in ("W1", "W2", "AB")] == ["waits one", "waits two", "placed"]
