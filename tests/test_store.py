@@ -945,3 +945,15 @@ def test_a_decision_with_infinite_or_nan_values_is_stored_with_null_and_every_jo
     assert rec.action["extra"] == {"hold_until": None, "score": None, "ok": 1.5}
     # A job both waiting and assigned ends with the assignment's reason, as when each was its own statement.
     assert [db.get_job(j).reason for j in ("W1", "W2", "AB")] == ["waits one", "waits two", "placed"]
+
+
+def test_job_ids_lists_the_jobs_of_the_states_asked_in_the_order_of_jobs(db):
+    for j, submit in (("b", 3.0), ("a", 2.0), ("c", 1.0), ("r", 0.5)):
+        db.upsert_job(j, profile="1g", submit_time=submit)
+    db.set_job_order(["a", "b"])
+    db.set_job_state("r", "RUNNING")
+    assert db.job_ids(["PENDING"]) == [j.job_id for j in db.jobs(["PENDING"])] == ["a", "b", "c"]
+    assert db.job_ids(["PENDING"]) == [j.job_id for j in db.pending_jobs(include_bound=True, include_blocked=True)]
+    assert db.job_ids(["RUNNING", "PENDING"]) == [j.job_id for j in db.jobs(["RUNNING", "PENDING"])]
+    with pytest.raises(ValueError):
+        db.job_ids(["WAITING"])

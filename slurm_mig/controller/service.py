@@ -446,20 +446,21 @@ class Controller:
         self.store.set_job_order(order)
         # Pending (or requeued) jobs Slurm no longer lists were cancelled (or purged after MinJobAge). A job a
         # Prolog requeued after our squeue (one submitted meanwhile) is not in its answer: left for the next.
-        gone = self.store.pending_jobs(include_bound=True, include_blocked=True) + [
-            j for j in self.store.jobs(["REQUEUED"]) if j.updated_at < queried_at]
-        for job in gone:
-            if job.job_id in seen:
+        # Ids only: every waiting job is read here, and all but the few gone are skipped.
+        gone = self.store.job_ids(["PENDING"]) + [
+            j.job_id for j in self.store.jobs(["REQUEUED"]) if j.updated_at < queried_at]
+        for job_id in gone:
+            if job_id in seen:
                 continue
             # An array task Slurm started under an id of its own lives on as that job; an array record
             # (stored whole before its tasks were shown) lives on as its tasks; a task of a record still
             # waiting, no longer shown (past its limit or the look-ahead), waits in it to be shown again.
-            lives_on = job.job_id in split or job.job_id.split("_")[0] in arrays
-            if lives_on and self.store.forget_pending_job(job.job_id):
-                if job.job_id in split:
-                    self._carry_reservation(job.job_id, split[job.job_id], now)
+            lives_on = job_id in split or job_id.split("_")[0] in arrays
+            if lives_on and self.store.forget_pending_job(job_id):
+                if job_id in split:
+                    self._carry_reservation(job_id, split[job_id], now)
                 continue
-            self.store.set_job_state(job.job_id, "CANCELLED", now=now, reason=NOT_IN_QUEUE)
+            self.store.set_job_state(job_id, "CANCELLED", now=now, reason=NOT_IN_QUEUE)
         return ended
 
     def _carry_reservation(self, task: str, job_id: str, now: float) -> None:

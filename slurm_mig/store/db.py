@@ -852,6 +852,15 @@ class Store:
         with self.snapshot():
             return [_row_job(r) for r in self._q(sql, params)]
 
+    def job_ids(self, states: Iterable[str]) -> list[str]:
+        """The ids of the jobs in ``states``, in the order of jobs(states): where a caller needs no more (a tick
+        asks for every waiting job's, 10,000 on a large site, to find those Slurm no longer lists)."""
+        states = [_check_state(s, JOB_STATES, "job state") for s in states]
+        with self.snapshot():
+            return [r[0] for r in self.db.conn.execute(
+                f"SELECT job_id FROM jobs WHERE state IN ({', '.join('?' for _ in states)}) "
+                "ORDER BY priority_order IS NULL, priority_order, submit_time, job_id", states).fetchall()]
+
     def pending_jobs(self, *, include_bound: bool = False, include_blocked: bool = False) -> list[Job]:
         """PENDING jobs in Slurm priority order (priority_order, then submit time).
 
