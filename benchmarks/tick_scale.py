@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """How long one controller tick takes on a large site, beside [controller].tick_interval_s.
 
-    .venv/bin/python benchmarks/tick_scale.py                         # the default sizes (~3 min on 2 cores)
+    .venv/bin/python benchmarks/tick_scale.py                         # the default sizes (~1.5 min on 2 cores)
     .venv/bin/python benchmarks/tick_scale.py --sizes 128x10000x1500 --policies frag-aware --ticks 5
     .venv/bin/python benchmarks/tick_scale.py --sizes 128x10000x1500 --policies frag-aware --profile out.prof
 
@@ -406,8 +406,8 @@ def _size(text: str) -> tuple[int, int, int]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", type=lambda s: [_size(x) for x in s.split(",")],
-                    default=[(16, 500, 200), (64, 2000, 800), (128, 5000, 1500)],
-                    help="NODESxPENDINGxRUNNING,... (default: 16x500x200,64x2000x800,128x5000x1500)")
+                    default=[(16, 500, 200), (64, 2000, 800), (128, 5000, 1500), (128, 10000, 1500)],
+                    help="NODESxPENDINGxRUNNING,... (default: 16x500x200,64x2000x800,128x5000x1500,128x10000x1500)")
     ap.add_argument("--policies", default="first-fit,frag-aware,rl")
     ap.add_argument("--ticks", type=int, default=5, help="steady ticks timed after the first (default 5)")
     ap.add_argument("--profile", metavar="FILE", help="cProfile the last tick of the last case into FILE and "
