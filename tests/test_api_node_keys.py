@@ -246,6 +246,52 @@ def test_an_unsafe_key_file_is_logged_once_per_node_per_window_and_every_refusal
     assert 'slurm_mig_api_errors_total{kind="auth"} 44' in ctl.metrics.render().decode()  # every refusal
 
 
+def test_requests_for_an_unsafe_key_file_that_stop_are_summed_up_in_a_closing_line(keys, caplog):
+    """The count of refused requests was said only with the next line about the file: when they stopped
+    (the node gave up), the log never said how many there had been. Once a whole window passes with none,
+    the auth (called by the API server between its polls) says how many."""
+    import logging
+
+    n1 = node_auth(keys, "n1")
+    os.chmod(keys / "n1.key", 0o644)
+    auth = HmacAuth(None, node_keys=NodeKeys(str(keys)))
+    clock = [1000.0]
+    auth.clock = lambda: clock[0]
+    body = b"{}"
+
+    def said() -> list[str]:
+        return [r.getMessage() for r in caplog.records if r.name == "slurm_mig.api.auth" and r.levelno >= logging.ERROR]
+
+    caplog.set_level(logging.WARNING)
+    for _ in range(12):
+        with pytest.raises(AuthError):
+            auth.verify(n1.sign(body, "n1", path="/v1/report"), body, path="/v1/report")
+        clock[0] += 10.0
+    assert len(said()) == 1
+    clock[0] += auth.UNSAFE_KEY_LOG_EVERY_S - 11.0
+    auth.say_ended()
+    assert len(said()) == 1  # 599 s since the last one: it may go on
+    clock[0] += 1.0
+    auth.say_ended()
+    assert len(said()) == 2 and "n1.key has mode 0o644" in said()[1], said()
+    assert "11 more requests refused for it since the last line about it, not logged, and none in the last 10 min" \
+        in said()[1]
+    auth.say_ended()
+    assert len(said()) == 2
+    # The server's periodic call reaches it.
+    srv = ApiServer("127.0.0.1", 0, auth, {})
+    try:
+        with pytest.raises(AuthError):
+            auth.verify(n1.sign(body, "n1", path="/v1/report"), body, path="/v1/report")
+        with pytest.raises(AuthError):
+            auth.verify(n1.sign(body, "n1", path="/v1/report"), body, path="/v1/report")
+        clock[0] += auth.UNSAFE_KEY_LOG_EVERY_S
+        srv.say_ended()
+        assert len(said()) == 4 and "1 more requests refused" in said()[3]
+    finally:
+        srv.httpd.server_close()
+
+
 def test_the_log_limit_tracks_a_bounded_number_of_lines():
     """Distinct reasons past the cap (paths of nodes that need not exist) share one slot: no unbounded memory."""
     from slurm_mig.api.loglimit import LogLimiter

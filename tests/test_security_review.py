@@ -288,3 +288,77 @@ def test_the_refusal_log_limit_remembers_a_bounded_number_of_addresses(monkeypat
             assert len(srv._quiet._last) <= 3
     finally:
         srv.httpd.server_close()
+
+
+def test_a_flood_of_refusals_that_stops_is_summed_up_in_a_closing_line(caplog):
+    """The count of refusals held back was said only with the next line about them: a flood that stopped had
+    none, so the log never said how big it was. Once a whole window passes with none held back, the server
+    (between its polls) says how many there were; a flood that goes on is counted in its next line, as before."""
+    import logging
+    import time as _time
+
+    from slurm_mig.api import server as servermod
+
+    every = servermod.REFUSAL_LOG_EVERY_S
+    srv = ApiServer("127.0.0.1", 0, HmacAuth(KEY), {})
+    clock = [1000.0]
+    srv.clock = lambda: clock[0]
+
+    def said() -> list[str]:
+        return [r.getMessage() for r in caplog.records if r.name == "slurm_mig.api"]
+
+    caplog.set_level(logging.WARNING, logger="slurm_mig.api")
+    try:
+        for _ in range(25):
+            srv._error("auth", "10.0.0.7 /v1/report: bad signature", peer="10.0.0.7")
+        srv._error("rejected", "/v1/x: no")
+        srv._error("rejected", "/v1/x: no")
+        srv._error("busy", "10.0.0.8: over 2048 open connections", peer="10.0.0.8")  # said, none held back
+        assert len(said()) == 3
+        clock[0] += every - 1
+        srv.say_ended()
+        assert len(said()) == 3  # the window has not passed: it may go on
+        clock[0] += 1
+        srv.say_ended()
+        assert said()[3:] == [
+            f"request refused (auth from 10.0.0.7): 24 more since the last line about them, not logged, and none in "
+            f"the last {every:.0f} s; all are counted in slurm_mig_api_errors_total",
+            f"request refused (rejected: /v1/x: no): 1 more since the last line about them, not logged, and none in "
+            f"the last {every:.0f} s; all are counted in slurm_mig_api_errors_total"]
+        srv.say_ended()
+        assert len(said()) == 5  # said once
+        srv._error("auth", "10.0.0.7 /v1/report: bad signature", peer="10.0.0.7")
+        assert said()[5] == "request refused (auth): 10.0.0.7 /v1/report: bad signature"  # a new flood, in full
+        # A flood that goes on is counted in its next line and has no closing line meanwhile.
+        for _ in range(3):
+            clock[0] += every / 2
+            srv._error("auth", "10.0.0.7 /v1/report: bad signature", peer="10.0.0.7")
+            srv.say_ended()
+        assert len(said()) == 7 and "and 1 more auth refusals from 10.0.0.7" in said()[6], said()[6:]
+        # The serving thread says it between polls, with no request coming in.
+        caplog.clear()
+        srv.start()
+        clock[0] += every
+        deadline = _time.monotonic() + 10
+        while not said() and _time.monotonic() < deadline:
+            _time.sleep(0.05)
+        assert said() and said()[0].startswith("request refused (auth from 10.0.0.7): 1 more since"), said()
+    finally:
+        if srv._thread is not None:
+            srv.stop()
+        else:  # (shutdown would wait for a serve_forever never started)
+            srv.httpd.server_close()
+
+
+def test_the_log_limiter_hands_back_floods_that_ended():
+    from slurm_mig.api.loglimit import LogLimiter
+
+    q = LogLimiter(60.0, max_keys=2)
+    assert q.say("a", 0.0) == 0 and q.say("a", 1.0) is None and q.say("a", 30.0) is None
+    assert q.say("b", 0.0) == 0
+    assert q.say("c", 5.0) == 0 and q.say("d", 6.0) is None  # c and d: the shared slot
+    assert q.ended(60.0) == []  # a: held back 30 s ago; the shared slot 54 s ago
+    assert q.ended(66.0) == [("", 1)]
+    assert "b" not in q._last  # said 66 s ago, nothing held back: forgotten too
+    assert q.ended(89.0) == [] and q.ended(90.0) == [("a", 2)] and q._last == {}
+    assert q.say("a", 91.0) == 0  # a new flood: said as a first

@@ -453,6 +453,13 @@ class HmacAuth:
         self.clock = time.monotonic  # for the log's rate limit only
         self._quiet = LogLimiter(self.UNSAFE_KEY_LOG_EVERY_S)
 
+    def say_ended(self) -> None:
+        """For each unsafe key file whose requests stopped (fixed, or the node gave up) with some refused
+        since its last line: how many, which no next line will say (the API server calls this)."""
+        for line, held in self._quiet.ended(self.clock()):
+            log.error("%s: %d more requests refused for it since the last line about it, not logged, and none in "
+                      "the last %.0f min", line, held, self.UNSAFE_KEY_LOG_EVERY_S / 60)
+
     def _key_for(self, node: str) -> bytes:
         try:
             key = self.node_keys.get(node) if self.node_keys is not None else None

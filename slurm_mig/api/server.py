@@ -61,14 +61,23 @@ class _Server(ThreadingHTTPServer):
     # TCP's 1 s, 3 s, ... retransmits. The kernel caps this at net.core.somaxconn.
     request_queue_size = 1024
 
-    def __init__(self, address, handler, max_connections: int = 2048, on_overload=None):
+    def __init__(self, address, handler, max_connections: int = 2048, on_overload=None, on_idle=None):
         # One thread per connection: without a cap, a flood of connections (or of slow clients, each
         # held up to the I/O timeout) would start threads until memory runs out. Past the cap a
         # connection gets a 503 at once, which a node treats as "controller unavailable" (outbox,
         # fallback), and no thread.
         self._slots = threading.BoundedSemaphore(max_connections)
         self._on_overload = on_overload
+        self._on_idle = on_idle
         super().__init__(address, handler)
+
+    def service_actions(self):
+        # serve_forever calls this between its polls (about every 0.5 s), requests or not.
+        if self._on_idle:
+            try:
+                self._on_idle()
+            except Exception:  # a log line must never stop the server
+                log.exception("the API server's periodic work failed")
 
     def process_request(self, request, client_address):
         if not self._slots.acquire(blocking=False):
@@ -218,7 +227,8 @@ class ApiServer:
         self.httpd = _Server((host, port), Handler, max_connections=max_connections,
                              on_overload=lambda addr: self._error("busy", f"{addr[0]}: over {max_connections} "
                                                                           f"open connections, answered 503",
-                                                                  peer=str(addr[0])))
+                                                                  peer=str(addr[0])),
+                             on_idle=self.say_ended)
         self.httpd.daemon_threads = True
         self._thread: threading.Thread | None = None
 
@@ -227,7 +237,7 @@ class ApiServer:
         per kind and sender's address (per kind and message when the address is not known), the number held
         back since said with the next line."""
         message = _shown(message)
-        key = f"{kind} {_shown(peer)}" if peer else f"{kind} - {message}"
+        key = f"{kind} from {_shown(peer)}" if peer else f"{kind}: {message}"
         held = self._quiet.say(key, self.clock())
         if held == 0:
             log.warning("request refused (%s): %s", kind, message)
@@ -238,6 +248,17 @@ class ApiServer:
                         "from " + _shown(peer) if peer else "like it", REFUSAL_LOG_EVERY_S)
         if self.on_error:
             self.on_error(kind, message)
+
+    def say_ended(self) -> None:
+        """The closing line of each flood of refusals that stopped: the number held back since the last line
+        about them, which no next line will say (and the same for the auth's own rate-limited lines)."""
+        for key, held in self._quiet.ended(self.clock()):
+            log.warning("request refused (%s): %d more since the last line about them, not logged, and none in the "
+                        "last %.0f s; all are counted in slurm_mig_api_errors_total", key or "kinds and addresses "
+                        f"past the {REFUSAL_LOG_MAX_KEYS} remembered", held, REFUSAL_LOG_EVERY_S)
+        ended = getattr(self.auth, "say_ended", None)
+        if ended is not None:
+            ended()
 
     @property
     def address(self) -> tuple[str, int]:
