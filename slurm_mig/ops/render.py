@@ -303,9 +303,15 @@ def render_timeline(segments: Iterable, t0: float, t1: float, width: int, *, job
     label_w = max([len(f"{s['gpu']} {s['slot']}") for s in segs] + [len("queue")])
     cols = max(10, width - label_w - 2)
     step = (t1 - t0) / cols
+    if not (math.isfinite(t0) and math.isfinite(step) and step > 0):
+        # Times no timeline can span (1e300, infinity: a row a person or a bug wrote).
+        return [f"no timeline: its times ({fmt_clock(t0)} .. {fmt_clock(t1)}) are not usable"]
 
     def col(t: float) -> int:
-        return min(cols - 1, max(0, int((t - t0) / step)))
+        x = (t - t0) / step
+        if x >= cols:
+            return cols - 1
+        return int(x) if x > 0 else 0  # (NaN and minus infinity too)
 
     rows: dict[str, list[str]] = {}
     prio = {" ": 0, "-": 1, "=": 2, "x": 3, "+": 3, "#": 4}

@@ -13,10 +13,24 @@ the real ones in name order), stated as such in the output.
 
 from __future__ import annotations
 
+import math
 import time
 from collections import Counter
 
 from slurm_mig.errors import SlurmMigError
+
+
+# The longest wait a replay plays, and the longest any job runs in it: times beyond (1e300, a huge
+# integer: a row a person or a bug wrote) would leave the simulator's clock where adding a second to it
+# changes nothing, and it would never finish.
+REPLAY_MAX_S = 366 * 86400.0
+
+
+def _usable(*times) -> bool:
+    """Every one of ``times`` (None: not known) a finite number within the replay's reach of the others."""
+    known = [t for t in times if t is not None]
+    return all(isinstance(t, (int, float)) and math.isfinite(t) for t in known) and (
+        not known or max(known) - min(known) <= 10 * REPLAY_MAX_S)
 
 
 def _duration(job, now: float) -> float:
@@ -43,7 +57,15 @@ def replay_job(store, job_id: str, *, policy: str = "first-fit", now: float | No
         return {"error": f"no record of job {job_id}"}
     t_lo = job.submit_time
     t_hi = job.start_time if job.start_time is not None else now
+    if not _usable(t_lo, t_hi) or t_hi - t_lo > REPLAY_MAX_S:
+        from slurm_mig.ops.views import fmt_when
+
+        started = f"started {fmt_when(t_hi, now)}" if job.start_time is not None else "not started"
+        return {"error": f"job {job_id} (submitted {fmt_when(t_lo, now)}, {started}): not times a replay can use "
+                         f"(it plays waits of at most {REPLAY_MAX_S / 86400:.0f} days)"}
     others = [j for j in store.jobs() if j.submit_time is not None and j.submit_time <= t_hi
+              # A job whose times are not real ones (1e300, infinity) is left out: it cannot be played.
+              and _usable(j.submit_time, j.start_time, j.end_time)
               and (j.end_time is None or j.end_time >= t_lo)
               # Cancelled while pending, it held nothing; cancelled while running (Slurm's end state now
               # replaces the Epilog's COMPLETED), it held its instances like any other run.
@@ -80,6 +102,7 @@ def replay_job(store, job_id: str, *, policy: str = "first-fit", now: float | No
         dur = _duration(j, now)
         if running_before:
             dur = max(0.1, dur - (t_lo - j.start_time))
+        dur = min(dur, REPLAY_MAX_S)
         sub = 0.0 if running_before else max(0.0, j.submit_time - t_lo)
         sim_jobs.append(Job(j.job_id, sub, j.profile, j.count, dur,
                             time_limit_s=j.time_limit_s if j.time_limit_s and j.time_limit_s < 7 * 86400 else None,

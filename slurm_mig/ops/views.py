@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import math
 import os
 import re
 import stat
@@ -1112,11 +1113,40 @@ def fmt_exit(status: int | None) -> str:
     return format_exit_status(status)
 
 
+# A duration longer than this (about 270 years) or a time no clock can show is not a real one: a row a
+# person or a bug wrote (1e300, infinity, a huge integer). The views show it as "?" and its value
+# instead of raising, so one such row cannot take `explain`, `jobs` or the dashboard down.
+_MAX_DURATION_S = 10 ** 5 * 86400
+
+
+def fmt_odd(value: Any) -> str:
+    """A stored time or duration that cannot be shown as one: "?" and a short form of the value."""
+    try:
+        text = f"{float(value):.4g}"
+    except (TypeError, ValueError, OverflowError):
+        text = str(value)
+    return "?" + text[:12]
+
+
+def _seconds(value: Any) -> float | None:
+    """``value`` as finite seconds, None when it is not a finite number."""
+    if isinstance(value, bool):
+        return None
+    try:
+        f = float(value)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return f if math.isfinite(f) else None
+
+
 def fmt_duration(seconds: float | None) -> str:
-    """12s, 3m05s, 1h02m, 2d03h; "-" for None."""
+    """12s, 3m05s, 1h02m, 2d03h; "-" for None; "?" and the value for one that is not a duration."""
     if seconds is None:
         return "-"
-    s = int(round(max(0.0, seconds)))
+    f = _seconds(seconds)
+    if f is None or f > _MAX_DURATION_S:
+        return fmt_odd(seconds)
+    s = int(round(max(0.0, f)))
     if s < 60:
         return f"{s}s"
     if s < 3600:
@@ -1126,20 +1156,35 @@ def fmt_duration(seconds: float | None) -> str:
     return f"{s // 86400}d{(s % 86400) // 3600:02d}h"
 
 
+def _localtime(t: Any) -> time.struct_time | None:
+    f = _seconds(t)
+    if f is None:
+        return None
+    try:
+        return time.localtime(f)
+    except (OverflowError, OSError, ValueError):  # beyond the platform's time_t or the C library's years
+        return None
+
+
 def fmt_clock(t: float | None) -> str:
-    """HH:MM:SS in local time ("-" for None)."""
+    """HH:MM:SS in local time ("-" for None; "?" and the value for one that is not a time)."""
     if t is None:
         return "-"
-    return time.strftime("%H:%M:%S", time.localtime(t))
+    lt = _localtime(t)
+    return fmt_odd(t) if lt is None else time.strftime("%H:%M:%S", lt)
 
 
 def fmt_when(t: float | None, now: float) -> str:
     """A clock time, with the date when it is not today."""
     if t is None:
         return "-"
-    if time.strftime("%Y-%m-%d", time.localtime(t)) != time.strftime("%Y-%m-%d", time.localtime(now)):
-        return time.strftime("%m-%d %H:%M:%S", time.localtime(t))
-    return fmt_clock(t)
+    lt = _localtime(t)
+    if lt is None:
+        return fmt_odd(t)
+    today = _localtime(now)
+    if today is None or time.strftime("%Y-%m-%d", lt) != time.strftime("%Y-%m-%d", today):
+        return time.strftime("%m-%d %H:%M:%S", lt)
+    return time.strftime("%H:%M:%S", lt)
 
 
 def to_json(value: Any) -> str:

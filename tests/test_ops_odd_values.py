@@ -1,0 +1,178 @@
+"""The operator commands on a state database holding times no clock can show (1e300, infinity, huge or
+negative integers): a row a person edited by hand, a copy from a broken disk, a bug. Every view says
+what it can and shows such a value as "?" and the value, instead of a traceback (or, for --replay, a
+simulator that never finishes)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import random
+import signal
+import sqlite3
+
+import pytest
+
+from slurm_mig.cli import main
+from slurm_mig.ops import render as R
+from slurm_mig.ops import views as V
+from slurm_mig.store import open_store
+from tests.test_ops_views import NOW, build_state
+
+# Every time and duration column the views read.
+TIME_COLUMNS = {
+    "nodes": ["last_seen"], "gpus": ["last_observed"], "instances": ["observed_at"],
+    "desired_layouts": ["decided_at"],
+    "jobs": ["submit_time", "start_time", "end_time", "time_limit_s", "updated_at"],
+    "bindings": ["bound_at", "released_at"], "decisions": ["time", "latency_ms"],
+    "reconfig_journal": ["created_at", "started_at", "updated_at", "finished_at"],
+    "outcomes": ["submit_time", "start_time", "end_time", "wait_s", "run_s", "recorded_at", "time_limit_s"],
+    "events": ["time"], "meta": ["updated_at"],
+}
+# As SQL literals: 9e999 is infinity in SQLite (NaN cannot be stored: SQLite keeps NULL for it).
+ODD = ["1e300", "-1e300", "9e999", "-9e999", "4611686018427387904", "-4611686018427387904", "-1", "0", "1e20",
+       "-62135596801", "253402300800"]
+COMMANDS = (["status", "--no-probe"], ["jobs", "--state", "all"], ["nodes"], ["decisions", "--all", "--waiting"],
+            ["explain", "101"], ["explain", "103"], ["explain", "201"], ["explain", "202"],
+            ["top", "--once", "--width", "120", "--height", "40"],
+            ["top", "--once", "--width", "80", "--height", "24", "--view", "summary"],
+            ["status", "--no-probe", "--json"], ["jobs", "--json", "--state", "all"], ["explain", "201", "--json"],
+            ["explain", "201", "--replay"], ["explain", "101", "--replay"])
+
+
+class Hang(BaseException):
+    """(Not an Exception: the replay reports those as its error and goes on.)"""
+
+
+@contextlib.contextmanager
+def deadline(seconds: int):
+    """A hang (a replay whose clock cannot move) fails the test instead of stopping the suite."""
+    def alarm(*_):
+        raise Hang(f"still running after {seconds} s")
+    old = signal.signal(signal.SIGALRM, alarm)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+@pytest.fixture
+def base(tmp_path, monkeypatch):
+    db = tmp_path / "base.db"
+    with open_store(db) as s:
+        build_state(s)
+    monkeypatch.setattr(V.time, "time", lambda: NOW)
+    return db
+
+
+def _config(tmp_path, db) -> str:
+    path = tmp_path / f"{db.stem}.toml"
+    path.write_text(f'[controller]\ndb_path = "{db}"\ntick_interval_s = 5.0\nlisten_port = 1\n')
+    return str(path)
+
+
+def _copy(base, tmp_path, name: str):
+    db = tmp_path / f"{name}.db"
+    db.write_bytes(base.read_bytes())
+    return db
+
+
+def _run_all(cfg: str, capsys) -> dict[str, str]:
+    outs = {}
+    for argv in COMMANDS:
+        with deadline(60):
+            rc = main(["--config", cfg, *argv])
+        out = capsys.readouterr()
+        assert rc == 0, (argv, out.err)
+        if "--json" in argv:
+            json.loads(out.out)  # (Python's JSON: Infinity for an infinite time, as stored)
+        outs[" ".join(argv)] = out.out
+    return outs
+
+
+@pytest.mark.parametrize("value", ODD)
+def test_every_view_shows_a_database_whose_every_time_is_odd(base, tmp_path, capsys, value):
+    db = _copy(base, tmp_path, "odd")
+    con = sqlite3.connect(db)
+    for table, cols in TIME_COLUMNS.items():
+        for c in cols:
+            con.execute(f"UPDATE {table} SET {c} = {value}")
+    con.commit()
+    con.close()
+    outs = _run_all(_config(tmp_path, db), capsys)
+    if value in ("1e300", "9e999", "4611686018427387904"):
+        # Shown as what it is, not as a time.
+        assert {"1e300": "?1e+300", "9e999": "?inf", "4611686018427387904": "?4.612e+18"}[value] \
+            in outs["explain 201"], outs["explain 201"]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_every_view_shows_a_database_with_odd_times_here_and_there(base, tmp_path, capsys, seed):
+    """Odd values mixed with real ones (a span from a real time to infinity, a wait of -1e300 s), in the
+    tables and in the decisions' recorded inputs."""
+    rng = random.Random(seed)
+    for it in range(3):
+        db = _copy(base, tmp_path, f"mix{it}")
+        con = sqlite3.connect(db)
+        for table, cols in TIME_COLUMNS.items():
+            rows = [r[0] for r in con.execute(f"SELECT rowid FROM {table}")]
+            for c in cols:
+                for rowid in rows:
+                    if rng.random() < 0.5:
+                        con.execute(f"UPDATE {table} SET {c} = {rng.choice(ODD)} WHERE rowid = ?", (rowid,))
+        for did, inputs in list(con.execute("SELECT id, inputs FROM decisions")):
+            if rng.random() < 0.5:
+                x = json.loads(inputs or "{}")
+                x["now"] = rng.choice([1e300, -1e300, float("inf"), float("nan"), 2.0 ** 62])
+                con.execute("UPDATE decisions SET inputs = ? WHERE id = ?", (json.dumps(x), did))
+        con.commit()
+        con.close()
+        _run_all(_config(tmp_path, db), capsys)
+
+
+def test_the_formatters_show_what_is_not_a_time_as_such():
+    assert V.fmt_clock(1e300) == "?1e+300" and V.fmt_when(float("inf"), NOW) == "?inf"
+    assert V.fmt_when(float("nan"), NOW) == "?nan" and V.fmt_clock(2 ** 62) == "?4.612e+18"
+    assert V.fmt_when(NOW, 1e300) == V.fmt_when(NOW, NOW + 86400 * 400)  # a date when today is unknown
+    assert V.fmt_duration(float("inf")) == "?inf" and V.fmt_duration(1e300) == "?1e+300"
+    assert V.fmt_duration(-1e300) == "0s" and V.fmt_duration(float("nan")) == "?nan"
+    assert V.fmt_duration(86400 * 99_999) == "99999d00h" and V.fmt_duration(None) == "-"
+    assert V.fmt_duration("x") == "?x"
+    assert R.render_timeline([], 1e300, 1e300, 60) == ["no timeline: its times (?1e+300 .. ?1e+300) are not usable"]
+    seg = {"gpu": "n1/0", "kind": "job", "slot": "3g@0", "t0": float("-inf"), "t1": float("inf"), "job_id": "7"}
+    lines = R.render_timeline([seg], 0.0, 100.0, 40, job_id="7", submit=float("nan"), start=-1e300)
+    assert any("#" * 10 in line for line in lines)
+
+
+@pytest.mark.parametrize("updates, left_out", [
+    # Everything arrived at an infinite time in the simulator, whose clock then could not move: `explain
+    # --replay` never finished.
+    ({"201": "submit_time = -9e999", "103": "time_limit_s = -9e999"}, True),
+    ({"201": "submit_time = -9e999, start_time = 9e999"}, True),
+    ({"201": "submit_time = 0, start_time = 1e300"}, True),
+    ({"201": "submit_time = -1e300"}, False)])
+def test_a_replay_of_a_job_whose_times_are_not_real_says_so_and_ends(base, tmp_path, updates, left_out):
+    """A replay of a job whose own wait is not a real one is refused with why; a job whose times are not
+    real is left out of another's replay; and none of them runs forever."""
+    from slurm_mig.config import Config
+    from slurm_mig.ops.replay import replay_job
+
+    db = _copy(base, tmp_path, "replay")
+    con = sqlite3.connect(db)
+    for job_id, sql in updates.items():
+        con.execute(f"UPDATE jobs SET {sql} WHERE job_id = ?", (job_id,))
+    con.commit()
+    con.close()
+    store = V.open_readonly(db)
+    policy = Config().policy.name
+    try:
+        with deadline(30):
+            rep = replay_job(store, "201", now=NOW, policy=policy)
+            assert "not times a replay can use" in rep.get("error", ""), rep
+            other = replay_job(store, "202", now=NOW, policy=policy)
+        assert "error" not in other, other
+        assert other["jobs"] == (5 if left_out else 6)
+    finally:
+        store.close()
