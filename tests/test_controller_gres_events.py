@@ -129,3 +129,15 @@ def test_the_event_is_stamped_when_slurm_answered_not_when_the_tick_began(rig):
     (event,) = ctl.store.recent_events(10, kind="gres")
     assert event.message.startswith("n1: Slurm had 1g:2,2g:2,3g:2,4g:1,7g:1, set 1g:1,2g:1,4g:1,7g:1")
     assert event.time == pytest.approx(1795711407.877, rel=0, abs=0.001)
+
+
+def test_a_slurmd_start_time_no_clock_can_show_does_not_fail_the_tick(rig):
+    """A node whose clock is far off can report a slurmd start time localtime() cannot show (year > 9999):
+    naming it in the gres event raised OverflowError/OSError inside the tick, every tick."""
+    ctl, slurm, clock = rig
+    ctl.tick()
+    clock.t = 1795711407.877
+    slurm.sinfo = SINFO_REGISTERED.replace('"slurmd_start_time":1795711216', '"slurmd_start_time":1e300')
+    ctl.tick()
+    (event,) = ctl.store.recent_events(10, kind="gres")
+    assert "slurmd started at ?" in event.message, event.message

@@ -2083,8 +2083,12 @@ def _fmt(counts: dict) -> str:
 
 
 def _hms(t: float) -> str:
-    """Local ``HH:MM:SS`` of epoch seconds ``t`` (the clock Slurm's and slurm-mig's logs print)."""
-    return time.strftime("%H:%M:%S", time.localtime(t))
+    """Local ``HH:MM:SS`` of epoch seconds ``t`` (the clock Slurm's and slurm-mig's logs print); ``?t`` for a
+    time no clock can show (a slurmd start time from a node whose clock is far off must not fail the tick)."""
+    try:
+        return time.strftime("%H:%M:%S", time.localtime(t))
+    except (OverflowError, OSError, ValueError):
+        return f"?{t!r}"
 
 
 # -- request validation ------------------------------------------------------------------------
