@@ -1188,4 +1188,17 @@ def fmt_when(t: float | None, now: float) -> str:
 
 
 def to_json(value: Any) -> str:
-    return json.dumps(value, indent=2, sort_keys=False, default=str)
+    """``value`` as standard JSON for the ``--json`` outputs: a time or figure that is not a finite number (an
+    infinite time stored by hand or by a bad clock) is null, since Python's ``Infinity``/``NaN`` are not JSON
+    and strict parsers (jq, JavaScript) refuse the whole document."""
+    return json.dumps(_finite(value), indent=2, sort_keys=False, default=str, allow_nan=False)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
