@@ -58,6 +58,9 @@ class ControllerConfig:
     slurm_conf: str = "/etc/slurm/slurm.conf"
     # history kept in the database: the newest decisions and events by count, finished journal entries by age
     keep_decisions: int = 50_000
+    # ... and by size, in MB (2**20 bytes) of their stored JSON: a decision at 1,024 GPUs and 10,000 pending
+    # jobs is some 3 MB, and 50,000 of them 140 GB
+    keep_decisions_mb: int = 1024
     keep_events: int = 200_000
     keep_journal_days: float = 30.0
     # Slurm starts nothing on a node whose every CPU is allocated, unless the partition oversubscribes CPUs
@@ -346,6 +349,7 @@ RULES: dict[str, dict[str, Callable]] = {
         "node_stale_after_s": _period(),
         "slurm_conf": _path(allow_empty=False),
         "keep_decisions": _integer(1),
+        "keep_decisions_mb": _integer(1),
         "keep_events": _integer(1),
         "keep_journal_days": _number(0),
         "cpu_full_nodes_wait": _boolean,

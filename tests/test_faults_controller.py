@@ -1138,13 +1138,32 @@ def test_a_report_from_a_drained_node_does_not_make_it_up(rig):
 def test_history_retention_comes_from_the_config(rig, monkeypatch):
     """Decisions hold the state the policy saw: on a big cluster 50,000 of them are gigabytes, so how
     much history is kept is the admin's ([controller] keep_decisions, keep_events, keep_journal_days)."""
-    rig.cfg = replace(rig.cfg, controller=replace(rig.cfg.controller, keep_decisions=7, keep_events=9,
-                                                  keep_journal_days=1.5))
+    rig.cfg = replace(rig.cfg, controller=replace(rig.cfg.controller, keep_decisions=7, keep_decisions_mb=3,
+                                                  keep_events=9, keep_journal_days=1.5))
     asked = []
     monkeypatch.setattr(rig.store, "prune", lambda **kw: asked.append(kw) or {"decisions": 0})
     rig.tick()
-    assert asked and {k: asked[0][k] for k in ("keep_decisions", "keep_events", "keep_journal_days")} == \
-        {"keep_decisions": 7, "keep_events": 9, "keep_journal_days": 1.5}
+    keys = ("keep_decisions", "keep_decisions_bytes", "keep_events", "keep_journal_days")
+    assert asked and {k: asked[0][k] for k in keys} == \
+        {"keep_decisions": 7, "keep_decisions_bytes": 3 * 1024 * 1024, "keep_events": 9, "keep_journal_days": 1.5}
+
+
+def test_the_decision_history_stays_within_its_size_budget_between_the_500_tick_prunes(rig):
+    """Pruned every 500 ticks only, a site recording a 3 MB decision each tick (1,024 GPUs, 10,000 pending
+    jobs; two with a shadow policy) went 1.5-3 GB past any budget before each prune. A tick now also prunes
+    once the decisions recorded since the last prune take a tenth of [controller].keep_decisions_mb."""
+    from slurm_mig.policies import Decision
+
+    budget = 1024 * 1024
+    rig.cfg = replace(rig.cfg, controller=replace(rig.cfg.controller, keep_decisions_mb=1))
+    big = 30_000
+    for k in range(100):  # 3 MB recorded in all, over ticks 1-100
+        rig.store.record_decision(Decision(policy="big"), inputs={"pad": "x" * big})
+        rig.tick()
+        total = rig.store.db.execute("SELECT SUM(bytes) FROM decision_bytes").fetchone()[0]
+        assert total <= budget + budget // 10 + big, (k, total)
+    kept = rig.store.db.execute("SELECT COUNT(*) FROM decisions WHERE policy = 'big'").fetchone()[0]
+    assert 25 <= kept <= 40  # some 35 of ~30 KB in 1 MB, plus up to a tenth before the next prune
 
 
 def _job_1_ended_in_slurm(rig, *, started: float) -> None:

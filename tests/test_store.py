@@ -957,3 +957,92 @@ def test_job_ids_lists_the_jobs_of_the_states_asked_in_the_order_of_jobs(db):
     assert db.job_ids(["RUNNING", "PENDING"]) == [j.job_id for j in db.jobs(["RUNNING", "PENDING"])]
     with pytest.raises(ValueError):
         db.job_ids(["WAITING"])
+
+
+# -- the size of the decision history ([controller].keep_decisions_mb) ---------------
+
+def _stored_sizes(store) -> dict[int, int]:
+    """Each decision's inputs, action and reasons as SQLite stores them, in bytes (what decision_bytes holds)."""
+    return {r[0]: r[1] for r in store.db.execute(
+        "SELECT id, length(CAST(inputs AS BLOB)) + length(CAST(action AS BLOB)) + length(CAST(reasons AS BLOB)) "
+        "FROM decisions ORDER BY id")}
+
+
+def _sizes(store) -> dict[int, int]:
+    return {r[0]: r[1] for r in store.db.execute("SELECT id, bytes FROM decision_bytes ORDER BY id")}
+
+
+def test_decisions_are_pruned_to_a_size_budget_keeping_the_newest(db):
+    """keep_decisions bounds the history by count only: at 1,024 GPUs and 10,000 pending jobs a decision is some
+    3 MB, and 50,000 of them 140 GB. The newest decisions that fit the size budget are kept, the newest always,
+    their sizes read from decision_bytes (written with each decision), not from the stored JSON."""
+    from slurm_mig.policies import Decision
+
+    ids = [db.record_decision(Decision(policy="p", waiting=(("J", "why"),)), inputs={"pad": "x" * (1000 * k)},
+                              now=float(k)) for k in range(1, 11)]
+    sizes = _stored_sizes(db)
+    assert _sizes(db) == sizes and list(sizes) == ids
+    assert db.decision_bytes_unpruned == sum(sizes.values())
+    newest3 = sum(sizes[i] for i in ids[-3:])
+    # The count still binds on its own; a budget the history fits in prunes nothing.
+    assert db.prune(keep_decisions=9, keep_decisions_bytes=sum(sizes.values()))["decisions"] == 1
+    assert db.decision_bytes_unpruned == 0
+    assert db.prune(keep_decisions_bytes=newest3)["decisions"] == 6
+    assert [d.id for d in db.recent_decisions(20)] == ids[:-4:-1] and list(_sizes(db)) == ids[-3:]
+    assert db.prune(keep_decisions_bytes=newest3 - 1)["decisions"] == 1  # the third newest no longer fits
+    assert list(_sizes(db)) == ids[-2:]
+    assert db.prune(keep_decisions_bytes=1)["decisions"] == 1  # the newest alone is over it: it stays
+    assert [d.id for d in db.recent_decisions(20)] == ids[-1:] and list(_sizes(db)) == ids[-1:]
+    assert db.prune(keep_decisions_bytes=1)["decisions"] == 0
+    assert db.prune(keep_decisions_bytes=2 ** 63 - 1)["decisions"] == 0  # past SQLite's 64 bits: keeps all
+    nxt = db.record_decision(Decision(policy="p"), inputs={}, now=20.0)
+    assert nxt > ids[-1] and _sizes(db) == _stored_sizes(db)
+    # The readers take what is left: explain's decision spans and the decisions view.
+    from slurm_mig.ops import views as V
+    assert [d["id"] for d in V.decisions_view(db, include_noop=True)] == [nxt, ids[-1]]
+
+
+def test_version_6_decisions_get_their_sizes_when_migrated(tmp_path):
+    path = tmp_path / "state.db"
+    old = open_store(path, migrate=False)
+    assert migrate(old.db, target=6) == [1, 2, 3, 4, 5, 6]
+    for k, inputs in enumerate(['{"gpus": []}', '{"note": "d\u00e9j\u00e0 vu"}', "{" + '"p": "' + "y" * 5000 + '"}']):
+        old.db.execute("INSERT INTO decisions (time, policy, inputs, action, reasons) VALUES (?, 'p', ?, '{}', ?)",
+                       (float(k), inputs, '[["7", "waits"]]'))
+    old.close()
+
+    new = open_store(path)  # migrates on open
+    assert new.schema_version == LATEST_VERSION
+    sizes = _sizes(new)
+    assert sizes == _stored_sizes(new) and list(sizes) == [1, 2, 3]
+    assert sizes[2] == len('{"note": "d\u00e9j\u00e0 vu"}'.encode()) + 2 + len('[["7", "waits"]]')  # bytes, not chars
+    assert new.prune(keep_decisions_bytes=sizes[3] + sizes[2])["decisions"] == 1
+    assert list(_sizes(new)) == [2, 3] and [d.id for d in new.recent_decisions()] == [3, 2]
+    from slurm_mig.policies import Decision
+    did = new.record_decision(Decision(policy="p"), inputs={"gpus": []})
+    assert did == 4 and _sizes(new) == _stored_sizes(new)
+    new.close()
+
+
+def test_a_long_decision_history_is_pruned_in_steps_and_the_rest_left_for_the_next_prune(db, monkeypatch):
+    """Freeing a decision reads its pages (some 7 ms a MB): tens of GB (a database upgraded after it grew) pruned
+    in one transaction held the write lock, and the node requests waiting on it, for minutes. The oldest go a
+    step per transaction, at most PRUNE_MAX_BYTES per prune; the controller prunes the rest next tick."""
+    from slurm_mig.policies import Decision
+    from slurm_mig.store import db as dbmod
+
+    ids = [db.record_decision(Decision(policy="p"), inputs={"pad": "x" * 1000}) for _ in range(10)]
+    size = _sizes(db)[ids[0]]
+    assert set(_sizes(db).values()) == {size}
+    monkeypatch.setattr(dbmod, "PRUNE_STEP_BYTES", 2 * size)
+    monkeypatch.setattr(dbmod, "PRUNE_MAX_BYTES", 5 * size)
+    deletes = []
+    db.db.conn.set_trace_callback(lambda sql: deletes.append(sql) if sql.startswith("DELETE FROM decisions ") else None)
+    try:
+        assert db.prune(keep_decisions_bytes=1)["decisions"] == 5
+        assert len(deletes) == 3  # 2 + 2 + 1, each in its own transaction
+        assert list(_sizes(db)) == ids[5:] and db.decision_bytes_unpruned == 4 * size  # to go, the newest stays
+        assert db.prune(keep_decisions_bytes=1)["decisions"] == 4
+        assert list(_sizes(db)) == ids[-1:] and db.decision_bytes_unpruned == 0
+    finally:
+        db.db.conn.set_trace_callback(None)

@@ -59,6 +59,10 @@ WITHDRAW_ROUNDS = 3
 # An outcome an Epilog reported is counted in slurm_mig_jobs_finished_total once a tick has seen Slurm list
 # the job as ended (so with Slurm's state where it corrected the Epilog's), or this long after it was recorded.
 END_STATE_WAIT_S = 60.0
+MB = 1024 * 1024  # [controller].keep_decisions_mb's megabyte
+# Decisions are pruned as soon as those recorded since the last prune take 1/PRUNE_PART of their size budget
+# ([controller].keep_decisions_mb), so they stay within the budget plus that part (and the newest decision).
+PRUNE_PART = 10
 # The reason a waiting job Slurm no longer lists is marked CANCELLED with: the tick's guess, not Slurm's word (a
 # job that ran while the controller was down, then was forgotten after MinJobAge, is gone too).
 NOT_IN_QUEUE = "no longer in Slurm's queue"
@@ -361,10 +365,15 @@ class Controller:
                 summary["requeued_unbound"] = self._requeue_unbound(jobs, now)
             self._update_gauges()
             self._ticks += 1
-            if self._ticks % 500 == 1:
-                c = self.cfg.controller
-                pruned = self.store.prune(keep_decisions=c.keep_decisions, keep_events=c.keep_events,
-                                          keep_journal_days=c.keep_journal_days, now=now)
+            c = self.cfg.controller
+            budget = int(c.keep_decisions_mb * MB)
+            # Every 500 ticks, and sooner when the decisions recorded since the last prune pass a tenth of
+            # their size budget: at a large site a decision is 1-3 MB and one may be recorded every tick
+            # (two with a shadow policy), so 500 ticks could add a gigabyte past the budget.
+            if self._ticks % 500 == 1 or self.store.decision_bytes_unpruned * PRUNE_PART >= budget:
+                pruned = self.store.prune(keep_decisions=c.keep_decisions, keep_decisions_bytes=budget,
+                                          keep_events=c.keep_events, keep_journal_days=c.keep_journal_days,
+                                          now=now)
                 if any(pruned.values()):
                     log.info("pruned old history: %s", pruned)
             self.metrics.observe("slurm_mig_tick_seconds", time.perf_counter() - t0,

@@ -84,6 +84,10 @@ DEFAULT_BUSY_TIMEOUT_S = 5.0
 #: (a Prolog binds within seconds; past this the controller's no-Prolog check takes over).
 UNBOUND_START_WINDOW_S = 120.0
 
+#: Store.prune deletes old decisions this many bytes of them per transaction, and at most so many per call.
+PRUNE_STEP_BYTES = 64 * 1024 * 1024
+PRUNE_MAX_BYTES = 256 * 1024 * 1024
+
 
 class StoreUnavailable(StoreError):
     """The database cannot be written for a reason of its own (disk full, I/O error, read-only, damaged file),
@@ -304,6 +308,11 @@ def _dumps_finite(value: Any) -> str:
         return dumps(_finite(value))
 
 
+def _utf8_len(text: str) -> int:
+    """The bytes ``text`` takes in the database (UTF-8); ``dumps`` writes ASCII, so mostly ``len``."""
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+
+
 def _row_job(r: dict) -> Job:
     return Job(
         job_id=r["job_id"], user=r["user"], name=r["name"], partition=r["partition"], profile=r["profile"],
@@ -405,6 +414,10 @@ class Store:
         self.busy_timeout_s = busy_timeout_s
         self._lock = _FairRLock()
         self._depth = 0
+        # Bytes of decisions this Store recorded since it last pruned them (Store.prune): the controller
+        # prunes early when they pass a part of [controller].keep_decisions_mb. A rolled-back decision is
+        # counted too (an early prune, no harm).
+        self.decision_bytes_unpruned = 0
         self._read_only = False
 
     # -- lifecycle -------------------------------------------------------------
@@ -1145,13 +1158,16 @@ class Store:
         if inputs is None:
             inputs = state_to_json(state) if state is not None else {}
         waiting = [[str(j), r] for j, r in decision.waiting]
+        texts = (_dumps_finite(inputs), _dumps_finite(decision_to_json(decision)), dumps(waiting))
+        size = sum(_utf8_len(x) for x in texts)
         with self.transaction():
             cur = self._x(
                 "INSERT INTO decisions (time, policy, version, shadow, inputs, action, reasons, latency_ms) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (t, decision.policy or "", decision.version or "", int(bool(shadow)), _dumps_finite(inputs),
-                 _dumps_finite(decision_to_json(decision)), dumps(waiting), latency_ms),
+                (t, decision.policy or "", decision.version or "", int(bool(shadow)), *texts, latency_ms),
             )
+            self._x("INSERT INTO decision_bytes (id, bytes) VALUES (?, ?)", (cur.lastrowid, size))
+            self.decision_bytes_unpruned += size
             if not shadow:
                 # One statement run for every job, in this order (a job both waiting and assigned ends with the
                 # assignment's reason), as the one statement per job it replaces.
@@ -1258,18 +1274,58 @@ class Store:
                                                      (int(limit),))]
 
     # -- events ----------------------------------------------------------------
-    def prune(self, *, keep_decisions: int = 50_000, keep_events: int = 200_000,
-              keep_journal_days: float = 30.0, now: float | None = None) -> dict[str, int]:
+    def prune(self, *, keep_decisions: int = 50_000, keep_decisions_bytes: int | None = None,
+              keep_events: int = 200_000, keep_journal_days: float = 30.0,
+              now: float | None = None) -> dict[str, int]:
         """Bound the history tables: the newest decisions/events by count, finished journal entries by age.
 
+        Decisions are also bound by size when ``keep_decisions_bytes`` is given: the oldest go until the
+        newest ones' inputs, action and reasons (as stored, table decision_bytes) fit in it; the newest one
+        is always kept, whatever its size. The sizes are read from decision_bytes, never from the JSON.
+        Deleting a decision reads its pages (SQLite frees them one by one, some 7 ms a MB), so they go
+        oldest first, PRUNE_STEP_BYTES per transaction (node requests get the lock in between), and at most
+        PRUNE_MAX_BYTES per call; what is left to go is then ``decision_bytes_unpruned``, and the controller
+        prunes again next tick when that is a tenth of its budget (the first prune of an upgraded database
+        that has grown to tens of GB).
         The record of handled node messages (node_messages) is kept as long as finished journal entries: a
         node re-sends a message within minutes, or when it is back from a failure.
         Jobs, bindings and outcomes are never pruned here (outcomes are training data).
         """
         cutoff = _now(now) - keep_journal_days * 86400
+        with self.snapshot():
+            last = self._x("SELECT MAX(id) FROM decisions").fetchone()[0] or 0
+            upto = last - int(keep_decisions)  # decisions with an id up to this go
+            if keep_decisions_bytes is not None:
+                # SQLite's integers are 64-bit: a budget past them keeps everything, as one just below does.
+                budget = min(max(int(keep_decisions_bytes), 0), 2 ** 62)
+                row = self._x(
+                    "SELECT MAX(id) FROM (SELECT id, SUM(bytes) OVER (ORDER BY id DESC) AS newer FROM decision_bytes) "
+                    "WHERE newer > ?", (budget,)).fetchone()
+                if row[0] is not None:
+                    upto = max(upto, min(int(row[0]), last - 1))  # the newest one stays
+            going = self._x("SELECT id, bytes FROM decision_bytes WHERE id <= ? ORDER BY id", (upto,)).fetchall()
+        # The steps: the last id each deletes. The final one takes any decision without a size, too.
+        ends, step, total, left = [], 0, 0, 0
+        for i, (did, size) in enumerate(going):
+            if total and total + size > PRUNE_MAX_BYTES:
+                left = sum(b for _, b in going[i:])
+                break
+            if step and step + size > PRUNE_STEP_BYTES:
+                ends.append(going[i - 1][0])
+                step = 0
+            step += size
+            total += size
+        else:
+            ends.append(upto)
+        if left:
+            ends.append(going[i - 1][0])
+        d = 0
+        for end_id in ends:
+            with self.transaction():
+                d += self._x("DELETE FROM decisions WHERE id <= ?", (end_id,)).rowcount
+                self._x("DELETE FROM decision_bytes WHERE id <= ?", (end_id,))
+        self.decision_bytes_unpruned = left
         with self.transaction():
-            d = self._x("DELETE FROM decisions WHERE id <= (SELECT MAX(id) FROM decisions) - ?",
-                        (int(keep_decisions),)).rowcount
             e = self._x("DELETE FROM events WHERE id <= (SELECT MAX(id) FROM events) - ?", (int(keep_events),)).rowcount
             j = self._x("DELETE FROM reconfig_journal WHERE finished_at IS NOT NULL AND finished_at < ?",
                         (cutoff,)).rowcount

@@ -287,6 +287,22 @@ CREATE TABLE node_messages (
 CREATE INDEX node_messages_time ON node_messages(handled_at);
 """
 
+_V7_DECISION_BYTES = """
+-- The size of each decision as stored (its inputs, action and reasons JSON, in bytes), for
+-- [controller].keep_decisions_mb: Store.prune keeps the newest decisions that fit the budget. A table
+-- of its own, not a column of decisions: a decision at a large site is over 1 MB, so a column there
+-- lies past the row's overflow pages (SQLite reads them all to reach it) and this step's UPDATE
+-- would rewrite every stored decision (the whole history again, in the WAL); here it reads each
+-- once. Written with its decision (Store.record_decision), deleted with it (Store.prune).
+CREATE TABLE decision_bytes (
+    id            INTEGER PRIMARY KEY,               -- decisions.id
+    bytes         INTEGER NOT NULL CHECK (bytes >= 0)
+);
+INSERT INTO decision_bytes (id, bytes)
+    SELECT id, length(CAST(inputs AS BLOB)) + length(CAST(action AS BLOB)) + length(CAST(reasons AS BLOB))
+    FROM decisions ORDER BY id;
+"""
+
 MIGRATIONS: tuple[Migration, ...] = (
     (1, "base tables", _V1_BASE),
     (2, "indexes for the controller tick; meta table", _V2_INDEXES_AND_META),
@@ -294,6 +310,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     (4, "outcomes: one per run of a job id (ids are reused); jobs.run", _V4_OUTCOME_RUNS),
     (5, "gpus.blocked: GPUs slurm-mig must leave as they are", _V5_BLOCKED_GPUS),
     (6, "node_messages: node messages handled, answered once", _V6_NODE_MESSAGES),
+    (7, "decision_bytes: each decision's stored size, for [controller].keep_decisions_mb", _V7_DECISION_BYTES),
 )
 
 LATEST_VERSION = MIGRATIONS[-1][0]
