@@ -172,7 +172,10 @@ def pinned_by(args) -> str:
 
         try:
             config_path = load_config(args.config).policy.model_path
-        except SlurmMigError:
+        except SlurmMigError as exc:
+            # Installing goes on (the store is not the config), but "not pinned" would be a guess.
+            print(f"slurm-mig: warning: cannot tell whether {args.config} pins the rl policy's model: {exc}",
+                  file=sys.stderr)
             config_path = ""
     return model_pin(config_path)
 

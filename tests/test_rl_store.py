@@ -204,6 +204,14 @@ def test_install_says_when_a_pin_keeps_the_controller_on_another_model(tmp_path,
     assert f"warning: [policy].model_path = {SHIPPED_MODEL} pins" in out.err
     assert PolicyStore().active() == "default"  # installing still happened
 
+    # A config it cannot read: said, not taken as "nothing pins the model" without a word.
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[policy]\nname = 3\n')
+    assert main(["--config", str(bad), "policy", "install", "v1"]) == 0
+    err = capsys.readouterr().err
+    assert f"warning: cannot tell whether {bad} pins the rl policy's model" in err and "[policy].name" in err
+    assert PolicyStore().active() == "v1"
+
     monkeypatch.setenv("SLURM_MIG_RL_MODEL", str(SHIPPED_MODEL))
     assert run_json(capsys, "policy", "install", "v1", "--json")["pinned_by"] == f"$SLURM_MIG_RL_MODEL={SHIPPED_MODEL}"
     assert main(["policy", "install", "v1"]) == 0
