@@ -1451,3 +1451,23 @@ def test_what_a_rolled_back_decision_after_withdrawing_said_once_is_said_by_the_
     rig.tick()
     assert [e.job_id for e in rig.store.recent_events(50) if e.kind == "conflict" and "not managed" in e.message
             ] == ["9"]
+
+
+def test_a_prolog_for_a_known_job_is_answered_within_the_nodes_request_timeout_when_slurm_is_slow(rig):
+    """Since 588cf26 the Prolog asks `squeue -j` for a job the store knows too, and waited for its answer as long
+    as squeue took: with slurmctld down, squeue gives up after some 18 s (measured with Slurm 22.05's squeue and
+    no slurmctld listening), with slurmctld swamped by a burst of job starts up to [slurm].command_timeout_s
+    (30 s). The node waits [node].request_timeout_s (5 s), retries once, and then takes its controller-down
+    path, while the controller, on its own, later bound the job from the store: a binding (and a re-carve) the
+    node never used. The stored request was quick before. Now Slurm's answer is awaited only for part of the
+    node's timeout; past it, the stored request is bound, as when no query slot is free (found in review)."""
+    rig.tick()  # job 1 (mig:3g:1) is in the store
+    rig.cfg = replace(rig.cfg, node=replace(rig.cfg.node, request_timeout_s=1.0))
+    rig.fake.delay = 3.0  # squeue -j takes this long (slurmctld not answering)
+    t0 = time.monotonic()
+    status, resp = post(rig, "/v1/prolog", {"job_id": "1", "node": "n1", "observed": OBSERVED, "bindings": {}})
+    took = time.monotonic() - t0
+    assert status == 200 and resp["action"] == "bind", resp
+    assert [i["profile"] for i in resp["instances"]] == ["3g.40gb"]
+    assert took < 1.0, f"answered after {took:.1f} s, past the node's 1 s request timeout"
+    assert rig.store.get_job("1").state == "RUNNING"

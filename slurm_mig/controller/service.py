@@ -1289,19 +1289,24 @@ class Controller:
     #: on the head node. Below runner.MAX_CONCURRENT, so the tick's own Slurm commands always find a slot.
     DETAIL_CONCURRENCY = 8
 
-    #: How long a Prolog for a job the store knows waits for a free Slurm query slot before it goes by the
-    #: store's record of the request (a job it does not know waits the full 10 s: it has nothing else).
+    #: How long a Prolog for a job the store knows waits for Slurm's record of it, a free query slot and the
+    #: answer together, before it goes by the store's record of the request; at most 2/5 of [node].
+    #: request_timeout_s, so the node has its answer before it gives up on the controller. (A job it does not
+    #: know waits up to 10 s for a slot, then for squeue: it has nothing else.)
     KNOWN_DETAIL_WAIT_S = 2.0
 
     def _slurm_detail(self, job_id: str, *, known_too: bool = False):
         """Slurm's record (SlurmClient.job_detail) of a job the store does not know yet (None if it does, unless
         ``known_too``, or if Slurm cannot be asked, within 10 s, for a free one of DETAIL_CONCURRENCY slots).
         Asked before the store's transaction: squeue may take up to its timeout, and other nodes' requests
-        wait on the lock."""
+        wait on the lock. For a job the store knows, None too when Slurm has not answered within
+        KNOWN_DETAIL_WAIT_S (:meth:`_known_detail`)."""
         known = self._known_request(job_id)
         if known and not known_too:
             return None
-        if not self._detail_slots.acquire(timeout=self.KNOWN_DETAIL_WAIT_S if known else 10.0):
+        if known:
+            return self._known_detail(job_id)
+        if not self._detail_slots.acquire(timeout=10.0):
             log.warning("job %s: %d Slurm job queries already running for node requests; not asked",
                         job_id, self.DETAIL_CONCURRENCY)
             return None
@@ -1309,6 +1314,37 @@ class Controller:
             return self.slurm.job_detail(job_id)
         finally:
             self._detail_slots.release()
+
+    def _known_detail(self, job_id: str):
+        """Slurm's record of ``job_id``, whose request the store knows, or None when it is not had within
+        KNOWN_DETAIL_WAIT_S (and 2/5 of [node].request_timeout_s): the Prolog then binds the stored request.
+        squeue runs in a thread of its own that keeps its query slot until squeue ends (within [slurm].
+        command_timeout_s); waited for without a bound, a slurmctld that was down (squeue gives up after
+        some 18 s) or swamped made every Prolog outlast the node's request timeout: the node took its
+        controller-down path while the controller bound the job anyway, from the store, later."""
+        deadline = time.monotonic() + min(self.KNOWN_DETAIL_WAIT_S, 0.4 * self.cfg.node.request_timeout_s)
+        if not self._detail_slots.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            log.warning("job %s: %d Slurm job queries already running for node requests; not asked, its stored "
+                        "request is bound", job_id, self.DETAIL_CONCURRENCY)
+            return None
+        answer: list = []
+        done = threading.Event()
+
+        def ask() -> None:
+            try:
+                answer.append(self.slurm.job_detail(job_id))
+            except Exception:  # a query answers None when Slurm cannot say; anything else is logged here
+                log.exception("job %s: asking Slurm for its record failed", job_id)
+            finally:
+                self._detail_slots.release()
+                done.set()
+
+        threading.Thread(target=ask, name=f"squeue-{job_id}", daemon=True).start()
+        if not done.wait(max(0.0, deadline - time.monotonic())):
+            log.warning("job %s: Slurm did not describe it within %.1f s; its stored request is bound", job_id,
+                        min(self.KNOWN_DETAIL_WAIT_S, 0.4 * self.cfg.node.request_timeout_s))
+            return None
+        return answer[0] if answer else None
 
     def _known_request(self, job_id: str) -> bool:
         """Does the store know what ``job_id`` asks for (a MIG request a tick or a Prolog recorded)?"""
