@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -192,3 +193,29 @@ def test_a_binding_the_node_made_alone_on_the_unknown_models_gpu_is_adopted_from
         (1, "3g.256gb", 0, "MIG-1a")]
     assert not any(e.kind == "conflict" for e in rig.store.recent_events(20))
     assert rig.store.get_job("5").state == "RUNNING"
+
+
+def test_a_node_whose_gpus_it_names_no_model_for_is_not_left_advertising_their_idle_instances(rig):
+    """'NVIDIA H20 HBM3e' (a 141 GB H20) got the 96 GB H20's table until 555c03e: its node reported it as that
+    model, blocked (the driver's profiles differ from the table), and the controller told Slurm of the instances
+    jobs held there and no idle one. An upgraded node names no model for it (reports it with its instances,
+    taken since d1464e6). Such a GPU was left out of the node's GPU count (_pad_gpus: 'a display GPU'), so on a
+    node of only such GPUs the controller wrote no counts at all: slurm.conf's mix, put back by any slurmd
+    registration or slurmctld restart, advertised every idle instance, Slurm started jobs there, and each
+    Prolog found nothing it may bind and requeued the job, again and again (found in review). A GPU its node
+    names no model for but that holds MIG instances is a MIG GPU slurm.conf counts: now its slices are padding,
+    as for a named model this controller does not know."""
+    nameless = {**NEWER, "index": 0, "uuid": "GPU-0", "model": None, "name": "NVIDIA H20 HBM3e",
+                "instances": [{"profile": "1g.18gb", "start": s, "uuid": f"MIG-{s}", "in_use": s == 0}
+                              for s in range(7)]}
+    rig.slurm.queue = [replace(rig.slurm.queue[0], mig={"1g": 1}, tres_per_node="gres:mig:1g:1")]
+    rig.slurm.nodes = lambda: [SlurmNode(name="n1", state="mixed", gres={"1g": 7, "pad": 0}, gres_used={"1g": 1})]
+    bindings = {"5": [{"gpu": 0, "profile": "1g.18gb", "start": 0, "uuid": "MIG-0"}]}
+    rig.tick()
+    _report(rig, gpus=(nameless,), bindings=bindings)
+    rig.clock.t += 5
+    rig.tick()
+    assert rig.slurm.gres_writes, "Slurm was left advertising the blocked GPU's 6 idle 1g"
+    node, counts, pad_to = rig.slurm.gres_writes[-1]
+    assert counts.get("1g", 0) <= 1 and pad_to == 7, rig.slurm.gres_writes[-1]
+    assert {i.start for i in rig.store.observed_instances("n1", 0)} == set(range(7))  # nothing destroyed

@@ -991,8 +991,14 @@ class Controller:
         model, but a UUID: a display GPU, a part outside the node's tables) is left out, as slurm.conf leaves it;
         a lost one reports neither. One the node names a model for that this controller's tables do not list (a
         newer node's, during a rolling upgrade) is counted: slurm.conf counts it for the node's slurm-mig, and
-        its 7 are padding until the controller knows it (intended_layouts leaves it out)."""
-        return max(len(layouts), len([g for g in self.store.observed_gpus(node) if g.model or not g.uuid]))
+        its 7 are padding until the controller knows it (intended_layouts leaves it out). So is one it names no
+        model for that holds MIG instances (a part its own tables do not list, such as 'H20 HBM3e' since
+        555c03e): a MIG GPU, not a display one; left out, a node of only such GPUs counted none, got no counts
+        written at all, and Slurm went on advertising their idle instances (slurm.conf's mix, after any
+        registration), starting jobs there that every Prolog requeued."""
+        carved = {i.gpu for i in self.store.observed_instances(node)}
+        return max(len(layouts), len([g for g in self.store.observed_gpus(node)
+                                      if g.model or not g.uuid or g.gpu in carved]))
 
     def expected_gres(self, node: str) -> dict[str, int] | None:
         """GRES type -> instances the node's intended layouts hold; None when it has no MIG GPU."""
