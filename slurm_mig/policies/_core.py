@@ -545,6 +545,12 @@ class Ctx:
         self.denied: set[int] | None = None
         self._touched_ok: dict[tuple[str, int], list[int]] = {}  # touched nodes that could hold (key, count)
         self._touched_cap: dict[str, set[int]] = {}  # touched GPUs that could hold one x key
+        # What a policy derived in this decision from GPU g as info(g) has it (gpu_memo[g]), or from node n's
+        # GPUs (node_memo[n]): a job placed on g changes both, so commit() drops the entries of the GPUs and
+        # nodes it changes. The frag-aware walk re-scores every GPU this decision changed for each job it
+        # places; the memo spares it re-deriving what only a change to that GPU or node can alter.
+        self.gpu_memo: dict[int, dict] = {}
+        self.node_memo: dict[int, object] = {}
 
     def allows(self, gidx: int) -> bool:
         """May the job being placed start on GPU ``gidx``'s node?"""
@@ -583,9 +589,13 @@ class Ctx:
 
     def commit(self, local: dict[int, GpuInfo]) -> None:
         nodes = set()
+        gpu_memo = self.gpu_memo
         for g, w in local.items():
             self.work[g] = w
             nodes.add(w.node)
+            gpu_memo.pop(g, None)
+        for n in nodes:
+            self.node_memo.pop(n, None)
         self.touched_nodes |= nodes
         carve = self.idx.carve
         for key, have in self._touched_cap.items():

@@ -187,17 +187,28 @@ class FragAwarePolicy(DispatchPolicy):
         """A candidate's score (lower is better) and its parts: (total, fragmentation loss,
         end-time term, node term, postponement of the GPU's last end, of the node's last end,
         create/destroy steps). The rl policy's features are these parts."""
-        node_idle, node_size, node_free, node_end = node
-        C = info.t.compute
         loss = self._frag_loss(info, pi.mask(start), pi.compute, pi)
-        now = ctx.now
-        # Demand for what the rest of this GPU can no longer offer (big profiles) ...
-        free_after = C - info.locked_compute - pi.compute
+        t_cost, n_cost, ext, node_ext = self._end_terms(ctx, info, self._big(info, pi), end, node)
+        total = loss + t_cost + n_cost + self.w_reconf * steps
+        return (total, loss, t_cost, n_cost, ext, node_ext, steps)
+
+    def _big(self, info: GpuInfo, pi: PInfo) -> float:
+        """Demand for what the rest of this GPU can no longer offer (big profiles) once ``pi`` is placed."""
+        free_after = info.t.compute - info.locked_compute - pi.compute
         big = 0.0
         for q, wq in self._wlist(info):
             if q.compute > free_after:
                 big += wq
-        # ... is held back until this GPU's last job ends: align end times.
+        return big
+
+    def _end_terms(self, ctx: Ctx, info: GpuInfo, big: float, end: float,
+                   node: tuple[int, int, float, float]) -> tuple[float, float, float, float]:
+        """The parts of a score that depend on the job's end time: (end-time term, node term, postponement
+        of the GPU's last end, of the node's last end). The same for every place on one GPU."""
+        node_idle, node_size, node_free, node_end = node
+        C = info.t.compute
+        now = ctx.now
+        # The demand for big profiles (``big``) is held back until this GPU's last job ends: align end times.
         ext = self._ext(end, info.busy_end, now)
         t_cost = self.w_time * big * C * ext
         # Multi-GPU jobs need a whole node: align end times per node, and keep idle nodes idle.
@@ -210,34 +221,61 @@ class FragAwarePolicy(DispatchPolicy):
                 n_cost += self.w_node * multi * C * node_idle / max(node_size, 1)
         # Node best fit: fill busy nodes first.
         n_cost += self.w_pack * C * node_free
-        total = loss + t_cost + n_cost + self.w_reconf * steps
-        return (total, loss, t_cost, n_cost, ext, node_ext, steps)
+        return t_cost, n_cost, ext, node_ext
+
+    def _offers(self, ctx: Ctx, g: int, info: GpuInfo, pi: PInfo, memo: bool) -> tuple[float, list]:
+        """Every place GPU g (as ``info``) offers one ``pi``, with what its score owes to that place alone:
+        (demand for big profiles, [(memory-slice mask, 0 free / 1 carve, slot, CarveOption | None,
+        fragmentation loss, create/destroy steps)]), the existing free instances first, then the carves at
+        the other starts. A carve at a free instance's start is left out: the free instance is the same
+        place for fewer steps, and where the reservations rule that instance out they rule out the carve.
+
+        With ``memo`` (``info`` is ``ctx.info(g)``, not a node search's working copy) it is kept in
+        ``ctx.gpu_memo`` until a job is placed on g: the large-cluster walk scores every GPU this decision
+        changed again for each job, and the carve options and fragmentation losses were most of that.
+        """
+        if memo:
+            per_gpu = ctx.gpu_memo.get(g)
+            if per_gpu is None:
+                per_gpu = ctx.gpu_memo[g] = {}
+            got = per_gpu.get(pi)
+            if got is not None:
+                return got
+        offers = []
+        seen = set()
+        for slot in info.free.get(pi.name, ()):
+            m = pi.mask(slot.start)
+            offers.append((m, 0, slot, None, self._frag_loss(info, m, pi.compute, pi), 0))
+            seen.add(slot.start)
+        if ctx.idx.carve:
+            for opt in carve_memo(info.layout, pi.name, frozenset(info.locked)):
+                st = opt.slot.start
+                if st in seen:
+                    continue
+                m = pi.mask(st)
+                offers.append((m, 1, opt.slot, opt, self._frag_loss(info, m, pi.compute, pi), 1 + len(opt.destroyed)))
+        got = (self._big(info, pi), offers)
+        if memo:
+            per_gpu[pi] = got
+        return got
 
     def _options(self, ctx: Ctx, g: int, info: GpuInfo, pi: PInfo, end: float,
-                 node: tuple[int, int, float, float], out: list, conflicted: list) -> None:
-        free = info.free.get(pi.name, ())
-        seen = set()
-        for slot in free:
-            if ctx.reservations and ctx.conflicts(g, pi.mask(slot.start), end):
-                conflicted[0] = True
-                continue
-            seen.add(slot.start)
-            sc = self._score(ctx, info, pi, slot.start, end, node, 0)
-            out.append((sc, ctx.idx.rank[g], 0, g, slot, None))
-        if not ctx.idx.carve:
+                 node: tuple[int, int, float, float], out: list, conflicted: list, memo: bool = True) -> None:
+        """Append (score, GPU rank, 0 free / 1 carve, g, slot, CarveOption | None) for each place on g that
+        breaks no reservation; ``memo``: see _offers."""
+        big, offers = self._offers(ctx, g, info, pi, memo)
+        if not offers:
             return
-        starts = None
-        for opt in carve_memo(info.layout, pi.name, frozenset(info.locked)):
-            st = opt.slot.start
-            if st in seen:
-                continue
-            if ctx.reservations and ctx.conflicts(g, pi.mask(st), end):
+        t_cost, n_cost, _, _ = self._end_terms(ctx, info, big, end, node)
+        w_reconf = self.w_reconf
+        rank = ctx.idx.rank[g]
+        check = bool(ctx.reservations)
+        for mask, kind, slot, opt, loss, steps in offers:
+            if check and ctx.conflicts(g, mask, end):
                 conflicted[0] = True
                 continue
-            if starts is None:
-                starts = True
-            sc = self._score(ctx, info, pi, st, end, node, 1 + len(opt.destroyed))
-            out.append((sc, ctx.idx.rank[g], 1, g, opt.slot, opt))
+            # score_terms' total, term for term
+            out.append((loss + t_cost + n_cost + w_reconf * steps, rank, kind, g, slot, opt))
 
     def _order_groups(self, idx, key: str, groups: dict) -> list[tuple[float, tuple]]:
         """(lower bound of any score in the group, sig), ascending: the fragmentation part alone."""
@@ -311,7 +349,17 @@ class FragAwarePolicy(DispatchPolicy):
         return sorted(g for n in allowed & ctx.touched_nodes for g in node_gpus[n] if g in got)
 
     def _node(self, ctx: Ctx, node: int, local: dict | None = None) -> tuple[int, int, float, float]:
-        """(idle GPUs, GPUs, share of compute slices not locked, when its last job ends) of a node."""
+        """(idle GPUs, GPUs, share of compute slices not locked, when its last job ends) of a node; kept in
+        ctx.node_memo until a job is placed there (not with ``local``, a node search's working copies)."""
+        if not local:
+            got = ctx.node_memo.get(node)
+            if got is None:
+                got = ctx.node_memo[node] = self._node_stats(ctx, node, None)
+            return got
+        return self._node_stats(ctx, node, local)
+
+    @staticmethod
+    def _node_stats(ctx: Ctx, node: int, local: dict | None) -> tuple[int, int, float, float]:
         idle = 0
         free = cap = 0
         last = -INF
@@ -333,7 +381,6 @@ class FragAwarePolicy(DispatchPolicy):
         conflicted = [False]
         if job.count == 1:
             best = None
-            node_cache: dict[int, tuple[int, int, float, float]] = {}
 
             def consider(g: int, info: GpuInfo) -> bool:
                 """Score g's options; whether it had any (a GPU held by a reservation has none)."""
@@ -341,12 +388,8 @@ class FragAwarePolicy(DispatchPolicy):
                 pi = info.t.resolve(key)
                 if pi is None or not info.avail or not ctx.allows(g):
                     return False
-                nd = info.node
-                ns = node_cache.get(nd)
-                if ns is None:
-                    ns = node_cache[nd] = self._node(ctx, nd)
                 opts: list = []
-                self._options(ctx, g, info, pi, end, ns, opts, conflicted)
+                self._options(ctx, g, info, pi, end, self._node(ctx, info.node), opts, conflicted)
                 for o in opts:
                     if best is None or o[:3] < best[:3]:
                         best = o
@@ -402,7 +445,7 @@ class FragAwarePolicy(DispatchPolicy):
                     if pi is None or not info.avail or info.cap(pi, idx.carve) == 0:
                         continue
                     opts: list = []
-                    self._options(ctx, g, info, pi, end, ns, opts, conflicted)
+                    self._options(ctx, g, info, pi, end, ns, opts, conflicted, memo=g not in local)
                     for o in opts:
                         if best is None or o[:3] < best[:3]:
                             best = o

@@ -54,7 +54,7 @@ from typing import Callable
 
 from slurm_mig.config import MAX_HOLD_H  # 30 days: the longest guard option, and [policy].rl_max_hold_h's bound
 from slurm_mig.errors import ConfigError, SlurmMigError
-from slurm_mig.policies._core import CONFLICT, INF, NO_ROOM, PLACED, Ctx, GpuInfo, carve_memo
+from slurm_mig.policies._core import CONFLICT, INF, NO_ROOM, PLACED, Ctx, GpuInfo
 from slurm_mig.policies.base import ClusterState, Decision, PendingJob
 from slurm_mig.policies.frag_aware import SIZES, FragAwarePolicy
 
@@ -720,7 +720,6 @@ class RLPolicy(FragAwarePolicy):
         key = job.profile
         conflicted = [False]
         out: list = []
-        node_cache: dict[int, tuple] = {}
         K = self.max_candidates
 
         def consider(g: int, info: GpuInfo) -> bool:
@@ -728,12 +727,8 @@ class RLPolicy(FragAwarePolicy):
             pi = info.t.resolve(key)
             if pi is None or not info.avail or not ctx.allows(g):
                 return False
-            nd = info.node
-            ns = node_cache.get(nd)
-            if ns is None:
-                ns = node_cache[nd] = self._node(ctx, nd)
             before = len(out)
-            self._scored_options(ctx, g, info, pi, end, ns, out, conflicted)
+            self._scored_options(ctx, g, info, pi, end, self._node(ctx, info.node), out, conflicted)
             return len(out) > before
 
         ki = idx.key(key)
@@ -766,28 +761,22 @@ class RLPolicy(FragAwarePolicy):
 
     def _scored_options(self, ctx: Ctx, g: int, info: GpuInfo, pi, end: float, node: tuple,
                         out: list, conflicted: list) -> None:
-        seen = set()
-        rank = ctx.idx.rank[g]
-        seq = 0  # enumeration order on this GPU: breaks exact ties as frag-aware does, whatever the set order
-        for slot in info.free.get(pi.name, ()):
-            if ctx.reservations and ctx.conflicts(g, pi.mask(slot.start), end):
-                conflicted[0] = True
-                continue
-            seen.add(slot.start)
-            parts = self.score_terms(ctx, info, pi, slot.start, end, node, 0)
-            out.append((parts[0], rank, 0, seq, g, slot, None, parts, node))
-            seq += 1
-        if not ctx.idx.carve:
+        """frag-aware's places on g (its _offers, kept for the decision until g changes) with score_terms'
+        parts, term for term."""
+        big, offers = self._offers(ctx, g, info, pi, True)
+        if not offers:
             return
-        for opt in carve_memo(info.layout, pi.name, frozenset(info.locked)):
-            st = opt.slot.start
-            if st in seen:
-                continue
-            if ctx.reservations and ctx.conflicts(g, pi.mask(st), end):
+        t_cost, n_cost, ext, node_ext = self._end_terms(ctx, info, big, end, node)
+        w_reconf = self.w_reconf
+        rank = ctx.idx.rank[g]
+        check = bool(ctx.reservations)
+        seq = 0  # enumeration order on this GPU: breaks exact ties as frag-aware does, whatever the set order
+        for mask, kind, slot, opt, loss, steps in offers:
+            if check and ctx.conflicts(g, mask, end):
                 conflicted[0] = True
                 continue
-            parts = self.score_terms(ctx, info, pi, st, end, node, 1 + len(opt.destroyed))
-            out.append((parts[0], rank, 1, seq, g, opt.slot, opt, parts, node))
+            parts = (loss + t_cost + n_cost + w_reconf * steps, loss, t_cost, n_cost, ext, node_ext, steps)
+            out.append((parts[0], rank, kind, seq, g, slot, opt, parts, node))
             seq += 1
 
     def features(self, ctx: Ctx, job: PendingJob, end: float, options: list) -> list[list[float]]:
@@ -819,14 +808,13 @@ class RLPolicy(FragAwarePolicy):
                 left = 0.0
             else:
                 left = min(6.0, math.log1p((be - now) / 3600.0))
-            caps = []
-            for k in SIZES:
-                q = info.t.resolve(k)
-                if q is None:
-                    caps.append(0.0)
-                    continue
-                room = q.max_count - info.same.get(q.name, 0) - (1 if q is pi else 0)
-                caps.append(len(q.pack(mask, info.t.compute - comp, room)) / max(q.max_count, 1))
+            # depends on the GPU and the place alone: kept with the GPU's other facts until a job is placed there
+            per_gpu = ctx.gpu_memo.get(g)
+            if per_gpu is None:
+                per_gpu = ctx.gpu_memo[g] = {}
+            caps = per_gpu.get((pi, slot.start))
+            if caps is None:
+                caps = per_gpu[(pi, slot.start)] = self._caps_after(info, pi, mask, comp)
             rows.append(context + [
                 1.0 if opt is None else 0.0,
                 steps / 8.0,
@@ -854,6 +842,19 @@ class RLPolicy(FragAwarePolicy):
                 *tail,
             ])
         return rows
+
+    @staticmethod
+    def _caps_after(info: GpuInfo, pi, mask: int, comp: int) -> list[float]:
+        """cap_after_* of a place on ``info`` (memory-slice mask and compute slices locked after it)."""
+        caps = []
+        for k in SIZES:
+            q = info.t.resolve(k)
+            if q is None:
+                caps.append(0.0)
+                continue
+            room = q.max_count - info.same.get(q.name, 0) - (1 if q is pi else 0)
+            caps.append(len(q.pack(mask, info.t.compute - comp, room)) / max(q.max_count, 1))
+        return caps
 
     def place(self, ctx: Ctx, job: PendingJob, end: float):
         if job.count != 1 or not self._network_places:  # several instances: frag-aware's node search
