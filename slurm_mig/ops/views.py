@@ -26,6 +26,7 @@ from slurm_mig.errors import SlurmMigError, StoreError
 from slurm_mig.mig.layout import Layout, Slot
 from slurm_mig.mig.profiles import GpuModel, get_model
 from slurm_mig.slurm.parsers import format_exit_status
+from slurm_mig.store.db import finite
 
 LIVE_JOB_STATES = ("PENDING", "REQUEUED", "RUNNING", "SUSPENDED", "COMPLETING")
 RUNNING_STATES = ("RUNNING", "SUSPENDED", "COMPLETING")
@@ -1191,14 +1192,6 @@ def to_json(value: Any) -> str:
     """``value`` as standard JSON for the ``--json`` outputs: a time or figure that is not a finite number (an
     infinite time stored by hand or by a bad clock) is null, since Python's ``Infinity``/``NaN`` are not JSON
     and strict parsers (jq, JavaScript) refuse the whole document."""
-    return json.dumps(_finite(value), indent=2, sort_keys=False, default=str, allow_nan=False)
+    return json.dumps(finite(value), indent=2, sort_keys=False, default=str, allow_nan=False)
 
 
-def _finite(value: Any) -> Any:
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
-    return value

@@ -287,25 +287,25 @@ def _now(now: float | None) -> float:
     return time.time() if now is None else float(now)
 
 
-def _finite(value: Any) -> Any:
+def finite(value: Any) -> Any:
     """``value`` (JSON-ready) with every infinite or NaN float as None: JSON cannot hold them, and a policy may
     well say "never" (frag-aware reserves a GPU until ``inf`` behind jobs without a time limit)."""
     if isinstance(value, float):
         return value if math.isfinite(value) else None
     if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
+        return {k: finite(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
+        return [finite(v) for v in value]
     return value
 
 
 def _dumps_finite(value: Any) -> str:
-    """``dumps(_finite(value))``, walking ``value`` only when JSON refuses one of its floats: a decision's
+    """``dumps(finite(value))``, walking ``value`` only when JSON refuses one of its floats: a decision's
     inputs at 10,000 queued jobs are some 100,000 values, and most hold no infinite or NaN float."""
     try:
         return dumps(value)
     except ValueError:
-        return dumps(_finite(value))
+        return dumps(finite(value))
 
 
 def _utf8_len(text: str) -> int:
