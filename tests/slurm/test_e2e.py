@@ -399,3 +399,40 @@ def test_a_job_is_carved_for_only_on_nodes_slurm_may_start_it_on(demo):
         assert all(store.get_job(j).state == "COMPLETED" for j in (unlimited, short))
     finally:
         store.close()
+
+
+def test_a_request_updated_while_pending_is_bound_as_slurm_allocated_it(demo):
+    """`scontrol update JobId=N Gres=...` on a pending job, then its start before a tick saw the update: the
+    Prolog bound the request the last tick had stored (two 1g for a job Slurm counted one), taking a slice
+    Slurm gives to the next job. Held jobs are updated and released together, so that some start within the
+    tick (1 s here) that follows; each must see exactly the instances Slurm allocated."""
+    env = demo.env()
+    out = demo.state / "jobs"
+    out.mkdir(exist_ok=True)
+    script = 'echo "CVD=$CUDA_VISIBLE_DEVICES"; echo "MIG=$SLURM_MIG_INSTANCES"; sleep 2'
+    ids = []
+    for i in range(3):
+        res = subprocess.run(["sbatch", "--parsable", "-H", "--gres=mig:1g:2", f"--job-name=upd{i}",
+                              f"--output={out}/%j.out", "--wrap", script], env=env, capture_output=True,
+                             text=True, timeout=30)
+        assert res.returncode == 0, res.stderr
+        ids.append(res.stdout.strip().split(";")[0])
+    store = demo.store()
+    deadline = time.monotonic() + 20
+    while not all(store.get_job(j) is not None and store.get_job(j).count == 2 for j in ids):
+        assert time.monotonic() < deadline, "the controller never stored the held jobs"
+        time.sleep(0.2)
+    for j in ids:
+        res = subprocess.run(["scontrol", "update", f"JobId={j}", "Gres=mig:1g:1"], env=env, capture_output=True,
+                             text=True, timeout=30)
+        assert res.returncode == 0, res.stderr
+    res = subprocess.run(["scontrol", "release", *ids], env=env, capture_output=True, text=True, timeout=30)
+    assert res.returncode == 0, res.stderr
+    assert demo.wait_jobs(ids, timeout=120)
+    for j in ids:
+        text = demo.job_output(j)
+        cvd = next((l[4:] for l in text.splitlines() if l.startswith("CVD=")), "")
+        assert len([u for u in cvd.split(",") if u]) == 1, (j, text)
+        assert [(b.profile.split(".")[0]) for b in demo.store().bound_instances(j)] in ([], ["1g"]), j
+        outcome = next(o for o in demo.store().outcomes() if o.job_id == j)
+        assert outcome.count == 1 and outcome.state == "COMPLETED", outcome
