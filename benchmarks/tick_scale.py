@@ -80,12 +80,12 @@ SCONTROL_NODE = """NodeName={name} Arch=x86_64 CoresPerSocket=32
    NodeAddr=10.0.0.1 NodeHostName={name} Port=6818 Version=22.05.8
    OS=Linux 6.1.0 #1 SMP PREEMPT_DYNAMIC
    RealMemory=1000000 AllocMem=0 FreeMem=900000 Sockets=2 Boards=1
-   State=MIXED ThreadsPerCore=1 TmpDisk=0 Weight=1 Owner=N/A MCS_label=N/A
+   State={state} ThreadsPerCore=1 TmpDisk=0 Weight=1 Owner=N/A MCS_label=N/A
    Partitions=gpu
    BootTime=2026-11-21T10:20:48 SlurmdStartTime=2026-11-21T10:31:57
    LastBusyTime=2026-11-21T10:31:57
    CfgTRES=cpu=128,mem=1000000M,billing=128
-   AllocTRES=cpu={alloc}
+   AllocTRES={alloc_tres}
    CapWatts=n/a
    CurrentWatts=0 AveWatts=0
    ExtSensorsJoules=n/s ExtSensorsWatts=0 ExtSensorsTemp=n/s
@@ -112,6 +112,7 @@ class Site:
         # Spread the running jobs over the site: every k-th instance.
         step = len(slots) / running if running else 0
         self.jobs: list[dict] = []
+        self._cores: dict[str, int] = {}
         job_id = 1000
         for r in range(running):
             name, gi, k = slots[int(r * step)]
@@ -153,9 +154,15 @@ class Site:
                  name=f"job{job_id}", submit_time=int(self.now) - 3600 + job_id % 3000,
                  user_name=f"user{job_id % 40}", user_id=1000 + job_id % 40)
         if state == "RUNNING":
+            # the core: the node's running jobs in turn (each asks for one CPU)
+            core = self._cores[node] = self._cores.get(node, -1) + 1
             j.update(nodes=node, batch_host=node, start_time=int(self.now) - 600, state_reason="None",
                      flags=["JOB_WAS_RUNNING"], time_limit=600, end_time=int(self.now) - 600 + 36000,
-                     gres_detail=[f"mig:{kind}(CNT:1)"], tres_alloc_str="cpu=1,node=1,billing=1")
+                     gres_detail=[f"mig:{kind}(CNT:1)"], tres_alloc_str="cpu=1,node=1,billing=1",
+                     billable_tres=1.0, job_resources={
+                         "nodes": node, "allocated_cores": 1, "allocated_hosts": 1, "allocated_nodes": [{
+                             "sockets": {str(core // 32): {"cores": {str(core % 32): "allocated"}}},
+                             "nodename": node, "cpus_used": 0, "memory_used": 0, "memory_allocated": 0}]})
         else:
             j.update(state_reason="Resources" if priority % 4 == 0 else "Priority")
         if array:
@@ -178,9 +185,11 @@ class Site:
                         if j is not None:
                             used[KIND[p]] += 1
                 alloc = sum(used.values())
+                used[PAD_TYPE] = 0  # listed as configured, as 22.05 prints it (tests/test_controller_gres_events.py)
                 n.update(name=name, hostname=name, gres=self._gres_text(name),
                          gres_used=",".join(f"mig:{t}:{c}" for t, c in used.items()),
-                         alloc_cpus=alloc, idle_cpus=128 - alloc, tres_used=f"cpu={alloc}" if alloc else None)
+                         state="mixed" if alloc else "idle", alloc_cpus=alloc, idle_cpus=128 - alloc,
+                         tres_used=f"cpu={alloc}" if alloc else None, tres_weighted=float(alloc))
                 nodes.append(n)
             self._sinfo = json.dumps({"meta": META, "errors": [], "nodes": nodes}, indent=2)
         return self._sinfo
@@ -189,7 +198,9 @@ class Site:
         return ",".join(f"mig:{t}:{c}" for t, c in self.gres[name].items())
 
     def scontrol_node(self, name: str) -> str:
-        return SCONTROL_NODE.format(name=name, gres=self._gres_text(name), alloc=0)
+        alloc = sum(1 for gi in range(GPUS_PER_NODE) for _p, _s, j in self.gpus[(name, gi)] if j is not None)
+        return SCONTROL_NODE.format(name=name, gres=self._gres_text(name), alloc=alloc,
+                                    alloc_tres=f"cpu={alloc}" if alloc else "", state="MIXED" if alloc else "IDLE")
 
     def set_gres(self, name: str, value: str) -> None:
         counts = {}
