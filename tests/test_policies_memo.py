@@ -5,6 +5,7 @@ code (score_terms per place, carve options and node stats recomputed each time).
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -157,3 +158,75 @@ def test_rl_memo_gives_fresh_features_and_choices(nodes, jobs):
         assert len({row[node_free] for _, rows, _ in a for row in rows}) > 1
         assert a == b
         assert got == want
+
+
+A100 = get_model("A100-40GB")
+A30 = get_model("A30-24GB")
+MIXED_LAYOUTS = {m.name: [Layout.empty(m)] + enumerate_maximal_layouts(m) for m in (H100, A100, A30)}
+
+
+def _mixed_state(seed: int) -> ClusterState:
+    """Everything else that could change what a GPU or node offers within one decision: mixed models and
+    profile names resolving to other profiles, unavailable nodes, instances being reconfigured, jobs without a
+    time limit or past it, jobs restricted to some nodes, counted CPUs (--exclusive too), and old jobs, so that
+    blocked jobs take reservations (and rl's guard holds them)."""
+    rng = random.Random(seed)
+    now = 100_000.0
+    names = [f"n{n:02d}" for n in range(rng.choice([3, 6, 12]))]
+    gpus = []
+    for name in names:
+        model = rng.choice((H100, H100, A100, A30))
+        avail = rng.random() > 0.1
+        for i in range(rng.choice([1, 4, 8])):
+            lay = rng.choice(MIXED_LAYOUTS[model.name])
+            busy = frozenset(s for s in lay.slots if rng.random() < 0.4)
+            reconf = frozenset(s for s in lay.slots - busy if rng.random() < 0.05)
+            until = tuple((s, rng.choice([now - 50, now + 600.0, now + 3600.0, now + 86400.0, math.inf]))
+                          for s in sorted(busy) if rng.random() < 0.9)
+            gpus.append(GpuState(name, i, model, lay, busy, reconf, until, avail))
+    pending = []
+    for j in range(rng.choice([40, 120])):
+        multi = rng.random() < 0.15
+        cpus = rng.choice([None, 1, 16, 32]) if rng.random() < 0.5 else None
+        pending.append(PendingJob(
+            str(j), rng.choice(["1g", "2g", "3g", "7g"] if multi else ["1g", "1g.dm", "1g+me", "2g", "3g", "4g", "7g"]),
+            rng.randint(2, 5) if multi else 1,
+            submit_time=now - rng.choice([10.0, 3600.0, 6 * 3600.0, 86400.0]),
+            time_limit_s=rng.choice([None, 60.0, 900.0, 3600.0, 3 * 86400.0]),
+            nodes=tuple(sorted(rng.sample(names, len(names) // 3 or 1))) if rng.random() < 0.2 else None,
+            cpus=cpus, exclusive=cpus is not None and rng.random() < 0.1))
+    free_cpus = tuple((n, rng.choice([0, 8, 32, 64])) for n in names) if rng.random() < 0.6 else None
+    return ClusterState(now, tuple(gpus), tuple(pending), free_cpus)
+
+
+def test_memo_decides_as_fresh_scoring_with_reservations_cpus_restrictions_and_mixed_models():
+    """The large-cluster walk on a small cluster (exact_limit 4), several reservations, rl's guard holding
+    them, its network skipping some: every decision, feature row and guard row as computed afresh."""
+    def chooser(seen):
+        def pick(c: Choice) -> int:
+            seen.append((c.job.job_id, c.features, [repr(o[:7]) if len(o) > 2 else o[0] for o in c.options]))
+            return int(abs(sum(sum(r) for r in c.features)) * 1000) % len(c.options)
+        return pick
+
+    def guard(seen):
+        def hours(row):
+            seen.append(row)
+            return (0.0, 1.0, 48.0)[int(abs(sum(row)) * 100) % 3]
+        return hours
+
+    reserved = 0
+    for seed in range(24):
+        state = _mixed_state(seed)
+        kw = dict(exact_limit=(4, 256)[seed % 2], group_width=1 + seed % 3, reservations=3, reserve_share=1.0,
+                  reserve_min_age_s=(0.0, 4 * 3600.0)[seed // 2 % 2])
+        got, want = FragAwarePolicy(**kw).decide(state), FreshFragAware(**kw).decide(state)
+        check_decision(state, got)
+        assert got == want and got.extra == want.extra, seed
+        reserved += len(got.extra["reservations"])
+        a, b, ga, gb = [], [], [], []
+        got = RLPolicy(chooser=chooser(a), guard_chooser=guard(ga), reserve_guard_s=3 * 3600.0, **kw).decide(state)
+        want = FreshRL(chooser=chooser(b), guard_chooser=guard(gb), reserve_guard_s=3 * 3600.0, **kw).decide(state)
+        check_decision(state, got)
+        assert (a, ga) == (b, gb), seed
+        assert got == want and got.extra == want.extra, seed
+    assert reserved > 24
