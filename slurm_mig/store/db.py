@@ -870,7 +870,7 @@ class Store:
         asks for every waiting job's, 10,000 on a large site, to find those Slurm no longer lists)."""
         states = [_check_state(s, JOB_STATES, "job state") for s in states]
         with self.snapshot():
-            return [r[0] for r in self.db.conn.execute(
+            return [r[0] for r in self._x(
                 f"SELECT job_id FROM jobs WHERE state IN ({', '.join('?' for _ in states)}) "
                 "ORDER BY priority_order IS NULL, priority_order, submit_time, job_id", states).fetchall()]
 
