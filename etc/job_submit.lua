@@ -16,7 +16,9 @@ Accepted:  mig:<k>g  mig:<k>g:<count>  mig:<type>[:<count>] for the types below
            mig:<profile>[:<count>], e.g. mig:3g.40gb, mig:1g.20gb, mig:1g.10gb:2
 Rejected:  unknown sizes (mig:5g, mig:8g, mig:0g), untyped mig / mig:<count>,
            counts that are 0, not plain integers or more than a node can hold,
-           and two sizes in one job (mig:3g,mig:1g:2): one job, one size.
+           and two sizes in one job (mig:3g,mig:1g:2): one job, one size;
+           more than one node (--nodes=2, --nodes=1-3, -n 2 --ntasks-per-node=1).
+A MIG job submitted without a maximum node count gets max_nodes = 1.
 Other GRES items in the same request pass through untouched.
 --]]
 
@@ -314,6 +316,13 @@ local function check_desc(job_desc, job_rec)
         if asked ~= nil then
             return string.format("MIG jobs run on one node, but %s; use --nodes=1 " ..
                 "(and several instances with mig:<size>:<count>)", asked)
+        end
+        -- Without a maximum Slurm spreads a job over as many nodes as its tasks' CPUs need (-n 128 on 64-CPU
+        -- nodes: two, each with its own instances) or --spread-job asks, and only one node's are bound. Pinned
+        -- to one, a job whose tasks fit no node is refused at submission ("Requested node configuration is
+        -- not available"). Not on an update: raising the maximum from "none" is refused to users.
+        if job_rec == nil and most == nil then
+            job_desc.max_nodes = 1
         end
     end
     if new ~= job_desc.tres_per_node then

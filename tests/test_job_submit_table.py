@@ -350,3 +350,60 @@ SUBMIT_NODE_CASES = [
 
 def test_lua_submit_refuses_mig_jobs_that_need_several_nodes(lua51, tmp_path):
     _run_desc_cases(lua51, tmp_path, SUBMIT_NODE_CASES, "submit")
+
+
+# A MIG job that names no node count is pinned to one node. Without a maximum, Slurm spreads a job over as many
+# nodes as its tasks' CPUs need (sbatch -n 128 on 64-CPU nodes: two nodes, each with its own mig:1g), and
+# --spread-job over as many as it can; the controller binds a job on one node only. With max_nodes 1 Slurm
+# refuses such a job at submission ("Requested node configuration is not available") instead.
+MAX_NODES_HARNESS = FAKE_SLURM + r"""
+for line in io.lines() do
+    messages = {}
+    local desc = {}
+    for pair in string.gmatch(line, "[^;]+") do
+        local k, v = string.match(pair, "^([%w_]+)=(.*)$")
+        desc[k] = tonumber(v) or v
+    end
+    local rc = slurm_job_submit(desc, {}, 1000)
+    io.write(string.format("%d\t%s\t%s\n", rc, tostring(desc.max_nodes), table.concat(messages, " | ")))
+end
+"""
+
+MAX_NODES_CASES = [
+    # no node count at all (sbatch -n 128 --gres=mig:1g): pinned
+    ("tres_per_node=gres:mig:1g;num_tasks=128", 0, "1"),
+    (f"tres_per_node=gres:mig:3g;min_nodes={NO_VAL};max_nodes={NO_VAL}", 0, "1"),
+    ("tres_per_node=gres:mig:3g.40gb:2;min_nodes=1;max_nodes=0", 0, "1"),
+    ("tres_per_node=gres:gres/mig:3g;min_nodes=1", 0, "1"),
+    # --nodes=1-1: already one
+    ("tres_per_node=gres:mig:3g;min_nodes=1;max_nodes=1", 0, "1"),
+    # not MIG jobs, or refused ones: left as they are
+    (f"tres_per_node=gres:gpu:1;max_nodes={NO_VAL}", 0, str(NO_VAL)),
+    ("tres_per_node=gres:amig:1;num_tasks=128", 0, "nil"),
+    ("num_tasks=128", 0, "nil"),
+    ("tres_per_node=gres:mig:5g", -1, "nil"),
+    ("tres_per_node=gres:mig:3g;min_nodes=1;max_nodes=3", -1, "3"),
+]
+
+
+def test_lua_submit_pins_mig_jobs_to_one_node(lua51, tmp_path):
+    script = tmp_path / "harness.lua"
+    script.write_text(MAX_NODES_HARNESS)
+    stdin = "".join(f"{d}\n" for d, _, _ in MAX_NODES_CASES)
+    out = subprocess.run([lua51, str(script), str(LUA_FILE)], input=stdin, capture_output=True, text=True,
+                         timeout=30, check=True).stdout.splitlines()
+    assert len(out) == len(MAX_NODES_CASES)
+    for (d, want_rc, want_max), line in zip(MAX_NODES_CASES, out):
+        rc, max_nodes, msg = line.split("\t")
+        assert (int(rc), max_nodes) == (want_rc, want_max), (d, msg)
+
+
+def test_lua_modify_leaves_max_nodes_alone(lua51, tmp_path):
+    # An update's job_desc carries only what changes; a max_nodes a user's Gres update carried would raise the
+    # job's maximum from "none" (0) as Slurm reads it, which it refuses to unprivileged users.
+    script = tmp_path / "harness.lua"
+    script.write_text(MODIFY_HARNESS.replace("tostring(desc.tres_per_node)", "tostring(desc.max_nodes)"))
+    out = subprocess.run([lua51, str(script), str(LUA_FILE), "modify"],
+                         input=f"tres_per_node=gres:mig:3g;min_nodes={NO_VAL}|min_nodes=1;max_nodes=0\n",
+                         capture_output=True, text=True, timeout=30, check=True).stdout.splitlines()
+    assert out == ["0\tnil\t"]
