@@ -841,6 +841,34 @@ def _cpu_note(ctx: Ctx, ledger: CpuLedger, job: PendingJob) -> str:
 PLACED, NO_ROOM, CONFLICT = "placed", "no-room", "conflict"
 
 
+def _never_holds(idx: ClusterIndex, allowed: frozenset[int] | None, key: str, count: int) -> str:
+    """Why none of the nodes a job may start on (``allowed``; None: every node) could hold ``count`` x ``key``
+    even with every GPU idle and carved for it ("their GPUs (A30-24GB) have no 3g", "at most 2 on one node"),
+    whatever their state (down nodes count: they may come back); "" when one could, or no GPU node is allowed.
+    job_submit.lua bounds a count by the cluster's largest node (MAX_GPUS_PER_NODE), and the capacity placeholder lets
+    Slurm queue a size no real node's model offers, so such a job is queued and would wait for ever."""
+    most = 0
+    models: set[str] = set()
+    for n, gidxs in enumerate(idx.node_gpus):
+        if allowed is not None and n not in allowed:
+            continue
+        room = 0
+        for g in gidxs:
+            t = idx.infos[g].t
+            models.add(t.model.name)
+            pi = t.resolve(key)
+            if pi is not None:
+                room += pi.max_count
+        if room >= count:
+            return ""
+        most = max(most, room)
+    if not models:
+        return ""
+    if most == 0:
+        return f"their GPUs ({', '.join(sorted(models))}) have no {key}"
+    return f"at most {most} on one node"
+
+
 def _node_set(idx: ClusterIndex, names: tuple[str, ...]) -> frozenset[int] | None:
     """The node indices of ``names`` (a job's nodes); None when they cover every node."""
     got = frozenset(idx.node_index[n] for n in names if n in idx.node_index)
@@ -962,7 +990,11 @@ class DispatchPolicy:
                     "no node: Slurm may start it on none of the GPU nodes now (its partition, --nodelist, --exclude, "
                     "--constraint, a reservation, or their free CPUs)")
                 note = _cpu_note(ctx, ledger, job) if ctx.denied is not None else ""
-                if not note:
+                never = _never_holds(idx, ctx.allowed, job.profile, job.count)
+                if never:
+                    # Not "on idle slices now": it would wait for ever, whatever ends.
+                    reason = f"{where} can ever hold {job.count} x {job.profile}: {never}"
+                elif not note:
                     reason = f"{where} can hold {job.count} x {job.profile} on idle slices now"
                 elif job.exclusive:
                     reason = (f"{where} can hold {job.count} x {job.profile} on idle slices now on a node of its own "
