@@ -1018,7 +1018,11 @@ class DispatchPolicy:
                         ctx.reservations.pop()
                         r = None
                 if r is not None:
-                    when = "when running jobs end" if r.t == INF else f"from t={r.t:.0f}s"
+                    # A reservation that starts now says so, not the time: the decision carries it, and a
+                    # reason that named the tick's time changed every tick, so the controller recorded the
+                    # same decision again each tick (it records one only when it differs from the last).
+                    when = ("when running jobs end" if r.t == INF else "from now" if r.t <= now
+                            else f"from t={r.t:.0f}s")
                     gp = ", ".join(f"{idx.gpus[g].key}" for g in sorted(r.regions))
                     reason += f"; reserved {gp} {when}"
                     if not reserved_reason or len(ctx.reservations) == 1:
