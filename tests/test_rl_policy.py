@@ -342,6 +342,47 @@ def test_the_shadow_policy_decides_outside_the_ticks_transaction(tmp_path):
 
 
 
+def test_a_shadow_decision_is_recorded_when_it_changes_not_every_tick(tmp_path):
+    """The live decision is recorded only when it differs from the last one recorded, the shadow's was
+    recorded every tick: in a queue where nothing changed, 20 ticks left 1 live decision and 20 shadow ones of
+    the same size (each holds the whole state), so the size budget ([controller].keep_decisions_mb) pruned
+    the live decision, the one explain reads, while 20 copies of the shadow's stayed (at tick_scale's 128
+    GPUs and 500 pending jobs: 13 of 14 decisions recorded were shadow ones, one a tick). The shadow's is
+    now recorded as the live one is: when it changes."""
+    import dataclasses
+
+    from slurm_mig.policies.frag_aware import FragAwarePolicy
+
+    ctl, store = _controller(PolicyConfig(name="frag-aware"), tmp_path)
+
+    class Shadow:
+        name, version = "probe", "1"
+
+        def decide(self, state):
+            return dataclasses.replace(FragAwarePolicy().decide(state), policy="probe", version="1")
+
+    ctl.shadow = Shadow()
+    ctl.tick()
+    ctl.tick()  # the first tick's re-carves are planned now (nothing carries them out here): a new decision
+    first = store.db.execute("SELECT MAX(id) FROM decisions").fetchone()[0]
+    for _ in range(20):
+        ctl.tick()
+    live = [d for d in store.recent_decisions(100, shadow=False) if d.id > first - 2]
+    shadow = [d for d in store.recent_decisions(100, shadow=True) if d.id > first - 2]
+    assert len(live) == 1
+    sizes = [r[0] for r in store.db.execute("SELECT bytes FROM decision_bytes ORDER BY id DESC")]
+    store.prune(keep_decisions_bytes=4 * max(sizes))  # room for four decisions
+    assert live[0].id in [d.id for d in store.recent_decisions(50, shadow=False)]
+    assert len(shadow) == 1 and shadow[0].policy == "probe"
+    # A change is recorded, by both.
+    from slurm_mig.slurm.parsers import SlurmJob
+    ctl.slurm._jobs.append(SlurmJob(job_id=200, name="new", user="u", state="PENDING", partition="p", mig={"7g": 1},
+                                    tres_per_node="gres:mig:7g:1", submit_time=time.time(), priority=1))
+    ctl.tick()
+    ctl.tick()
+    assert [d.id > first for d in store.recent_decisions(2, shadow=False)] == [True, False]
+    assert [d.id > first for d in store.recent_decisions(2, shadow=True)] == [True, False]
+
 def _wide_onnx(path: Path, input_name: str, n_in: int, scores: list[float] | None) -> None:
     """A network giving each row len(scores) outputs (0 * features + scores); scores None: features times
     their own transpose, [N, N] (a width loading cannot check)."""

@@ -196,6 +196,14 @@ def _make_policy(cfg, name: str):
     return get_policy(name)
 
 
+def _signature(decision) -> tuple:
+    """What a decision does and says: its re-carves, placements and waiting reasons. A decision is recorded
+    only when this differs from that of the last one recorded (the same decision tick after tick, jobs
+    waiting for the same reasons, is recorded once)."""
+    return (tuple((c.key, str(c.target)) for c in decision.changes),
+            tuple((a.job_id, a.node, a.instances) for a in decision.assignments), decision.waiting)
+
+
 def _live_request(job) -> bool:
     """Is ``job`` (a store row or None) one whose MIG request the store knows? Not one that ended here: started
     again (id reused, requeued after it ended), it may ask for another size."""
@@ -231,6 +239,7 @@ class Controller:
         self._tick_lock = threading.Lock()
         self._ticks = 0
         self._last_signature: tuple | None = None
+        self._last_shadow_signature: tuple | None = None  # the same for the shadow policy's decisions
         # job -> (when Slurm was first seen to have ended it, its record then: state, exit status, end time).
         # Kept in the database too: Slurm may forget the job (MinJobAge) before the grace period ends, and
         # a controller restarted in between would otherwise record the outcome without its exit status.
@@ -778,8 +787,7 @@ class Controller:
             if decision is None:
                 return {"pending": len(state.pending), "changes": 0}
             return {"pending": 0, "changes": 0, "policy": used.name}
-        signature = (tuple((c.key, str(c.target)) for c in decision.changes),
-                     tuple((a.job_id, a.node, a.instances) for a in decision.assignments), decision.waiting)
+        signature = _signature(decision)
         decision_id = None
         if signature != self._last_signature:
             # The same decision tick after tick (jobs waiting for the same reason) is recorded once.
@@ -846,10 +854,19 @@ class Controller:
     def _run_shadow(self, state, now: float) -> None:
         """What the shadow policy would have decided on ``state``, recorded and never acted on. Run after
         the tick's transaction: it changes nothing, so the node requests waiting on the store's lock must
-        not wait for it too (a candidate may be slower than the live policy)."""
+        not wait for it too (a candidate may be slower than the live policy).
+
+        Recorded, as the live policy's, only when it differs from the last shadow decision recorded (or comes
+        from another policy or version): recorded every tick, a shadow whose decision repeated filled the
+        decisions' size budget ([controller].keep_decisions_mb) and pushed the live decisions, the ones
+        explain reads, out of the history."""
         try:
             sd = self.shadow.decide(state)
+            signature = (sd.policy, sd.version, _signature(sd))
+            if signature == self._last_shadow_signature:
+                return
             self.store.record_decision(sd, state=state, shadow=True, now=now)
+            self._last_shadow_signature = signature
         except Exception as exc:
             log.warning("shadow policy %s failed: %s", self.shadow.name, exc)
 
