@@ -319,8 +319,8 @@ local function check_desc(job_desc, job_rec)
         end
         -- Without a maximum Slurm spreads a job over as many nodes as its tasks' CPUs need (-n 128 on 64-CPU
         -- nodes: two, each with its own instances) or --spread-job asks, and only one node's are bound. Pinned
-        -- to one, a job whose tasks fit no node is refused at submission ("Requested node configuration is
-        -- not available"). Not on an update: raising the maximum from "none" is refused to users.
+        -- to one, a job whose tasks fit no node is accepted and then held by Slurm (Reason=BadConstraints,
+        -- measured on 22.05). Not on an update: raising the maximum from "none" is refused to users.
         if job_rec == nil and most == nil then
             job_desc.max_nodes = 1
         end

@@ -96,6 +96,16 @@ def test_an_unreadable_array_expression_leaves_the_record_one_job():
     assert [(e.job_id, e.blocked) for e in queue_entries(squeue(odd))] == [("9", None)]
 
 
+def test_a_job_slurm_holds_as_bad_constraints_says_its_tasks_must_fit_one_node():
+    # sbatch -n 12 --gres=mig:1g on 8-CPU nodes, max_nodes=1 from job_submit.lua: Slurm 22.05 accepts it and
+    # holds it (priority 0, Reason=BadConstraints), measured on the local cluster on 2026-11-27.
+    rows = [[12, 0, None, "", 0, "PENDING", "BadConstraints", 0, "gres:mig:1g:1", "", "debug", 1, None, "wrap", "u",
+             "", 2]]
+    (entry,) = queue_entries(squeue(rows))
+    assert "no node can satisfy" in entry.blocked and "fit one" in entry.blocked
+    assert entry.blocked.endswith("(Slurm: BadConstraints)")
+
+
 def test_a_qos_limit_and_a_priority_0_hold_block_but_waiting_for_resources_does_not():
     rows = [[10, 0, None, "", 0, "PENDING", "QOSMaxGRESPerUser", 5, "gres:mig:1g:1", "", "gpu", 1, 60, "a", "u", "", 1],
             [11, 0, None, "", 0, "PENDING", "None", 0, "gres:mig:1g:1", "", "gpu", 1, 60, "a", "u", "", 1],

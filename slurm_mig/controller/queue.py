@@ -40,6 +40,10 @@ BLOCKED_REASONS = {
     "InvalidQOS": "its QOS is invalid",
     "AccountingPolicy": "an accounting limit holds it",
     "Licenses": "waiting for licenses",
+    # Slurm found no node that can ever satisfy the job and held it (priority 0). For a MIG job, kept to one
+    # node by job_submit.lua, that is mostly tasks and CPUs (-n, -c, --mem) that fit no single node.
+    "BadConstraints": "Slurm holds it: no node can satisfy its request (a MIG job runs on one node, so its "
+                      "tasks and CPUs must fit one)",
 }
 # Reasons that hold whichever partition the job runs in. Slurm shows one reason, from the last partition
 # it tried: a job submitted to "a,b" may show a's PartitionDown while b could start it.
