@@ -219,3 +219,168 @@ def test_a_node_whose_gpus_it_names_no_model_for_is_not_left_advertising_their_i
     node, counts, pad_to = rig.slurm.gres_writes[-1]
     assert counts.get("1g", 0) <= 1 and pad_to == 7, rig.slurm.gres_writes[-1]
     assert {i.start for i in rig.store.observed_instances("n1", 0)} == set(range(7))  # nothing destroyed
+
+
+# -- a known model, but a profile or placement its table here does not list -----------------------------------
+# A node running a newer slurm-mig may report, on a GPU of a model this controller knows, an instance its table
+# here lacks: a new driver's profile (a "+gfx" variant), a profile the newer table names otherwise (its memory
+# size corrected), or one at a start the table here does not allow. Until 2026-11-27 _v_observed refused such a
+# report whole (400: "H100-80GB has no MIG profile '3g.40gb+gfx'", "the instances do not form a valid H100-80GB
+# layout: 2g.20gb cannot start at memory slice 6"), and with it every report, Prolog, /v1/bound, Epilog and
+# /v1/applied of the node: it ran unmanaged for the whole upgrade window. Now that GPU is kept as the unknown-model
+# case keeps one (blocked, out of the policy's view, never re-carved or bound, its 7 GRES padding, its instances
+# kept, a job the node bound there alone adopted), and the rest of the report is taken.
+
+OFF_TABLE = {
+    # a new driver's profile the node's newer table lists
+    "profile": ([("3g.40gb+gfx", 0, True), ("3g.40gb", 4, False)], "unknown profile '3g.40gb+gfx'"),
+    # the same slices, named otherwise by the newer table (its memory size)
+    "memory": ([("3g.48gb", 0, True), ("3g.48gb", 4, False)], "unknown profile '3g.48gb'"),
+    # a placement the newer table allows and this one does not
+    "placement": ([("2g.20gb", 6, True), ("3g.40gb", 0, False)], "2g.20gb cannot start at memory slice 6"),
+}
+
+
+def _off_table(case: str) -> tuple[dict, dict]:
+    """GPU 1, an H100-80GB holding ``case``'s instances, and the binding file of job 5, which the node bound alone
+    on the first of them."""
+    insts, _ = OFF_TABLE[case]
+    gpu = {"index": 1, "uuid": "GPU-1", "name": "NVIDIA H100 80GB HBM3", "model": "H100-80GB", "mig_enabled": True,
+           "instances": [{"profile": p, "start": s, "uuid": f"MIG-1{s}", "in_use": u} for p, s, u in insts]}
+    p, s, _ = insts[0]
+    return gpu, {"5": [{"gpu": 1, "profile": p, "start": s, "uuid": f"MIG-1{s}"}]}
+
+
+@pytest.mark.parametrize("case", sorted(OFF_TABLE))
+def test_a_profile_or_placement_the_known_models_table_lacks_keeps_that_gpu_blocked_and_takes_the_rest(rig, case):
+    gpu, bindings = _off_table(case)
+    rig.tick()  # the controller knows job 5 from squeue
+    answer = _report(rig, gpus=(KNOWN, gpu), bindings=bindings)  # RequestRejected before
+    assert "1" not in answer["desired"]
+    gpus = {g.gpu: g for g in rig.store.observed_gpus("n1")}
+    assert gpus[0].model == "H100-80GB" and not gpus[0].blocked
+    assert gpus[1].model == "H100-80GB"  # kept as reported: a model we know, instances we cannot read
+    assert OFF_TABLE[case][1] in gpus[1].blocked and "upgrade the controller" in gpus[1].blocked
+    # The instances are kept as the node named them, and the job the node bound there alone is adopted.
+    assert sorted((i.profile, i.start, i.in_use) for i in rig.store.observed_instances("n1", 1)) == sorted(
+        OFF_TABLE[case][0])
+    b = bindings["5"][0]
+    assert [(x.gpu, x.profile, x.start) for x in rig.store.bound_instances("5")] == [(1, b["profile"], b["start"])]
+    # Every other message that carries the report is taken too.
+    assert rig.on_bound({"job_id": "5", "node": "n1", "local": True, "bound_at": rig.clock() - 590,
+                         "instances": bindings["5"], "observed": [KNOWN, gpu], "observed_at": rig.clock()},
+                        None) == {"ok": True}
+    answer = rig.on_prolog({"job_id": "7", "node": "n1", "bindings": bindings, "observed": [KNOWN, gpu],
+                            "observed_at": rig.clock()}, None)
+    assert answer["action"] == "bind" and {i["gpu"] for i in answer["instances"]} == {0}, answer
+    assert not any(e.kind == "conflict" for e in rig.store.recent_events(50))
+    assert rig.on_epilog({"job_id": "5", "node": "n1", "instances": bindings["5"], "observed": [KNOWN, gpu],
+                          "observed_at": rig.clock()}, None)["ok"]
+    assert not rig.store.bound_instances("5")  # its Epilog released it
+
+
+@pytest.mark.parametrize("case", sorted(OFF_TABLE))
+def test_the_off_table_gpu_is_not_carved_advertised_or_bound_and_its_node_made_job_runs_on(rig, case):
+    gpu, bindings = _off_table(case)
+    for _ in range(3):
+        _report(rig, gpus=(KNOWN, gpu), bindings=bindings)
+        rig.clock.t += 5
+        rig.tick()
+    slurm = rig.slurm
+    assert slurm.requeued == [] and not any("requeue" in " ".join(map(str, a)) for a in slurm.run_calls)
+    assert rig.store.get_job("5").state == "RUNNING"
+    assert [(x.gpu, x.start) for x in rig.store.bound_instances("5")] == [(1, bindings["5"][0]["start"])]
+    # Out of the policy's view: no desired layout, no journal entry on GPU 1.
+    assert 1 not in rig.store.desired("n1")
+    assert all(e.gpu != 1 for e in rig.store.journal_entries())
+    assert [g.index for g in rig.store.cluster_state().gpus] == [0]
+    # GRES as for a model this controller does not know: GPU 0's instances only, the pad keeping 7 per GPU.
+    assert rig.intended_layouts("n1").keys() == {0} and rig.store.observed_layout("n1", 1) is None
+    node, counts, pad_to = slurm.gres_writes[-1]
+    assert counts.get("3g", 0) <= 2 and not counts.get("2g") and sum(counts.values()) <= 7 and pad_to == 14
+    assert sorted((i.profile, i.start) for i in rig.store.observed_instances("n1", 1)) == sorted(
+        (p, s) for p, s, _ in OFF_TABLE[case][0])
+
+
+def test_a_prolog_never_binds_on_the_off_table_gpus_idle_instance(rig):
+    # GPU 1 holds an idle 3g.40gb@4 of a profile we know, beside a '+gfx' one: nothing may be bound there.
+    gpu, bindings = _off_table("profile")
+    _report(rig, gpus=(KNOWN, gpu), bindings=bindings)
+    rig.tick()
+    held = {**bindings, "8": [{"gpu": 0, "profile": "3g.40gb", "start": 0}],
+            "9": [{"gpu": 0, "profile": "3g.40gb", "start": 4}]}
+    answer = rig.on_prolog({"job_id": "7", "node": "n1", "bindings": held, "observed": [KNOWN, gpu],
+                            "observed_at": rig.clock()}, None)
+    assert answer["action"] == "requeue", answer
+    assert not rig.store.bound_instances("7")
+
+
+def test_a_reconfiguration_planned_before_the_node_was_upgraded_is_not_sent_to_it(rig):
+    # The policy planned GPU 1 as 7g while the node's report could still be read; the node, upgraded, now names
+    # a profile this controller's table lacks, on an instance a job uses. The plan must not reach it.
+    gpu, bindings = _off_table("profile")
+    rig.store.set_desired("n1", 1, "7g.80gb@0", "test", "before the upgrade", now=rig.clock())
+    entry = rig.store.journal_begin("n1", 1, "3g.40gb@0,3g.40gb@4", "7g.80gb@0",
+                                    [{"action": "destroy", "profile": "3g.40gb", "start": 0},
+                                     {"action": "destroy", "profile": "3g.40gb", "start": 4},
+                                     {"action": "create", "profile": "7g.80gb", "start": 0}],
+                                    started=False, now=rig.clock())
+    rig.tick()
+    answer = _report(rig, gpus=(KNOWN, gpu), bindings=bindings)
+    assert "1" not in answer["desired"], answer
+    assert rig.store.journal_entry(entry).state != "in_progress"
+    rig.clock.t += 5
+    rig.tick()
+    assert "1" not in _report(rig, gpus=(KNOWN, gpu), bindings=bindings)["desired"]
+    assert rig.store.get_job("5").state == "RUNNING" and rig.slurm.requeued == []
+
+
+def test_one_warning_per_node_and_profile_an_hour(rig, caplog):
+    gpu, bindings = _off_table("profile")
+    with caplog.at_level(logging.WARNING):
+        for _ in range(5):
+            _report(rig, gpus=(KNOWN, gpu), bindings=bindings)
+            rig.clock.t += 10
+            rig.tick()
+        said = [r.getMessage() for r in caplog.records if "3g.40gb+gfx" in r.getMessage()]
+        assert len(said) == 1, said
+        assert "upgrade the controller" in said[0] and "n1 GPU 1" in said[0]
+        assert sum("3g.40gb+gfx" in e.message for e in rig.store.recent_events(100, kind="model")) == 1
+        # Another profile the table lacks is said too, once; the first again only an hour later.
+        other = {**gpu, "instances": gpu["instances"] + [{"profile": "1g.10gb+me.all", "start": 7, "uuid": "MIG-17"}]}
+        for _ in range(3):
+            _report(rig, gpus=(KNOWN, other), bindings=bindings)
+            rig.clock.t += 10
+        rig.clock.t += 3600
+        _report(rig, gpus=(KNOWN, gpu), bindings=bindings)
+    said = [r.getMessage() for r in caplog.records if "+gfx" in r.getMessage() or "+me.all" in r.getMessage()]
+    assert len(said) == 3, said
+    assert "1g.10gb+me.all" in said[1] and "[2 more reports since]" not in said[1]
+    assert "3g.40gb+gfx" in said[2] and "[4 more reports since]" in said[2]
+
+
+def test_operators_see_the_off_table_gpu_blocked_with_its_reason(rig):
+    from slurm_mig.ops.render import Glyphs, gpu_bar
+    from slurm_mig.ops.views import load_snapshot, node_views
+
+    gpu, bindings = _off_table("profile")
+    _report(rig, gpus=(KNOWN, gpu), bindings=bindings)
+    rig.tick()
+    view = next(g for n in node_views(load_snapshot(rig.store)) for g in n["gpus"] if g["gpu"] == 1)
+    assert view["status"] == "blocked" and view["model"] == "H100-80GB"
+    assert "unknown profile '3g.40gb+gfx'" in view["blocked"]
+    assert {i["profile"] for i in view["instances"]} == {"3g.40gb+gfx", "3g.40gb"}
+    assert "3g" in gpu_bar(view, 40, Glyphs()).plain  # drawn, not an error
+
+
+def test_a_known_model_under_another_alias_or_device_name_was_already_taken(rig):
+    """Pins what was already safe: the model is looked up by canonical name or alias (case-insensitively), the
+    device name is only shown, and a profile given by kind is stored under its full name."""
+    variant = {**KNOWN, "index": 1, "uuid": "GPU-1", "model": "h100", "name": "NVIDIA H100 80GB HBM3e (new driver)",
+               "instances": [{"profile": "3g", "start": 0, "uuid": "MIG-10", "in_use": True}]}
+    rig.tick()
+    _report(rig, gpus=(KNOWN, variant), bindings={"5": [{"gpu": 1, "profile": "3g", "start": 0}]})
+    g = {g.gpu: g for g in rig.store.observed_gpus("n1")}[1]
+    assert g.model == "H100-80GB" and not g.blocked
+    assert [(i.profile, i.start) for i in rig.store.observed_instances("n1", 1)] == [("3g.40gb", 0)]
+    assert [(b.profile, b.start) for b in rig.store.bound_instances("5")] == [("3g.40gb", 0)]

@@ -37,7 +37,7 @@ from slurm_mig.policies import check_decision, get_policy
 from slurm_mig.policies.base import PendingJob
 from slurm_mig.slurm.gres import GRES_TO_KIND, GRES_TYPES, PAD_TYPE, gres_type_for_kind, mig_total, padded_total
 from slurm_mig.slurm.parsers import format_exit_status, local_epoch, wait_status
-from slurm_mig.store.models import known_model, unknown_model_reason
+from slurm_mig.store.models import known_model, off_table, readable_model, unknown_model_reason
 
 log = logging.getLogger("slurm_mig.controller")
 
@@ -266,7 +266,7 @@ class Controller:
         self._taken_tasks: dict[str, float] = {}
         self._unservable: set[str] = set()  # jobs whose MIG request cannot be served, said once each
         self._not_adopted: set[tuple[str, str, int]] = set()  # (node, job, run): an earlier run's file, said once
-        # node + GPU model our tables do not list (a newer node's): said once an hour, not once per report
+        # node + GPU model (or profile of a known one) our tables do not list (a newer node's): said once an hour
         self._unknown_models = LogLimiter(UNKNOWN_MODEL_LOG_EVERY_S)
         # Is a node's request encoded on its own host? Only MUNGE credentials say where they were made, so
         # under HMAC the check is off whatever [auth].node_origin says.
@@ -1290,15 +1290,22 @@ class Controller:
 
     def _say_unknown_model(self, node: str, g: dict) -> None:
         """Warn (log and a ``model`` event) that ``node`` reports a GPU whose model this controller cannot look
-        up, once per node and model an hour (LogLimiter), not once per report: health checks, Prologs and
-        results all carry the report."""
-        why = unknown_model_reason(g.get("model"), bool(g.get("instances")))
+        up, or instances its table for a known model does not allow (a profile it lacks, a placement), once
+        per node and model (and those profiles) an hour (LogLimiter), not once per report: health checks,
+        Prologs and results all carry the report."""
+        insts = g.get("instances") or []
+        why = unknown_model_reason(g.get("model"), insts)
         if why is None:
             return
-        held = self._unknown_models.say(f"{node}\0{g.get('model')}", self.clock())
+        model = known_model(g.get("model"))
+        # per node and model; for a known model, per node, model and the profiles its table does not allow
+        profiles = off_table(model, insts)[0] if model is not None else ()
+        held = self._unknown_models.say("\0".join((node, str(g.get("model")), *profiles)), self.clock())
         if held is None:
             return
-        fix = (f"upgrade the controller to a slurm-mig whose tables list {g['model']!r}" if g.get("model") else
+        fix = (f"upgrade the controller to a slurm-mig whose {model.name} table allows these instances"
+               if model is not None else
+               f"upgrade the controller to a slurm-mig whose tables list {g['model']!r}" if g.get("model") else
                "upgrade the node (and the controller) to a slurm-mig whose tables list this GPU")
         message = (f"{node} GPU {g['index']} ({g.get('name') or '?'}): {why}. It is kept out of the policy's view, "
                    f"no GRES is advertised for its slices and no job is bound there by the controller; its "
@@ -1564,8 +1571,9 @@ class Controller:
         rows = []
         for g in self.store.observed_gpus(node):
             mine = insts.get(g.gpu, [])
-            # (as store.observed_layout reads it: None without a model, or with one our tables do not list)
-            model = known_model(g.model)
+            # (as store.observed_layout reads it: None without a model, with one our tables do not list, or with
+            # instances its table does not allow)
+            model = readable_model(g.model, mine)
             obs = Layout(model, frozenset(Slot(i.start, i.profile) for i in mine)) if model is not None else None
             in_use = frozenset(Slot(i.start, i.profile) for i in mine if i.in_use)
             want = _desired_layout(desired.get(g.gpu)) if obs is not None and g.mig_enabled and not g.blocked \
@@ -2298,22 +2306,14 @@ def _v_observed(value) -> list[dict] | None:
                                   for k, e in enumerate(_v_list(g.get("table_errors"), f"{what}.table_errors"))]}
         if len(entry["table_errors"]) > 16:
             raise _rejected(f"{what}.table_errors: at most 16, got {len(entry['table_errors'])}")
-        m = known_model(model)
-        if m is not None:
-            try:
-                problems = Layout(m, frozenset(Slot(i["start"], m.profile(i["profile"]).name)
-                                               for i in entry["instances"])).problems()
-            except SlurmMigError as exc:
-                raise _rejected(f"{what}: {exc}") from None
-            if problems or len({(i["start"]) for i in entry["instances"]}) != len(entry["instances"]):
-                raise _rejected(f"{what}: the instances do not form a valid {m.name} layout: "
-                                + "; ".join(problems or ["two instances at one start"]))
-        elif len({(i["start"]) for i in entry["instances"]}) != len(entry["instances"]):
+        if len({(i["start"]) for i in entry["instances"]}) != len(entry["instances"]):
             raise _rejected(f"{what}: two instances at one start")
-        # A model our tables do not list (a node newer than this controller, during a rolling upgrade), or none
-        # named with instances on the GPU: the rest of the report is taken, and this GPU is kept as it is
-        # (store: ObservedGpu.blocked, left out of the policy's view, of the GRES and of every binding chosen
-        # here). Refusing the whole report refused every report and Prolog of the node for the whole upgrade.
+        # A model our tables do not list (a node newer than this controller, during a rolling upgrade), none
+        # named with instances on the GPU, or instances a known model's table does not allow (a newer node's
+        # profile, placement or count: store.models.off_table): the rest of the report is taken, and this GPU is
+        # kept as it is (store: ObservedGpu.blocked, readable_model None: left out of the policy's view, of the
+        # GRES and of every binding chosen here). Refusing the whole report refused every report and Prolog of
+        # the node for the whole upgrade (a profile or placement our table lacks: until 2026-11-27).
         out.append(entry)
     return out
 

@@ -63,6 +63,7 @@ from slurm_mig.store.models import (
     dumps,
     known_model,
     loads,
+    readable_model,
     state_to_json,
     unknown_model_reason,
 )
@@ -654,12 +655,15 @@ class Store:
         gpu_rows = [as_observed_gpu(g) for g in gpus]
         inst_rows = [as_observed_instance(i) for i in instances]
         # A model this slurm-mig's tables do not list (a newer node's) is stored as named, the GPU blocked
-        # (as_observed_gpu); so is a GPU named no model that holds instances: their profiles are kept as given.
-        with_instances = {i.gpu for i in inst_rows}
-        gpu_rows = [dataclasses.replace(g, blocked="; ".join(filter(None, (unknown_model_reason(None, True),
-                                                                           g.blocked))))
-                    if g.model is None and g.gpu in with_instances else g for g in gpu_rows]
-        models = {g.gpu: known_model(g.model) for g in gpu_rows}
+        # (as_observed_gpu); so is a GPU named no model that holds instances, and one of a known model whose
+        # instances that model's table does not allow (a newer node's profile or placement): their profiles are
+        # kept as given, and nothing reads a geometry from them (readable_model).
+        by_gpu: dict[int, list[ObservedInstance]] = {}
+        for i in inst_rows:
+            by_gpu.setdefault(i.gpu, []).append(i)
+        models = {g.gpu: readable_model(g.model, by_gpu.get(g.gpu, ())) for g in gpu_rows}
+        gpu_rows = [g if models.get(g.gpu) is not None else self._with_unknown_reason(g, by_gpu.get(g.gpu, ()))
+                    for g in gpu_rows]
         if len(models) != len(gpu_rows):
             raise ValueError(f"node {node} reported the same GPU index twice")
         normalised = []
@@ -686,6 +690,14 @@ class Store:
                     "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (node, i.gpu, profile, i.start, i.uuid, i.gi_id, i.ci_id, int(i.in_use), t),
                 )
+
+    @staticmethod
+    def _with_unknown_reason(g: ObservedGpu, instances: Iterable[ObservedInstance]) -> ObservedGpu:
+        """``g`` blocked with unknown_model_reason's words too, where they apply and it does not say them yet."""
+        why = unknown_model_reason(g.model, instances)
+        if why is None or why in (g.blocked or ""):
+            return g
+        return dataclasses.replace(g, blocked="; ".join(filter(None, (why, g.blocked))))
 
     def observed_gpus(self, node: str | None = None) -> list[ObservedGpu]:
         sql, params = "SELECT * FROM gpus", ()
@@ -714,10 +726,12 @@ class Store:
         """The layout ``node``/``gpu`` last reported, or None if the GPU or its model is unknown."""
         with self.snapshot():
             g = self._q("SELECT model FROM gpus WHERE node = ? AND gpu = ?", (node, gpu))
-            model = known_model(g[0]["model"]) if g else None
-            if model is None:
+            if not g or known_model(g[0]["model"]) is None:
                 return None
             rows = self._q("SELECT profile, start FROM instances WHERE node = ? AND gpu = ?", (node, gpu))
+        model = readable_model(g[0]["model"], rows)  # None: instances its table does not allow (a newer node's)
+        if model is None:
+            return None
         return Layout(model, frozenset(Slot(r["start"], r["profile"]) for r in rows))
 
     # -- desired layouts --------------------------------------------------------
@@ -903,7 +917,11 @@ class Store:
     # -- bindings --------------------------------------------------------------
     def _gpu_model(self, node: str, gpu: int) -> GpuModel | None:
         rows = self._q("SELECT model FROM gpus WHERE node = ? AND gpu = ?", (node, gpu))
-        return known_model(rows[0]["model"]) if rows else None  # (None for a model not in our tables too)
+        if not rows or known_model(rows[0]["model"]) is None:
+            return None  # (None for a model not in our tables too)
+        # and for one whose instances its table does not allow (a newer node's profile or placement)
+        return readable_model(rows[0]["model"], self._q("SELECT profile, start FROM instances "
+                                                        "WHERE node = ? AND gpu = ?", (node, gpu)))
 
     def bind(self, job_id: str, node: str, instances: Iterable[Any], *, now: float | None = None
              ) -> tuple[BoundInstance, ...]:
@@ -1428,9 +1446,14 @@ class Store:
         for g in gpu_rows:
             key = (g["node"], g["gpu"])
             model = known_model(g["model"])
+            if model is not None and g.get("blocked"):
+                # Only a blocked GPU may hold instances its table does not allow (replace_observed blocks every
+                # one): the check is not made for the others, every tick.
+                model = readable_model(model, observed.get(key, ()))
             if model is None:
-                # No model, or one our tables do not list (a newer node's): left out of the policy's view. Not
-                # logged here, every tick: the controller warns when the report comes (Controller._store_observed).
+                # No model, one our tables do not list (a newer node's), or instances its table does not allow (a
+                # newer node's profile or placement): left out of the policy's view. Not logged here, every tick:
+                # the controller warns when the report comes (Controller._store_observed).
                 continue
             layout = Layout(model, frozenset(Slot(r["start"], r["profile"]) for r in observed.get(key, ())))
             in_use = {Slot(r["start"], r["profile"]) for r in observed.get(key, ()) if r["in_use"]}

@@ -244,17 +244,66 @@ def known_model(name: str | GpuModel | None) -> GpuModel | None:
         return None
 
 
-def unknown_model_reason(model: str | None, instances: bool) -> str | None:
-    """Why a GPU whose model this slurm-mig cannot look up is left as it is (ObservedGpu.blocked); None where
-    the model is known, or where the GPU is named no model and holds no instance (no MIG GPU: nothing to
-    keep)."""
+def off_table(model: GpuModel, instances: Iterable[Any]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Where the instances a node reports on a GPU of ``model`` (dicts, ObservedInstances, store rows or Slots:
+    profile and start) do not form a layout this slurm-mig's table for ``model`` allows: (the profiles
+    concerned, the broken rules: Layout.problems()); ((), ()) where they do. A node newer than the controller
+    may name a profile our table lacks (a new driver's "+gfx" variant, a 1g.20gb-like profile), place one at a
+    start it does not allow, or count more of one than it says may exist."""
+    slots = frozenset(Slot(int(_get(i, "start")), str(_get(i, "profile"))) for i in instances)
+    if not slots:
+        return (), ()
+    problems = Layout(model, slots).problems()
+    if not problems:
+        return (), ()
+    unknown = tuple(sorted({s.profile for s in slots if not _has_profile(model, s.profile)}))
+    return unknown or tuple(sorted({s.profile for s in slots})), tuple(problems)
+
+
+def _has_profile(model: GpuModel, name: str) -> bool:
+    try:
+        model.profile(name)
+    except GeometryError:
+        return False
+    return True
+
+
+def readable_model(name: str | GpuModel | None, instances: Iterable[Any] = ()) -> GpuModel | None:
+    """The GpuModel a stored GPU's geometry is read with (its layout, masks, profile names): known_model(name),
+    or None where the GPU's reported ``instances`` do not form a layout that model's table allows (off_table):
+    then the GPU is treated as one of a model our tables do not list (kept as it is, its instances as the
+    node named them, out of the policy's view, never re-carved or bound by the controller)."""
+    model = known_model(name)
+    if model is None or off_table(model, instances)[1]:
+        return None
+    return model
+
+
+def unknown_model_reason(model: str | None, instances: Iterable[Any] = ()) -> str | None:
+    """Why a GPU whose geometry this slurm-mig cannot read is left as it is (ObservedGpu.blocked): a model our
+    tables do not list, MIG instances on a GPU named no model, or instances (``instances``: profile, start)
+    that a known model's table does not allow (off_table). None where the model and its instances are known,
+    or where the GPU is named no model and holds no instance (no MIG GPU: nothing to keep)."""
+    instances = list(instances)
     if model and known_model(model) is None:
         return (f"model {model!r} is not in this controller's tables (its node runs a newer slurm-mig: upgrade "
                 f"the controller); left as it is")
-    if not model and instances:
-        return ("MIG instances on a GPU its node names no model for (its slurm-mig's tables do not list the "
-                "part); left as it is")
-    return None
+    if not model:
+        if instances:
+            return ("MIG instances on a GPU its node names no model for (its slurm-mig's tables do not list the "
+                    "part); left as it is")
+        return None
+    m = known_model(model)
+    profiles, problems = off_table(m, instances)
+    if not problems:
+        return None
+    unknown = [p for p in profiles if not _has_profile(m, p)]
+    if unknown:
+        what = f"unknown profile {', '.join(map(repr, unknown))}: this controller's {m.name} table lacks it"
+    else:
+        shown = "; ".join(problems[:3]) + (f"; and {len(problems) - 3} more" if len(problems) > 3 else "")
+        what = f"instances this controller's {m.name} table does not allow ({shown})"
+    return f"{what} (its node runs a newer slurm-mig: upgrade the controller); left as it is"
 
 
 def as_observed_gpu(item: Any) -> ObservedGpu:
@@ -274,7 +323,7 @@ def as_observed_gpu(item: Any) -> ObservedGpu:
         model = found.name if found is not None else model.strip()
     else:
         model = None
-    unknown = unknown_model_reason(model, False)
+    unknown = unknown_model_reason(model)
     blocked = _get(item, "blocked") or "; ".join(
         w for w in (unknown, blocked_reason(_get(item, "mig_pending"), _get(item, "foreign") or (),
                                             _get(item, "table_errors") or ())) if w) or None
