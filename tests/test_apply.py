@@ -355,3 +355,47 @@ def test_cli_errors_are_clear(tmp_path, capsys, monkeypatch):
     assert main(["nvml", "apply", "--sim-state", path, "--gpu", "0", "--layout", "4g@0,4g@4"]) == 2
     assert main(["nvml", "apply", "--sim-state", path, "--gpu", "3", "--layout", "7g@0"]) == 1
     assert "no GPU 3" in capsys.readouterr().err
+
+
+def test_sim_init_takes_its_gpus_from_the_config_without_gpus(tmp_path, capsys, monkeypatch):
+    """[node].sim_gpu_model and sim_gpu_count were checked but read by nothing: `nvml sim-init` demanded
+    --gpus whatever the config said. Without --gpus it now makes MODEL x N from the config the other nvml
+    commands read (--config, $SLURM_MIG_CONFIG, /etc/slurm-mig/slurm-mig.toml) and says so; --gpus still wins;
+    with neither it refuses. The simulated backend still makes no GPUs by itself."""
+    import slurm_mig.config as cfgmod
+
+    for var in ("SLURM_MIG_SIM_STATE", "SLURM_MIG_NVML_BACKEND", "SLURM_MIG_CONFIG"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(cfgmod, "SYSTEM_PATH", tmp_path / "no-such-dir" / "slurm-mig.toml")
+    cfg = tmp_path / "slurm-mig.toml"
+    cfg.write_text(f'[node]\nsim_state_path = "{tmp_path}/node.json"\nsim_gpu_model = "A100-40GB"\nsim_gpu_count = 3\n'
+                   f'cache_dir = "{tmp_path}/node"\n')
+
+    def models(path):
+        return [g.model.name for g in SimulatedBackend(path).gpus()]
+
+    # the configured GPUs are not made behind an admin's back: no state file, no GPUs
+    capsys.readouterr()
+    assert main(["--config", str(cfg), "nvml", "show", "--json"]) == 1
+    assert "no simulated GPUs" in capsys.readouterr().err and not (tmp_path / "node.json").exists()
+
+    a = str(tmp_path / "a.json")
+    assert main(["--config", str(cfg), "nvml", "sim-init", "--sim-state", a, "--layout", "1=7g@0"]) == 0
+    out = capsys.readouterr().out
+    assert models(a) == ["A100-40GB"] * 3
+    assert f"(GPUs from [node].sim_gpu_model and sim_gpu_count in {cfg})" in out and "GPU 1 A100-40GB [7g@0]" in out
+
+    monkeypatch.setenv("SLURM_MIG_CONFIG", str(cfg))  # the same file, found as the other commands find it
+    b = str(tmp_path / "b.json")
+    assert main(["nvml", "sim-init", "--sim-state", b]) == 0
+    assert models(b) == ["A100-40GB"] * 3 and f"in {cfg})" in capsys.readouterr().out
+
+    c = str(tmp_path / "c.json")  # --gpus overrides the config
+    assert main(["nvml", "sim-init", "--sim-state", c, "--gpus", "H100-80GB:1"]) == 0
+    assert models(c) == ["H100-80GB"] and "(GPUs from --gpus)" in capsys.readouterr().out
+
+    monkeypatch.delenv("SLURM_MIG_CONFIG")  # no config file anywhere and no --gpus: refused, nothing made
+    d = tmp_path / "d.json"
+    assert main(["nvml", "sim-init", "--sim-state", str(d)]) == 2
+    err = capsys.readouterr().err
+    assert "--gpus" in err and "sim_gpu_model" in err and not d.exists()

@@ -5,12 +5,15 @@
                          [--lock-wait SECONDS] [--json]
     slurm-mig nvml assert --gpu 0 --layout 3g@0,2g@4,1g@6 [--json]
     slurm-mig nvml check-tables [--gpu 0] [--json]
-    slurm-mig nvml sim-init --gpus H100-80GB:2 [--layout 3g@0,3g@4 | --layout 1=7g@0] [--force]
+    slurm-mig nvml sim-init [--gpus H100-80GB:2] [--layout 3g@0,3g@4 | --layout 1=7g@0] [--force]
     slurm-mig nvml sim-busy --gpu 0 3g@0 --owner job42 | --clear
 
 The backend comes from ``--backend real|simulated`` and ``--sim-state PATH``,
 defaulting to $SLURM_MIG_NVML_BACKEND and $SLURM_MIG_SIM_STATE; with neither,
 a configured simulated state means "simulated", otherwise "real".
+
+``sim-init`` without ``--gpus`` makes the config's ``[node].sim_gpu_model`` x ``sim_gpu_count`` GPUs (the
+config file the other commands read) and says which it used.
 
 ``apply`` keeps every instance a job is bound to on this node (the hooks' binding
 records under ``[node].cache_dir``), as it keeps the ones NVML reports in use.
@@ -422,10 +425,28 @@ def _sim_state(args: argparse.Namespace) -> str:
     return state
 
 
+def _sim_gpus(args: argparse.Namespace) -> tuple[str, str]:
+    """The GPUs sim-init makes (MODEL:N,...) and where they came from: --gpus, else the config file's
+    [node].sim_gpu_model and sim_gpu_count (--config, $SLURM_MIG_CONFIG or /etc/slurm-mig/slurm-mig.toml, the
+    file the other nvml commands read). No file and no --gpus is refused: nothing says which GPUs."""
+    if args.gpus is not None:
+        return args.gpus, "--gpus"
+    from slurm_mig.config import find_config
+
+    node = _node_config(getattr(args, "config", None))
+    if node is None:
+        raise ConfigError("which GPUs? pass --gpus MODEL[:N] (e.g. H100-80GB:2), or set [node].sim_gpu_model and "
+                          "sim_gpu_count in the config (--config PATH, $SLURM_MIG_CONFIG or "
+                          "/etc/slurm-mig/slurm-mig.toml; there is none)")
+    where = find_config(getattr(args, "config", None))
+    return f"{node.sim_gpu_model}:{node.sim_gpu_count}", f"[node].sim_gpu_model and sim_gpu_count in {where}"
+
+
 def _cmd_sim_init(args: argparse.Namespace) -> int:
     from slurm_mig.nvml.simulated import init_state, parse_gpu_spec
 
-    spec = parse_gpu_spec(args.gpus)
+    gpus, source = _sim_gpus(args)
+    spec = parse_gpu_spec(gpus)
     models = [name for name, n in spec for _ in range(n)]
     layouts: dict[int, Layout] = {}
     for item in args.layout or []:
@@ -437,7 +458,8 @@ def _cmd_sim_init(args: argparse.Namespace) -> int:
             layouts[t] = parse_layout(text, get_model(models[t]))
     init_state(_sim_state(args), spec, layouts=layouts, seed=args.seed, overwrite=args.force)
     print(f"simulated node at {_sim_state(args)}: "
-          + ", ".join(f"GPU {i} {m} [{layouts.get(i, 'empty')}]" for i, m in enumerate(models)))
+          + ", ".join(f"GPU {i} {m} [{layouts.get(i, 'empty')}]" for i, m in enumerate(models))
+          + f" (GPUs from {source})")
     return 0
 
 
@@ -515,7 +537,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_cmd_check_tables)
 
     p = sub.add_parser("sim-init", parents=[common], help="create a simulated node's GPUs")
-    p.add_argument("--gpus", required=True, metavar="MODEL[:N],...", help="e.g. H100-80GB:2,A100-40GB")
+    p.add_argument("--gpus", metavar="MODEL[:N],...",
+                   help="e.g. H100-80GB:2,A100-40GB (default: the config's [node].sim_gpu_model:sim_gpu_count)")
     p.add_argument("--layout", action="append", metavar="[GPU=]SPEC",
                    help="initial layout for every GPU, or for one with GPU=SPEC (repeatable)")
     p.add_argument("--seed", help="seed for the UUIDs (default: random)")
