@@ -14,6 +14,7 @@ import http.client
 import json
 import logging
 import os
+import re
 import sqlite3
 import threading
 import time
@@ -189,6 +190,44 @@ def test_ticks_that_outlast_the_interval_never_overlap_and_are_said_in_our_words
     assert not [r for r in caplog.records if "maximum number of running instances" in r.getMessage()]
     assert len(ours) == (warnings or skipped)
     assert "tick_interval_s 0.1 s" in ours[0]
+    assert not [r for r in caplog.records if "caught up" in r.getMessage()]  # still late when it stopped
+
+
+def test_ticks_that_catch_up_get_a_closing_line(caplog):
+    """The skipped-tick warning is said at most every every_s, so the ticks skipped after the last warning
+    were said nowhere once the ticks caught up (no next warning to count them in): a closing line now says
+    so, through LogLimiter.ended as the API's refusal floods, once, with the total since the first."""
+    from apscheduler.schedulers.background import BackgroundScheduler
+
+    from slurm_mig.controller.cli import schedule_ticks
+    from slurm_mig.controller.service import Metrics
+
+    metrics, slow = Metrics(), threading.Event()
+    slow.set()
+
+    def tick():
+        if slow.is_set():
+            time.sleep(0.45)
+
+    with caplog.at_level(logging.WARNING):
+        sched = schedule_ticks(BackgroundScheduler(), tick, 0.1, metrics, logging.getLogger("test.ticks"),
+                               every_s=0.7)
+        sched.start()
+        time.sleep(1.6)
+        slow.clear()
+        time.sleep(2.5)  # back on time: the closing line is due 0.7 s after the last skip
+        sched.shutdown(wait=True)
+    skipped = metrics.counters.get(("slurm_mig_ticks_skipped_total", ()), 0)
+    lines = [r.getMessage() for r in caplog.records if r.name == "test.ticks"]
+    warned = [line for line in lines if "still running when the next was due" in line]
+    closing = [line for line in lines if line.startswith("ticks caught up")]
+    assert skipped >= 4 and 1 <= len(warned) < skipped, lines
+    assert len(closing) == 1 and lines[-1] == closing[0], lines
+    said = sum(int(re.search(r": (\d+) tick\(s\) skipped", w).group(1)) for w in warned)
+    m = re.fullmatch(r"ticks caught up: (\d+) skipped in total since \d{4}-\d\d-\d\d \d\d:\d\d:\d\d, (\d+) of "
+                     r"them since the last warning; none skipped in the last 0.7 s", closing[0])
+    assert m, closing[0]
+    assert int(m.group(1)) == skipped and said + int(m.group(2)) == skipped
 
 def test_scontrol_failing_is_logged_and_counted_never_fatal(rig, caplog):
     rig.fake.scontrol_fails = True

@@ -92,27 +92,50 @@ def schedule_ticks(sched, tick, interval_s: float, metrics, log: logging.Logger,
 
     A tick that outlasts the interval makes the next one wait (``max_instances=1``, ``coalesce``):
     each skipped run is counted in ``slurm_mig_ticks_skipped_total`` and said in one warning at most
-    every ``every_s`` seconds, with the count since the last warning."""
+    every ``every_s`` seconds, with the count since the last warning (a LogLimiter). When ticks have
+    caught up (none skipped for ``every_s``, LogLimiter.ended, asked after each tick) a closing line
+    says how many were skipped in all since the first, if any went unsaid since the last warning."""
     from apscheduler.events import EVENT_JOB_MAX_INSTANCES
+
+    from slurm_mig.api.loglimit import LogLimiter
 
     aps = logging.getLogger("apscheduler.scheduler")
     if not any(isinstance(f, _NoOverrunLines) for f in aps.filters):
         aps.addFilter(_NoOverrunLines())
-    said = {"at": None, "since": 0}
+    quiet = LogLimiter(every_s)
+    # this run of skipped ticks: how many in all, and when the first was (wall clock, for the closing line)
+    flood = {"total": 0, "since": 0.0}
+    lock = threading.Lock()
 
     def skipped(_event) -> None:
         metrics.inc("slurm_mig_ticks_skipped_total")
-        said["since"] += 1
-        now = time.monotonic()
-        if said["at"] is None or now - said["at"] >= every_s:
+        held = quiet.say("skipped", time.monotonic())
+        with lock:
+            if held == 0:  # a first (again, after none skipped for every_s): a new run of skipped ticks
+                flood["total"], flood["since"] = 0, time.time()
+            flood["total"] += 1
+        if held is not None:
             log.warning("a tick was still running when the next was due (tick_interval_s %g s): %d tick(s) "
                         "skipped since the last such warning; ticks run back to back until they catch up. A slow "
                         "slurmctld or an overloaded head node does this; slurm_mig_tick_seconds shows how long "
-                        "ticks take (this warning at most every %g s)", interval_s, said["since"], every_s)
-            said["at"], said["since"] = now, 0
+                        "ticks take (this warning at most every %g s)", interval_s, held + 1, every_s)
+
+    def say_caught_up() -> None:
+        for _line, held in quiet.ended(time.monotonic()):
+            with lock:
+                total, since = flood["total"], flood["since"]
+            log.warning("ticks caught up: %d skipped in total since %s, %d of them since the last warning; none "
+                        "skipped in the last %g s", total,
+                        time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(since)), held, every_s)
+
+    def run() -> None:
+        try:
+            tick()
+        finally:
+            say_caught_up()
 
     sched.add_listener(skipped, EVENT_JOB_MAX_INSTANCES)
-    sched.add_job(tick, "interval", seconds=interval_s, max_instances=1, coalesce=True, id="tick")
+    sched.add_job(run, "interval", seconds=interval_s, max_instances=1, coalesce=True, id="tick")
     return sched
 
 
