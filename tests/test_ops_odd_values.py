@@ -32,6 +32,9 @@ TIME_COLUMNS = {
 # As SQL literals: 9e999 is infinity in SQLite (NaN cannot be stored: SQLite keeps NULL for it).
 ODD = ["1e300", "-1e300", "9e999", "-9e999", "4611686018427387904", "-4611686018427387904", "-1", "0", "1e20",
        "-62135596801", "253402300800"]
+# Not numbers at all, which SQLite stores as given in any column (a date a person typed, a blob from a broken
+# page): TEXT and BLOB literals.
+NOT_NUMBERS = ["'2026-11-27'", "X'00'", "''", "'abc'", "X''", "'2026-11-27T10:00:00Z'"]
 COMMANDS = (["status", "--no-probe"], ["jobs", "--state", "all"], ["nodes"], ["decisions", "--all", "--waiting"],
             ["explain", "101"], ["explain", "103"], ["explain", "201"], ["explain", "202"],
             ["top", "--once", "--width", "120", "--height", "40"],
@@ -96,7 +99,7 @@ def _run_all(cfg: str, capsys) -> dict[str, str]:
     return outs
 
 
-@pytest.mark.parametrize("value", ODD)
+@pytest.mark.parametrize("value", ODD + NOT_NUMBERS)
 def test_every_view_shows_a_database_whose_every_time_is_odd(base, tmp_path, capsys, value):
     db = _copy(base, tmp_path, "odd")
     con = sqlite3.connect(db)
@@ -110,12 +113,17 @@ def test_every_view_shows_a_database_whose_every_time_is_odd(base, tmp_path, cap
         # Shown as what it is, not as a time.
         assert {"1e300": "?1e+300", "9e999": "?inf", "4611686018427387904": "?4.612e+18"}[value] \
             in outs["explain 201"], outs["explain 201"]
+    if value in ("'2026-11-27'", "X'00'"):
+        # Text or a blob in a time column: shown as "?" and the value too (fmt_odd), times and waits alike.
+        shown = {"'2026-11-27'": "?2026-11-27", "X'00'": "?b'\\x00'"}[value]
+        for argv in ("explain 201", "jobs --state all", "status --no-probe", "decisions --all --waiting"):
+            assert shown in outs[argv], (argv, outs[argv])
 
 
 @pytest.mark.parametrize("seed", range(6))
 def test_every_view_shows_a_database_with_odd_times_here_and_there(base, tmp_path, capsys, seed):
-    """Odd values mixed with real ones (a span from a real time to infinity, a wait of -1e300 s), in the
-    tables and in the decisions' recorded inputs."""
+    """Odd values mixed with real ones (a span from a real time to infinity, a wait of -1e300 s, a date typed as
+    text beside numbers), in the tables and in the decisions' recorded inputs."""
     rng = random.Random(seed)
     for it in range(3):
         db = _copy(base, tmp_path, f"mix{it}")
@@ -125,11 +133,12 @@ def test_every_view_shows_a_database_with_odd_times_here_and_there(base, tmp_pat
             for c in cols:
                 for rowid in rows:
                     if rng.random() < 0.5:
-                        con.execute(f"UPDATE {table} SET {c} = {rng.choice(ODD)} WHERE rowid = ?", (rowid,))
+                        con.execute(f"UPDATE {table} SET {c} = {rng.choice(ODD + NOT_NUMBERS)} WHERE rowid = ?",
+                                    (rowid,))
         for did, inputs in list(con.execute("SELECT id, inputs FROM decisions")):
             if rng.random() < 0.5:
                 x = json.loads(inputs or "{}")
-                x["now"] = rng.choice([1e300, -1e300, float("inf"), float("nan"), 2.0 ** 62])
+                x["now"] = rng.choice([1e300, -1e300, float("inf"), float("nan"), 2.0 ** 62, "2026-11-27", None])
                 con.execute("UPDATE decisions SET inputs = ? WHERE id = ?", (json.dumps(x), did))
         con.commit()
         con.close()

@@ -170,7 +170,7 @@ def _status(args) -> int:
         line += "; /healthz ok"
     line += ")"
     if last:
-        lat = f", {last['latency_ms']:.1f} ms" if last.get("latency_ms") is not None else ""
+        lat = f", {V.fmt_num(last['latency_ms'])} ms" if last.get("latency_ms") is not None else ""
         line += f"  policy {last['policy']} {last['version']}".rstrip() + f" (decision #{last['id']}{lat})"
     print(line)
     n = st["nodes"]
@@ -328,7 +328,7 @@ def _decisions(args) -> int:
         return 0
     width = _width(args)
     for d in R.safe_tree(ds):
-        lat = f" {d['latency_ms']:.1f} ms" if d["latency_ms"] is not None else ""
+        lat = f" {V.fmt_num(d['latency_ms'])} ms" if d["latency_ms"] is not None else ""
         print(f"#{d['id']} {V.fmt_when(d['time'], d['time'])} {d['policy']} {d['version']}{lat}: {d['summary']}"[:width])
         for c in d["changes"]:
             print(f"    re-carve {c['node']}/{c['gpu']} -> {c['target']}: {c.get('reason', '')}"[:width])
@@ -428,7 +428,7 @@ def explain_lines(ex: dict, width: int = 100, now: float | None = None) -> list[
     if ex["reconfigurations"]:
         add("Reconfigurations on its GPU(s) while it waited:")
         for r in ex["reconfigurations"]:
-            dur = f" in {r['duration_s']:.2f}s" if r["duration_s"] is not None else ""
+            dur = f" in {V.fmt_num(r['duration_s'], 2)}s" if r["duration_s"] is not None else ""
             how = r["error"] or ("" if str(r["outcome"] or "").startswith("[") else r["outcome"]) or ""
             src = f"decision #{r['decision_id']}" if r["decision_id"] else "the Prolog's binding"
             add(f"  #{r['id']} {V.fmt_when(r['created_at'], now)} {r['node']}/{r['gpu']} {r['from']} -> {r['to']}: "

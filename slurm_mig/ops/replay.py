@@ -27,10 +27,19 @@ REPLAY_MAX_S = 366 * 86400.0
 
 
 def _usable(*times) -> bool:
-    """Every one of ``times`` (None: not known) a finite number within the replay's reach of the others."""
+    """Every one of ``times`` (None: not known) a finite number within the replay's reach of the others (not
+    text or a blob, which SQLite keeps in a time column as given)."""
+    from slurm_mig.ops.views import _is_number
+
     known = [t for t in times if t is not None]
-    return all(isinstance(t, (int, float)) and math.isfinite(t) for t in known) and (
+    return all(_is_number(t) and math.isfinite(t) for t in known) and (
         not known or max(known) - min(known) <= 10 * REPLAY_MAX_S)
+
+
+def _limit(job) -> float | None:
+    """The job's time limit where a replay can use it: a number of seconds under 7 days."""
+    t = job.time_limit_s
+    return float(t) if t and _usable(t) and t < 7 * 86400 else None
 
 
 def _duration(job, now: float) -> float:
@@ -38,8 +47,8 @@ def _duration(job, now: float) -> float:
         return max(0.1, job.end_time - job.start_time)
     if job.start_time is not None:
         return max(0.1, now - job.start_time)
-    if job.time_limit_s and job.time_limit_s < 7 * 86400:
-        return float(job.time_limit_s)
+    if _limit(job) is not None:
+        return _limit(job)
     return 60.0
 
 
@@ -63,9 +72,9 @@ def replay_job(store, job_id: str, *, policy: str = "first-fit", now: float | No
         started = f"started {fmt_when(t_hi, now)}" if job.start_time is not None else "not started"
         return {"error": f"job {job_id} (submitted {fmt_when(t_lo, now)}, {started}): not times a replay can use "
                          f"(it plays waits of at most {REPLAY_MAX_S / 86400:.0f} days)"}
-    others = [j for j in store.jobs() if j.submit_time is not None and j.submit_time <= t_hi
-              # A job whose times are not real ones (1e300, infinity) is left out: it cannot be played.
-              and _usable(j.submit_time, j.start_time, j.end_time)
+    # A job whose times are not real ones (1e300, infinity, text) is left out: it cannot be played.
+    others = [j for j in store.jobs() if _usable(j.submit_time, j.start_time, j.end_time)
+              and j.submit_time is not None and j.submit_time <= t_hi
               and (j.end_time is None or j.end_time >= t_lo)
               # Cancelled while pending, it held nothing; cancelled while running (Slurm's end state now
               # replaces the Epilog's COMPLETED), it held its instances like any other run.
@@ -105,7 +114,7 @@ def replay_job(store, job_id: str, *, policy: str = "first-fit", now: float | No
         dur = min(dur, REPLAY_MAX_S)
         sub = 0.0 if running_before else max(0.0, j.submit_time - t_lo)
         sim_jobs.append(Job(j.job_id, sub, j.profile, j.count, dur,
-                            time_limit_s=j.time_limit_s if j.time_limit_s and j.time_limit_s < 7 * 86400 else None,
+                            time_limit_s=_limit(j),
                             speed=SPEED_MODELS["flat"], priority=1 if running_before else 0))
     wl = Workload(f"replay of job {job_id}", sim_jobs, model=model)
     spec = ClusterSpec(nodes=len(real_nodes), gpus_per_node=max(by_node.values()), model=model,

@@ -79,7 +79,7 @@ def _header(snap: V.Snapshot, status: dict, nodes: list[dict], opts: TopOptions,
     if last:
         t.append(f"  {last['policy']}", style=R.STYLE["dim"])
         if last.get("latency_ms") is not None:
-            t.append(f" {last['latency_ms']:.1f}ms", style=R.STYLE["dim"])
+            t.append(f" {V.fmt_num(last['latency_ms'])}ms", style=R.STYLE["dim"])
 
     s = Text()
     gp = status["gpus"]

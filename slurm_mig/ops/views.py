@@ -241,7 +241,7 @@ def load_tick(store, snap: Snapshot) -> Snapshot:
     if meta:
         snap.last_tick = meta[0]["updated_at"]
         snap.reservations = loads(meta[0]["value"], {}) or {}
-    if snap.last_decision and (snap.last_tick is None or snap.last_decision["time"] > snap.last_tick):
+    if snap.last_decision and (snap.last_tick is None or _order(snap.last_decision["time"]) > _order(snap.last_tick)):
         snap.last_tick = snap.last_decision["time"]
     return snap
 
@@ -378,14 +378,14 @@ def node_views(snap: Snapshot, *, nodes: str | Sequence[str] | None = None,
             continue
         n = info.get(name)
         last_seen = n.last_seen if n else None
-        age = None if last_seen is None else max(0.0, snap.now - last_seen)
+        age = _elapsed(snap.now, last_seen)
         total = sum(g["slices"] for g in gpus)
         busy = sum(g["busy_slices"] for g in gpus)
         out.append({
             "name": name, "state": n.state if n else "unknown", "health": n.health if n else "unknown",
             "health_detail": n.health_detail if n else {}, "agent_version": n.agent_version if n else None,
             "last_seen": last_seen, "seen_ago_s": age,
-            "stale": bool(gpus) and (age is None or age > snap.stale_after_s),
+            "stale": bool(gpus) and (not _is_number(age) or age > snap.stale_after_s),
             "gpus": gpus,
             "slices": total, "busy_slices": busy,
             "idle_slices": sum(g["idle_slices"] for g in gpus),
@@ -420,12 +420,12 @@ def job_dict(job, now: float, reservation: dict | None = None) -> dict:
     start = job.start_time
     wait = None
     if job.submit_time is not None:
-        wait = max(0.0, (start if start is not None else (job.end_time or now)) - job.submit_time)
+        wait = _elapsed(start if start is not None else (job.end_time or now), job.submit_time)
         if job.state in ("PENDING", "REQUEUED"):
-            wait = max(0.0, now - job.submit_time)
+            wait = _elapsed(now, job.submit_time)
     run = None
     if start is not None:
-        run = max(0.0, (job.end_time or now) - start)
+        run = _elapsed(job.end_time or now, start)
     return {
         "job_id": job.job_id, "run": job.run, "user": job.user, "name": job.name, "partition": job.partition,
         "profile": job.profile, "count": job.count, "state": job.state, "reason": job.reason,
@@ -463,10 +463,10 @@ def jobs_view(store, *, states: Sequence[str] | None = ("PENDING", "REQUEUED", "
     def key(d: dict) -> tuple:
         group = order.get(d["state"], 2)
         if group == 0:  # pending: Slurm's priority order
-            return (0, d["priority_order"] is None, d["priority_order"] or 0, d["submit_time"] or 0)
+            return (0, d["priority_order"] is None, d["priority_order"] or 0, _order(d["submit_time"] or 0))
         if group == 1:  # running: oldest start first
-            return (1, False, 0, d["start_time"] or 0)
-        return (2, False, 0, -(d["end_time"] or 0))  # finished: newest first
+            return (1, False, 0, _order(d["start_time"] or 0))
+        return (2, False, 0, -_order(d["end_time"] or 0))  # finished: newest first
     out.sort(key=key)
     return out[:limit] if limit is not None else out
 
@@ -480,8 +480,10 @@ def pending_by_profile(pending: list[dict]) -> list[dict]:
     for kind in sorted(groups, key=kind_sort_key):
         js = groups[kind]
         waits = [j["wait_s"] or 0.0 for j in js]
+        odd = next((w for w in waits if not _is_number(w)), None)  # a wait from a time that is not a number
         out.append({"profile": kind, "jobs": len(js), "instances": sum(j["count"] for j in js),
-                    "oldest_wait_s": max(waits), "mean_wait_s": sum(waits) / len(waits)})
+                    "oldest_wait_s": max(waits, key=_order),
+                    "mean_wait_s": odd if odd is not None else sum(waits) / len(waits)})
     return out
 
 
@@ -583,18 +585,18 @@ def profile_summary(nodes: list[dict], pending: list[dict]) -> list[dict]:
         r = row(_kind(None, p["profile"]))
         r["pending_jobs"] += p["jobs"]
         r["pending_instances"] += p["instances"]
-        r["oldest_wait_s"] = max(r["oldest_wait_s"] or 0.0, p["oldest_wait_s"])
+        r["oldest_wait_s"] = max(r["oldest_wait_s"] or 0.0, p["oldest_wait_s"], key=_order)
     return [rows[k] for k in sorted(rows, key=kind_sort_key)]
 
 
 def controller_health(snap: Snapshot, tick_interval_s: float, healthz: bool | None = None) -> dict:
     """Is the controller alive? From its last tick in the database and (optionally) a /healthz probe."""
-    age = None if snap.last_tick is None else max(0.0, snap.now - snap.last_tick)
+    age = _elapsed(snap.now, snap.last_tick)
     limit = max(3 * tick_interval_s, tick_interval_s + 10.0)
     if age is None:
         state = "unknown"
         why = "no tick recorded yet"
-    elif age > limit:
+    elif not _is_number(age) or age > limit:
         state = "stale"
         why = f"last tick {fmt_duration(age)} ago, expected every {tick_interval_s:g}s"
     else:
@@ -644,7 +646,7 @@ def status_view(snap: Snapshot, *, tick_interval_s: float = 5.0, healthz: bool |
         "profiles": profile_summary(nodes, pending),
         "jobs": {"pending": len(pending), "blocked": len(queued) - len(pending), "running": len(running),
                  "pending_by_profile": pending_by_profile(pending),
-                 "oldest_pending": max(pending, key=lambda j: j["wait_s"] or 0.0) if pending else None},
+                 "oldest_pending": max(pending, key=lambda j: _order(j["wait_s"] or 0.0)) if pending else None},
         "reconfigurations": [journal_dict(e, snap.now) for e in snap.open_journal],
     }
 
@@ -657,7 +659,7 @@ def journal_dict(e, now: float | None = None) -> dict:
         "outcome": e.outcome, "error": e.error, "decision_id": e.decision_id,
         "steps": [f"{s.action} {s.profile}@{s.start}" for s in e.steps], "progress": e.progress,
         "created_at": e.created_at, "started_at": e.started_at, "finished_at": e.finished_at,
-        "duration_s": None if end is None else max(0.0, end - start),
+        "duration_s": _elapsed(end, start),
     }
 
 
@@ -693,7 +695,9 @@ def recent_activity(snap: Snapshot, limit: int = 20) -> list[dict]:
                 "in_progress": "in progress"}.get(e.state, e.state)
         dur = ""
         if e.finished_at and (e.started_at or e.created_at):
-            dur = f" in {e.finished_at - (e.started_at or e.created_at):.1f}s"
+            took = [e.finished_at, e.started_at or e.created_at]
+            odd = [v for v in took if not _is_number(v)]
+            dur = f" in {fmt_odd(odd[0])}s" if odd else f" in {took[0] - took[1]:.1f}s"
         why = change_reason.get((e.decision_id, e.node, e.gpu), "")
         if not why:
             d = snap.desired.get((e.node, e.gpu))
@@ -707,7 +711,7 @@ def recent_activity(snap: Snapshot, limit: int = 20) -> list[dict]:
         if ev.kind in ("layout", "applied", "start", "end", "bind"):
             continue  # shown through the decisions and the journal, or on the GPU bars
         items.append({"time": ev.time, "kind": ev.kind, "text": ev.message, "reason": ""})
-    items.sort(key=lambda x: -x["time"])
+    items.sort(key=lambda x: -_order(x["time"]))
     return items[:limit]
 
 
@@ -965,8 +969,8 @@ def explain_view(store, job_id: str, *, now: float | None = None, max_options: i
         raise StoreError(f"slurm-mig has no record of job {job_id} (not a MIG job, or purged from the database)")
     outcome = store.outcome(job_id)
     info = job_dict(job, now)
-    t0 = (job.submit_time or now) - 2.0
-    t_end = (job.start_time or job.end_time or now) + 2.0
+    t0 = _known(job.submit_time or now, now) - 2.0
+    t_end = _known(job.start_time or job.end_time or now, now) + 2.0
     decisions = _decision_rows(store, limit=100_000, include_noop=False, job_id=job_id, since=t0, until=t_end,
                                newest_first=False)
     spans = _spans(decisions, job_id)
@@ -1014,7 +1018,7 @@ def explain_view(store, job_id: str, *, now: float | None = None, max_options: i
     if node and gpus:
         rows = _rows(store, "SELECT * FROM reconfig_journal WHERE node = ? AND created_at >= ? AND created_at <= ? "
                             f"AND gpu IN ({','.join('?' for _ in gpus)}) ORDER BY id",
-                     (node, t0, (job.start_time or now) + 1.0, *gpus))
+                     (node, t0, _known(job.start_time or now, now) + 1.0, *gpus))
         from slurm_mig.store.db import _row_journal
         reconfigs = [journal_dict(_row_journal(r)) for r in rows]
     events = [{"time": e.time, "kind": e.kind, "node": e.node, "message": e.message}
@@ -1022,7 +1026,8 @@ def explain_view(store, job_id: str, *, now: float | None = None, max_options: i
     # Layout events on the job's node while it waited (a policy re-carving for it).
     if node:
         for e in store.recent_events(200, kind="layout", node=node):
-            if t0 <= e.time <= t_end and (not gpus or any(f"{node}/{g}:" in e.message for g in gpus)):
+            if (_is_number(e.time) and t0 <= e.time <= t_end
+                    and (not gpus or any(f"{node}/{g}:" in e.message for g in gpus))):
                 events.append({"time": e.time, "kind": e.kind, "node": e.node, "message": e.message})
         events.sort(key=lambda e: e["time"])
     timeline = None
@@ -1030,7 +1035,9 @@ def explain_view(store, job_id: str, *, now: float | None = None, max_options: i
         end = job.end_time or now
         begin = job.submit_time or (job.start_time or now)
         segs = history_segments(store, node, gpus, begin, end)
-        timeline = {"node": node, "gpus": gpus, "t0": begin, "t1": max(end, begin + 1.0),
+        # (a time that is not a number stays as it is: the timeline says it cannot be drawn)
+        timeline = {"node": node, "gpus": gpus, "t0": begin,
+                    "t1": max(end, begin + 1.0) if _is_number(end) and _is_number(begin) else end,
                     "segments": [{"gpu": s.gpu, "kind": s.kind, "slot": str(s.slot) if s.slot else None,
                                   "t0": s.t0, "t1": s.t1, "job_id": s.job_id} for s in segs]}
     return {
@@ -1090,8 +1097,9 @@ def explain_verdict(job: dict, spans: list[dict], reconfigs: list[dict], events:
         parts.append(f"{len(lost)} earlier placement(s) {lost[-1]['fell_through']}")
     done = [r for r in reconfigs if r["state"] == "done"]
     if done:
-        secs = sum(r["duration_s"] or 0.0 for r in done)
-        parts.append(f"{len(done)} reconfiguration(s) on its GPU(s) ({secs:.1f}s)")
+        secs = [r["duration_s"] or 0.0 for r in done]
+        odd = next((d for d in secs if not _is_number(d)), None)  # from a time that is not a number
+        parts.append(f"{len(done)} reconfiguration(s) on its GPU(s) ({fmt_num(sum(secs) if odd is None else odd)}s)")
     requeues = [e for e in events if e["kind"] in ("requeue", "bind-failed")]
     if requeues:
         parts.append(f"requeued {len(requeues)} time(s): {requeues[-1]['message']}")
@@ -1127,6 +1135,41 @@ def fmt_odd(value: Any) -> str:
     except (TypeError, ValueError, OverflowError):
         text = str(value)
     return "?" + text[:12]
+
+
+def fmt_num(value: Any, digits: int = 1) -> str:
+    """A stored figure (a decision's latency_ms, a reconfiguration's seconds) with ``digits`` decimals: "12.3";
+    "?" and the value for one that is not a number (text, a blob: fmt_odd)."""
+    return f"{value:.{digits}f}" if _is_number(value) else fmt_odd(value)
+
+
+def _is_number(value: Any) -> bool:
+    """Is a stored time a number at all? SQLite keeps whatever a time column was given: text (a date a person
+    typed, '2026-11-27') or a blob (a broken page) comes back as str or bytes, on which arithmetic raises."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _elapsed(end: Any, start: Any) -> Any:
+    """``max(0, end - start)`` for two stored times; None when either is None; when either is not a number
+    (text, a blob) that value, which fmt_duration shows as "?" and the value (fmt_odd) as it shows 1e300."""
+    if end is None or start is None:
+        return None
+    for value in (end, start):
+        if not _is_number(value):
+            return value
+    return max(0.0, end - start)
+
+
+def _known(value: Any, default: Any) -> Any:
+    """A stored time for arithmetic: ``value``, or ``default`` when it is None or not a number (text, a
+    blob), as for a time not recorded."""
+    return value if _is_number(value) else default
+
+
+def _order(value: Any) -> float:
+    """A stored time or duration as a sort key: one that is not a number (text, a blob) sorts as the largest
+    (so an "oldest wait" shows it rather than hides it), not against numbers (which raises)."""
+    return value if _is_number(value) and value == value else float("inf")
 
 
 def _seconds(value: Any) -> float | None:
