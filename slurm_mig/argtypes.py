@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 
 
 def at_least(least: int):
@@ -16,3 +17,31 @@ def at_least(least: int):
             raise argparse.ArgumentTypeError(f"{n} is too small (at least {least})")
         return n
     return parse
+
+
+def number(least: float, most: float, *, more_than: bool = False, unit: str = ""):
+    """An argparse type: a finite number from ``least`` (excluded with ``more_than``) to ``most``.
+
+    ``float`` alone takes nan, inf and negatives, which later failed far from the flag (``time.sleep(-1)``
+    after a first round, a wait that never ends) or spun (an interval of 0)."""
+    what = f" {unit}" if unit else ""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number{' of ' + unit if unit else ''}: {text!r}") from None
+        low_ok = value > least if more_than else value >= least
+        if not math.isfinite(value) or not low_ok or value > most:
+            low = f"more than {least:g}" if more_than else f"{least:g}"
+            raise argparse.ArgumentTypeError(f"{text!r}: give {low} to {most:g}{what}")
+        return value
+    return parse
+
+
+def seconds(least: float = 0.0, *, more_than: bool = False):
+    """An argparse type: a finite number of seconds from ``least`` up to a day (config.MAX_TIMEOUT_S, the bound
+    of the config's timeouts)."""
+    from slurm_mig.config import MAX_TIMEOUT_S
+
+    return number(least, MAX_TIMEOUT_S, more_than=more_than, unit="seconds")

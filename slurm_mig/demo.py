@@ -14,18 +14,20 @@ import signal
 import sys
 import time
 
+from slurm_mig.argtypes import at_least, seconds
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="run the local demo cluster end to end (real Slurm, simulated MIG GPUs)")
-    p.add_argument("--jobs", type=int, default=24, help="how many jobs to submit (default 24)")
-    p.add_argument("--nodes", type=int, default=3, help="nodes (default 3)")
-    p.add_argument("--gpus", type=int, default=2, help="simulated H100-80GB GPUs per node (default 2)")
+    p.add_argument("--jobs", type=at_least(1), default=24, help="how many jobs to submit (default 24)")
+    p.add_argument("--nodes", type=at_least(1), default=3, help="nodes (default 3)")
+    p.add_argument("--gpus", type=at_least(1), default=2, help="simulated H100-80GB GPUs per node (default 2)")
     p.add_argument("--seed", type=int, default=1, help="workload seed")
     p.add_argument("--policy", default="frag-aware", help="controller policy (default frag-aware)")
     p.add_argument("--state-dir", help="where the demo keeps its files (default .run/demo); it deletes the state DB "
                                        "there on every start, so it refuses a directory holding one it did not create")
     p.add_argument("--json", action="store_true", help="print the summary as JSON (no live view)")
-    p.add_argument("--timeout", type=float, default=600, help="give up after this many seconds")
+    p.add_argument("--timeout", type=seconds(0.0, more_than=True), default=600, help="give up after this many seconds")
     p.set_defaults(func=_run)
 
 

@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+from slurm_mig.argtypes import seconds
+
 HOOKS = {
     "slurm-mig-prolog": "prolog",
     "slurm-mig-taskprolog": "prolog",
@@ -22,7 +24,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     nsub = p.add_subparsers(dest="node_command", metavar="ACTION")
     s = nsub.add_parser("sync", help="report this node's MIG state and apply the controller's desired layouts")
     s.add_argument("--node", help="node name (default: $SLURMD_NODENAME or the short host name)")
-    s.add_argument("--loop", type=float, metavar="SECONDS", help="repeat every SECONDS until interrupted")
+    s.add_argument("--loop", type=seconds(0.0, more_than=True), metavar="SECONDS", help="repeat every SECONDS until interrupted")
     s.set_defaults(func=_sync)
 
     p = sub.add_parser("install-hooks", help="install the Prolog/Epilog/TaskProlog/health-check executables")

@@ -29,6 +29,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from slurm_mig.argtypes import seconds
 from slurm_mig.errors import AlreadyRunning, BindingsUnreadable, ConfigError, GeometryError, TransitionBlocked
 from slurm_mig.mig.layout import Layout, Slot, parse_layout
 from slurm_mig.mig.profiles import get_model
@@ -474,21 +475,6 @@ def _cmd_sim_busy(args: argparse.Namespace) -> int:
     return 0
 
 
-def _seconds(text: str) -> float:
-    """--lock-wait: 0 (try once) up to a day, as the config's timeouts."""
-    import math
-
-    from slurm_mig.config import MAX_TIMEOUT_S
-
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not math.isfinite(value) or not 0 <= value <= MAX_TIMEOUT_S:
-        raise argparse.ArgumentTypeError(f"{text!r}: give 0 to {MAX_TIMEOUT_S:g} seconds (a day)")
-    return value
-
-
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add `slurm-mig nvml ...`."""
     common = argparse.ArgumentParser(add_help=False)
@@ -518,7 +504,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="also treat these instances as busy (instances bound to jobs on this node are, always)")
     p.add_argument("--ignore-bindings", action="store_true",
                    help="do not read this node's binding records (DANGER: only on a node with no jobs)")
-    p.add_argument("--lock-wait", type=_seconds, metavar="SECONDS",
+    p.add_argument("--lock-wait", type=seconds(0.0), metavar="SECONDS",
                    help="wait at most this long for the node's layout lock, which the hooks hold while they change "
                         "a layout, then exit 75 having changed nothing (default: [node].layout_lock_wait_s, 30)")
     p.add_argument("--json", action="store_true", help="print JSON")

@@ -12,7 +12,7 @@ import argparse
 import sys
 import time
 
-from slurm_mig.argtypes import at_least
+from slurm_mig.argtypes import at_least, seconds
 
 JOB_STATE_GROUPS = {
     "live": ("PENDING", "REQUEUED", "RUNNING", "SUSPENDED", "COMPLETING"),
@@ -79,7 +79,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("top", help="live dashboard: GPU slices, queue, decisions, health")
     _common(p, json_flag=False)
     p.add_argument("--once", action="store_true", help="print one frame and exit")
-    p.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes (default 2)")
+    p.add_argument("--interval", type=seconds(0.0, more_than=True), default=2.0, help="seconds between refreshes (default 2)")
     p.add_argument("--node", metavar="NODES", help="only these nodes: hostlist or glob")
     p.add_argument("--partition", help="only this partition's nodes and jobs (asks sinfo)")
     p.add_argument("--page", type=int, default=1, help="start on this page")

@@ -6,6 +6,7 @@ import argparse
 import json
 import time
 
+from slurm_mig.argtypes import seconds
 from slurm_mig.errors import SlurmMigError
 
 
@@ -29,7 +30,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     help="simulated MIG GPUs per node (default 2); each starts as 3g+2g+1g+1g")
     up.add_argument("--capacity-node", metavar="NAME", default=None,
                     help="add a drained placeholder node advertising every mig type (see LocalCluster)")
-    up.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the nodes (default 60)")
+    up.add_argument("--timeout", type=seconds(0.0, more_than=True), default=60.0, help="seconds to wait for the nodes (default 60)")
     up.set_defaults(func=_up)
 
     down = sub.add_parser("down", help="stop every daemon of the cluster")
