@@ -12,6 +12,7 @@ from slurm_mig.errors import StoreError
 from slurm_mig.mig.layout import Slot, parse_layout
 from slurm_mig.mig.profiles import get_model
 from slurm_mig.ops import views as V
+from slurm_mig.ops.cli import explain_lines
 from slurm_mig.policies.base import Assignment, Decision, LayoutChange
 from slurm_mig.store import open_store
 
@@ -459,3 +460,100 @@ def test_explain_a_pending_job_shows_the_reconfiguration_it_waits_for(ro):
     assert [(r["node"], r["gpu"], r["to"], r["state"]) for r in ex["reconfigurations"]] == \
         [("gpu02", 0, "7g@0", "in_progress")]
     assert ex["timeline"]["node"] == "gpu02"
+
+
+# -- explain: how long a reason held -------------------------------------------------------------
+
+def _waits_store(path, submit: float, decisions, *, started: float | None = None, cancelled: float | None = None):
+    """A store with job 301 (1 x 1g) submitted at ``submit`` and the live decisions ``decisions``:
+    (time, {job: reason}) each, recorded as the controller does (only when they differ)."""
+    with open_store(path) as store:
+        store.replace_observed("gpu01", [{"gpu": 0, "model": "H100-80GB", "mig_enabled": True, "uuid": "GPU-0"}],
+                               [{"gpu": 0, "profile": "7g", "start": 0, "uuid": "MIG-a", "in_use": True}],
+                               now=submit)
+        for job in ("300", "301", "302"):
+            store.upsert_job(job, profile="1g", count=1, user="u", partition="gpu", submit_time=submit, now=submit)
+        state = store.cluster_state(submit, stale_after_s=10 ** 9)
+        for t, reasons in decisions:
+            store.record_decision(Decision(waiting=tuple(reasons.items()), policy="frag-aware", version="1"),
+                                  state=state, now=t)
+        if started is not None:
+            store.bind("301", "gpu01", [(0, Slot(0, "1g.10gb"))], now=started)
+            store.set_job_state("301", "RUNNING", node="gpu01", now=started)
+        if cancelled is not None:
+            store.set_job_state("301", "CANCELLED", now=cancelled)
+
+
+def _explain(path, now):
+    ro = V.open_readonly(path)
+    try:
+        return V.explain_view(ro, "301", now=now)
+    finally:
+        ro.close()
+
+
+H = 3600.0
+BEHIND = "behind a higher-priority job that cannot start yet"
+NO_ROOM = "no node can hold 1 x 1g on idle slices now"
+
+
+def test_explain_a_wait_under_one_unchanged_reason_lasts_until_the_job_started(tmp_path):
+    """The controller records a decision only when it differs from the last one recorded, so a job waiting
+    5 hours for one unchanged reason has one decision. Its span ended at that decision's own time: explain
+    showed a wait of 0 s where the job waited 5 hours. It lasts until what ended it: here the job's start."""
+    t0 = NOW - 6 * H
+    _waits_store(tmp_path / "s.db", t0, [(t0 + 5, {"301": BEHIND})], started=t0 + 5 * H)
+    ex = _explain(tmp_path / "s.db", NOW)
+    [span] = ex["decisions"]["spans"]
+    assert (span["since"], span["until"]) == (t0 + 5, t0 + 5 * H)  # was t0 + 5: a wait of 0 s
+    assert span["ended_by"] == "start"
+    assert span["last_time"] == t0 + 5 and span["decisions"] == 1
+    text = "\n".join(explain_lines(ex, 200, now=NOW))
+    assert f"..{V.fmt_clock(t0 + 5 * H)} (4h59m, until it started)  #1 (1 decision, frag-aware 1) waiting: " \
+           + BEHIND in text
+    json.dumps(ex)
+
+
+def test_explain_a_job_still_waiting_under_one_reason_waits_until_now(tmp_path):
+    t0 = NOW - 6 * H
+    _waits_store(tmp_path / "s.db", t0, [(t0 + 5, {"301": BEHIND, "302": BEHIND})])
+    ex = _explain(tmp_path / "s.db", NOW)
+    [span] = ex["decisions"]["spans"]
+    assert span["until"] == NOW and span["ended_by"] == "now"
+    assert "..now (5h59m, still waiting)" in "\n".join(explain_lines(ex, 200, now=NOW))
+
+
+def test_explain_a_job_cancelled_while_waiting_waits_until_its_end(tmp_path):
+    t0 = NOW - 6 * H
+    _waits_store(tmp_path / "s.db", t0, [(t0 + 5, {"301": BEHIND})], cancelled=t0 + 2 * H)
+    [span] = _explain(tmp_path / "s.db", NOW)["decisions"]["spans"]
+    assert span["until"] == t0 + 2 * H and span["ended_by"] == "end"
+
+
+def test_explain_a_reason_lasts_until_the_next_decision_recorded_and_the_longest_is_the_one_named(tmp_path):
+    """Job 301 waited 4 hours behind another job, then a minute for room (two decisions, recorded because job
+    302's reason changed). The spans ended at their last decision's time, 0 s and 10 s, so 'In short' named
+    the one-minute reason as the one it waited for mostly."""
+    t0 = NOW - 6 * H
+    _waits_store(tmp_path / "s.db", t0, [(t0 + 5, {"301": BEHIND, "302": BEHIND}),
+                                         (t0 + 4 * H, {"301": NO_ROOM, "302": BEHIND}),
+                                         (t0 + 4 * H + 10, {"301": NO_ROOM, "302": NO_ROOM})],
+                 started=t0 + 4 * H + 60)
+    ex = _explain(tmp_path / "s.db", NOW)
+    assert f"waited mostly because: {BEHIND}" in ex["verdict"]
+    spans = ex["decisions"]["spans"]
+    assert [(s["reason"], s["since"], s["until"]) for s in spans] == [
+        (BEHIND, t0 + 5, t0 + 4 * H), (NO_ROOM, t0 + 4 * H, t0 + 4 * H + 60)]
+    assert [(s["ended_by"], s["next_decision"]) for s in spans] == [("decision", 2), ("start", None)]
+
+
+def test_explain_a_reason_ends_at_a_decision_that_left_the_job_out(tmp_path):
+    """A recorded decision that does not hold the job waiting (Slurm held it meanwhile, so the policy did not
+    see it) ends its span; the same reason recorded again later is a span of its own, not one that ran on
+    through the gap."""
+    t0 = NOW - 6 * H
+    _waits_store(tmp_path / "s.db", t0, [(t0 + 5, {"301": BEHIND, "302": BEHIND}), (t0 + 1 * H, {"302": BEHIND}),
+                                         (t0 + 2 * H, {"301": BEHIND, "302": BEHIND})])
+    spans = _explain(tmp_path / "s.db", NOW)["decisions"]["spans"]
+    assert [(s["first"], s["since"], s["until"]) for s in spans] == [(1, t0 + 5, t0 + 1 * H), (3, t0 + 2 * H, NOW)]
+    assert [s["ended_by"] for s in spans] == ["decision", "now"]

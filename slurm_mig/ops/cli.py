@@ -62,7 +62,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     _common(p)
     p.add_argument("--limit", type=int, default=10, help="how many (default 10)")
     p.add_argument("--waiting", action="store_true",
-                   help="also decisions that only kept jobs waiting (one per controller tick while any job waits)")
+                   help="also decisions that only kept jobs waiting (each recorded when it differs from the last)")
     p.add_argument("--all", action="store_true", help="every decision, including those that did nothing")
     p.add_argument("--job", metavar="JOBID", help="only decisions that placed or held this job")
     p.set_defaults(func=_decisions)
@@ -389,9 +389,11 @@ def explain_lines(ex: dict, width: int = 100, now: float | None = None) -> list[
     if not spans:
         add("  none recorded (a job placed by the Prolog alone, or one the controller never saw pending)")
     for s in spans:
-        when = V.fmt_when(s["since"], now)
-        if s["decisions"] > 1:
-            when += f"..{V.fmt_clock(s['until'])}"
+        # From its first decision to what ended it: the next decision recorded, the job's start or end, or now.
+        ended = {"decision": f"until #{s['next_decision']}", "start": "until it started", "end": "until it ended",
+                 "now": "still waiting" if s["what"] == "waiting" else "not started yet"}.get(s["ended_by"], "")
+        when = (f"{V.fmt_when(s['since'], now)}..{'now' if s['ended_by'] == 'now' else V.fmt_clock(s['until'])}"
+                f" ({V.fmt_duration(s['until'] - s['since'])}, {ended})")
         ids = f"#{s['first']}" + (f"..#{s['last']}" if s["last"] != s["first"] else "")
         if s["what"] == "waiting":
             n = f"{s['decisions']} decision{'s' if s['decisions'] != 1 else ''}"

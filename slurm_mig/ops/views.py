@@ -11,6 +11,7 @@ write lock, never create a missing database, and work for a user who may only re
 
 from __future__ import annotations
 
+import bisect
 import fnmatch
 import json
 import math
@@ -891,9 +892,30 @@ def _policy_saw(inputs: dict, job_id: str, profile: str, count: int, assignments
     }
 
 
-def _spans(decisions: list[dict], job_id: str) -> list[dict]:
-    """Group consecutive decisions by what they said about ``job_id`` (same waiting reason = one span)."""
+def _spans(decisions: list[dict], job_id: str, *, recorded: Sequence[tuple[int, float]], stop: float,
+           stopped_by: str) -> list[dict]:
+    """Group consecutive decisions by what they said about ``job_id`` (same waiting reason = one span).
+
+    The controller records a decision only when it differs from the last one recorded, so a job can wait
+    hours under one recorded decision: a span lasts (``until``) to what ended it, never to its last
+    decision's own time (``last_time``): the next live decision recorded (``recorded``: every live
+    decision's (id, time) in ascending order, ``ended_by`` "decision", ``next_decision`` its id), else
+    ``stop`` (its start, its end, or now; ``stopped_by`` says which: "start", "end" or "now"), whichever
+    came first. A recorded decision that leaves the job out (Slurm held it, so the policy did not see it)
+    ends the span too: the same reason recorded again after it is a span of its own."""
+    ids = [i for i, _t in recorded]
     spans: list[dict] = []
+
+    def close(s: dict) -> None:
+        k = bisect.bisect_right(ids, s["last"])
+        nxt = recorded[k] if k < len(recorded) else None
+        if nxt is not None and nxt[1] <= stop:
+            s["until"], s["ended_by"], s["next_decision"] = nxt[1], "decision", nxt[0]
+        else:
+            s["until"], s["ended_by"], s["next_decision"] = stop, stopped_by, None
+        # A decision recorded just after its start (Slurm's queue read before it started) ends nothing earlier.
+        s["until"] = max(s["until"], s["last_time"])
+
     for d in decisions:
         what, text, assignment = None, "", None
         for a in d["assignments"]:
@@ -907,15 +929,20 @@ def _spans(decisions: list[dict], job_id: str) -> list[dict]:
             continue
         if spans and spans[-1]["what"] == what == "waiting" and spans[-1]["reason"] == text:
             s = spans[-1]
-            s["last"], s["until"], s["decisions"] = d["id"], d["time"], s["decisions"] + 1
-            continue
+            k = bisect.bisect_right(ids, s["last"])
+            if k >= len(ids) or ids[k] >= d["id"]:  # no decision that left the job out in between
+                s["last"], s["last_time"], s["decisions"] = d["id"], d["time"], s["decisions"] + 1
+                continue
         spans.append({"what": what, "reason": text, "first": d["id"], "last": d["id"], "since": d["time"],
-                      "until": d["time"], "decisions": 1, "policy": f"{d['policy']} {d['version']}".strip(),
+                      "last_time": d["time"], "until": d["time"], "ended_by": None, "next_decision": None,
+                      "decisions": 1, "policy": f"{d['policy']} {d['version']}".strip(),
                       "assignment": assignment,
                       "changes": [c for c in d["changes"] if assignment is not None and c["node"] == assignment["node"]
                                   and any(i["gpu"] == c["gpu"] for i in assignment.get("instances", []))],
                       "reservations": [r for r in (d.get("extra") or {}).get("reservations", [])
                                        if r and str(r[0]) == job_id]})
+    for s in spans:
+        close(s)
     return spans
 
 
@@ -973,7 +1000,12 @@ def explain_view(store, job_id: str, *, now: float | None = None, max_options: i
     t_end = _known(job.start_time or job.end_time or now, now) + 2.0
     decisions = _decision_rows(store, limit=100_000, include_noop=False, job_id=job_id, since=t0, until=t_end,
                                newest_first=False)
-    spans = _spans(decisions, job_id)
+    # Every live decision of the window, the ones that left this job out included: each ends a span.
+    recorded = [(r["id"], r["time"]) for r in _rows(
+        store, "SELECT id, time FROM decisions WHERE shadow = 0 AND time >= ? AND time <= ? ORDER BY id", (t0, t_end))]
+    stop, stopped_by = ((job.start_time, "start") if job.start_time is not None
+                        else (job.end_time, "end") if job.end_time is not None else (now, "now"))
+    spans = _spans(decisions, job_id, recorded=recorded, stop=stop, stopped_by=stopped_by)
     # A placement that did not happen: the policy assigned the job, and a later decision held it
     # waiting again (Slurm started another job on those instances first, or the plan changed).
     for k, sp in enumerate(spans[:-1]):
