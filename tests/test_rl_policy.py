@@ -198,6 +198,42 @@ def test_controller_falls_back_with_the_reason_when_the_model_is_wrong(tmp_path,
     assert any("policy rl failed" in e and "feature schema" in e for e in events), events
 
 
+def test_a_fallback_deciding_as_the_policy_did_is_recorded_as_the_fallbacks_decision(tmp_path, monkeypatch):
+    """The controller records a live decision only when it differs from the last one recorded, and compared
+    only re-carves, placements and reasons: when the rl model stopped loading (a card of another feature
+    schema) and frag-aware, the fallback, decided as rl had, nothing was recorded, so the last decision, the
+    one `status` names and `explain` attributes the waits to, said rl and its model version for as long as
+    frag-aware decided. The policy and its version are part of the comparison now, as for the shadow's."""
+    import math
+
+    m = _copy_model(tmp_path)
+    monkeypatch.setenv("SLURM_MIG_RL_MODEL", str(m))
+    ctl, store = _controller(PolicyConfig(name="rl", fallback="frag-aware"), tmp_path)
+    for _ in range(3):  # the first tick's re-carves are planned by the second (nothing carries them out here)
+        ctl.tick()
+    [last] = store.recent_decisions(1, shadow=False)
+    assert last.policy == "rl"
+    card = json.loads((m.parent / "model_card.json").read_text())
+    card["feature_schema"] = "rl-candidates/0"
+    (m.parent / "model_card.json").write_text(json.dumps(card))
+    ctl.policy._checked_at = -math.inf  # the model is looked at again at most every 5 s
+    assert ctl.tick().get("policy") == "frag-aware"
+    ctl.tick()
+    now, before = store.recent_decisions(2, shadow=False)
+    assert before.id == last.id  # recorded once, not each tick
+    assert (now.policy, now.version) == ("frag-aware", FragAwarePolicy().version)
+    # Its waits and placements are rl's the tick before: only the policy that decided differs.
+    assert (now.action["assignments"], now.reasons) == (last.action["assignments"], last.reasons)
+    # explain says which policy held a job waiting when: a span of the same reason ends where the policy changed.
+    from slurm_mig.ops.views import explain_view
+
+    [waiting] = {j for j, _why in now.reasons}
+    spans = [s for s in explain_view(store, waiting)["decisions"]["spans"] if s["what"] == "waiting"]
+    assert [(s["policy"], s["first"]) for s in spans] == [(f"rl {last.version}", last.id),
+                                                          (f"frag-aware {now.version}", now.id)]
+    assert spans[0]["until"] == now.time and spans[0]["reason"] == spans[1]["reason"]
+
+
 def test_controller_runs_rl_and_shadows_a_candidate(tmp_path, monkeypatch):
     from slurm_mig.policy_registry import PolicyStore
 

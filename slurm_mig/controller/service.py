@@ -197,10 +197,13 @@ def _make_policy(cfg, name: str):
 
 
 def _signature(decision) -> tuple:
-    """What a decision does and says: its re-carves, placements and waiting reasons. A decision is recorded
-    only when this differs from that of the last one recorded (the same decision tick after tick, jobs
-    waiting for the same reasons, is recorded once)."""
-    return (tuple((c.key, str(c.target)) for c in decision.changes),
+    """Who decided (the policy and its version) and what the decision does and says: its re-carves,
+    placements and waiting reasons. A decision, the live policy's or the shadow's, is recorded only when this
+    differs from that of the last one recorded (the same decision tick after tick, jobs waiting for the same
+    reasons, is recorded once). The policy is part of it: the fallback deciding as the policy did the tick
+    before (an rl model that stopped loading, frag-aware deciding alike) is recorded, or the last decision,
+    the one `status` names and `explain` attributes waits to, would say the policy that no longer decides."""
+    return (decision.policy, decision.version, tuple((c.key, str(c.target)) for c in decision.changes),
             tuple((a.job_id, a.node, a.instances) for a in decision.assignments), decision.waiting)
 
 
@@ -856,13 +859,13 @@ class Controller:
         the tick's transaction: it changes nothing, so the node requests waiting on the store's lock must
         not wait for it too (a candidate may be slower than the live policy).
 
-        Recorded, as the live policy's, only when it differs from the last shadow decision recorded (or comes
-        from another policy or version): recorded every tick, a shadow whose decision repeated filled the
+        Recorded, as the live policy's (the same _signature), only when it differs from the last shadow
+        decision recorded or comes from another policy or version: recorded every tick, a shadow whose decision repeated filled the
         decisions' size budget ([controller].keep_decisions_mb) and pushed the live decisions, the ones
         explain reads, out of the history."""
         try:
             sd = self.shadow.decide(state)
-            signature = (sd.policy, sd.version, _signature(sd))
+            signature = _signature(sd)
             if signature == self._last_shadow_signature:
                 return
             self.store.record_decision(sd, state=state, shadow=True, now=now)

@@ -894,7 +894,8 @@ def _policy_saw(inputs: dict, job_id: str, profile: str, count: int, assignments
 
 def _spans(decisions: list[dict], job_id: str, *, recorded: Sequence[tuple[int, float]], stop: float,
            stopped_by: str) -> list[dict]:
-    """Group consecutive decisions by what they said about ``job_id`` (same waiting reason = one span).
+    """Group consecutive decisions by what they said about ``job_id`` (same waiting reason from the same
+    policy and version = one span).
 
     The controller records a decision only when it differs from the last one recorded, so a job can wait
     hours under one recorded decision: a span lasts (``until``) to what ended it, never to its last
@@ -927,7 +928,10 @@ def _spans(decisions: list[dict], job_id: str, *, recorded: Sequence[tuple[int, 
                     what, text = "waiting", why
         if what is None:
             continue
-        if spans and spans[-1]["what"] == what == "waiting" and spans[-1]["reason"] == text:
+        policy = f"{d['policy']} {d['version']}".strip()
+        # A span is one reason from one policy: the fallback taking over with the same reason starts another.
+        if spans and spans[-1]["what"] == what == "waiting" and spans[-1]["reason"] == text \
+                and spans[-1]["policy"] == policy:
             s = spans[-1]
             k = bisect.bisect_right(ids, s["last"])
             if k >= len(ids) or ids[k] >= d["id"]:  # no decision that left the job out in between
@@ -935,7 +939,7 @@ def _spans(decisions: list[dict], job_id: str, *, recorded: Sequence[tuple[int, 
                 continue
         spans.append({"what": what, "reason": text, "first": d["id"], "last": d["id"], "since": d["time"],
                       "last_time": d["time"], "until": d["time"], "ended_by": None, "next_decision": None,
-                      "decisions": 1, "policy": f"{d['policy']} {d['version']}".strip(),
+                      "decisions": 1, "policy": policy,
                       "assignment": assignment,
                       "changes": [c for c in d["changes"] if assignment is not None and c["node"] == assignment["node"]
                                   and any(i["gpu"] == c["gpu"] for i in assignment.get("instances", []))],
