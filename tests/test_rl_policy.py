@@ -4,6 +4,7 @@ the shipped model, schema checks, lazy loading, fallback in the controller, and 
 from __future__ import annotations
 
 import json
+import math
 import random
 import shutil
 import time
@@ -196,6 +197,73 @@ def test_controller_falls_back_with_the_reason_when_the_model_is_wrong(tmp_path,
     assert summary.get("policy") == "frag-aware" and summary.get("assignments", 0) > 0
     events = [e.message for e in store.recent_events(50)]
     assert any("policy rl failed" in e and "feature schema" in e for e in events), events
+
+
+def test_a_model_failing_every_tick_is_said_once_a_window_and_counted_every_time(tmp_path, monkeypatch, caplog):
+    """A model that no longer loads fails every tick: each was an error line and a 'policy' event, 17,280 a day
+    at the default 5 s interval. It is said once per POLICY_FAIL_LOG_EVERY_S now, the next line with the
+    count held back, a closing line once it has stopped; the metric counts every failure."""
+    import logging
+
+    from slurm_mig.controller.service import POLICY_FAIL_LOG_EVERY_S
+
+    m = _copy_model(tmp_path)
+    card = json.loads((m.parent / "model_card.json").read_text())
+    card["feature_schema"] = "rl-candidates/0"
+    (m.parent / "model_card.json").write_text(json.dumps(card))
+    monkeypatch.setenv("SLURM_MIG_RL_MODEL", str(m))
+    ctl, store = _controller(PolicyConfig(name="rl", fallback="frag-aware"), tmp_path)
+    t = [time.time()]
+    ctl.clock = lambda: t[0]
+
+    def failures():
+        return ([e.message for e in store.recent_events(500) if e.message.startswith("policy rl failed")],
+                [r.getMessage() for r in caplog.records if r.getMessage().startswith("policy rl failed")])
+
+    with caplog.at_level(logging.WARNING, logger="slurm_mig.controller"):
+        for _ in range(6):
+            assert ctl.tick().get("policy") == "frag-aware"
+            t[0] += 5
+        events, lines = failures()
+        assert len(events) == 1 and len(lines) == 1 and "feature schema" in lines[0]
+        assert ctl.metrics.counters[("slurm_mig_policy_errors_total", (("policy", "rl"),))] == 6
+        for _ in range(2):  # still failing a window later: said again, with the count held back
+            t[0] += POLICY_FAIL_LOG_EVERY_S / 2
+            ctl.tick()
+        events, lines = failures()
+        assert len(lines) == 2 and "(6 more such failures since the last line about them, not logged)" in lines[1]
+        assert len(events) == 2 and any("(6 more such failures" in e for e in events)
+        ctl.tick()  # one more, held back; then the model is mended
+        card["feature_schema"] = FEATURE_SCHEMA
+        (m.parent / "model_card.json").write_text(json.dumps(card))
+        ctl.policy._checked_at = -math.inf
+        t[0] += POLICY_FAIL_LOG_EVERY_S
+        assert ctl.tick().get("policy") == "rl"
+    closing = [r.getMessage() for r in caplog.records if "since the last line about them, not logged, and none" in
+               r.getMessage()]
+    assert closing == ["live policy rl: 1 more failure(s) (PolicyModelError) since the last line about them, not "
+                       f"logged, and none in the last {POLICY_FAIL_LOG_EVERY_S:.0f} s"]
+
+
+def test_a_shadow_failing_every_tick_is_said_once_a_window(tmp_path, monkeypatch, caplog):
+    """The same for a shadow candidate whose model does not load: one warning a window, not one a tick."""
+    import logging
+
+    m = _copy_model(tmp_path)
+    card = json.loads((m.parent / "model_card.json").read_text())
+    card["feature_schema"] = "rl-candidates/0"
+    (m.parent / "model_card.json").write_text(json.dumps(card))
+    monkeypatch.setenv("SLURM_MIG_RL_MODEL", str(m))
+    ctl, store = _controller(PolicyConfig(name="frag-aware", shadow="rl"), tmp_path)
+    t = [time.time()]
+    ctl.clock = lambda: t[0]
+    with caplog.at_level(logging.WARNING, logger="slurm_mig.controller"):
+        for _ in range(5):
+            assert ctl.tick().get("policy") == "frag-aware"
+            t[0] += 5
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("shadow policy rl failed")]
+    assert len(lines) == 1 and "feature schema" in lines[0], lines
+    assert store.recent_decisions(5, shadow=True) == []
 
 
 def test_a_fallback_deciding_as_the_policy_did_is_recorded_as_the_fallbacks_decision(tmp_path, monkeypatch):

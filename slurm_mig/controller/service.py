@@ -49,6 +49,9 @@ JOB_ID = re.compile(r"[0-9]{1,12}(_[0-9]{1,9})?")  # use with fullmatch: "$" wou
 JOURNAL_TIMEOUT_S = 600.0
 # How often a node's GPU of a model this controller's tables do not list is said again (log and event).
 UNKNOWN_MODEL_LOG_EVERY_S = 3600.0
+# How often a policy (or the shadow) failing the same way tick after tick is said again (log and event): a
+# model that no longer loads fails every tick, 17,280 error lines and events a day at the default interval.
+POLICY_FAIL_LOG_EVERY_S = 600.0
 # A job that ended in Slurm without an Epilog report for this long (at least two health-check intervals)
 # gets its outcome from Slurm's own record.
 EPILOG_GRACE_S = 60.0
@@ -271,6 +274,8 @@ class Controller:
         self._not_adopted: set[tuple[str, str, int]] = set()  # (node, job, run): an earlier run's file, said once
         # node + GPU model (or profile of a known one) our tables do not list (a newer node's): said once an hour
         self._unknown_models = LogLimiter(UNKNOWN_MODEL_LOG_EVERY_S)
+        # policy (live or shadow) + kind of failure: said once every POLICY_FAIL_LOG_EVERY_S, counted always
+        self._policy_failures = LogLimiter(POLICY_FAIL_LOG_EVERY_S)
         # Is a node's request encoded on its own host? Only MUNGE credentials say where they were made, so
         # under HMAC the check is off whatever [auth].node_origin says.
         self.origin_mode = cfg.auth.node_origin if cfg.auth.method == "munge" else "off"
@@ -700,7 +705,12 @@ class Controller:
                                      node=e.node, now=now)
 
     def _plan(self, now: float) -> "_Plan":
-        """Ask the policy (or the fallback) about the stored state; nothing is written but metrics."""
+        """Ask the policy (or the fallback) about the stored state; nothing is written but metrics (and a
+        policy failure's event)."""
+        for key, held in self._policy_failures.ended(now):
+            which, name, kind = (key.split("\0") + ["?", "?", "?"])[:3]
+            log.warning("%s policy %s: %d more failure(s) (%s) since the last line about them, not logged, and none "
+                        "in the last %.0f s", which, name, held, kind, POLICY_FAIL_LOG_EVERY_S)
         # A started job the Prolog has not bound holds, in the policy's view, the instance its Prolog will
         # choose: its reservation from the last tick when that is free (store.cluster_state, _prolog_choice).
         reservations = self.store.get_meta("reservations") or {}
@@ -755,10 +765,13 @@ class Controller:
             decision = self.policy.decide(state)
             check_decision(state, decision)
         except Exception as exc:  # a policy bug must not stop the cluster: use the fallback
-            log.error("policy %s failed or was unsafe: %s; using %s", self.policy.name, exc,
-                      self.fallback.name if self.fallback else "nothing")
             self.metrics.inc("slurm_mig_policy_errors_total", (("policy", self.policy.name),))
-            self.store.add_event("policy", f"policy {self.policy.name} failed: {exc}", now=now)
+            held = self._policy_failures.say(f"live\0{self.policy.name}\0{type(exc).__name__}", now)
+            if held is not None:
+                more = f" ({held} more such failures since the last line about them, not logged)" if held else ""
+                log.error("policy %s failed or was unsafe: %s; using %s%s", self.policy.name, exc,
+                          self.fallback.name if self.fallback else "nothing", more)
+                self.store.add_event("policy", f"policy {self.policy.name} failed: {exc}{more}", now=now)
             decision = None
             if self.fallback is not None:
                 used = self.fallback
@@ -871,7 +884,10 @@ class Controller:
             self.store.record_decision(sd, state=state, shadow=True, now=now)
             self._last_shadow_signature = signature
         except Exception as exc:
-            log.warning("shadow policy %s failed: %s", self.shadow.name, exc)
+            held = self._policy_failures.say(f"shadow\0{self.shadow.name}\0{type(exc).__name__}", now)
+            if held is not None:
+                log.warning("shadow policy %s failed: %s%s", self.shadow.name, exc,
+                            f" ({held} more such failures since the last line about them, not logged)" if held else "")
 
     def _withdraw_first(self, plan: "_Plan", jobs, nodes, gres_now: dict, now: float):
         """Take instances a plan destroys out of Slurm's counts before the plan is committed.
