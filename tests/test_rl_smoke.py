@@ -490,3 +490,23 @@ def test_retrain_replays_on_the_mig_gpus_of_the_db_not_every_gpu(tmp_path):
     store.close()
     assert cluster_of(db) == (1, 2, "H100-80GB")
     assert cluster_of(tmp_path / "none.db") == (1, 8, "H100-80GB")
+
+
+def test_retrain_replays_on_the_known_mig_gpus_when_a_newer_model_outnumbers_them(tmp_path):
+    """During a rolling upgrade the gpus table holds GPUs of a model this slurm-mig's tables do not list, as their
+    nodes named it (d1464e6: kept blocked, never given a MIG job). Where those were the most common, cluster_of took
+    their model, could not read it and replayed the site's history on the default 1 x 8 H100-80GB: here four times
+    the GPUs on one node that the jobs had on two nodes of two."""
+    from slurm_mig.store import open_store
+    from training.retrain import cluster_of
+
+    db = tmp_path / "state.db"
+    _fill_db(db)
+    store = open_store(str(db))
+    store.replace_observed("n1b", [{"gpu": g, "uuid": f"GPU-n1b-{g}", "model": "H100-80GB", "mig_enabled": True}
+                                   for g in (0, 1)], [], now=1000.0)
+    for n in ("new1", "new2", "new3"):
+        store.replace_observed(n, [{"gpu": g, "uuid": f"GPU-{n}-{g}", "model": "GB300-288GB", "name": "NVIDIA GB300",
+                                    "mig_enabled": True} for g in range(4)], [], now=1000.0)
+    store.close()
+    assert cluster_of(db) == (2, 2, "H100-80GB")

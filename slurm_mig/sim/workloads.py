@@ -476,7 +476,10 @@ def _number(v):
 def outcomes_db_cluster(path: str | Path) -> tuple[str, int, int] | None:
     """(GPU model, nodes, GPUs per node) of the MIG GPUs a state DB last saw, for replaying its outcomes
     on the site's own cluster: the most common model, the nodes holding one of those and the most such
-    GPUs on one node. None when the DB records no MIG GPU (or no ``gpus`` table)."""
+    GPUs on one node. Only models this slurm-mig's tables list count: a newer node's GPU, stored under the
+    model it named and kept blocked (it takes no MIG job), is no GPU of the replay; counted, it could be the
+    most common and leave no cluster at all. None when the DB records no MIG GPU of a known model (or no
+    ``gpus`` table)."""
     try:
         con = sqlite3.connect(f"file:{Path(path)}?mode=ro", uri=True)
     except sqlite3.Error:
@@ -487,21 +490,23 @@ def outcomes_db_cluster(path: str | Path) -> tuple[str, int, int] | None:
         return None
     finally:
         con.close()
+    known: list[tuple[str, str]] = []
+    for node, m in rows:
+        try:
+            known.append((node, get_model(str(m)).name))
+        except GeometryError:
+            continue
     models: dict[str, int] = {}
-    for _node, m in rows:
+    for _node, m in known:
         models[m] = models.get(m, 0) + 1
     if not models:
         return None
     model = max(sorted(models), key=lambda m: models[m])
-    try:
-        name = get_model(model).name
-    except GeometryError:
-        return None
     per_node: dict[str, int] = {}
-    for node, m in rows:
+    for node, m in known:
         if m == model:
             per_node[node] = per_node.get(node, 0) + 1
-    return name, len(per_node), max(per_node.values())
+    return model, len(per_node), max(per_node.values())
 
 
 def load_outcomes_db(
