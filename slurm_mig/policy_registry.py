@@ -17,6 +17,8 @@ No torch here: this module runs on the head node.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import pickletools
@@ -161,7 +163,13 @@ class PolicyStore:
         dest = self.root / version
         if dest.exists():
             raise ConfigError(f"policy version {version} already exists in {self.root}")
-        self._writable_root()
+        with self._locked():
+            if dest.exists():  # added meanwhile by another admin
+                raise ConfigError(f"policy version {version} already exists in {self.root}")
+            return self._add(onnx, pt, card, version, dest, extra_card)
+
+    def _add(self, onnx: Path, pt: Path, card: dict, version: str, dest: Path, extra_card: dict | None
+             ) -> PolicyVersion:
         tmp = Path(tempfile.mkdtemp(prefix=f".{version}.", dir=self.root))
         try:
             shutil.copy2(onnx, tmp / "model.onnx")
@@ -191,13 +199,18 @@ class PolicyStore:
 
     def activate(self, version: str) -> None:
         """Make ``version`` the active one and add it to the history; no check (see :meth:`install`)."""
-        h = self.history()  # first: a broken history.json refuses the change instead of half-making it
-        self._set_active(version)
-        h.append({"version": version, "time": time.time()})
-        self._write_json("history.json", h)
+        with self._locked():
+            h = self.history()  # first: a broken history.json refuses the change instead of half-making it
+            self._set_active(version)
+            h.append({"version": version, "time": time.time()})
+            self._write_json("history.json", h)
 
     def rollback(self) -> str:
         """Re-activate the version that was active before the current one (``default`` at the start)."""
+        with self._locked():
+            return self._rollback()
+
+    def _rollback(self) -> str:
         h = self.history()
         cur = self.active()
         while h and h[-1]["version"] == cur:
@@ -208,10 +221,27 @@ class PolicyStore:
         # History first: stopped between the two writes, the store still runs ``cur`` and the next rollback
         # (its entries popped) goes to ``prev`` again; the other order left ``prev`` active with ``cur`` last in
         # the history, and the next rollback re-activated ``cur``, the version rolled back from.
-        self._writable_root()
         self._write_json("history.json", h)
         self._set_active(prev)
         return prev
+
+    @contextlib.contextmanager
+    def _locked(self):
+        """Hold the store's lock file (``.lock``, an exclusive flock) while changing the store: each change
+        reads history.json (or checks a version is new) and writes it back through fixed temporary names, so
+        two at once (two admins, or a `retrain --install` finishing meanwhile) overwrote each other's
+        temporary file, failed with a traceback and lost an activation. A second one waits for the first."""
+        self._writable_root()
+        try:
+            fd = os.open(self.root / ".lock", os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+        except OSError as exc:
+            raise ConfigError(f"cannot open the policy store's lock {self.root / '.lock'}: "
+                              f"{exc.strerror or exc}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
 
     def _writable_root(self) -> None:
         """The store directory, created if missing; a ConfigError naming it when it cannot be written."""

@@ -325,3 +325,43 @@ def test_the_folder_of_a_stopped_install_is_no_version(tmp_path, capsys):
     assert "no policy version" in capsys.readouterr().err
     with pytest.raises(PolicyModelError, match="no candidate"):  # v1 is active: there is none
         resolve_model_path(candidate=True)
+
+
+def test_two_admins_installing_at_once_both_land_in_order(tmp_path, monkeypatch):
+    """install wrote ``.active.tmp`` and renamed it to ``active``, reading history.json before and writing it
+    after, with nothing to keep a second install (another admin's, or a `retrain --install` finishing) out
+    in between: the second one's write went into the first's temporary file, the first's rename then put
+    the second's version in place and printed its own as active, the second's rename found no file
+    (FileNotFoundError, a traceback) and one activation was lost from the history. Changes to the store
+    now wait for one another (a lock file in the store)."""
+    import os
+    import threading
+
+    st = PolicyStore()
+    for v in ("v1", "v2"):
+        st.add(model_dir(tmp_path, v, version=v))
+    real, main_thread = os.replace, threading.current_thread()
+    other_started, other_done, errors = threading.Event(), threading.Event(), []
+
+    def other_admin():
+        try:
+            PolicyStore().install("v2")
+        except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
+            errors.append(exc)
+        finally:
+            other_done.set()
+
+    def replace(a, b):
+        if threading.current_thread() is main_thread and Path(b).name == "active" and not other_started.is_set():
+            other_started.set()  # the first admin is about to rename: the second one starts now
+            threading.Thread(target=other_admin, daemon=True).start()
+            other_done.wait(1.0)  # it waits for the first (with the fix) or runs to its end (without)
+        return real(a, b)
+
+    monkeypatch.setattr(os, "replace", replace)
+    PolicyStore().install("v1")
+    assert other_done.wait(30)
+    monkeypatch.setattr(os, "replace", real)
+    assert errors == []
+    assert [e["version"] for e in PolicyStore().history()] == ["v1", "v2"]
+    assert PolicyStore().active() == "v2"
