@@ -30,11 +30,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from slurm_mig.errors import ConfigError
+from slurm_mig.folders import make_missing_folders
 from slurm_mig.policies.rl import (
     CARD_NAME, SHIPPED_MODEL, VERSION_RE, OnnxScorer, PolicyModelError, created_time, read_card, store_dir,
 )
 
 DEFAULT = "default"
+
+# The store's folders and files, whatever the umask or the mode of the files installed: root's controller runs the
+# model ``active`` names, so nobody else may write either; anyone may read them (`policy list`).
+FOLDER_MODE = 0o755
+FILE_MODE = 0o644
 
 # What a torch.save of plain weights names in its pickle: a stricter subset of what
 # torch.load(weights_only=True) accepts, checked without torch (the head node has none).
@@ -170,16 +176,21 @@ class PolicyStore:
 
     def _add(self, onnx: Path, pt: Path, card: dict, version: str, dest: Path, extra_card: dict | None
              ) -> PolicyVersion:
-        tmp = Path(tempfile.mkdtemp(prefix=f".{version}.", dir=self.root))
+        tmp = Path(tempfile.mkdtemp(prefix=f".{version}.", dir=self.root))  # 0700 until complete
         try:
-            shutil.copy2(onnx, tmp / "model.onnx")
+            # copyfile, not copy2: the files take FILE_MODE, never the mode of those installed (0666 from a folder so
+            # written)
+            shutil.copyfile(onnx, tmp / "model.onnx")
             guard = card.get("guard")
             if isinstance(guard, dict) and guard.get("file"):  # OnnxScorer checked it is a plain name beside it
-                shutil.copy2(onnx.parent / guard["file"], tmp / guard["file"])
+                shutil.copyfile(onnx.parent / guard["file"], tmp / guard["file"])
             card = {**card, **(extra_card or {}), "version": version}
             (tmp / CARD_NAME).write_text(json.dumps(card, indent=2) + "\n")
             if pt.is_file():
-                shutil.copy2(pt, tmp / "model.pt")
+                shutil.copyfile(pt, tmp / "model.pt")
+            for f in tmp.iterdir():
+                os.chmod(f, FILE_MODE)
+            os.chmod(tmp, FOLDER_MODE)
             os.replace(tmp, dest)
         finally:
             if tmp.exists():
@@ -233,7 +244,7 @@ class PolicyStore:
         temporary file, failed with a traceback and lost an activation. A second one waits for the first."""
         self._writable_root()
         try:
-            fd = os.open(self.root / ".lock", os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+            fd = os.open(self.root / ".lock", os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), FILE_MODE)
         except OSError as exc:
             raise ConfigError(f"cannot open the policy store's lock {self.root / '.lock'}: "
                               f"{exc.strerror or exc}") from None
@@ -247,9 +258,12 @@ class PolicyStore:
         """The store directory, created if missing; a ConfigError naming it when it cannot be written."""
         self._not_a_file()
         try:
-            self.root.mkdir(parents=True, exist_ok=True)
+            # each made with FOLDER_MODE, then chmod-ed: mkdir(parents=True) gave 0777 less the umask, world-writable
+            # under umask 0 (and /var/lib/slurm-mig, made first by an install, stayed so for the database)
+            make_missing_folders(self.root, lambda d: FOLDER_MODE)
         except OSError as exc:
-            raise ConfigError(f"policy store {self.root} cannot be created: {exc.strerror or exc}") from None
+            raise ConfigError(f"policy store {exc.filename or self.root} cannot be created: "
+                              f"{exc.strerror or exc}") from None
         if not os.access(self.root, os.W_OK | os.X_OK):
             raise ConfigError(f"policy store {self.root} is not writable by this user (run as root, or use --store)")
 
@@ -262,10 +276,12 @@ class PolicyStore:
         self._writable_root()
         tmp = self.root / ".active.tmp"
         tmp.write_text(version + "\n")
+        os.chmod(tmp, FILE_MODE)
         os.replace(tmp, self.root / "active")
 
     def _write_json(self, name: str, data) -> None:
         tmp = self.root / f".{name}.tmp"
         tmp.write_text(json.dumps(data, indent=1) + "\n")
+        os.chmod(tmp, FILE_MODE)
         os.replace(tmp, self.root / name)
 

@@ -365,3 +365,32 @@ def test_two_admins_installing_at_once_both_land_in_order(tmp_path, monkeypatch)
     assert errors == []
     assert [e["version"] for e in PolicyStore().history()] == ["v1", "v2"]
     assert PolicyStore().active() == "v2"
+
+
+def test_the_store_is_written_with_its_modes_whatever_the_umask_and_the_source_files(tmp_path, monkeypatch):
+    """The store's folder and the missing ones above it were made by mkdir(parents=True), active and history.json
+    by write_text, all with the umask's mode: world-writable under umask 0, so that anyone could put an ``active``
+    of their own there, naming a model the root controller would run (and /var/lib/slurm-mig, made first by an
+    install before the controller's first start, stayed so: the database's folder is left as it is when it
+    exists); and a model's files kept the mode of the files installed (copy2), 0666 from a folder so written.
+    Folders are now 0755 (made with it, then chmod-ed), every file 0644."""
+    import os
+    import stat
+
+    src = model_dir(tmp_path, "src", version="v1")
+    for f in src.iterdir():
+        f.chmod(0o666)
+    root = tmp_path / "var" / "lib" / "slurm-mig" / "policies"
+    monkeypatch.setenv("SLURM_MIG_POLICY_STORE", str(root))
+    old = os.umask(0)
+    try:
+        st = PolicyStore()
+        st.install(st.add(src).version)
+        st.rollback()
+    finally:
+        os.umask(old)
+    made = [tmp_path / "var", tmp_path / "var" / "lib", tmp_path / "var" / "lib" / "slurm-mig", root, root / "v1"]
+    files = [p for p in root.rglob("*") if p.is_file()]
+    assert {p.name for p in files} >= {"active", "history.json", "model.onnx", "guard.onnx", "model_card.json"}
+    assert {str(p): oct(stat.S_IMODE(p.stat().st_mode)) for p in made} == {str(p): "0o755" for p in made}
+    assert {str(p): oct(stat.S_IMODE(p.stat().st_mode)) for p in files} == {str(p): "0o644" for p in files}
