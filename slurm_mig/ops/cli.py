@@ -393,7 +393,7 @@ def explain_lines(ex: dict, width: int = 100, now: float | None = None) -> list[
         ended = {"decision": f"until #{s['next_decision']}", "start": "until it started", "end": "until it ended",
                  "now": "still waiting" if s["what"] == "waiting" else "not started yet"}.get(s["ended_by"], "")
         when = (f"{V.fmt_when(s['since'], now)}..{'now' if s['ended_by'] == 'now' else V.fmt_clock(s['until'])}"
-                f" ({V.fmt_duration(s['until'] - s['since'])}, {ended})")
+                f" ({V.fmt_duration(s['duration_s'])}, {ended})")
         ids = f"#{s['first']}" + (f"..#{s['last']}" if s["last"] != s["first"] else "")
         if s["what"] == "waiting":
             n = f"{s['decisions']} decision{'s' if s['decisions'] != 1 else ''}"

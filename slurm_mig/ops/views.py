@@ -910,12 +910,15 @@ def _spans(decisions: list[dict], job_id: str, *, recorded: Sequence[tuple[int, 
     def close(s: dict) -> None:
         k = bisect.bisect_right(ids, s["last"])
         nxt = recorded[k] if k < len(recorded) else None
-        if nxt is not None and nxt[1] <= stop:
+        # (a time that is not a number, text or a blob in the DB, is compared with nothing: fmt_odd shows it)
+        if nxt is not None and not (_is_number(nxt[1]) and _is_number(stop) and nxt[1] > stop):
             s["until"], s["ended_by"], s["next_decision"] = nxt[1], "decision", nxt[0]
         else:
             s["until"], s["ended_by"], s["next_decision"] = stop, stopped_by, None
         # A decision recorded just after its start (Slurm's queue read before it started) ends nothing earlier.
-        s["until"] = max(s["until"], s["last_time"])
+        if _is_number(s["until"]) and _is_number(s["last_time"]):
+            s["until"] = max(s["until"], s["last_time"])
+        s["duration_s"] = _elapsed(s["until"], s["since"])
 
     for d in decisions:
         what, text, assignment = None, "", None
