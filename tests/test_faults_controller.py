@@ -1510,3 +1510,25 @@ def test_a_prolog_for_a_known_job_is_answered_within_the_nodes_request_timeout_w
     assert [i["profile"] for i in resp["instances"]] == ["3g.40gb"]
     assert took < 1.0, f"answered after {took:.1f} s, past the node's 1 s request timeout"
     assert rig.store.get_job("1").state == "RUNNING"
+
+
+def test_a_job_back_in_an_emptied_queue_is_recorded_again(rig):
+    """A tick with nothing to explain (no job the policy may place) records nothing, but kept the last
+    decision's signature: a job back in the queue (released, requeued) with the reason it had before the queue
+    emptied was not recorded, so explain attributed its new wait to the decision from before it was held."""
+    from dataclasses import replace
+
+    count = lambda: rig.store._q("SELECT COUNT(*) AS n FROM decisions")[0]["n"]  # noqa: E731
+    job = SlurmJob(job_id=3, name="c", user="carol", state="PENDING", mig={"7g": 1}, tres_per_node="gres:mig:7g:1",
+                   submit_time=3, priority=1)
+    rig.fake.queue[:] = [job]
+    rig.tick()
+    rig.tick()
+    first = count()
+    rig.fake.queue[:] = [replace(job, state_reason="JobHeldUser", priority=0)]  # scontrol hold: nothing to place
+    summary = rig.tick()
+    assert summary["pending"] == 0 and summary["changes"] == 0
+    assert count() == first
+    rig.fake.queue[:] = [job]  # scontrol release: back, waiting as before
+    rig.tick()
+    assert count() == first + 1

@@ -800,6 +800,9 @@ class Controller:
             # (an idle queue, one whose jobs Slurm will not start, or a cluster whose nodes have not reported
             # a GPU yet, read as a controller gone stale).
             self.store.set_meta("reservations", {}, now=now)
+            # The next decision is recorded whatever it says: a job back in the queue with the reason it had
+            # before the queue emptied is a new wait, which explain must not attribute to the decision before.
+            self._last_signature = None
             if decision is None:
                 return {"pending": len(state.pending), "changes": 0}
             return {"pending": 0, "changes": 0, "policy": used.name}
