@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from slurm_mig.errors import ConfigError
-from slurm_mig.folders import make_missing_folders
+from slurm_mig.folders import make_missing_folders, sync_path, write_durably
 from slurm_mig.policies.rl import (
     CARD_NAME, SHIPPED_MODEL, VERSION_RE, OnnxScorer, PolicyModelError, created_time, read_card, store_dir,
 )
@@ -190,11 +190,14 @@ class PolicyStore:
                 shutil.copyfile(pt, tmp / "model.pt")
             for f in tmp.iterdir():
                 os.chmod(f, FILE_MODE)
+                sync_path(f)  # each file on disk before its folder is renamed into place: never a version of empty files
             os.chmod(tmp, FOLDER_MODE)
+            sync_path(tmp)
             os.replace(tmp, dest)
         finally:
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
+        sync_path(self.root)  # the rename itself
         return PolicyVersion(version, dest / "model.onnx", card, False)
 
     def install(self, version: str) -> PolicyVersion:
@@ -260,7 +263,8 @@ class PolicyStore:
         try:
             # each made with FOLDER_MODE, then chmod-ed: mkdir(parents=True) gave 0777 less the umask, world-writable
             # under umask 0 (and /var/lib/slurm-mig, made first by an install, stayed so for the database)
-            make_missing_folders(self.root, lambda d: FOLDER_MODE)
+            for d in make_missing_folders(self.root, lambda d: FOLDER_MODE):
+                sync_path(d.parent)  # a store made here survives a power cut with what goes in it
         except OSError as exc:
             raise ConfigError(f"policy store {exc.filename or self.root} cannot be created: "
                               f"{exc.strerror or exc}") from None
@@ -274,14 +278,9 @@ class PolicyStore:
 
     def _set_active(self, version: str) -> None:
         self._writable_root()
-        tmp = self.root / ".active.tmp"
-        tmp.write_text(version + "\n")
-        os.chmod(tmp, FILE_MODE)
-        os.replace(tmp, self.root / "active")
+        write_durably(self.root / "active", (version + "\n").encode(), FILE_MODE)
 
     def _write_json(self, name: str, data) -> None:
-        tmp = self.root / f".{name}.tmp"
-        tmp.write_text(json.dumps(data, indent=1) + "\n")
-        os.chmod(tmp, FILE_MODE)
-        os.replace(tmp, self.root / name)
-
+        # fsynced before and after the rename (folders.write_durably): a power cut must not leave an empty
+        # 'active' (the controller would run another model) or history.json
+        write_durably(self.root / name, (json.dumps(data, indent=1) + "\n").encode(), FILE_MODE)

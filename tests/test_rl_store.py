@@ -394,3 +394,42 @@ def test_the_store_is_written_with_its_modes_whatever_the_umask_and_the_source_f
     assert {p.name for p in files} >= {"active", "history.json", "model.onnx", "guard.onnx", "model_card.json"}
     assert {str(p): oct(stat.S_IMODE(p.stat().st_mode)) for p in made} == {str(p): "0o755" for p in made}
     assert {str(p): oct(stat.S_IMODE(p.stat().st_mode)) for p in files} == {str(p): "0o644" for p in files}
+
+
+def test_every_write_of_the_store_is_on_disk_before_and_after_its_rename(tmp_path, monkeypatch):
+    """active, history.json and a version's files were renamed into place without an fsync of the file before
+    nor of its folder after: after a power cut 'active' could be empty (the controller then ran the shipped
+    model) and a version's files empty. Each is now fsynced before its rename, and its folder after it."""
+    import os
+
+    real_fsync, real_replace, events = os.fsync, os.replace, []
+
+    def fsync(fd):
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        return real_fsync(fd)
+
+    def replace(a, b):
+        events.append(("replace", str(a), str(b)))
+        return real_replace(a, b)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    st = PolicyStore()
+    st.install(st.add(model_dir(tmp_path, "src", version="v1")).version)
+    st.rollback()
+    monkeypatch.setattr(os, "fsync", real_fsync)
+    monkeypatch.setattr(os, "replace", real_replace)
+
+    root = str(tmp_path / "store")
+    assert ("fsync", str(tmp_path)) in events  # the store folder made here
+    renames = [i for i, e in enumerate(events) if e[0] == "replace"]
+    assert sorted({Path(events[i][2]).name for i in renames}) == ["active", "history.json", "v1"]
+    for n, i in enumerate(renames):
+        _, src, dst = events[i]
+        before = {e[1] for e in events[(renames[n - 1] if n else 0):i] if e[0] == "fsync"}
+        after = {e[1] for e in events[i + 1:(renames[n + 1] if n + 1 < len(renames) else len(events))]
+                 if e[0] == "fsync"}
+        need = {src} | ({str(p) for p in Path(dst).iterdir()} if Path(dst).is_dir() else set())
+        need = {p.replace(dst, src) for p in need}  # the files as they were named before the folder's rename
+        assert need <= before, (dst, need - before)
+        assert root in after, dst

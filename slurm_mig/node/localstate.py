@@ -24,12 +24,13 @@ import json
 import logging
 import os
 import secrets
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from slurm_mig.folders import make_missing_folders
+# every record, copy and outbox message: temp file, fsync, rename, folder fsync (hooks import it from here too)
+from slurm_mig.folders import write_durably as _atomic_write  # noqa: F401
 
 log = logging.getLogger("slurm_mig.hooks")
 
@@ -119,24 +120,6 @@ def local_node_name(env: dict | None = None) -> str:
 
     env = os.environ if env is None else env
     return env.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
-
-
-def _atomic_write(path: Path, data: bytes, mode: int, uid: int | None = None, gid: int | None = None) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-    try:
-        os.fchmod(fd, mode)
-        if uid is not None and os.geteuid() == 0:
-            os.fchown(fd, uid, -1 if gid is None else gid)
-        os.write(fd, data)
-        os.fsync(fd)
-        os.close(fd)
-        fd = -1
-        os.replace(tmp, path)
-    finally:
-        if fd != -1:
-            os.close(fd)
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 def identified(payload: dict) -> dict:

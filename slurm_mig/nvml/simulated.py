@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from slurm_mig.errors import ConfigError
+from slurm_mig.folders import write_durably
 from slurm_mig.mig import timing
 from slurm_mig.mig.layout import Layout, Slot
 from slurm_mig.mig.profiles import GpuModel, get_model
@@ -149,30 +150,7 @@ def _flock(path: Path, exclusive: bool) -> Iterator[None]:
 
 def _atomic_write(path: Path, state: dict) -> None:
     """Write ``state`` as JSON to ``path``: temp file, fsync, rename, fsync the folder; mode 0600."""
-    folder = path.parent
-    tmp = folder / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
-    data = json.dumps(state, indent=1, sort_keys=True).encode()
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    except BaseException:
-        os.close(fd)
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    os.close(fd)
-    try:
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    dfd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+    write_durably(path, json.dumps(state, indent=1, sort_keys=True).encode(), 0o600)
 
 
 def _lock_path(state_path: Path) -> Path:
