@@ -110,10 +110,15 @@ def _list(args) -> int:
 
     st = _store(args)
     vs = st.versions()
+    problem = st.active_problem()
+    if problem:  # the controller runs its fallback meanwhile, and logs this
+        print(f"slurm-mig: warning: {problem}; until then the controller's rl policy fails and its "
+              "[policy].fallback decides", file=sys.stderr)
     if args.json:
-        print(json.dumps({"store": str(st.root), "active": st.active(), "versions": [v.to_json() for v in vs]}))
+        print(json.dumps({"store": str(st.root), "active": st.active() or None, "active_problem": problem or None,
+                          "versions": [v.to_json() for v in vs]}))
         return 0
-    print(f"policy store {st.root} (active: {st.active()})")
+    print(f"policy store {st.root} (active: {st.active() or 'none'})")
     if not vs:
         print("  no versions (and no shipped policy/default.onnx)")
     for v in vs:

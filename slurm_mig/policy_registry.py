@@ -32,7 +32,8 @@ from pathlib import Path
 from slurm_mig.errors import ConfigError
 from slurm_mig.folders import make_missing_folders, sync_path, write_durably
 from slurm_mig.policies.rl import (
-    CARD_NAME, SHIPPED_MODEL, VERSION_RE, OnnxScorer, PolicyModelError, created_time, read_card, store_dir,
+    CARD_NAME, SHIPPED_MODEL, VERSION_RE, OnnxScorer, PolicyModelError, created_time, read_active, read_card,
+    store_dir,
 )
 
 DEFAULT = "default"
@@ -100,11 +101,20 @@ class PolicyStore:
 
     # -- reading -----------------------------------------------------------------------
     def active(self) -> str:
+        """The active version; ``default`` without an ``active`` file, '' when it names none (see
+        :meth:`active_problem`)."""
         try:
-            v = (self.root / "active").read_text().strip()
-        except OSError:
-            return DEFAULT
-        return v or DEFAULT
+            return read_active(self.root) or DEFAULT
+        except PolicyModelError:
+            return ""
+
+    def active_problem(self) -> str:
+        """Why ``active`` names no version ('' when it does): the controller then runs its fallback."""
+        try:
+            read_active(self.root)
+        except PolicyModelError as exc:
+            return str(exc)
+        return ""
 
     def history(self) -> list[dict]:
         """Every activation, oldest first; a history.json that is not that is an error, not an empty
@@ -226,6 +236,10 @@ class PolicyStore:
 
     def _rollback(self) -> str:
         h = self.history()
+        problem = self.active_problem()
+        if problem:  # which version ran before is unknown: going back from it would be a guess
+            last = f" (the history's last activation: {h[-1]['version']})" if h else ""
+            raise ConfigError(f"cannot roll back: {problem}{last}")
         cur = self.active()
         while h and h[-1]["version"] == cur:
             h.pop()

@@ -199,6 +199,26 @@ def test_controller_falls_back_with_the_reason_when_the_model_is_wrong(tmp_path,
     assert any("policy rl failed" in e and "feature schema" in e for e in events), events
 
 
+@pytest.mark.parametrize("content", [b"", b"\n", b"\x00\x00\x00\x00", b"../../tmp/x\n", b"v1 junk\n"])
+def test_controller_falls_back_with_the_reason_when_the_stores_active_names_no_version(tmp_path, content):
+    """An 'active' left empty by a power cut (or zeroed, or holding anything but a version name) was read as
+    'no version installed': the controller silently ran the shipped model, not the one the admin installed
+    (or, for a NUL, failed with 'embedded null byte'). It is a model error now: the fallback decides and the
+    log says what is wrong with which file and what to do."""
+    store_root = tmp_path / "store"
+    store_root.mkdir()
+    shutil.copytree(SHIPPED_MODEL.parent, store_root / "v1",
+                    ignore=lambda d, names: [n for n in names if not n.endswith((".onnx", ".json"))])
+    (store_root / "active").write_bytes(content)
+    ctl, store = _controller(PolicyConfig(name="rl", fallback="frag-aware"), tmp_path)
+    summary = ctl.tick()
+    assert summary.get("policy") == "frag-aware" and summary.get("assignments", 0) > 0
+    events = [e.message for e in store.recent_events(50) if e.message.startswith("policy rl failed")]
+    assert len(events) == 1 and str(store_root / "active") in events[0], events
+    assert ("is empty" if not content.strip() else "names no version") in events[0]
+    assert "slurm-mig policy install VERSION" in events[0]
+
+
 def test_a_model_failing_every_tick_is_said_once_a_window_and_counted_every_time(tmp_path, monkeypatch, caplog):
     """A model that no longer loads fails every tick: each was an error line and a 'policy' event, 17,280 a day
     at the default 5 s interval. It is said once per POLICY_FAIL_LOG_EVERY_S now, the next line with the

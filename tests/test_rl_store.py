@@ -433,3 +433,25 @@ def test_every_write_of_the_store_is_on_disk_before_and_after_its_rename(tmp_pat
         need = {p.replace(dst, src) for p in need}  # the files as they were named before the folder's rename
         assert need <= before, (dst, need - before)
         assert root in after, dst
+
+
+def test_an_active_that_names_no_version_is_said_by_list_and_stops_rollback(tmp_path, capsys):
+    """With 'active' empty (a power cut) list said 'active: default' and marked the shipped model, which the
+    controller did not run, and rollback went back from 'default'. list now warns with the reason and marks
+    none; rollback refuses, naming the history's last version; install repairs it."""
+    st = PolicyStore()
+    for v in ("v1", "v2"):
+        st.add(model_dir(tmp_path, v, version=v))
+        st.install(v)
+    (tmp_path / "store" / "active").write_text("")
+    out = run_json(capsys, "policy", "list", "--json")
+    assert out["active"] is None and "is empty" in out["active_problem"]
+    assert not any(v["active"] for v in out["versions"])
+    assert main(["policy", "list"]) == 0
+    cap = capsys.readouterr()
+    assert "(active: none)" in cap.out and "*" not in cap.out and "is empty" in cap.err
+    assert main(["policy", "rollback"]) != 0
+    err = capsys.readouterr().err
+    assert "cannot roll back" in err and "history's last activation: v2" in err
+    run_json(capsys, "policy", "install", "v1", "--json")
+    assert st.active() == "v1" and st.active_problem() == ""

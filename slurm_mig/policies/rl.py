@@ -209,12 +209,40 @@ def store_dir() -> Path:
     return Path(os.environ.get("SLURM_MIG_POLICY_STORE") or DEFAULT_STORE)
 
 
-def _store_active(store: Path) -> Path | None:
+#: What to do about an ``active`` file that names no version.
+_ACTIVE_FIX = ("`slurm-mig policy install VERSION` makes one active again (`slurm-mig policy list` names them; "
+               "`default` is the shipped model)")
+
+
+def read_active(store: Path) -> str | None:
+    """The version the store's ``active`` file names; None without one (no store, or none installed yet:
+    the shipped model). An ``active`` that is empty (a power cut while it was written, before it was
+    fsynced), unreadable or names no version raises PolicyModelError: running the shipped model instead
+    would silently run another model than the admin installed, so the controller uses its
+    ``[policy].fallback`` and logs this reason."""
+    path = store / "active"
     try:
-        version = (store / "active").read_text().strip()
-    except OSError:
+        raw = path.read_bytes()
+    except (FileNotFoundError, NotADirectoryError):
         return None
-    if not version or version == "default":
+    except OSError as exc:
+        raise PolicyModelError(f"cannot read the policy store's {path}: {exc.strerror or exc}; {_ACTIVE_FIX}"
+                               ) from None
+    try:
+        version = raw.decode("ascii").strip()
+    except UnicodeDecodeError:
+        version = None
+    if version == "":
+        raise PolicyModelError(f"the policy store's {path} is empty (cut off while written?), so it names no "
+                               f"version; {_ACTIVE_FIX}")
+    if version is None or not (version == "default" or VERSION_RE.fullmatch(version)):
+        raise PolicyModelError(f"the policy store's {path} names no version ({raw[:40]!r}); {_ACTIVE_FIX}")
+    return version
+
+
+def _store_active(store: Path) -> Path | None:
+    version = read_active(store)
+    if version is None or version == "default":
         return None
     return store / version / "model.onnx"
 
@@ -226,7 +254,10 @@ VERSION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 
 def _store_candidate(store: Path) -> Path | None:
     """The newest stored version that is not the active one."""
-    active = _store_active(store)
+    try:
+        active = _store_active(store)
+    except PolicyModelError:  # the live policy says why; the shadow still tries the newest stored version
+        active = None
     best = None
     try:
         entries = list(store.iterdir())
