@@ -244,8 +244,18 @@ class PolicyStore:
         while h and h[-1]["version"] == cur:
             h.pop()
         prev = h[-1]["version"] if h else DEFAULT
-        if prev != DEFAULT:
-            self.get(prev)
+        stored = {v.version for v in self.versions()}
+        if prev != DEFAULT and prev not in stored:
+            # Refused, not skipped: the version before it may be one the admin moved away from on purpose.
+            earlier = []
+            for e in reversed(h):
+                if e["version"] in stored and e["version"] not in earlier + [cur, DEFAULT]:
+                    earlier.append(e["version"])
+            how = (f"`slurm-mig policy install {earlier[0]}` activates the one before it in the history"
+                   f"{' (then ' + ', '.join(earlier[1:3]) + ')' if earlier[1:] else ''}, " if earlier else "")
+            raise ConfigError(f"cannot roll back to {prev}: {self.root / prev} is gone or holds no model.onnx; "
+                              f"{how}`slurm-mig policy install default` the shipped model, `slurm-mig policy "
+                              f"list` shows every version; {cur} stays active")
         # History first: stopped between the two writes, the store still runs ``cur`` and the next rollback
         # (its entries popped) goes to ``prev`` again; the other order left ``prev`` active with ``cur`` last in
         # the history, and the next rollback re-activated ``cur``, the version rolled back from.

@@ -455,3 +455,21 @@ def test_an_active_that_names_no_version_is_said_by_list_and_stops_rollback(tmp_
     assert "cannot roll back" in err and "history's last activation: v2" in err
     run_json(capsys, "policy", "install", "v1", "--json")
     assert st.active() == "v1" and st.active_problem() == ""
+
+
+def test_a_rollback_to_a_deleted_version_says_what_to_do_instead(tmp_path, capsys):
+    """rollback to a version whose folder was removed failed every time with "no policy version 'v2'" and
+    nothing about how to go on. It still refuses (reaching further back would run a model older than the
+    admin asked for), and now names the earlier versions of the history that still exist and the command."""
+    st = PolicyStore()
+    for v in ("v1", "v2", "v3"):
+        st.add(model_dir(tmp_path, v, version=v))
+        st.install(v)
+    shutil.rmtree(tmp_path / "store" / "v2")
+    assert main(["policy", "rollback"]) != 0
+    err = capsys.readouterr().err
+    assert "cannot roll back to v2" in err and str(tmp_path / "store" / "v2") in err
+    assert "slurm-mig policy install v1" in err and "default" in err
+    assert st.active() == "v3" and [e["version"] for e in st.history()] == ["v1", "v2", "v3"]
+    st.install("v1")
+    assert st.rollback() == "v3"
