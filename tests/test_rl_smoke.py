@@ -510,3 +510,24 @@ def test_retrain_replays_on_the_known_mig_gpus_when_a_newer_model_outnumbers_the
                                     "mig_enabled": True} for g in range(4)], [], now=1000.0)
     store.close()
     assert cluster_of(db) == (2, 2, "H100-80GB")
+
+
+@pytest.mark.parametrize("folder", ["site #1", "what?mode=rwc", "100%41"])
+def test_retrain_reads_a_db_whose_path_holds_uri_characters(tmp_path, folder):
+    """retrain (and simulate --db) opened the state DB as f"file:{path}?mode=ro" unescaped: a '#' cut the path
+    there (no cluster found: the default 1 x 8 replayed; the outcomes unreadable), a '?' started the query early
+    (the path cut there and mode=ro lost: SQLite created an empty file at the cut), '%41' was read as 'A'. The
+    path is quoted now, as the store's own connections quote it."""
+    from slurm_mig.sim.workloads import load_outcomes_db
+    from training.retrain import cluster_of
+
+    (tmp_path / folder).mkdir()
+    db = tmp_path / folder / "state.db"
+    _fill_db(db)
+    def files():  # a WAL reader's -wal and -shm beside the DB are SQLite's
+        return sorted(str(p) for p in tmp_path.rglob("*") if not p.name.endswith(("-wal", "-shm")))
+
+    before = files()
+    assert cluster_of(db) == (1, 2, "H100-80GB")
+    assert len(load_outcomes_db(db).jobs) == 40
+    assert files() == before  # nothing made beside it

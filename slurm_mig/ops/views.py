@@ -19,7 +19,6 @@ import os
 import re
 import stat
 import time
-import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
@@ -27,7 +26,7 @@ from slurm_mig.errors import SlurmMigError, StoreError
 from slurm_mig.mig.layout import Layout, Slot
 from slurm_mig.mig.profiles import GpuModel, get_model
 from slurm_mig.slurm.parsers import format_exit_status
-from slurm_mig.store.db import finite
+from slurm_mig.store.db import finite, sqlite_uri
 
 LIVE_JOB_STATES = ("PENDING", "REQUEUED", "RUNNING", "SUSPENDED", "COMPLETING")
 RUNNING_STATES = ("RUNNING", "SUSPENDED", "COMPLETING")
@@ -72,7 +71,7 @@ def open_readonly(path: str | os.PathLike, *, busy_timeout_s: float = 5.0):
         raise StoreError(f"state database {path} is not a regular file")
     if st.st_mode & stat.S_IWOTH:
         raise StoreError(f"state database {path} is world-writable; refusing to trust what it says")
-    base = "file:" + urllib.parse.quote(os.path.abspath(path)) + "?mode=ro"
+    base = sqlite_uri(path, "ro")
 
     def connect(uri: str):
         conn = sqlite3.connect(uri, uri=True, timeout=busy_timeout_s, isolation_level=None,

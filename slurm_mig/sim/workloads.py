@@ -480,8 +480,10 @@ def outcomes_db_cluster(path: str | Path) -> tuple[str, int, int] | None:
     model it named and kept blocked (it takes no MIG job), is no GPU of the replay; counted, it could be the
     most common and leave no cluster at all. None when the DB records no MIG GPU of a known model (or no
     ``gpus`` table)."""
+    from slurm_mig.store.db import sqlite_uri  # here: a simulation without a DB never imports the store
+
     try:
-        con = sqlite3.connect(f"file:{Path(path)}?mode=ro", uri=True)
+        con = sqlite3.connect(sqlite_uri(path, "ro"), uri=True)
     except sqlite3.Error:
         return None
     try:
@@ -532,8 +534,10 @@ def load_outcomes_db(
     path = Path(path)
     if not path.exists():
         raise ConfigError(f"state DB {path} does not exist")
+    from slurm_mig.store.db import sqlite_uri
+
     try:
-        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        con = sqlite3.connect(sqlite_uri(path, "ro"), uri=True)
     except sqlite3.Error as exc:
         raise ConfigError(f"cannot open state DB {path}: {exc}") from exc
     gpu_model = get_model(model)

@@ -192,12 +192,18 @@ def prepare_db_file(path: str | os.PathLike, group: str | int | None = None) -> 
     return path
 
 
+def sqlite_uri(path: str | os.PathLike, mode: str) -> str:
+    """The SQLite URI of the file ``path`` opened with ``mode`` ("ro", "rw"): the absolute path quoted, so a
+    '#', '?' or '%' in it is part of the name (unquoted, '#' and '?' end the path and '%41' reads as 'A')."""
+    return "file:" + urllib.parse.quote(os.path.abspath(path)) + "?mode=" + mode
+
+
 def _connect(path: str, busy_timeout_s: float) -> sqlite3.Connection:
     if path == MEMORY:
         conn = sqlite3.connect(MEMORY, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False)
     else:
         # mode=rw: SQLite must never create the file itself (prepare_db_file did, with the right mode).
-        uri = "file:" + urllib.parse.quote(os.path.abspath(path)) + "?mode=rw"
+        uri = sqlite_uri(path, "rw")
         conn = sqlite3.connect(uri, uri=True, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False)
     return conn
 
