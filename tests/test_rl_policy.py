@@ -144,6 +144,29 @@ def test_model_file_change_is_picked_up(tmp_path, monkeypatch):
         pol.load()
 
 
+@pytest.mark.parametrize("keep_mtime", [False, True])
+def test_a_change_to_only_the_guard_file_of_a_pinned_model_is_picked_up(tmp_path, keep_mtime):
+    """The reload key held the model file's path, mtime and size and the card's mtime, not the guard file the
+    card names: a pinned model whose guard.onnx alone was replaced (retrained with training/guard.py and copied
+    over) kept running the old guard until a restart. The guard is in the key now, and each file's ctime and
+    inode, so a copy that keeps the old mtime (cp -p, rsync -a) is noticed too."""
+    import os
+
+    m = _copy_model(tmp_path)
+    pol = get_policy("rl", model_path=str(m))
+    pol.load()
+    guard = m.parent / "guard.onnx"
+    st = guard.stat()
+    new = m.parent / "guard.new"
+    new.write_bytes(b"\x00" * st.st_size if keep_mtime else b"not an onnx file")  # same size, or not
+    if keep_mtime:
+        os.utime(new, ns=(st.st_atime_ns, st.st_mtime_ns))
+    os.replace(new, guard)  # as an admin's copy into place
+    pol._checked_at -= 10  # as if 10 s had passed
+    with pytest.raises(PolicyModelError, match="guard"):
+        pol.load()
+
+
 def test_no_candidate_in_an_empty_store(tmp_path):
     pol = get_policy("rl-candidate")
     assert pol.name == "rl-candidate"

@@ -31,7 +31,7 @@ else the active version of the policy store (``slurm-mig policy install``; store
 at ``$SLURM_MIG_POLICY_STORE`` or /var/lib/slurm-mig/policies), else the
 shipped ``policy/default.onnx``. The model is loaded lazily on the first
 decision (so a broken model never stops the controller from starting) and
-reloaded when the resolved file changes.
+reloaded when the resolved file, its card or its guard file changes.
 
 ``rl-candidate`` is the same policy with the newest *non-active* version of the
 store: set ``[policy].shadow = "rl-candidate"`` to log what a candidate model
@@ -512,6 +512,7 @@ class RLPolicy(FragAwarePolicy):
             self.name = "rl-candidate"
         self._scorer: OnnxScorer | None = None
         self._loaded_key: tuple | None = None
+        self._guard_of: tuple[tuple, str | None] | None = None  # (model and card key, the guard file the card names)
         self._error: PolicyModelError | None = None
         self._checked_at = -math.inf
         self._locked: list[int] | None = None
@@ -522,13 +523,34 @@ class RLPolicy(FragAwarePolicy):
         self._fallbacks = 0
 
     # -- model -------------------------------------------------------------------
+    @staticmethod
+    def _stat_key(st: os.stat_result) -> tuple:
+        # ctime and inode as well as mtime and size: a copy into place that keeps the old mtime (cp -p,
+        # rsync -a) of a file of the same size is a change too
+        return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
     def _file_key(self, path: Path) -> tuple:
+        """What a reload is decided on: the model, its card and the guard file the card names (before
+        2026-11-27 not the guard: a pinned model whose guard.onnx alone was replaced kept the old one)."""
         try:
-            st = path.stat()
-            cst = card_path(path).stat()
-            return (str(path), st.st_mtime_ns, st.st_size, cst.st_mtime_ns)
+            cp = card_path(path)
+            key = (str(path), self._stat_key(path.stat()), str(cp), self._stat_key(cp.stat()))
         except OSError:
             return (str(path), None)
+        if self._guard_of is None or self._guard_of[0] != key:  # the card is read again only when it changed
+            try:
+                g = read_card(path).get("guard")
+            except PolicyModelError:
+                g = None
+            name = g.get("file") if isinstance(g, dict) else None
+            self._guard_of = (key, name if isinstance(name, str) and name else None)
+        name = self._guard_of[1]
+        if name is None:
+            return key
+        try:
+            return key + (name, self._stat_key((path.parent / name).stat()))
+        except (OSError, ValueError):  # gone, or a name no file can have: loading says which
+            return key + (name, None)
 
     def scorer(self) -> OnnxScorer:
         """The loaded model; re-resolved at most every 5 s of wall time, reloaded when its files change."""
