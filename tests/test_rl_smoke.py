@@ -531,3 +531,29 @@ def test_retrain_reads_a_db_whose_path_holds_uri_characters(tmp_path, folder):
     assert cluster_of(db) == (1, 2, "H100-80GB")
     assert len(load_outcomes_db(db).jobs) == 40
     assert files() == before  # nothing made beside it
+
+
+def test_too_few_outcomes_says_how_many_rows_were_skipped_and_why(tmp_path):
+    """retrain said '<db> holds 5 usable outcome(s); retraining needs at least 10' and nothing about the rows it
+    had skipped, so a DB of 11 outcomes looked like one of 5. It now gives the rows, the usable ones and a count
+    per reason."""
+    import sqlite3
+
+    from slurm_mig.errors import ConfigError
+    from training.retrain import retrain
+
+    db = tmp_path / "state.db"
+    _fill_db(db, n=5)
+    con = sqlite3.connect(db)
+    rows = [("nr1", "1g", None, None, None), ("nr2", "1g", 10.0, 10.0, None), ("nr3", "2g", 5.0, None, None),
+            ("up1", "5g", 1.0, 2.0, None), ("up2", "9g.90gb", 1.0, 2.0, None), ("nan", "1g", "2026-11-27", 2.0, None)]
+    for job, prof, start, end, run in rows:
+        con.execute("INSERT INTO outcomes (job_id, profile, count, submit_time, start_time, end_time, run_s, state, "
+                    "recorded_at) VALUES (?, ?, 1, 1.0, ?, ?, ?, 'COMPLETED', 1.0)", (job, prof, start, end, run))
+    con.commit()
+    con.close()
+    with pytest.raises(ConfigError) as err:
+        retrain(db, store=tmp_path / "store", minutes=0.1, iterations=1, out=tmp_path / "work")
+    msg = str(err.value)
+    assert "11 outcome row(s)" in msg and "5 usable" in msg and "at least 10" in msg, msg
+    assert "3 without a run time" in msg and "2 with a profile" in msg and "1 with a value that is not a number" in msg

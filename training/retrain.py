@@ -70,6 +70,19 @@ def cluster_of(db: str | Path) -> tuple[int, int, str]:
     return nodes, per_node, model
 
 
+# Why load_outcomes_db skipped a row (its meta["skipped"] keys), as the report says it.
+SKIPPED_WHY = {
+    "no_run_time": "without a run time (no start and end time nor run_s, or an end not after the start)",
+    "unknown_profile": "with a profile the replay's {model} does not have (a job of another GPU model)",
+    "not_a_number": "with a value that is not a number in a count or time column (text or a blob)",
+}
+
+
+def skipped_text(skipped: dict, model: str) -> str:
+    """'3 without a run time (...), 2 with a profile ...': load_outcomes_db's skipped rows, a count per reason."""
+    return ", ".join(f"{v} {SKIPPED_WHY.get(k, k).format(model=model)}" for k, v in skipped.items() if v)
+
+
 def replay_of(w: Workload, k: int, jitter: float, seed: int = 0) -> Workload:
     """Replay ``k`` of a recorded history: 0 is as recorded; k >= 1 moves each job's run time by a
     factor in [1 - jitter, 1 + jitter] (never past its time limit), deterministically for (k, seed).
@@ -147,8 +160,12 @@ def retrain(db: str | Path, *, store: str | Path | None = None, holdout: float =
     nodes, per_node, model_name = cluster_of(db)
     w = load_outcomes_db(db, model=model_name, nodes=nodes, gpus_per_node=per_node)
     n = len(w.jobs)
+    skipped = {k: v for k, v in w.meta.get("skipped", {}).items() if v}
     if n < MIN_JOBS:
-        raise ConfigError(f"{db} holds {n} usable outcome(s); retraining needs at least {MIN_JOBS}")
+        rows = w.meta.get("rows", n)
+        raise ConfigError(f"{db} holds {rows} outcome row(s), {n} usable; retraining needs at least {MIN_JOBS} usable"
+                          + (f"; skipped {skipped_text(skipped, model_name)}" if skipped else "")
+                          + ("; the controller records one per MIG job that ends" if not rows else ""))
     if not 0.05 <= holdout <= 0.8:
         raise ConfigError(f"--holdout must be between 0.05 and 0.8, got {holdout}")
     if not 2 <= replays <= 100:
@@ -160,10 +177,10 @@ def retrain(db: str | Path, *, store: str | Path | None = None, holdout: float =
     cut = holdout_cut(n, holdout)
     n_hold = n - cut
     history = _window(w, 0, cut, "replay:history")
-    skipped = {k: v for k, v in w.meta.get("skipped", {}).items() if v}
     say(f"{n} outcomes from {db}: training on the oldest {cut}, judging on the most recent {n_hold}; "
         f"cluster {nodes} x {per_node} {model_name}"
-        + (f"; skipped {sum(skipped.values())} unusable row(s): {skipped}" if skipped else ""))
+        + (f"; skipped {sum(skipped.values())} unusable row(s): {skipped_text(skipped, model_name)}"
+           if skipped else ""))
 
     version, cur_path, cur_pt = current_model()
     init = None
