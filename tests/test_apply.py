@@ -399,3 +399,61 @@ def test_sim_init_takes_its_gpus_from_the_config_without_gpus(tmp_path, capsys, 
     assert main(["nvml", "sim-init", "--sim-state", str(d)]) == 2
     err = capsys.readouterr().err
     assert "--gpus" in err and "sim_gpu_model" in err and not d.exists()
+
+
+def test_sim_init_and_sim_busy_find_the_state_file_where_show_and_apply_do(tmp_path, capsys, monkeypatch):
+    """`nvml show`/`apply` fall back to [node].sim_state_path ({node}: the node's name, as the hooks read it), but
+    `sim-init` and `sim-busy` demanded --sim-state or $SLURM_MIG_SIM_STATE, so sim-init made its GPUs (from the
+    config's sim_gpu_model, da87f44) in a file the other commands and the hooks then did not read. Every nvml
+    subcommand now resolves the path one way: --sim-state, $SLURM_MIG_SIM_STATE, then the config's path."""
+    import slurm_mig.config as cfgmod
+
+    for var in ("SLURM_MIG_SIM_STATE", "SLURM_MIG_NVML_BACKEND", "SLURM_MIG_CONFIG", "SLURMD_NODENAME"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(cfgmod, "SYSTEM_PATH", tmp_path / "no-such-dir" / "slurm-mig.toml")
+    cfg = tmp_path / "slurm-mig.toml"
+    cfg.write_text(f'[node]\nnvml_backend = "simulated"\nsim_state_path = "{tmp_path}/gpus/{{node}}.json"\n'
+                   f'sim_gpu_model = "A100-40GB"\nsim_gpu_count = 2\nsim_delay_scale = 0\n'
+                   f'cache_dir = "{tmp_path}/node"\n')
+    base = ["--config", str(cfg), "nvml"]
+
+    # no state file: the simulated backend makes no GPUs by itself
+    assert main([*base, "show", "--json", "--node", "gpu07"]) == 1
+    assert "no simulated GPUs" in capsys.readouterr().err and not (tmp_path / "gpus").exists()
+
+    assert main([*base, "sim-init", "--node", "gpu07", "--layout", "0=3g@0,3g@4"]) == 0
+    out = capsys.readouterr().out
+    made = tmp_path / "gpus" / "gpu07.json"
+    assert made.exists() and not (tmp_path / "gpus" / "{node}.json").exists()
+    assert f"simulated node at {made} (from [node].sim_state_path in {cfg})" in out
+    assert [g.model.name for g in SimulatedBackend(made).gpus()] == ["A100-40GB"] * 2
+
+    # show, apply and sim-busy read that same file
+    assert main([*base, "sim-busy", "--node", "gpu07", "--gpu", "0", "3g@0", "--owner", "job9"]) == 0
+    assert "in use by job9" in capsys.readouterr().out
+    assert main([*base, "show", "--json", "--node", "gpu07"]) == 0
+    shown = json.loads(capsys.readouterr().out)["gpus"][0]
+    assert shown["layout"] == "3g@0,3g@4" and [i["in_use"] for i in shown["instances"]] == [True, False]
+    assert main([*base, "apply", "--node", "gpu07", "--gpu", "1", "--layout", "7g@0"]) == 0
+    assert [str(i.slot) for i in SimulatedBackend(made).instances(1)] == ["7g.40gb@0"]
+    capsys.readouterr()
+
+    # $SLURMD_NODENAME names the node as for the hooks; the flag and the environment still win
+    monkeypatch.setenv("SLURMD_NODENAME", "gpu08")
+    assert main([*base, "sim-init", "--gpus", "H100-80GB:1"]) == 0
+    assert (tmp_path / "gpus" / "gpu08.json").exists()
+    flag = tmp_path / "flag.json"
+    assert main([*base, "sim-init", "--sim-state", str(flag)]) == 0
+    assert f"simulated node at {flag} (from --sim-state)" in capsys.readouterr().out
+    env = tmp_path / "env.json"
+    monkeypatch.setenv("SLURM_MIG_SIM_STATE", str(env))
+    assert main([*base, "sim-init"]) == 0 and env.exists()
+    assert "(from $SLURM_MIG_SIM_STATE)" in capsys.readouterr().out
+
+    # no flag, no environment, no config file: refused, naming all three; nothing made
+    monkeypatch.delenv("SLURM_MIG_SIM_STATE")
+    assert main(["nvml", "sim-init", "--gpus", "H100-80GB:1"]) == 2
+    err = capsys.readouterr().err
+    assert "--sim-state" in err and "SLURM_MIG_SIM_STATE" in err and "[node].sim_state_path" in err
+    assert main(["nvml", "sim-busy", "--gpu", "0", "3g@0", "--clear"]) == 2
+    assert "[node].sim_state_path" in capsys.readouterr().err

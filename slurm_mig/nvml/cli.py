@@ -10,7 +10,10 @@
 
 The backend comes from ``--backend real|simulated`` and ``--sim-state PATH``,
 defaulting to $SLURM_MIG_NVML_BACKEND and $SLURM_MIG_SIM_STATE; with neither,
-a configured simulated state means "simulated", otherwise "real".
+the config's ``[node].nvml_backend``, otherwise "real". Every subcommand finds the
+simulated state file one way (``sim_state_path``): --sim-state, $SLURM_MIG_SIM_STATE,
+then the config's ``[node].sim_state_path`` with ``{node}`` the node's name, as the
+hooks read it. Only ``sim-init`` makes simulated GPUs.
 
 ``sim-init`` without ``--gpus`` makes the config's ``[node].sim_gpu_model`` x ``sim_gpu_count`` GPUs (the
 config file the other commands read) and says which it used.
@@ -52,20 +55,38 @@ def _node_name(args: argparse.Namespace) -> str:
     return getattr(args, "node", None) or local_node_name()
 
 
+def sim_state_path(args: argparse.Namespace) -> tuple[str, str]:
+    """The simulated GPUs' state file, and where it came from, for every nvml subcommand: --sim-state, else
+    $SLURM_MIG_SIM_STATE, else the config file's [node].sim_state_path (--config, $SLURM_MIG_CONFIG or
+    /etc/slurm-mig/slurm-mig.toml), a "{node}" in it standing for the node's name (--node, $SLURMD_NODENAME or
+    the short host name) as the hooks read it: one file per node on one host. Naming a file makes nothing:
+    only sim-init writes GPUs into it."""
+    flag = getattr(args, "sim_state", None)
+    if flag:
+        return flag, "--sim-state"
+    env = os.environ.get(ENV_SIM_STATE)
+    if env:
+        return env, f"${ENV_SIM_STATE}"
+    from slurm_mig.config import find_config
+
+    node = _node_config(getattr(args, "config", None))
+    if node is None:
+        raise ConfigError(f"which simulated state file? pass --sim-state PATH, set ${ENV_SIM_STATE}, or set "
+                          f"[node].sim_state_path in the config (--config PATH, $SLURM_MIG_CONFIG or "
+                          f"/etc/slurm-mig/slurm-mig.toml; there is none)")
+    return (node.sim_state_path.replace("{node}", _node_name(args)),
+            f"[node].sim_state_path in {find_config(getattr(args, 'config', None))}")
+
+
 def backend_settings(args: argparse.Namespace) -> dict[str, Any]:
     """The backend kind and options from flags, then environment, then the config file's [node]
-    (what the hooks on this node use); real NVML when none says."""
-    state = getattr(args, "sim_state", None) or os.environ.get(ENV_SIM_STATE) or None
+    (what the hooks on this node use); real NVML when none says. The simulated state file is
+    sim_state_path's."""
+    explicit = getattr(args, "sim_state", None) or os.environ.get(ENV_SIM_STATE) or None
     kind = getattr(args, "backend", None) or os.environ.get(ENV_BACKEND)
-    node = _node_config(getattr(args, "config", None)) if kind is None and state is None else None
-    config_delay = None
-    if node is not None:
-        kind = node.nvml_backend
-        if kind == "simulated":
-            # As the hooks read it: "{node}" stands for the node's name (one file per node on one host).
-            state = node.sim_state_path.replace("{node}", _node_name(args))
-            config_delay = node.sim_delay_scale
-    kind = kind or ("simulated" if state else "real")
+    node = _node_config(getattr(args, "config", None)) if kind is None and explicit is None else None
+    if kind is None:
+        kind = "simulated" if explicit else node.nvml_backend if node is not None else "real"
     kind = kind.strip().lower()
     if kind == "sim":
         kind = "simulated"
@@ -73,8 +94,11 @@ def backend_settings(args: argparse.Namespace) -> dict[str, Any]:
         raise ConfigError(f"unknown MIG backend {kind!r}: expected real or simulated")
     opts: dict[str, Any] = {}
     if kind == "simulated":
-        if not state:
-            raise ConfigError(f"the simulated backend needs a state file: pass --sim-state PATH or set {ENV_SIM_STATE}")
+        state = sim_state_path(args)[0]
+        # the config's delay goes with the config's file (a --sim-state or $SLURM_MIG_SIM_STATE file: instant)
+        config_delay = None
+        if explicit is None:
+            config_delay = (node or _node_config(getattr(args, "config", None))).sim_delay_scale
         delay = getattr(args, "sim_delay_scale", None)
         if delay is None and ENV_SIM_DELAY not in os.environ:
             delay = config_delay
@@ -419,13 +443,6 @@ def _cmd_check_tables(args: argparse.Namespace) -> int:
 
 
 # -- simulated GPUs ------------------------------------------------------------
-def _sim_state(args: argparse.Namespace) -> str:
-    state = args.sim_state or os.environ.get(ENV_SIM_STATE)
-    if not state:
-        raise ConfigError(f"pass --sim-state PATH or set {ENV_SIM_STATE}")
-    return state
-
-
 def _sim_gpus(args: argparse.Namespace) -> tuple[str, str]:
     """The GPUs sim-init makes (MODEL:N,...) and where they came from: --gpus, else the config file's
     [node].sim_gpu_model and sim_gpu_count (--config, $SLURM_MIG_CONFIG or /etc/slurm-mig/slurm-mig.toml, the
@@ -457,8 +474,9 @@ def _cmd_sim_init(args: argparse.Namespace) -> int:
             raise ConfigError(f"bad --layout {item!r}: expected LAYOUT or GPU=LAYOUT with GPU in 0..{len(models) - 1}")
         for t in targets:
             layouts[t] = parse_layout(text, get_model(models[t]))
-    init_state(_sim_state(args), spec, layouts=layouts, seed=args.seed, overwrite=args.force)
-    print(f"simulated node at {_sim_state(args)}: "
+    path, where = sim_state_path(args)
+    init_state(path, spec, layouts=layouts, seed=args.seed, overwrite=args.force)
+    print(f"simulated node at {path} (from {where}): "
           + ", ".join(f"GPU {i} {m} [{layouts.get(i, 'empty')}]" for i, m in enumerate(models))
           + f" (GPUs from {source})")
     return 0
@@ -469,7 +487,7 @@ def _cmd_sim_busy(args: argparse.Namespace) -> int:
 
     if args.clear == (args.owner is not None):
         raise ConfigError("give exactly one of --owner NAME or --clear")
-    backend = SimulatedBackend(_sim_state(args))
+    backend = SimulatedBackend(sim_state_path(args)[0])
     inst = backend.set_in_use(args.gpu, args.instance, None if args.clear else args.owner)
     print(f"GPU {args.gpu} {inst.slot} {inst.uuid}: " + (f"in use by {args.owner}" if inst.in_use else "idle"))
     return 0
@@ -480,7 +498,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--backend", choices=("real", "simulated", "sim"),
                         help=f"MIG backend (default: ${ENV_BACKEND}, else simulated if a sim state is set, else real)")
-    common.add_argument("--sim-state", metavar="PATH", help=f"simulated node state file (default: ${ENV_SIM_STATE})")
+    common.add_argument("--sim-state", metavar="PATH",
+                        help=f"simulated node state file (default: ${ENV_SIM_STATE}, else the config's "
+                             f"[node].sim_state_path)")
     common.add_argument("--sim-delay-scale", type=float, metavar="X",
                         help=f"multiply the simulated create/destroy times (default: ${ENV_SIM_DELAY} or 0)")
     common.add_argument("--node", metavar="NAME",
