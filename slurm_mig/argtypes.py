@@ -45,3 +45,11 @@ def seconds(least: float = 0.0, *, more_than: bool = False):
     from slurm_mig.config import MAX_TIMEOUT_S
 
     return number(least, MAX_TIMEOUT_S, more_than=more_than, unit="seconds")
+
+
+def sim_delay_scale():
+    """An argparse type (and the $SLURM_MIG_SIM_DELAY_SCALE parser): the simulated backend's delay factor, a finite
+    number from 0 to config.MAX_SIM_DELAY_SCALE, the bound of [node].sim_delay_scale."""
+    from slurm_mig.config import MAX_SIM_DELAY_SCALE
+
+    return number(0.0, MAX_SIM_DELAY_SCALE, unit="times the measured create/destroy seconds")

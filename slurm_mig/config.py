@@ -42,6 +42,12 @@ MAX_TIMEOUT_S = 86_400.0
 #: max_clock_skew_s, replay_window_s): 365 days. A tick interval past ~3e11 s (a date past the year 9999)
 #: failed the scheduler; a MUNGE credential's lifetime is a C int.
 MAX_PERIOD_S = 365 * 86_400.0
+#: The largest [node].sim_delay_scale (and --sim-delay-scale, $SLURM_MIG_SIM_DELAY_SCALE: argtypes.sim_delay_scale).
+#: The factor slows the measured create/destroy times (0.16-0.42 s a step) so a demo's re-carves can be
+#: watched; at 1000 the slowest step takes 7 minutes, past any Prolog's PrologEpilogTimeout and the 30 s
+#: layout_lock_wait_s, so more simulates only a hang. Unbounded, 1e300 (or inf from a flag) made a create
+#: raise OverflowError in time.sleep, and 1e9 sleep for years.
+MAX_SIM_DELAY_SCALE = 1000.0
 
 
 @dataclass(frozen=True)
@@ -362,7 +368,7 @@ RULES: dict[str, dict[str, Callable]] = {
         "sim_state_path": _path(allow_empty=False),
         "sim_gpu_model": _gpu_model,
         "sim_gpu_count": _integer(1, 64),
-        "sim_delay_scale": _number(0, exclusive=False),
+        "sim_delay_scale": _number(0, exclusive=False, maximum=MAX_SIM_DELAY_SCALE),
         "health_check_interval_s": _period(),
         "layout_lock_wait_s": _timeout(),
     },

@@ -61,3 +61,44 @@ def test_number_bounds_and_messages():
     assert seconds()("0") == 0.0
     with pytest.raises(argparse.ArgumentTypeError, match="give 0 to 86400 seconds"):
         seconds()("86401")
+
+
+@pytest.mark.parametrize("bad", ["-1", "nan", "inf", "1e300", "1000.5", "slow"])
+def test_the_simulated_delay_factor_is_one_bounded_number_from_flag_environment_and_config(bad, tmp_path, capsys,
+                                                                                          monkeypatch):
+    """[node].sim_delay_scale took any finite number (1e300: a simulated create then raised OverflowError in
+    time.sleep, in the Prolog), and --sim-delay-scale and $SLURM_MIG_SIM_DELAY_SCALE any float (inf: the same;
+    nan: ValueError; 1e9: a create that sleeps for years). All three now take 0 to MAX_SIM_DELAY_SCALE (1000)."""
+    from slurm_mig.cli import main
+    from slurm_mig.config import parse_config_text
+    from slurm_mig.errors import ConfigError
+    from slurm_mig.nvml.cli import backend_settings
+
+    with pytest.raises(SystemExit) as exc:
+        build_parser().parse_args(["nvml", "show", "--sim-delay-scale", bad])
+    assert exc.value.code == 2 and "argument --sim-delay-scale:" in capsys.readouterr().err
+
+    for var in ("SLURM_MIG_NVML_BACKEND", "SLURM_MIG_CONFIG"):
+        monkeypatch.delenv(var, raising=False)
+    state = tmp_path / "s.json"
+    monkeypatch.setenv("SLURM_MIG_SIM_STATE", str(state))
+    monkeypatch.setenv("SLURM_MIG_SIM_DELAY_SCALE", bad)
+    with pytest.raises(ConfigError, match="SLURM_MIG_SIM_DELAY_SCALE"):
+        backend_settings(build_parser().parse_args(["nvml", "show"]))
+    assert main(["nvml", "show"]) == 2 and not state.exists()
+
+    toml = '"slow"' if bad == "slow" else bad  # TOML reads nan, inf, -1, 1e300 and 1000.5 as floats
+    with pytest.raises(ConfigError, match=r"sim_delay_scale: expected a number >= 0 and <= 1000"):
+        parse_config_text(f"[node]\nsim_delay_scale = {toml}\n", "t.toml")
+
+
+def test_a_delay_factor_within_the_bound_is_taken_everywhere(tmp_path, monkeypatch):
+    from slurm_mig.config import parse_config_text
+    from slurm_mig.nvml.cli import backend_settings
+
+    assert build_parser().parse_args(["nvml", "show", "--sim-delay-scale", "1000"]).sim_delay_scale == 1000.0
+    assert parse_config_text("[node]\nsim_delay_scale = 0\n", "t.toml").node.sim_delay_scale == 0.0
+    monkeypatch.delenv("SLURM_MIG_NVML_BACKEND", raising=False)
+    monkeypatch.setenv("SLURM_MIG_SIM_STATE", str(tmp_path / "s.json"))
+    monkeypatch.setenv("SLURM_MIG_SIM_DELAY_SCALE", "2.5")
+    assert backend_settings(build_parser().parse_args(["nvml", "show"]))["delay_scale"] == 2.5

@@ -32,7 +32,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from slurm_mig.argtypes import seconds
+from slurm_mig.argtypes import seconds, sim_delay_scale
 from slurm_mig.errors import AlreadyRunning, BindingsUnreadable, ConfigError, GeometryError, TransitionBlocked
 from slurm_mig.mig.layout import Layout, Slot, parse_layout
 from slurm_mig.mig.profiles import get_model
@@ -105,9 +105,9 @@ def backend_settings(args: argparse.Namespace) -> dict[str, Any]:
         if delay is None:
             raw = os.environ.get(ENV_SIM_DELAY, "0")
             try:
-                delay = float(raw)
-            except ValueError as exc:
-                raise ConfigError(f"{ENV_SIM_DELAY}={raw!r} is not a number") from exc
+                delay = sim_delay_scale()(raw)  # the flag's parser, and the config's bound
+            except argparse.ArgumentTypeError as exc:
+                raise ConfigError(f"${ENV_SIM_DELAY}: {exc}") from None
         opts = {"state_path": state, "delay_scale": delay}
     return {"kind": kind, **opts}
 
@@ -495,14 +495,17 @@ def _cmd_sim_busy(args: argparse.Namespace) -> int:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add `slurm-mig nvml ...`."""
+    from slurm_mig.config import MAX_SIM_DELAY_SCALE
+
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--backend", choices=("real", "simulated", "sim"),
                         help=f"MIG backend (default: ${ENV_BACKEND}, else simulated if a sim state is set, else real)")
     common.add_argument("--sim-state", metavar="PATH",
                         help=f"simulated node state file (default: ${ENV_SIM_STATE}, else the config's "
                              f"[node].sim_state_path)")
-    common.add_argument("--sim-delay-scale", type=float, metavar="X",
-                        help=f"multiply the simulated create/destroy times (default: ${ENV_SIM_DELAY} or 0)")
+    common.add_argument("--sim-delay-scale", type=sim_delay_scale(), metavar="X",
+                        help=f"multiply the simulated create/destroy times, 0 to {MAX_SIM_DELAY_SCALE:g} (default: "
+                             f"${ENV_SIM_DELAY}, else the config's [node].sim_delay_scale with its state file, else 0)")
     common.add_argument("--node", metavar="NAME",
                         help="this node's Slurm name: apply honours the bindings in <[node].cache_dir>/NAME, and "
                              "a {node} in [node].sim_state_path becomes NAME (default: $SLURMD_NODENAME or the "

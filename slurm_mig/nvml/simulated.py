@@ -174,9 +174,11 @@ class SimulatedBackend:
                  delay_scale: float = 0.0, allow_config: bool = True, require_root: bool = False,
                  seed: str | None = None):
         self.state_path = Path(state_path)
+        from slurm_mig.config import MAX_SIM_DELAY_SCALE
+
         self.delay_scale = float(delay_scale)
-        if self.delay_scale < 0:
-            raise ValueError("delay_scale must be >= 0")
+        if not 0 <= self.delay_scale <= MAX_SIM_DELAY_SCALE:  # (nan and inf too)
+            raise ValueError(f"delay_scale must be from 0 to {MAX_SIM_DELAY_SCALE:g}, not {delay_scale!r}")
         self.allow_config = allow_config
         self.require_root = require_root
         self._lock_path = _lock_path(self.state_path)
