@@ -384,3 +384,62 @@ def test_a_known_model_under_another_alias_or_device_name_was_already_taken(rig)
     assert g.model == "H100-80GB" and not g.blocked
     assert [(i.profile, i.start) for i in rig.store.observed_instances("n1", 1)] == [("3g.40gb", 0)]
     assert [(b.profile, b.start) for b in rig.store.bound_instances("5")] == [("3g.40gb", 0)]
+
+
+@pytest.mark.parametrize("case", [*sorted(OFF_TABLE), "unknown-model"])
+def test_operators_see_a_gpu_of_unreadable_geometry_by_its_instances_not_as_slices(rig, case, tmp_path, capsys,
+                                                                                   monkeypatch):
+    """`nodes`, `status` and `top` drew a GPU whose instances this controller's table cannot place (blocked since
+    5e1847c: '3g.40gb+gfx' on an H100-80GB) as if each instance of an unknown profile took 1 memory slice: the
+    busy 3g.40gb+gfx@0 covered slice 0, slices 1-3 showed free ('7 free, 7 fragmented'), and the node's busy share
+    was 1 slice of 16; a model the tables lack (d1464e6) counted 1 busy slice of none. Such a GPU's slices are
+    now not counted (slices, busy, idle, free 0; geometry_known false), its instances are listed by name, start
+    and job, never drawn on slices, and the blocked reason shown."""
+    from slurm_mig.cli import main
+    from slurm_mig.ops.render import Glyphs, gpu_bar, gpu_lines, mini_bar
+    from slurm_mig.ops.views import load_snapshot, node_views, status_view
+
+    if case == "unknown-model":
+        gpu, bindings = NEWER, NODE_BINDINGS
+    else:
+        gpu, bindings = _off_table(case)
+    named = sorted(((i["profile"], i["start"]) for i in gpu["instances"]), key=lambda n: n[1])
+    rig.tick()
+    _report(rig, gpus=(KNOWN, gpu), bindings=bindings)
+    rig.tick()
+    snap = load_snapshot(rig.store)
+    node = node_views(snap)[0]
+    view = next(g for g in node["gpus"] if g["gpu"] == 1)
+    assert view["blocked"]
+    assert (view["slices"], view["busy_slices"], view["idle_slices"], view["free_slices"],
+            view["fragmented_slices"], view["largest_free_kind"]) == (0, 0, 0, 0, 0, None)
+    assert view["geometry_known"] is False
+    assert [(i["profile"], i["start"], i["size"]) for i in view["instances"]] == [(p, s, None) for p, s in named]
+    assert [i["kind"] for i in view["instances"]] == [p for p, _ in named]  # by name: not a '3g' anyone can use
+    assert view["layout"] == ",".join(f"{p}@{s}" for p, s in named)
+    bound = {(b["profile"], b["start"]) for b in bindings["5"]}
+    assert [i["job_id"] for i in view["instances"]] == ["5" if n in bound else None for n in named]
+    # the node counts its readable GPU only: 8 slices, none busy
+    assert (node["slices"], node["busy_slices"], node["busy_fraction"], node["uncounted_gpus"]) == (8, 0, 0.0, 1)
+    status = status_view(snap, nodes=[node])
+    assert (status["gpus"]["slices"], status["gpus"]["busy_slices"], status["gpus"]["uncounted"]) == (8, 0, 1)
+    assert not any(r["profile"] == "3g" and r["busy"] for r in status["profiles"])
+
+    bar = gpu_bar(view, 64, Glyphs(ascii_only=True)).plain
+    assert bar.startswith("unknown model" if case == "unknown-model" else "blocked (off-table)")
+    assert f"{named[0][0]}@{named[0][1]}" in bar and "job5" in bar and "." * 3 not in bar
+    assert mini_bar(view, Glyphs(ascii_only=True)).plain == "???"
+    line = gpu_lines([node], 120, Glyphs(ascii_only=True))[1].plain
+    idle = next(n for n in named if n not in bound)
+    assert f"{idle[0]}@{idle[1]} idle" in line and "job5" in line
+
+    monkeypatch.delenv("SLURM_MIG_CONFIG", raising=False)
+    capsys.readouterr()
+    db = str(tmp_path / "state.db")
+    assert main(["nodes", "--db", db]) == 0
+    out = capsys.readouterr().out
+    assert "slices not counted" in out and "free: up to" not in out.split("GPU 1", 1)[1]
+    assert "upgrade the controller" in " ".join(out.split())  # the whole blocked reason, wrapped
+    assert f"{named[0][0]}@{named[0][1]}" in out
+    assert main(["status", "--db", db, "--no-probe"]) == 0
+    assert "8 memory slices, 0% busy" in capsys.readouterr().out

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
 import time
 
 from slurm_mig.argtypes import at_least, seconds
@@ -180,7 +181,9 @@ def _status(args) -> int:
     g = st["gpus"]
     print(f"GPUs        {g['total']} ({g['mig_enabled']} with MIG on), {g['reconfiguring']} reconfiguring; "
           f"{g['slices']} memory slices, {round(100 * g['busy_fraction'])}% busy, "
-          f"{g['fragmented_slices']} idle but fragmented")
+          f"{g['fragmented_slices']} idle but fragmented"
+          + (f"; {g['uncounted']} GPU(s) not counted (instances this controller's tables cannot place: "
+             f"`slurm-mig nodes`)" if g.get("uncounted") else ""))
     i = st["instances"]
     print(f"instances   busy {i['busy']}  idle {i['idle']}  reconfiguring {i['reconfiguring']}")
     j = st["jobs"]
@@ -297,15 +300,19 @@ def _nodes(args) -> int:
             if rc:
                 t.append(f"  reconfiguration #{rc['id']} {rc['state']} {rc['progress']}/{rc['steps']} steps "
                          f"-> {rc['to']}", style=R.STYLE["warn"])
-            if gpu.get("blocked"):
-                t.append(f"  blocked: {gpu['blocked']}", style=R.STYLE["warn"])
-            t.append(f"  free: up to {gpu['largest_free_kind'] or 'nothing'}", style=R.STYLE["dim"])
+            if gpu["mig_enabled"] and not gpu["geometry_known"]:
+                t.append("  slices not counted", style=R.STYLE["dim"])
+            else:
+                t.append(f"  free: up to {gpu['largest_free_kind'] or 'nothing'}", style=R.STYLE["dim"])
             con.print(R.crop(t, width), no_wrap=True, crop=True)
             bar_w = min(8 * 12, width - 4)
             bar_w -= bar_w % max(1, gpu["slices"] or 1)
             line = Text("    ")
             line.append_text(R.gpu_bar(gpu, bar_w, g))
             con.print(line, no_wrap=True, crop=True)
+            if gpu.get("blocked"):  # whole, on lines of its own: the header line is cut at the width
+                for part in textwrap.wrap(f"blocked: {gpu['blocked']}", max(20, width - 4)):
+                    con.print(Text("    " + part, style=R.STYLE["warn"]), no_wrap=True, crop=True)
     return 0
 
 

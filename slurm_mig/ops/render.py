@@ -127,7 +127,7 @@ def gpu_bar(gpu: dict, width: int, g: Glyphs, color: bool = True) -> Text:
         return crop(Text(f"MIG off ({gpu.get('name') or gpu.get('model') or 'unknown GPU'})", style=STYLE["warn"]),
                     width, g)
     if slices <= 0:
-        return crop(Text(f"unknown model {gpu.get('model')!r}: {gpu.get('layout')}", style=STYLE["warn"]), width, g)
+        return crop(unreadable_gpu_text(gpu, g, color), width, g)
     cell = max(1, width // slices)
     # Existing instances first; an instance being created shows on the slices it covers that are
     # free now (it may overlap instances still being destroyed).
@@ -164,12 +164,42 @@ def gpu_bar(gpu: dict, width: int, g: Glyphs, color: bool = True) -> Text:
     return crop(t, width, g)
 
 
+def unreadable_gpu_text(gpu: dict, g: Glyphs, color: bool = True) -> Text:
+    """A GPU whose slices this controller cannot place (a model its tables lack, or instances its table does not
+    allow: views.gpu_view's geometry_known false): its instances by name, start and job, in their states'
+    colours, never drawn on slices: ``blocked (off-table): 3g.40gb+gfx@0·job5·alice, 3g.40gb@4 idle``."""
+    if gpu.get("status") == "unknown-model" or not gpu.get("model"):
+        head = f"unknown model {gpu.get('model')!r}" if gpu.get("model") else "no model named"
+    else:
+        head = "blocked (off-table)"
+    t = Text(head + ":", style=STYLE["warn"] if color else "")
+    insts = sorted(gpu.get("instances") or [], key=lambda i: i["start"])
+    for k, i in enumerate(insts):
+        t.append("," if k else "")
+        t.append(" ")
+        name = f"{i['profile']}@{i['start']}"
+        if i.get("job_id"):
+            label = g.sep.join([name, f"job{i['job_id']}"] + ([i["user"]] if i.get("user") else []))
+        elif i.get("state") == "busy":
+            label = f"{name} in use"
+        elif i.get("state") == "reconfiguring":
+            label = f"{name} {i.get('pending_action') or 'reconf'}"
+        else:
+            label = f"{name} idle"
+        t.append(label, style=STYLE.get(i.get("state", ""), "") if color else "")
+    if not insts:
+        t.append(" no instances")
+    return t
+
+
 def mini_bar(gpu: dict, g: Glyphs) -> Text:
     """A GPU in one character per memory slice: the kind's digit where an instance starts, then
     ``#`` busy, ``-`` idle, ``~`` reconfiguring, ``+`` being created, ``.`` not carved."""
     slices = gpu.get("slices") or 0
-    if not gpu.get("mig_enabled") or slices <= 0:
+    if not gpu.get("mig_enabled"):
         return Text("off".ljust(max(3, slices)), style=STYLE["warn"])
+    if slices <= 0:  # slices not counted: its geometry is unknown here (unreadable_gpu_text)
+        return Text("???", style=STYLE["warn"])
     cells: list[tuple[str, str]] = [(g.free, "free")] * slices
     items = [(i["start"], i["size"], i["kind"], i["state"]) for i in gpu["instances"]]
     items += [(c["start"], c["size"], c["kind"], "creating") for c in gpu["creating"]]

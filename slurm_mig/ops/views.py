@@ -262,12 +262,35 @@ def _largest_creatable(model: GpuModel, locked: Iterable[Slot]) -> tuple[str | N
     return best
 
 
+def _readable(model: GpuModel | None, insts: Sequence) -> GpuModel | None:
+    """The model a GPU's slices are drawn and counted with, as the controller reads them (store.models.readable_model):
+    None for a model our tables lack, or instances its table does not allow (a newer node's profile such as
+    '3g.40gb+gfx', or a start it does not list): their sizes and places are the node's, unknown here."""
+    from slurm_mig.store.models import off_table
+
+    if model is None:
+        return None
+    try:
+        return None if off_table(model, insts)[1] else model
+    except (SlurmMigError, TypeError, ValueError):
+        return None
+
+
 def gpu_view(snap: Snapshot, node: str, g) -> dict:
-    """One GPU: its instances (with state, job and user), open reconfiguration, free capacity."""
-    model = _model(g.model)
+    """One GPU: its instances (with state, job and user), open reconfiguration, free capacity. A GPU whose
+    instances this controller's tables cannot place (_readable) has its instances listed by name and start
+    (size None, kind the profile's name) and none of its slices counted (slices 0, geometry_known false)."""
     key = (node, g.gpu)
     idx = snap.index()
     insts = idx["instances"].get(key, [])
+    named = _model(g.model)
+    model = _readable(named, insts)
+
+    def kind(profile: str) -> str:
+        return _kind(model, profile) if model is not None else profile
+
+    def size(profile: str) -> int | None:
+        return _size(model, profile) if model is not None else None
     bound = idx["bound"].get(key, {})
     entries = idx["journal"].get(key, [])
     touched: dict[Slot, str] = {}
@@ -289,28 +312,29 @@ def gpu_view(snap: Snapshot, node: str, g) -> dict:
             state = "busy"
         else:
             state = "idle"
-        size = _size(model, i.profile)
-        if state == "busy":
-            busy_slices += size
+        n = size(i.profile)
+        if n is None:
+            pass  # not counted: its size is the node's table's
+        elif state == "busy":
+            busy_slices += n
         elif state == "idle":
-            idle_slices += size
+            idle_slices += n
         else:
-            reconf_slices += size
+            reconf_slices += n
         if state != "idle":
             locked.add(slot)
         out_insts.append({
-            "profile": i.profile, "kind": _kind(model, i.profile), "start": i.start, "size": size,
+            "profile": i.profile, "kind": kind(i.profile), "start": i.start, "size": n,
             "state": state, "job_id": job_id, "user": job.user if job else None, "uuid": i.uuid,
             "in_use": bool(i.in_use), "pending_action": touched.get(slot),
         })
     creating = []
     for slot, action in sorted(touched.items()):
         if action == "create" and slot not in existing:
-            size = _size(model, slot.profile)
-            creating.append({"profile": slot.profile, "kind": _kind(model, slot.profile), "start": slot.start,
-                             "size": size})
+            n = size(slot.profile)
+            creating.append({"profile": slot.profile, "kind": kind(slot.profile), "start": slot.start, "size": n})
             locked.add(slot)
-            reconf_slices += size
+            reconf_slices += n or 0
     total = model.memory_slices if model else 0
     largest_kind, largest = (None, 0)
     if model is not None and g.mig_enabled and not g.blocked:  # (blocked: nothing is created there)
@@ -325,13 +349,13 @@ def gpu_view(snap: Snapshot, node: str, g) -> dict:
             layout = str(Layout(model, frozenset(existing)))
         except SlurmMigError:
             layout = ",".join(f"{i.profile}@{i.start}" for i in insts)
-    else:  # a model our tables do not list (a newer node's): its instances as the node named them
-        layout = ",".join(f"{i.profile}@{i.start}" for i in insts)
+    else:  # a model our tables do not list, or instances its table does not allow: as the node named them
+        layout = ",".join(f"{i.profile}@{i.start}" for i in sorted(insts, key=lambda i: i.start))
     d = snap.desired.get(key)
     entry = entries[-1] if entries else None
     if not g.mig_enabled:
         status = "mig-off"
-    elif model is None:
+    elif named is None:
         status = "unknown-model"
     elif g.blocked:
         status = "blocked"
@@ -342,7 +366,7 @@ def gpu_view(snap: Snapshot, node: str, g) -> dict:
     return {
         "node": node, "gpu": g.gpu, "model": g.model, "name": g.name, "uuid": g.uuid,
         "mig_enabled": bool(g.mig_enabled), "status": status, "blocked": g.blocked, "slices": total,
-        "layout": layout or ("empty" if model else ""),
+        "layout": layout or ("empty" if model else ""), "geometry_known": model is not None,
         "desired": d["layout"] if d else None,
         "reconfiguration": None if entry is None else {
             "id": entry.id, "state": entry.state, "from": entry.from_layout, "to": entry.to_layout,
@@ -393,6 +417,8 @@ def node_views(snap: Snapshot, *, nodes: str | Sequence[str] | None = None,
             "free_slices": sum(g["free_slices"] for g in gpus),
             "fragmented_slices": sum(g["fragmented_slices"] for g in gpus),
             "busy_fraction": (busy / total) if total else 0.0,
+            # GPUs with MIG on whose slices are not in these counts (geometry_known false)
+            "uncounted_gpus": sum(1 for g in gpus if g["mig_enabled"] and not g["geometry_known"]),
             "reconfiguring": any(g["reconfiguration"] for g in gpus),
         })
     return out
@@ -641,7 +667,8 @@ def status_view(snap: Snapshot, *, tick_interval_s: float = 5.0, healthz: bool |
                  "reconfiguring": sum(1 for g in gpus if g["reconfiguration"]),
                  "slices": slices, "busy_slices": busy,
                  "busy_fraction": busy / slices if slices else 0.0,
-                 "fragmented_slices": sum(g["fragmented_slices"] for g in gpus)},
+                 "fragmented_slices": sum(g["fragmented_slices"] for g in gpus),
+                 "uncounted": sum(1 for g in gpus if g["mig_enabled"] and not g["geometry_known"])},
         "instances": inst,
         "profiles": profile_summary(nodes, pending),
         "jobs": {"pending": len(pending), "blocked": len(queued) - len(pending), "running": len(running),
