@@ -174,3 +174,45 @@ def test_readme_commands_exist():
     used = set(re.findall(r"(?:`|\$ |/bin/)slurm-mig (?:--config \S+ )?([a-z][a-z-]+)",
                           (ROOT / "README.md").read_text()))
     assert used and not used - commands()
+
+
+def _code_snippets(t: str) -> list[str]:
+    """What a reader would type: each line of a fenced block (a trailing backslash joins the next) and each
+    `code span` of the prose."""
+    snippets = []
+    for i, part in enumerate(re.split(r"(?m)^\s*```.*$", t)):
+        if i % 2:
+            snippets += part.replace("\\\n", " ").splitlines()
+        else:
+            snippets += re.findall(r"`([^`\n]+)`", part)
+    return snippets
+
+
+def _subparsers(parser):
+    return next((a.choices for a in parser._actions if a.__class__.__name__ == "_SubParsersAction"), None)
+
+
+@pytest.mark.parametrize("doc", DOCS + ["configuration.md", "../README.md"])
+def test_every_flag_the_docs_give_a_slurm_mig_command_is_one_it_takes(doc):
+    # `slurm-mig nodes [--node gpu0[1-4]]`, `slurm-mig nvml apply --gpu 0 ... --dry-run`: each --flag after a
+    # command (up to a # comment) must be one of that (sub)command's options, spelt out (not an abbreviation).
+    root = build_parser()
+    wrong = []
+    for snippet in _code_snippets(text(doc)):
+        for m in re.finditer(r"(?:^|[\s/$])slurm-mig((?:\s+\S+)+)", snippet):
+            words = m.group(1).split()
+            if words[:1] == ["--config"]:
+                words = words[2:]
+            parser, path = root, []
+            while words and (_subparsers(parser) or {}).get(words[0]) is not None:
+                parser, path = _subparsers(parser)[words[0]], path + [words.pop(0)]
+            if not path:
+                continue
+            known = {s for a in parser._actions for s in a.option_strings}
+            for w in words:
+                if w.startswith("#"):
+                    break
+                flag = re.match(r"[\[(|]*(--[a-z][a-z-]*)", w)
+                if flag and flag.group(1) not in known:
+                    wrong.append(f"slurm-mig {' '.join(path)} {flag.group(1)}")
+    assert not wrong, f"{doc} gives flags these commands do not take: {sorted(set(wrong))}"
