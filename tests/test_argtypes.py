@@ -102,3 +102,14 @@ def test_a_delay_factor_within_the_bound_is_taken_everywhere(tmp_path, monkeypat
     monkeypatch.setenv("SLURM_MIG_SIM_STATE", str(tmp_path / "s.json"))
     monkeypatch.setenv("SLURM_MIG_SIM_DELAY_SCALE", "2.5")
     assert backend_settings(build_parser().parse_args(["nvml", "show"]))["delay_scale"] == 2.5
+
+
+@pytest.mark.parametrize("argv", [["jobs", "--limit"], ["decisions", "--limit"], ["top", "--page"]])
+@pytest.mark.parametrize("bad", ["-1", "0"])
+def test_a_limit_or_page_is_a_whole_number_of_at_least_one(argv, bad, capsys):
+    """`jobs --limit -1` and `decisions --all --limit -1` listed every row (SQLite reads LIMIT -1 as none),
+    though the help says "at most this many"; `--limit 0` listed nothing, `top --page -3` the first page."""
+    with pytest.raises(SystemExit) as exc:
+        build_parser().parse_args([*argv, bad])
+    assert exc.value.code == 2 and f"{bad} is too small (at least 1)" in capsys.readouterr().err
+    assert build_parser().parse_args([*argv, "3"]).__dict__[argv[1].lstrip("-")] == 3

@@ -49,7 +49,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--user", help="only this user's jobs")
     p.add_argument("--partition", help="only jobs in this partition")
     p.add_argument("--profile", help="only jobs asking for this profile (3g, 1g.dm, ...)")
-    p.add_argument("--limit", type=int, help="at most this many jobs")
+    p.add_argument("--limit", type=at_least(1), help="at most this many jobs")
     p.set_defaults(func=_jobs)
 
     p = sub.add_parser("nodes", help="every GPU's MIG layout: instances, jobs on them, reconfigurations")
@@ -61,7 +61,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("decisions", help="the policy's recent decisions and their reasons")
     _common(p)
-    p.add_argument("--limit", type=int, default=10, help="how many (default 10)")
+    p.add_argument("--limit", type=at_least(1), default=10, help="how many (default 10)")
     p.add_argument("--waiting", action="store_true",
                    help="also decisions that only kept jobs waiting (each recorded when it differs from the last)")
     p.add_argument("--all", action="store_true", help="every decision, including those that did nothing")
@@ -83,7 +83,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--interval", type=seconds(0.0, more_than=True), default=2.0, help="seconds between refreshes (default 2)")
     p.add_argument("--node", metavar="NODES", help="only these nodes: hostlist or glob")
     p.add_argument("--partition", help="only this partition's nodes and jobs (asks sinfo)")
-    p.add_argument("--page", type=int, default=1, help="start on this page")
+    p.add_argument("--page", type=at_least(1), default=1, help="start on this page")
     p.add_argument("--view", choices=("auto", "gpus", "summary"), default="auto",
                    help="GPU bars, per-profile summary with one line per node, or auto (bars when they fit)")
     p.add_argument("--width", type=at_least(10), help="with --once: frame width (default: terminal, or 80)")
