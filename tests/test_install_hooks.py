@@ -162,3 +162,59 @@ def test_install_hooks_installs_with_a_good_config_and_interpreter(tmp_path):
     res = _run_install(tmp_path, "--python", sys.executable, "--hook-config", str(good))
     assert res.returncode == 0, res.stderr
     assert sorted(p.name for p in (tmp_path / "hooks").iterdir()) == sorted(HOOKS)
+
+
+def test_two_installs_at_once_both_finish_whole_and_each_hook_is_fsynced(tmp_path, monkeypatch):
+    """Each hook went through a fixed ``<hook>.tmp`` with no fsync: a second install-hooks run between one's
+    write and its rename (pdsh to every node twice, config management overlapping a manual run) took the
+    temporary file away (the first died with FileNotFoundError, or renamed the other's half-written file
+    into place), and a power cut could leave an empty hook, which slurmd cannot exec (a failed Prolog
+    drains the node). Now folders.write_durably: a temporary file of its own, fsynced, renamed, folder
+    fsynced."""
+    prefix = tmp_path / "hooks"
+    real_replace, real_fsync = os.replace, os.fsync
+    nested, synced = [], set()
+
+    def replace(src, dst, *a, **kw):
+        if not nested:  # the second install runs between the first's write and its rename
+            nested.append(dst)
+            install_hooks(prefix, "/usr/bin/python3", "/etc/slurm-mig/b.toml")
+        return real_replace(src, dst, *a, **kw)
+
+    def fsync(fd):
+        st = os.fstat(fd)
+        synced.add((st.st_dev, st.st_ino))
+        return real_fsync(fd)
+
+    monkeypatch.setattr(os, "replace", replace)
+    monkeypatch.setattr(os, "fsync", fsync)
+    out = install_hooks(prefix, "/usr/bin/python3", "/etc/slurm-mig/a.toml")
+    assert nested
+    assert sorted(p.name for p in prefix.iterdir()) == sorted(HOOKS)  # no temporary file left behind
+    for name, path in out.items():
+        text = path.read_text()
+        assert "/etc/slurm-mig/a.toml" in text and "b.toml" not in text, name  # the later install's, whole
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o755
+        assert os.stat(path).st_uid == os.geteuid()
+        st = os.stat(path)
+        assert (st.st_dev, st.st_ino) in synced, name
+    st = os.stat(prefix)
+    assert (st.st_dev, st.st_ino) in synced  # the renames themselves survive a power cut
+
+
+def test_install_writes_through_no_link_planted_in_the_prefix(tmp_path):
+    """Root wrote each hook through ``<prefix>/<hook>.tmp`` opened with O_TRUNC, following a symbolic link:
+    one planted there (a prefix others can write) had root overwrite its target (say /etc/shadow) with the
+    hook's text and chmod it 0755. A hook name that is a link is replaced, its target left alone."""
+    prefix = tmp_path / "hooks"
+    prefix.mkdir()
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    os.chmod(victim, 0o600)
+    os.symlink(victim, prefix / "slurm-mig-prolog.tmp")
+    os.symlink(victim, prefix / "slurm-mig-epilog")
+    out = install_hooks(prefix, "/usr/bin/python3", "/etc/slurm-mig/slurm-mig.toml")
+    assert victim.read_text() == "precious\n"
+    assert stat.S_IMODE(os.stat(victim).st_mode) == 0o600
+    assert not out["slurm-mig-epilog"].is_symlink()
+    assert "SLURM_MIG_CONFIG" in out["slurm-mig-epilog"].read_text()

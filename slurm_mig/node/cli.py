@@ -66,6 +66,8 @@ def install_hooks(prefix: str | os.PathLike, python: str, config: str) -> dict[s
     Raises SlurmMigError, before writing anything, when ``python`` or ``config`` is not an absolute
     path made of plain characters (they are substituted into shell text that runs as root).
     """
+    from slurm_mig.folders import write_durably
+
     _check_safe_paths(python, config)
     prefix = Path(prefix)
     prefix.mkdir(parents=True, exist_ok=True)
@@ -87,10 +89,11 @@ def install_hooks(prefix: str | os.PathLike, python: str, config: str) -> dict[s
                 raise SlurmMigError(f"{src} has no line {old!r} to set; is this a slurm-mig checkout?")
             text = text.replace(old, new)
         dst = prefix / name
-        tmp = dst.with_suffix(".tmp")
-        tmp.write_text(text)
-        os.chmod(tmp, 0o755)
-        os.replace(tmp, dst)
+        # A temporary file of its own (O_EXCL: no link planted in the prefix is followed), fsynced, renamed
+        # over the hook, the folder fsynced: two installs at once each put a whole hook there, and a power
+        # cut leaves the old hook or the new one, never an empty file slurmd cannot exec (a failed Prolog
+        # drains the node). A hook name that is a link is replaced, not written through.
+        write_durably(dst, text.encode(), 0o755)
         out[name] = dst
     return out
 
