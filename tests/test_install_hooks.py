@@ -218,3 +218,47 @@ def test_install_writes_through_no_link_planted_in_the_prefix(tmp_path):
     assert stat.S_IMODE(os.stat(victim).st_mode) == 0o600
     assert not out["slurm-mig-epilog"].is_symlink()
     assert "SLURM_MIG_CONFIG" in out["slurm-mig-epilog"].read_text()
+
+
+def test_refuses_a_prefix_others_can_change_and_writes_nothing(tmp_path):
+    """The hooks run as root from the prefix: whoever can write a folder on its way (not sticky) can rename
+    it away and put their own prolog there. install-hooks made and wrote into any prefix it was given."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o777)  # group/world-writable, no sticky bit
+    with pytest.raises(SlurmMigError, match=r"shared.*chmod go-w"):
+        install_hooks(shared / "libexec" / "slurm-mig", "/usr/bin/python3", "/etc/slurm-mig/slurm-mig.toml")
+    assert list(shared.iterdir()) == []
+    os.chmod(shared, 0o1777)  # sticky, as /tmp: others cannot rename what is not theirs
+    out = install_hooks(shared / "slurm-mig", "/usr/bin/python3", "/etc/slurm-mig/slurm-mig.toml")
+    assert sorted(out) == sorted(HOOKS)
+    # folders made on the way get 0755 whatever the umask (mkdir(parents=True) gave 0777 under umask 0)
+    old = os.umask(0)
+    try:
+        install_hooks(tmp_path / "a" / "b", "/usr/bin/python3", "/etc/slurm-mig/slurm-mig.toml")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(os.stat(tmp_path / "a").st_mode) == 0o755
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a folder or link to another user")
+def test_refuses_a_prefix_or_link_another_user_owns(tmp_path):
+    """As root: a prefix another user made (in /tmp, say) is theirs to fill; a link another user planted
+    sends root's hooks where they choose, and slurm.conf's path stays theirs to repoint."""
+    os.chmod(tmp_path, 0o1777)
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    os.chown(theirs, 12345, 12345)
+    with pytest.raises(SlurmMigError, match="uid 12345"):
+        install_hooks(theirs, "/usr/bin/python3", "/etc/slurm-mig/slurm-mig.toml")
+    assert list(theirs.iterdir()) == []
+    safe = tmp_path / "safe"
+    safe.mkdir()
+    link = tmp_path / "link"
+    os.symlink(safe, link)
+    os.lchown(link, 12345, 12345)
+    with pytest.raises(SlurmMigError, match="uid 12345"):
+        install_hooks(link, "/usr/bin/python3", "/etc/slurm-mig/slurm-mig.toml")
+    assert list(safe.iterdir()) == []
+    os.lchown(link, 0, 0)  # root's own link to a folder of root's: fine
+    assert sorted(install_hooks(link, "/usr/bin/python3", "/etc/slurm-mig/slurm-mig.toml")) == sorted(HOOKS)

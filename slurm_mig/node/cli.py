@@ -60,17 +60,48 @@ def _check_safe_paths(python: str, config: str) -> None:
                                 f"only (it is written into the root hooks' shell text)")
 
 
+def _check_prefix(prefix: Path) -> None:
+    """Raise SlurmMigError unless only root (or the installer) can change what ``prefix`` holds: every
+    folder and link on its way, as given and resolved, that exists must be theirs, and every folder above
+    it writable by nobody else unless sticky (as /tmp). Whoever can write such a folder can rename the
+    prefix away and put their own prolog in its place, and slurmd runs it as root. The prefix itself is
+    chmod-ed 0755 after."""
+    import stat
+
+    from slurm_mig.errors import SlurmMigError
+
+    trusted = {0, os.geteuid()}
+    given = Path(os.path.abspath(prefix))
+    for path in (given, Path(os.path.realpath(given))):
+        for d in (*reversed(path.parents), path):
+            try:
+                st = os.lstat(d)
+            except FileNotFoundError:
+                break  # made below, 0755
+            except OSError as exc:
+                raise SlurmMigError(f"--prefix {prefix}: cannot read {d}: {exc.strerror}") from None
+            if st.st_uid not in trusted:
+                raise SlurmMigError(f"--prefix {prefix}: {d} is owned by uid {st.st_uid}; slurmd runs the hooks "
+                                    f"as root, so only root may own the folders (and links) they are in")
+            if (d != path and stat.S_ISDIR(st.st_mode) and st.st_mode & 0o022
+                    and not st.st_mode & stat.S_ISVTX):
+                raise SlurmMigError(f"--prefix {prefix}: {d} has mode {stat.S_IMODE(st.st_mode):04o}; others "
+                                    f"could swap the hooks root runs (chmod go-w {d}, or install elsewhere)")
+
+
 def install_hooks(prefix: str | os.PathLike, python: str, config: str) -> dict[str, Path]:
-    """Copy the hook executables into ``prefix`` (0755, root-owned) with the interpreter and config set.
+    """Copy the hook executables into ``prefix`` (0755, the installer's) with the interpreter and config set.
 
     Raises SlurmMigError, before writing anything, when ``python`` or ``config`` is not an absolute
-    path made of plain characters (they are substituted into shell text that runs as root).
+    path made of plain characters (they are substituted into shell text that runs as root), or when
+    others could change what ``prefix`` holds (see _check_prefix).
     """
-    from slurm_mig.folders import write_durably
+    from slurm_mig.folders import make_missing_folders, write_durably
 
     _check_safe_paths(python, config)
     prefix = Path(prefix)
-    prefix.mkdir(parents=True, exist_ok=True)
+    _check_prefix(prefix)
+    make_missing_folders(prefix, lambda d: 0o755)
     os.chmod(prefix, 0o755)
     out = {}
     for name, folder in HOOKS.items():
