@@ -262,3 +262,22 @@ def test_refuses_a_prefix_or_link_another_user_owns(tmp_path):
     assert list(safe.iterdir()) == []
     os.lchown(link, 0, 0)  # root's own link to a folder of root's: fine
     assert sorted(install_hooks(link, "/usr/bin/python3", "/etc/slurm-mig/slurm-mig.toml")) == sorted(HOOKS)
+
+
+def test_a_hook_source_without_its_line_is_an_error_and_nothing_is_written(tmp_path, monkeypatch):
+    """A hook source without the line to set (not a slurm-mig checkout, an edited copy): install_hooks raised
+    NameError (SlurmMigError was not imported there), after writing the hooks before it."""
+    import shutil
+    from pathlib import Path
+
+    from slurm_mig.node import cli
+
+    src = tmp_path / "src"
+    repo = Path(__file__).resolve().parents[1]
+    for folder in ("prolog", "epilog"):
+        shutil.copytree(repo / folder, src / folder)
+    (src / "epilog" / "slurm-mig-healthcheck").write_text("#!/bin/sh\nexit 0\n")
+    monkeypatch.setattr(cli, "hook_source_dir", lambda: src)
+    with pytest.raises(SlurmMigError, match="slurm-mig-healthcheck has no line"):
+        install_hooks(tmp_path / "hooks", "/usr/bin/python3", "/etc/slurm-mig/slurm-mig.toml")
+    assert not (tmp_path / "hooks").exists() or list((tmp_path / "hooks").iterdir()) == []

@@ -96,14 +96,12 @@ def install_hooks(prefix: str | os.PathLike, python: str, config: str) -> dict[s
     path made of plain characters (they are substituted into shell text that runs as root), or when
     others could change what ``prefix`` holds (see _check_prefix).
     """
+    from slurm_mig.errors import SlurmMigError
     from slurm_mig.folders import make_missing_folders, write_durably
 
     _check_safe_paths(python, config)
     prefix = Path(prefix)
-    _check_prefix(prefix)
-    make_missing_folders(prefix, lambda d: 0o755)
-    os.chmod(prefix, 0o755)
-    out = {}
+    texts = {}
     for name, folder in HOOKS.items():
         src = hook_source_dir() / folder / name
         text = src.read_text()
@@ -119,6 +117,12 @@ def install_hooks(prefix: str | os.PathLike, python: str, config: str) -> dict[s
             if old not in text:
                 raise SlurmMigError(f"{src} has no line {old!r} to set; is this a slurm-mig checkout?")
             text = text.replace(old, new)
+        texts[name] = text
+    _check_prefix(prefix)
+    make_missing_folders(prefix, lambda d: 0o755)
+    os.chmod(prefix, 0o755)
+    out = {}
+    for name, text in texts.items():
         dst = prefix / name
         # A temporary file of its own (O_EXCL: no link planted in the prefix is followed), fsynced, renamed
         # over the hook, the folder fsynced: two installs at once each put a whole hook there, and a power
