@@ -54,6 +54,20 @@ def test_bench_json_schema(tmp_path, capsys):
         assert 0 <= r["utilization"] <= 1
 
 
+def test_bench_runs_the_default_trace_once_when_it_is_also_given_as_trace(tmp_path, capsys, monkeypatch):
+    """The default trace is added only when no --trace is given: naming it with --trace (any spelling)
+    runs it once, not once as the default and once as the --trace."""
+    from slurm_mig.sim import bench
+
+    trace = small_trace(tmp_path, n=30)
+    monkeypatch.setattr(bench, "default_trace", lambda: trace.resolve())
+    monkeypatch.chdir(tmp_path)
+    for args in ([], ["--trace", str(trace)], ["--trace", "pods.csv"]):
+        assert main(["bench", "--json", "--no-synthetic", "--nodes", "1", "--policies", "greedy", *args]) == 0
+        names = [w["name"] for w in json.loads(capsys.readouterr().out)["workloads"]]
+        assert names == ["alibaba:pods"], args
+
+
 def test_bench_table(tmp_path, capsys):
     trace = small_trace(tmp_path, n=60)
     assert main(["bench", "--no-synthetic", "--trace", str(trace), "--nodes", "1",

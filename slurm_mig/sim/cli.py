@@ -18,7 +18,7 @@ SYNTHETIC = ("poisson-mix", "small-heavy", "rl-good_scaling", "rl-bad_scaling", 
 def register(subparsers) -> None:
     b = subparsers.add_parser(
         "bench", help="every policy on a fixed set of workloads (and traces) vs baselines and lower bounds",
-        description="Run every policy on the fixed synthetic workloads plus each --trace (by default also "
+        description="Run every policy on the fixed synthetic workloads plus each --trace (without --trace: "
                     "../shared/traces/alibaba-v2023-train.csv when it exists) and print a table with ratios "
                     "to the best baseline and to the lower bounds. --speed runs the speed benchmarks instead.")
     b.add_argument("--trace", action="append", default=[], metavar="PATH",
