@@ -27,6 +27,7 @@ from slurm_mig.mig.layout import Layout, Slot
 from slurm_mig.mig.profiles import GpuModel, get_model
 from slurm_mig.slurm.parsers import format_exit_status
 from slurm_mig.store.db import finite, sqlite_uri
+from slurm_mig.store.models import readable_model
 
 LIVE_JOB_STATES = ("PENDING", "REQUEUED", "RUNNING", "SUSPENDED", "COMPLETING")
 RUNNING_STATES = ("RUNNING", "SUSPENDED", "COMPLETING")
@@ -263,15 +264,12 @@ def _largest_creatable(model: GpuModel, locked: Iterable[Slot]) -> tuple[str | N
 
 
 def _readable(model: GpuModel | None, insts: Sequence) -> GpuModel | None:
-    """The model a GPU's slices are drawn and counted with, as the controller reads them (store.models.readable_model):
-    None for a model our tables lack, or instances its table does not allow (a newer node's profile such as
-    '3g.40gb+gfx', or a start it does not list): their sizes and places are the node's, unknown here."""
-    from slurm_mig.store.models import off_table
-
-    if model is None:
-        return None
+    """The model a GPU's slices are drawn and counted with: store.models.readable_model, the controller's own
+    reading (None for a model our tables lack, or instances its table does not allow: a newer node's profile
+    such as '3g.40gb+gfx', or a start it does not list; their sizes and places are the node's, unknown here),
+    and None too where a stored instance's start or profile cannot be read at all."""
     try:
-        return None if off_table(model, insts)[1] else model
+        return readable_model(model, insts)
     except (SlurmMigError, TypeError, ValueError):
         return None
 
