@@ -265,10 +265,11 @@ class PolicyStore:
 
     @contextlib.contextmanager
     def _locked(self):
-        """Hold the store's lock file (``.lock``, an exclusive flock) while changing the store: each change
-        reads history.json (or checks a version is new) and writes it back through fixed temporary names, so
-        two at once (two admins, or a `retrain --install` finishing meanwhile) overwrote each other's
-        temporary file, failed with a traceback and lost an activation. A second one waits for the first."""
+        """Hold the store's lock file (``.lock``, an exclusive flock) while changing the store, after making the
+        store and checking it can be written (_writable_root): each change reads history.json (or checks a
+        version is new) and writes it back, so two at once (two admins, or a `retrain --install` finishing
+        meanwhile) lost an activation (and, while the temporary files had fixed names, before write_durably,
+        overwrote each other's and failed with a traceback). A second one waits for the first."""
         self._writable_root()
         try:
             fd = os.open(self.root / ".lock", os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), FILE_MODE)
@@ -301,7 +302,7 @@ class PolicyStore:
                               "to name another)")
 
     def _set_active(self, version: str) -> None:
-        self._writable_root()
+        # (under _locked, which made the store and checked it can be written)
         write_durably(self.root / "active", (version + "\n").encode(), FILE_MODE)
 
     def _write_json(self, name: str, data) -> None:
