@@ -47,9 +47,8 @@ def _duration(job, now: float) -> float:
         return max(0.1, job.end_time - job.start_time)
     if job.start_time is not None:
         return max(0.1, now - job.start_time)
-    if _limit(job) is not None:
-        return _limit(job)
-    return 60.0
+    limit = _limit(job)
+    return limit if limit is not None else 60.0
 
 
 def replay_job(store, job_id: str, *, policy: str = "first-fit", now: float | None = None) -> dict:
