@@ -107,16 +107,20 @@ def _copy_model(tmp_path: Path) -> Path:
     return d / "model.onnx"
 
 
+def _set_card(m: Path, **fields) -> dict:
+    """Change ``fields`` of the model card beside ``m`` (a _copy_model), write it back and return it."""
+    path = m.parent / "model_card.json"
+    card = {**json.loads(path.read_text()), **fields}
+    path.write_text(json.dumps(card))
+    return card
+
+
 def test_schema_mismatch_is_refused_with_the_reason(tmp_path):
     m = _copy_model(tmp_path)
-    card = json.loads((m.parent / "model_card.json").read_text())
-    card["feature_schema"] = "rl-candidates/0"
-    (m.parent / "model_card.json").write_text(json.dumps(card))
+    _set_card(m, feature_schema="rl-candidates/0")
     with pytest.raises(PolicyModelError, match="feature schema"):
         OnnxScorer(m)
-    card["feature_schema"] = FEATURE_SCHEMA
-    card["features"] = list(FEATURE_NAMES[:-1]) + ["something_else"]
-    (m.parent / "model_card.json").write_text(json.dumps(card))
+    _set_card(m, feature_schema=FEATURE_SCHEMA, features=list(FEATURE_NAMES[:-1]) + ["something_else"])
     with pytest.raises(PolicyModelError, match="feature list"):
         OnnxScorer(m)
 
@@ -136,9 +140,7 @@ def test_model_file_change_is_picked_up(tmp_path, monkeypatch):
     m = _copy_model(tmp_path)
     pol = get_policy("rl", model_path=str(m))
     pol.load()
-    card = json.loads((m.parent / "model_card.json").read_text())
-    card["feature_schema"] = "other"
-    (m.parent / "model_card.json").write_text(json.dumps(card))
+    _set_card(m, feature_schema="other")
     pol._checked_at -= 10  # as if 10 s had passed
     with pytest.raises(PolicyModelError):
         pol.load()
@@ -211,9 +213,7 @@ def _controller(policy: PolicyConfig, tmp_path):
 
 def test_controller_falls_back_with_the_reason_when_the_model_is_wrong(tmp_path, monkeypatch):
     m = _copy_model(tmp_path)
-    card = json.loads((m.parent / "model_card.json").read_text())
-    card["feature_schema"] = "rl-candidates/0"
-    (m.parent / "model_card.json").write_text(json.dumps(card))
+    _set_card(m, feature_schema="rl-candidates/0")
     monkeypatch.setenv("SLURM_MIG_RL_MODEL", str(m))
     ctl, store = _controller(PolicyConfig(name="rl", fallback="frag-aware"), tmp_path)
     summary = ctl.tick()
@@ -251,9 +251,7 @@ def test_a_model_failing_every_tick_is_said_once_a_window_and_counted_every_time
     from slurm_mig.controller.service import POLICY_FAIL_LOG_EVERY_S
 
     m = _copy_model(tmp_path)
-    card = json.loads((m.parent / "model_card.json").read_text())
-    card["feature_schema"] = "rl-candidates/0"
-    (m.parent / "model_card.json").write_text(json.dumps(card))
+    _set_card(m, feature_schema="rl-candidates/0")
     monkeypatch.setenv("SLURM_MIG_RL_MODEL", str(m))
     ctl, store = _controller(PolicyConfig(name="rl", fallback="frag-aware"), tmp_path)
     t = [time.time()]
@@ -277,8 +275,7 @@ def test_a_model_failing_every_tick_is_said_once_a_window_and_counted_every_time
         assert len(lines) == 2 and "(6 more such failures since the last line about them, not logged)" in lines[1]
         assert len(events) == 2 and any("(6 more such failures" in e for e in events)
         ctl.tick()  # one more, held back; then the model is mended
-        card["feature_schema"] = FEATURE_SCHEMA
-        (m.parent / "model_card.json").write_text(json.dumps(card))
+        _set_card(m, feature_schema=FEATURE_SCHEMA)
         ctl.policy._checked_at = -math.inf
         t[0] += POLICY_FAIL_LOG_EVERY_S
         assert ctl.tick().get("policy") == "rl"
@@ -293,9 +290,7 @@ def test_a_shadow_failing_every_tick_is_said_once_a_window(tmp_path, monkeypatch
     import logging
 
     m = _copy_model(tmp_path)
-    card = json.loads((m.parent / "model_card.json").read_text())
-    card["feature_schema"] = "rl-candidates/0"
-    (m.parent / "model_card.json").write_text(json.dumps(card))
+    _set_card(m, feature_schema="rl-candidates/0")
     monkeypatch.setenv("SLURM_MIG_RL_MODEL", str(m))
     ctl, store = _controller(PolicyConfig(name="frag-aware", shadow="rl"), tmp_path)
     t = [time.time()]
@@ -324,9 +319,7 @@ def test_a_fallback_deciding_as_the_policy_did_is_recorded_as_the_fallbacks_deci
         ctl.tick()
     [last] = store.recent_decisions(1, shadow=False)
     assert last.policy == "rl"
-    card = json.loads((m.parent / "model_card.json").read_text())
-    card["feature_schema"] = "rl-candidates/0"
-    (m.parent / "model_card.json").write_text(json.dumps(card))
+    _set_card(m, feature_schema="rl-candidates/0")
     ctl.policy._checked_at = -math.inf  # the model is looked at again at most every 5 s
     assert ctl.tick().get("policy") == "frag-aware"
     ctl.tick()
