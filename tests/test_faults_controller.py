@@ -1513,22 +1513,37 @@ def test_a_prolog_for_a_known_job_is_answered_within_the_nodes_request_timeout_w
 
 
 def test_a_job_back_in_an_emptied_queue_is_recorded_again(rig):
-    """A tick with nothing to explain (no job the policy may place) records nothing, but kept the last
-    decision's signature: a job back in the queue (released, requeued) with the reason it had before the queue
-    emptied was not recorded, so explain attributed its new wait to the decision from before it was held."""
+    """A tick with nothing to place (every pending job held) recorded no decision and kept the last one's
+    signature: a job released with the reason it had before the hold was not recorded, so explain attributed its
+    new wait to the decision from before the hold. Then (a8f5238) the next decision was recorded, but explain
+    still ran one span across the hold. The quiet tick's decision is now recorded, once: it ends the span."""
     from dataclasses import replace
 
+    from slurm_mig.ops.views import explain_view
+
     count = lambda: rig.store._q("SELECT COUNT(*) AS n FROM decisions")[0]["n"]  # noqa: E731
-    job = SlurmJob(job_id=3, name="c", user="carol", state="PENDING", mig={"7g": 1}, tres_per_node="gres:mig:7g:1",
+    # (more than the node holds: its reason stays the same, with no re-carve or reservation to change it)
+    job = SlurmJob(job_id=3, name="c", user="carol", state="PENDING", mig={"7g": 9}, tres_per_node="gres:mig:7g:9",
                    submit_time=3, priority=1)
+    t = [time.time()]
+    rig.clock = lambda: t[0]
     rig.fake.queue[:] = [job]
-    rig.tick()
-    rig.tick()
+    for _ in range(2):
+        rig.tick()
+        t[0] += 5
     first = count()
     rig.fake.queue[:] = [replace(job, state_reason="JobHeldUser", priority=0)]  # scontrol hold: nothing to place
-    summary = rig.tick()
-    assert summary["pending"] == 0 and summary["changes"] == 0
-    assert count() == first
+    for _ in range(3):
+        summary = rig.tick()
+        assert summary["pending"] == 0 and summary["changes"] == 0
+        t[0] += 1000
+    assert count() == first + 1  # the quiet decision, once
     rig.fake.queue[:] = [job]  # scontrol release: back, waiting as before
     rig.tick()
-    assert count() == first + 1
+    t[0] += 5
+    rig.tick()
+    assert count() == first + 2
+    spans = [s for s in explain_view(rig.store, "3", now=t[0])["decisions"]["spans"] if s["what"] == "waiting"]
+    assert len(spans) == 2 and spans[0]["reason"] == spans[1]["reason"], spans
+    assert spans[0]["ended_by"] == "decision" and spans[0]["duration_s"] < 100  # not the 3000 s held too
+    assert spans[1]["ended_by"] == "now"

@@ -796,15 +796,21 @@ class Controller:
         """Record the plan's decision and its desired layouts, except on nodes in ``held_back``."""
         state, decision, used = plan.state, plan.decision, plan.used
         if decision is None or (not state.pending and not decision.changes):
-            # Nothing to explain: keep the DB small. The reservations row is still the tick `status` reads
-            # (an idle queue, one whose jobs Slurm will not start, or a cluster whose nodes have not reported
-            # a GPU yet, read as a controller gone stale).
+            # Nothing to place (an idle queue, one whose jobs Slurm will not start, or a cluster whose nodes
+            # have not reported a GPU yet). The reservations row is still the tick `status` reads.
             self.store.set_meta("reservations", {}, now=now)
-            # The next decision is recorded whatever it says: a job back in the queue with the reason it had
-            # before the queue emptied is a new wait, which explain must not attribute to the decision before.
-            self._last_signature = None
             if decision is None:
+                self._last_signature = None  # the next decision is recorded, whatever it says
                 return {"pending": len(state.pending), "changes": 0}
+            # Recorded once when the queue goes quiet (the same tick after tick is not recorded again): it ends
+            # the waits before it, so a job released or requeued into the wait it had before is a new span in
+            # explain, and its decision is recorded, not taken for the one from before the hold.
+            signature = _signature(decision)
+            if signature != self._last_signature:
+                self._last_signature = signature
+                self.store.record_decision(decision, state=state, latency_ms=plan.latency, now=now)
+            if self.shadow is not None:
+                self._shadow_state = state  # the shadow's history goes quiet too (_run_shadow: recorded once)
             return {"pending": 0, "changes": 0, "policy": used.name}
         signature = _signature(decision)
         decision_id = None
