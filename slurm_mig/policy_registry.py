@@ -245,23 +245,37 @@ class PolicyStore:
             h.pop()
         prev = h[-1]["version"] if h else DEFAULT
         stored = {v.version for v in self.versions()}
+        # Refused, not skipped, when ``prev`` is gone or no longer loads: the version before it may be one the
+        # admin moved away from on purpose.
         if prev != DEFAULT and prev not in stored:
-            # Refused, not skipped: the version before it may be one the admin moved away from on purpose.
-            earlier = []
-            for e in reversed(h):
-                if e["version"] in stored and e["version"] not in earlier + [cur, DEFAULT]:
-                    earlier.append(e["version"])
-            how = (f"`slurm-mig policy install {earlier[0]}` activates the one before it in the history"
-                   f"{' (then ' + ', '.join(earlier[1:3]) + ')' if earlier[1:] else ''}, " if earlier else "")
             raise ConfigError(f"cannot roll back to {prev}: {self.root / prev} is gone or holds no model.onnx; "
-                              f"{how}`slurm-mig policy install default` the shipped model, `slurm-mig policy "
-                              f"list` shows every version; {cur} stays active")
+                              f"{self._instead(h, stored, cur, prev)}")
+        if prev != DEFAULT:
+            # install's check: a version whose card or model.onnx changed since it ran (another feature schema,
+            # a damaged file) would make the controller's rl policy fail every tick, its fallback deciding
+            try:
+                OnnxScorer(self.root / prev / "model.onnx")
+            except PolicyModelError as exc:
+                raise ConfigError(f"cannot roll back to {prev}: it cannot be used: {exc}; "
+                                  f"{self._instead(h, stored, cur, prev)}") from None
         # History first: stopped between the two writes, the store still runs ``cur`` and the next rollback
         # (its entries popped) goes to ``prev`` again; the other order left ``prev`` active with ``cur`` last in
         # the history, and the next rollback re-activated ``cur``, the version rolled back from.
         self._write_json("history.json", h)
         self._set_active(prev)
         return prev
+
+    def _instead(self, h: list[dict], stored: set[str], cur: str, prev: str) -> str:
+        """What a refused rollback says to do instead: the history's earlier versions still stored, the
+        shipped model, list; and that ``cur`` stays active."""
+        earlier: list[str] = []
+        for e in reversed(h):
+            if e["version"] in stored and e["version"] not in earlier + [cur, prev, DEFAULT]:
+                earlier.append(e["version"])
+        how = (f"`slurm-mig policy install {earlier[0]}` activates the one before it in the history"
+               f"{' (then ' + ', '.join(earlier[1:3]) + ')' if earlier[1:] else ''}, " if earlier else "")
+        return (f"{how}`slurm-mig policy install default` the shipped model, `slurm-mig policy list` shows every "
+                f"version; {cur} stays active")
 
     @contextlib.contextmanager
     def _locked(self):

@@ -473,3 +473,25 @@ def test_a_rollback_to_a_deleted_version_says_what_to_do_instead(tmp_path, capsy
     assert st.active() == "v3" and [e["version"] for e in st.history()] == ["v1", "v2", "v3"]
     st.install("v1")
     assert st.rollback() == "v3"
+
+
+@pytest.mark.parametrize("damage", ["schema", "onnx"])
+def test_a_rollback_to_a_version_that_no_longer_loads_is_refused(tmp_path, capsys, damage):
+    """install checks that a version loads (its card's feature schema, its ONNX file); rollback did not, so a
+    rollback to a version whose card or model.onnx had changed since made it active, and the controller's rl
+    policy failed on every tick (its [policy].fallback deciding) though rollback said 'rolled back'. It now
+    makes the same check, refuses and changes nothing."""
+    st = PolicyStore()
+    for v in ("v1", "v2"):
+        st.add(model_dir(tmp_path, v, version=v))
+        st.install(v)
+    if damage == "schema":
+        card = tmp_path / "store" / "v1" / "model_card.json"
+        card.write_text(json.dumps({**json.loads(card.read_text()), "feature_schema": "rl-candidates/0"}))
+    else:
+        (tmp_path / "store" / "v1" / "model.onnx").write_bytes(b"not an onnx model")
+    assert main(["policy", "rollback"]) != 0
+    err = capsys.readouterr().err
+    assert "cannot roll back to v1" in err and "v2 stays active" in err, err
+    assert "slurm-mig policy install default" in err and "Traceback" not in err, err
+    assert st.active() == "v2" and [e["version"] for e in st.history()] == ["v1", "v2"]
