@@ -230,9 +230,19 @@ class PolicyStore:
             self._write_json("history.json", h)
 
     def rollback(self) -> str:
-        """Re-activate the version that was active before the current one (``default`` at the start)."""
+        """Re-activate the version that was active before the current one (``default`` at the start); a
+        ConfigError when there is none (the shipped model active, no earlier activation)."""
+        self._not_a_file()
+        if not self.root.exists() and next((p for p in self.root.parents if p.exists()), Path("/")).is_dir():
+            # no store: nothing was ever installed, and a rollback that changes nothing makes none
+            raise ConfigError(self._nothing_to_roll_back(DEFAULT))
         with self._locked():
             return self._rollback()
+
+    def _nothing_to_roll_back(self, cur: str) -> str:
+        return (f"nothing to roll back: {cur} is active{' (the shipped model)' if cur == DEFAULT else ''} and "
+                f"{self.root / 'history.json'} holds no activation before it; `slurm-mig policy list` shows the "
+                "versions, `slurm-mig policy install VERSION` activates one")
 
     def _rollback(self) -> str:
         h = self.history()
@@ -244,6 +254,8 @@ class PolicyStore:
         while h and h[-1]["version"] == cur:
             h.pop()
         prev = h[-1]["version"] if h else DEFAULT
+        if prev == cur:  # (default active, no activation left in the history): "rolled back" would be a lie
+            raise ConfigError(self._nothing_to_roll_back(cur))
         stored = {v.version for v in self.versions()}
         # Refused, not skipped, when ``prev`` is gone or no longer loads: the version before it may be one the
         # admin moved away from on purpose.

@@ -495,3 +495,26 @@ def test_a_rollback_to_a_version_that_no_longer_loads_is_refused(tmp_path, capsy
     assert "cannot roll back to v1" in err and "v2 stays active" in err, err
     assert "slurm-mig policy install default" in err and "Traceback" not in err, err
     assert st.active() == "v2" and [e["version"] for e in st.history()] == ["v1", "v2"]
+
+
+def test_a_rollback_with_nothing_left_to_roll_back_says_so_and_fails(tmp_path, capsys):
+    """With the shipped model active and no earlier activation in the history, rollback 'went back' to default
+    again, printed 'rolled back; active policy version: default' and exited 0 (on a store that did not exist yet
+    it made one): a script or an admin took that for a change. It now fails, saying nothing is left to roll back,
+    and changes nothing."""
+    assert main(["policy", "rollback"]) != 0
+    cap = capsys.readouterr()
+    assert "rolled back" not in cap.out and "nothing to roll back" in cap.err, cap
+    assert not (tmp_path / "store").exists()
+    st = PolicyStore()
+    st.add(model_dir(tmp_path, "v1", version="v1"))
+    st.install("v1")
+    assert run_json(capsys, "policy", "rollback", "--json") == {"active": "default"}
+    before = {p.name: p.read_bytes() for p in (tmp_path / "store").iterdir() if p.is_file()}
+    assert main(["policy", "rollback", "--json"]) != 0
+    cap = capsys.readouterr()
+    assert cap.out == "" and "nothing to roll back" in cap.err and "default is active" in cap.err, cap
+    assert {p.name: p.read_bytes() for p in (tmp_path / "store").iterdir() if p.is_file()} == before
+    st.install("v1")
+    st.activate("default")  # (policy install default) an activation of default is one to roll back from
+    assert st.rollback() == "v1"
