@@ -257,3 +257,32 @@ def test_simulate_db_replays_on_the_sites_gpus(tmp_path, capsys):
                  "--nodes", "1", "--gpus-per-node", "2"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert (doc["model"], doc["nodes"], doc["gpus"]) == ("H100-80GB", 1, 2)
+
+
+def test_the_replay_cluster_leaves_out_the_gpus_the_controller_leaves_out_of_the_policys_view(tmp_path):
+    """Since 5e1847c a GPU of a known model whose instances its table does not allow (a newer node's profile, such
+    as a driver's '+gfx' variant) is blocked and left out of the policy's view (Store.cluster_state), never given a
+    MIG job; outcomes_db_cluster (retrain's and simulate --db's cluster) still counted it, so a site of one readable
+    node beside two such nodes was replayed on 3 x 2 GPUs, three times those its policy places on. It counts the
+    GPUs cluster_state holds now; a GPU blocked for another reason (a MIG mode change pending) is in both."""
+    from slurm_mig.sim.workloads import outcomes_db_cluster
+
+    store_mod = pytest.importorskip("slurm_mig.store")
+    path = tmp_path / "state.db"
+    store = store_mod.open_store(path)
+    try:
+        store.replace_observed("n1", [{"gpu": g, "uuid": f"GPU-n1-{g}", "model": "H100-80GB", "mig_enabled": True}
+                                      for g in (0, 1)], [], now=10.0)
+        for n in ("n2", "n3"):
+            store.replace_observed(
+                n, [{"gpu": g, "uuid": f"GPU-{n}-{g}", "model": "H100-80GB", "mig_enabled": True} for g in (0, 1)],
+                [{"gpu": g, "profile": "3g.40gb+gfx", "start": 0, "uuid": f"MIG-{n}-{g}"} for g in (0, 1)], now=10.0)
+        view = {(g.node, g.index) for g in store.cluster_state(now=20.0).gpus}
+        assert view == {("n1", 0), ("n1", 1)}
+        assert outcomes_db_cluster(path) == ("H100-80GB", 1, 2)
+        store.replace_observed("n4", [{"gpu": 0, "uuid": "GPU-n4-0", "model": "H100-80GB", "mig_enabled": True,
+                                       "mig_pending": False}], [], now=10.0)
+        assert ("n4", 0) in {(g.node, g.index) for g in store.cluster_state(now=20.0).gpus}
+    finally:
+        store.close()
+    assert outcomes_db_cluster(path) == ("H100-80GB", 2, 2)

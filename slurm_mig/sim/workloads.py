@@ -476,28 +476,44 @@ def _number(v):
 def outcomes_db_cluster(path: str | Path) -> tuple[str, int, int] | None:
     """(GPU model, nodes, GPUs per node) of the MIG GPUs a state DB last saw, for replaying its outcomes
     on the site's own cluster: the most common model, the nodes holding one of those and the most such
-    GPUs on one node. Only models this slurm-mig's tables list count: a newer node's GPU, stored under the
-    model it named and kept blocked (it takes no MIG job), is no GPU of the replay; counted, it could be the
-    most common and leave no cluster at all. None when the DB records no MIG GPU of a known model (or no
-    ``gpus`` table)."""
+    GPUs on one node. Only the GPUs the controller's policy sees count (Store.cluster_state): a newer node's
+    GPU, of a model this slurm-mig's tables do not list or of a known model holding instances its table does
+    not allow (a newer node's profile or placement, store.models.readable_model), is kept blocked and takes no
+    MIG job, so it is no GPU of the replay; counted, an unlisted model could be the most common and leave no
+    cluster at all. None when the DB records no such GPU (or no ``gpus`` table, or cannot be read)."""
     from slurm_mig.store.db import sqlite_uri  # here: a simulation without a DB never imports the store
+    from slurm_mig.store.models import readable_model
 
     try:
         con = sqlite3.connect(sqlite_uri(path, "ro"), uri=True)
     except sqlite3.Error:
         return None
+    known: list[tuple[str, str]] = []
     try:
-        rows = con.execute("SELECT node, model FROM gpus WHERE mig_enabled = 1 AND model IS NOT NULL").fetchall()
+        cols = {r[1] for r in con.execute("PRAGMA table_info(gpus)")}
+        blocked = "blocked" if "blocked" in cols else "NULL"  # (no column before schema 5)
+        rows = con.execute(f"SELECT node, gpu, model, {blocked} FROM gpus "
+                           "WHERE mig_enabled = 1 AND model IS NOT NULL").fetchall()
+        for node, gpu, m, why in rows:
+            try:
+                name = get_model(str(m)).name
+            except GeometryError:
+                continue
+            if why:
+                # As cluster_state: only a blocked GPU may hold instances its table does not allow
+                # (replace_observed blocks every one), and such a GPU is out of the policy's view.
+                insts = [{"profile": p, "start": st} for p, st in con.execute(
+                    "SELECT profile, start FROM instances WHERE node = ? AND gpu = ?", (node, gpu))]
+                try:
+                    if readable_model(name, insts) is None:
+                        continue
+                except (TypeError, ValueError, GeometryError):  # a hand-edited row: not readable either
+                    continue
+            known.append((node, name))
     except sqlite3.Error:
         return None
     finally:
         con.close()
-    known: list[tuple[str, str]] = []
-    for node, m in rows:
-        try:
-            known.append((node, get_model(str(m)).name))
-        except GeometryError:
-            continue
     models: dict[str, int] = {}
     for _node, m in known:
         models[m] = models.get(m, 0) + 1
