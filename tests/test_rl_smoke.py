@@ -489,7 +489,6 @@ def test_retrain_replays_on_the_mig_gpus_of_the_db_not_every_gpu(tmp_path):
                                   for g in range(4)], [], now=1000.0)
     store.close()
     assert cluster_of(db) == (1, 2, "H100-80GB")
-    assert cluster_of(tmp_path / "none.db") == (1, 8, "H100-80GB")
 
 
 def test_retrain_replays_on_the_known_mig_gpus_when_a_newer_model_outnumbers_them(tmp_path):
@@ -557,3 +556,38 @@ def test_too_few_outcomes_says_how_many_rows_were_skipped_and_why(tmp_path):
     msg = str(err.value)
     assert "11 outcome row(s)" in msg and "5 usable" in msg and "at least 10" in msg, msg
     assert "3 without a run time" in msg and "2 with a profile" in msg and "1 with a value that is not a number" in msg
+
+
+def test_retrain_refuses_a_db_that_records_no_gpu_its_policy_places_on(tmp_path, capsys):
+    """Where the state DB recorded no MIG GPU the controller's policy places on (a gpus table empty or unreadable, MIG
+    mode off everywhere, every GPU a newer node's and blocked), cluster_of returned the default 1 x 8 H100-80GB and
+    retrain judged the candidate there without a word, storing (or with --install activating) it on the strength of
+    a cluster the site does not have. It now refuses before training, saying what the gpus table holds and why."""
+    import sqlite3
+
+    from slurm_mig.cli import main
+    from slurm_mig.errors import ConfigError
+    from slurm_mig.store import open_store
+    from training.retrain import cluster_of, retrain
+
+    db = tmp_path / "state.db"
+    _fill_db(db)
+    store = open_store(str(db))
+    store.replace_observed("n1", [{"gpu": g, "uuid": f"GPU-{g}", "model": "H100-80GB", "mig_enabled": False}
+                                  for g in (0, 1)], [], now=2000.0)
+    store.close()
+    with pytest.raises(ConfigError) as err:
+        retrain(db, store=tmp_path / "store", minutes=0.1, iterations=1, out=tmp_path / "work")
+    msg = str(err.value)
+    assert "no MIG GPU" in msg and "2 GPU(s), 0 with MIG mode on" in msg and "not the site's" in msg, msg
+    assert not (tmp_path / "work").exists() and not (tmp_path / "store").exists()
+    assert main(["policy", "retrain", "--db", str(db), "--store", str(tmp_path / "store")]) == 2
+    assert "no MIG GPU" in capsys.readouterr().err
+    con = sqlite3.connect(db)
+    con.execute("DROP TABLE gpus")
+    con.commit()
+    con.close()
+    with pytest.raises(ConfigError, match="cannot read its gpus table"):
+        cluster_of(db)
+    with pytest.raises(ConfigError, match="does not exist"):
+        cluster_of(tmp_path / "none.db")

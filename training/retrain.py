@@ -5,7 +5,8 @@
 
 1. Trace: the state DB's ``outcomes`` table replayed as a workload
    (slurm_mig.sim.workloads.load_outcomes_db), on a cluster shaped like the one
-   in the DB's ``gpus`` table (nodes x GPUs per node, the most common model).
+   in the DB's ``gpus`` table (nodes x GPUs per node, the most common model, the
+   MIG GPUs the controller's policy sees); none there stops it (cluster_of).
 2. Split by submit time: the most recent ``holdout`` share of jobs is held out.
    Fine-tuning sees only the older jobs (windows of them, mixed with synthetic
    training episodes so the policy does not forget other workloads).
@@ -62,12 +63,45 @@ HOLD_CAPS_H = (0.0, 6.0, 12.0, 24.0, 48.0)
 def cluster_of(db: str | Path) -> tuple[int, int, str]:
     """(nodes, GPUs per node, GPU model) of the MIG GPUs the DB's gpus table holds, as `slurm-mig simulate
     --db` replays them (the most common model, the nodes holding one, the most on one node); GPUs without
-    MIG mode or of no MIG model take no MIG job and are not counted. (1, 8, H100-80GB) when there is none."""
+    MIG mode, of no MIG model, or that the controller's policy does not see (a newer node's, blocked) take
+    no MIG job and are not counted.
+
+    A ConfigError when there is none: replayed on a made-up cluster (this used to be 1 x 8 H100-80GB, without
+    a word), the candidate would be judged, stored and with --install activated on GPUs the site does not
+    have; the waits of a queue depend on nothing more than on the GPUs it runs on."""
+    if not Path(db).is_file():
+        raise ConfigError(f"state DB {db} does not exist")
     site = outcomes_db_cluster(db)
     if site is None:
-        return 1, 8, "H100-80GB"
+        raise ConfigError(f"{db} records no MIG GPU the controller's policy places on ({gpus_held(db)}), so "
+                          "retrain has no cluster to replay its outcomes on; one that is not the site's would judge "
+                          "the candidate on GPUs the site does not have, and retrain stops instead. Run it on the "
+                          "controller's state DB once the nodes have reported their MIG GPUs (`slurm-mig nodes`); "
+                          "a newer node's GPU, blocked during a rolling upgrade, counts once the controller is "
+                          "upgraded too")
     model, nodes, per_node = site
     return nodes, per_node, model
+
+
+def gpus_held(db: str | Path) -> str:
+    """What the DB's gpus table holds, in words, for a refusal: how many GPUs, how many with MIG mode on."""
+    import sqlite3
+
+    from slurm_mig.store.db import sqlite_uri
+
+    try:
+        con = sqlite3.connect(sqlite_uri(db, "ro"), uri=True)
+        try:
+            n, on = con.execute("SELECT COUNT(*), COALESCE(SUM(mig_enabled = 1), 0) FROM gpus").fetchone()
+        finally:
+            con.close()
+    except sqlite3.Error as exc:
+        return f"cannot read its gpus table: {exc}"
+    if not n:
+        return "its gpus table is empty: no node has reported to the controller that wrote it"
+    return (f"its gpus table holds {n} GPU(s), {on} with MIG mode on"
+            + (", none of them of a model this slurm-mig's tables list with instances its table allows (a newer "
+               "node's, kept blocked)" if on else ""))
 
 
 # Why load_outcomes_db skipped a row (its meta["skipped"] keys), as the report says it.
