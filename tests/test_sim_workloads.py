@@ -286,3 +286,39 @@ def test_the_replay_cluster_leaves_out_the_gpus_the_controller_leaves_out_of_the
     finally:
         store.close()
     assert outcomes_db_cluster(path) == ("H100-80GB", 2, 2)
+
+
+def test_simulate_db_refuses_a_db_that_records_no_gpu_its_policy_places_on(tmp_path, capsys):
+    """`simulate --db` on a state DB that records no MIG GPU the controller's policy places on (MIG mode off
+    everywhere, an empty or unreadable gpus table, only a newer node's blocked GPUs) replayed its history on a
+    default 1 x 8 H100-80GB without a word, while `policy retrain` refuses such a DB since 32c994f. It refuses with
+    retrain's words (one check, training.retrain.cluster_of's) unless --model, --nodes and --gpus-per-node name
+    the cluster to replay on."""
+    from slurm_mig.cli import main
+
+    store_mod = pytest.importorskip("slurm_mig.store")
+    path = tmp_path / "state.db"
+    store = store_mod.open_store(path)
+    try:
+        store.replace_observed("n1", [{"gpu": g, "uuid": f"GPU-{g}", "model": "H100-80GB", "mig_enabled": False}
+                                      for g in (0, 1)], [], now=10.0)
+        for i in range(12):
+            store.record_outcome(str(100 + i), state="COMPLETED", profile="1g", count=1, submit_time=50.0,
+                                 start_time=60.0, end_time=360.0, now=400.0)
+    finally:
+        store.close()
+    for extra in ([], ["--model", "A100-40GB"], ["--nodes", "2", "--gpus-per-node", "4"]):
+        assert main(["simulate", "--db", str(path), "--policy", "greedy", "--json", *extra]) == 2, extra
+        out = capsys.readouterr()
+        assert out.out == "", extra
+        assert "no MIG GPU the controller's policy places on" in out.err, out.err
+        assert "2 GPU(s), 0 with MIG mode on" in out.err and "not the site's" in out.err, out.err
+        assert "simulate stops instead" in out.err and "--model, --nodes and --gpus-per-node" in out.err, out.err
+    # Named, it replays there.
+    assert main(["simulate", "--db", str(path), "--policy", "greedy", "--json", "--model", "H100-80GB",
+                 "--nodes", "1", "--gpus-per-node", "2"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert (doc["model"], doc["nodes"], doc["gpus"]) == ("H100-80GB", 1, 2) and doc["metrics"]["finished"] == 12
+    # A DB path that does not exist says so, as retrain's does.
+    assert main(["simulate", "--db", str(tmp_path / "none.db")]) == 2
+    assert "does not exist" in capsys.readouterr().err

@@ -45,7 +45,7 @@ from slurm_mig.errors import ConfigError
 from slurm_mig.policies.rl import MAX_HOLD_H, SHIPPED_MODEL, RLPolicy, read_card, resolve_model_path
 from slurm_mig.policy_registry import DEFAULT, PolicyStore
 from slurm_mig.sim.engine import ClusterSpec
-from slurm_mig.sim.workloads import Job, Workload, load_outcomes_db, outcomes_db_cluster
+from slurm_mig.sim.workloads import Job, Workload, load_outcomes_db, site_cluster
 
 from training.evaluate import ci, run_case
 from training.guard import carry_guard
@@ -66,42 +66,11 @@ def cluster_of(db: str | Path) -> tuple[int, int, str]:
     MIG mode, of no MIG model, or that the controller's policy does not see (a newer node's, blocked) take
     no MIG job and are not counted.
 
-    A ConfigError when there is none: replayed on a made-up cluster (this used to be 1 x 8 H100-80GB, without
-    a word), the candidate would be judged, stored and with --install activated on GPUs the site does not
-    have; the waits of a queue depend on nothing more than on the GPUs it runs on."""
-    if not Path(db).is_file():
-        raise ConfigError(f"state DB {db} does not exist")
-    site = outcomes_db_cluster(db)
-    if site is None:
-        raise ConfigError(f"{db} records no MIG GPU the controller's policy places on ({gpus_held(db)}), so "
-                          "retrain has no cluster to replay its outcomes on; one that is not the site's would judge "
-                          "the candidate on GPUs the site does not have, and retrain stops instead. Run it on the "
-                          "controller's state DB once the nodes have reported their MIG GPUs (`slurm-mig nodes`); "
-                          "a newer node's GPU, blocked during a rolling upgrade, counts once the controller is "
-                          "upgraded too")
-    model, nodes, per_node = site
+    A ConfigError when there is none (slurm_mig.sim.workloads.site_cluster, simulate --db's check too): replayed
+    on a made-up cluster (this used to be 1 x 8 H100-80GB, without a word), the candidate would be judged, stored
+    and with --install activated on GPUs the site does not have."""
+    model, nodes, per_node = site_cluster(db, "retrain", "judge the candidate")
     return nodes, per_node, model
-
-
-def gpus_held(db: str | Path) -> str:
-    """What the DB's gpus table holds, in words, for a refusal: how many GPUs, how many with MIG mode on."""
-    import sqlite3
-
-    from slurm_mig.store.db import sqlite_uri
-
-    try:
-        con = sqlite3.connect(sqlite_uri(db, "ro"), uri=True)
-        try:
-            n, on = con.execute("SELECT COUNT(*), COALESCE(SUM(mig_enabled = 1), 0) FROM gpus").fetchone()
-        finally:
-            con.close()
-    except sqlite3.Error as exc:
-        return f"cannot read its gpus table: {exc}"
-    if not n:
-        return "its gpus table is empty: no node has reported to the controller that wrote it"
-    return (f"its gpus table holds {n} GPU(s), {on} with MIG mode on"
-            + (", none of them of a model this slurm-mig's tables list with instances its table allows (a newer "
-               "node's, kept blocked)" if on else ""))
 
 
 # Why load_outcomes_db skipped a row (its meta["skipped"] keys), as the report says it.

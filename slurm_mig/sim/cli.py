@@ -43,7 +43,8 @@ def register(subparsers) -> None:
     s.add_argument("--policy", default="frag-aware", help="policy name (see `slurm-mig bench`); best-static "
                                                           "searches a static plan first")
     s.add_argument("--nodes", type=at_least(1), default=None,
-                   help="nodes (default: 5 for traces, 2 for synthetic, the DB's MIG nodes for --db)")
+                   help="nodes (default: 5 for traces, 2 for synthetic, the DB's MIG nodes for --db; a DB that "
+                        "records no MIG GPU is refused unless --model, --nodes and --gpus-per-node are given)")
     s.add_argument("--gpus-per-node", type=at_least(1), default=None,
                    help="GPUs per node (default 8; for --db the most MIG GPUs the DB saw on one node)")
     s.add_argument("--model", default=None,
@@ -174,9 +175,12 @@ def _load(args: argparse.Namespace):
 
     speed = wl.get_speed_model(args.speed_model)
     if args.db:
-        # Replay on the site's own cluster, as far as the DB knows it, unless told otherwise.
-        site = wl.outcomes_db_cluster(args.db) if Path(args.db).is_file() else None
-        if site is not None:
+        # Replay on the site's own cluster, as far as the DB knows it, unless told otherwise. A DB that records
+        # no MIG GPU the policy places on is refused as retrain refuses it (one check), unless all three are told:
+        # a default cluster (1 x 8 H100-80GB, as it used to be, without a word) would time nothing the site has.
+        if args.model is None or args.nodes is None or args.gpus_per_node is None:
+            site = wl.site_cluster(args.db, "simulate", "time its queue",
+                                   "or name the cluster to replay on with --model, --nodes and --gpus-per-node")
             args.model = args.model or site[0]
             args.nodes = args.nodes or site[1]
             args.gpus_per_node = args.gpus_per_node or site[2]

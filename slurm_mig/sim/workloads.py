@@ -527,6 +527,47 @@ def outcomes_db_cluster(path: str | Path) -> tuple[str, int, int] | None:
     return model, len(per_node), max(per_node.values())
 
 
+def site_cluster(db: str | Path, command: str, harm: str, way_on: str = "") -> tuple[str, int, int]:
+    """(GPU model, nodes, GPUs per node) of the site a state DB records (outcomes_db_cluster), for `policy
+    retrain` and `simulate --db`: the one check both make before replaying its outcomes.
+
+    A ConfigError when the DB does not exist or records no MIG GPU the controller's policy places on:
+    replayed on a made-up cluster (this used to be 1 x 8 H100-80GB, without a word), the waits would say
+    nothing about the site, since the waits of a queue depend on the GPUs it runs on. ``command`` names the
+    one that stops, ``harm`` what it would do on such a cluster ("judge the candidate"), ``way_on`` any other
+    way on it offers (simulate's --model, --nodes, --gpus-per-node)."""
+    if not Path(db).is_file():
+        raise ConfigError(f"state DB {db} does not exist")
+    site = outcomes_db_cluster(db)
+    if site is None:
+        raise ConfigError(f"{db} records no MIG GPU the controller's policy places on ({gpus_held(db)}), so "
+                          f"{command} has no cluster to replay its outcomes on; one that is not the site's would "
+                          f"{harm} on GPUs the site does not have, and {command} stops instead. Run it on the "
+                          "controller's state DB once the nodes have reported their MIG GPUs (`slurm-mig nodes`); "
+                          "a newer node's GPU, blocked during a rolling upgrade, counts once the controller is "
+                          "upgraded too" + (f"; {way_on}" if way_on else ""))
+    return site
+
+
+def gpus_held(db: str | Path) -> str:
+    """What the DB's gpus table holds, in words, for a refusal: how many GPUs, how many with MIG mode on."""
+    from slurm_mig.store.db import sqlite_uri
+
+    try:
+        con = sqlite3.connect(sqlite_uri(db, "ro"), uri=True)
+        try:
+            n, on = con.execute("SELECT COUNT(*), COALESCE(SUM(mig_enabled = 1), 0) FROM gpus").fetchone()
+        finally:
+            con.close()
+    except sqlite3.Error as exc:
+        return f"cannot read its gpus table: {exc}"
+    if not n:
+        return "its gpus table is empty: no node has reported to the controller that wrote it"
+    return (f"its gpus table holds {n} GPU(s), {on} with MIG mode on"
+            + (", none of them of a model this slurm-mig's tables list with instances its table allows (a newer "
+               "node's, kept blocked)" if on else ""))
+
+
 def load_outcomes_db(
     path: str | Path,
     *,
