@@ -52,3 +52,43 @@ def test_a_job_that_fits_somewhere_busy_still_waits_for_idle_slices():
     gpus = (GpuState("h1", 0, H100, full, busy=frozenset(full.slots)),)
     d = get_policy("greedy").decide(ClusterState(0.0, gpus, (PendingJob("1", "3g", 1, 0.0),)))
     assert dict(d.waiting)["1"].startswith("no node can hold 1 x 3g on idle slices now"), d.waiting
+
+
+@pytest.mark.parametrize("name", POLICIES + ["no-mig"])
+def test_jobs_that_can_never_run_use_none_of_the_backfill_depth(name):
+    """The walk of the queue stops 500 jobs (backfill_depth) after the first one that cannot start; a job no
+    node could ever hold counted as one of them, so 500 of those at the head of the queue, or behind a job that
+    waits for running ones to end, left a job that could start at once 'not considered: beyond the backfill
+    depth' on an idle GPU, tick after tick, for as long as they stayed queued. They use none of the depth now,
+    and still get their reason; the real jobs behind them are considered as if they were not there."""
+    full = parse_layout("4g@0", A30)
+    gpus = (GpuState("a1", 0, A30, full, busy=frozenset(full.slots)), GpuState("a1", 1, A30, Layout.empty(A30)))
+    never = [PendingJob(f"n{i}", "3g", 1, 1.0 + i) if i % 2 else PendingJob(f"n{i}", "4g", 3, 1.0 + i)
+             for i in range(501)]
+    start = PendingJob("s", "1g", 1, 1000.0, time_limit_s=60.0)
+    for head in ([], [PendingJob("b", "4g", 2, 0.0, time_limit_s=60.0)]):  # b waits for the busy 4g to end
+        pending = head + never + [start]
+        d = get_policy(name).decide(ClusterState(0.0, gpus, tuple(pending)))
+        why = dict(d.waiting)
+        assert not why.get("s", "").startswith("not considered"), (head, why["s"])
+        # (static and no-mig carve nothing: the empty GPU holds no 1g for them)
+        assert name in ("static", "no-mig") or [a.job_id for a in d.assignments] == ["s"], (head, why.get("s"))
+        assert why["n0"] == "no node can ever hold 3 x 4g: at most 2 on one node", why["n0"]
+        assert why["n500"] == "no node can ever hold 3 x 4g: at most 2 on one node", why["n500"]
+        assert why["n499"] == "no node can ever hold 1 x 3g: their GPUs (A30-24GB) have no 3g", why["n499"]
+        # Without them, the same decision.
+        alone = get_policy(name).decide(ClusterState(0.0, gpus, tuple(head + [start])))
+        assert d.assignments == alone.assignments and d.changes == alone.changes
+        assert d.extra["reservations"] == alone.extra["reservations"]
+        assert [w for w in d.waiting if not w[0].startswith("n")] == list(alone.waiting)
+
+
+def test_strict_priority_order_is_not_held_up_by_a_job_that_can_never_run():
+    """With backfill off (strict priority order) everyone behind the first job that cannot start waits; a job no
+    node could ever hold was that job, so the whole queue waited for ever behind it. It holds up no one now."""
+    from slurm_mig.policies.first_fit import FirstFitPolicy
+
+    d = FirstFitPolicy(backfill=False).decide(_state([PendingJob("1", "3g", 1, 0.0), PendingJob("2", "1g", 1, 1.0),
+                                                      PendingJob("3", "4g", 2, 2.0), PendingJob("4", "1g", 1, 3.0)]))
+    assert [a.job_id for a in d.assignments] == ["2"], d.waiting
+    assert dict(d.waiting)["4"] == "not considered: behind a higher-priority job that cannot start yet", d.waiting

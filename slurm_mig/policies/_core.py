@@ -922,6 +922,11 @@ class DispatchPolicy:
         reserved_reason = ""
         blocked_at = -1
         depth = self.backfill_depth
+        # Jobs no node could ever hold (_never_holds): each gets its reason, but none of them blocks, reserves or
+        # uses up the depth; counted, a few hundred of them queued ahead left a job that could start at once
+        # 'not considered' behind them for as long as they stayed.
+        never_keys: set = set()
+        never_seen = 0  # such jobs walked past after the first blocked one
         pending = state.pending
         n = len(pending)
         i = 0
@@ -936,7 +941,7 @@ class DispatchPolicy:
                     i -= 1
                     stopped = "behind a higher-priority job that cannot start yet"
                     break
-                if depth is not None and i - blocked_at > depth:
+                if depth is not None and i - blocked_at - never_seen > depth:
                     i -= 1
                     stopped = f"beyond the backfill depth ({depth} jobs after the first blocked one)"
                     break
@@ -962,6 +967,8 @@ class DispatchPolicy:
                 if ctx.allowed is False:
                     ctx.allowed = allowed_of[job.nodes] = _node_set(idx, job.nodes)
             if key in dead:
+                if blocked_at >= 0 and key in never_keys:
+                    never_seen += 1
                 if explain:
                     waiting.append((job.job_id, reasons[key]))
                 continue
@@ -981,8 +988,6 @@ class DispatchPolicy:
                     stopped = "every slice is in use"
                     break
                 continue
-            if blocked_at < 0:
-                blocked_at = i
             if status == NO_ROOM:
                 dead.add(key)
                 where = "no node" if ctx.allowed is None else (
@@ -992,9 +997,15 @@ class DispatchPolicy:
                 note = _cpu_note(ctx, ledger, job) if ctx.denied is not None else ""
                 never = _never_holds(idx, ctx.allowed, job.profile, job.count)
                 if never:
-                    # Not "on idle slices now": it would wait for ever, whatever ends.
-                    reason = f"{where} can ever hold {job.count} x {job.profile}: {never}"
-                elif not note:
+                    # Not "on idle slices now": it would wait for ever, whatever ends; it holds up no one.
+                    reasons[key] = reason = f"{where} can ever hold {job.count} x {job.profile}: {never}"
+                    never_keys.add(key)
+                    if blocked_at >= 0:
+                        never_seen += 1
+                    if explain:
+                        waiting.append((job.job_id, reason))
+                    continue
+                if not note:
                     reason = f"{where} can hold {job.count} x {job.profile} on idle slices now"
                 elif job.exclusive:
                     reason = (f"{where} can hold {job.count} x {job.profile} on idle slices now on a node of its own "
@@ -1008,6 +1019,8 @@ class DispatchPolicy:
                 if not reserved_reason:
                     reserved_reason = self._reserved_reason(ctx)
                 reason = reserved_reason
+            if blocked_at < 0:
+                blocked_at = i
             if len(ctx.reservations) < self.reservations and (
                     not ctx.reservations or now - job.submit_time >= self.reserve_min_age_s):
                 r = ctx.reserve(job)
