@@ -5,6 +5,7 @@ gives up) or spun (``top --interval 0``)."""
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import pytest
 
@@ -103,6 +104,57 @@ def test_a_delay_factor_within_the_bound_is_taken_everywhere(tmp_path, monkeypat
     monkeypatch.setenv("SLURM_MIG_SIM_DELAY_SCALE", "2.5")
     assert backend_settings(build_parser().parse_args(["nvml", "show"]))["delay_scale"] == 2.5
 
+
+
+def test_the_simulated_delay_factor_comes_from_flag_then_environment_then_the_configs_state_file_else_0(
+        tmp_path, monkeypatch, capsys):
+    """The order --sim-delay-scale's help states (backend_settings): the flag, else $SLURM_MIG_SIM_DELAY_SCALE, else
+    the config's [node].sim_delay_scale when the config's state file is the one used (a --sim-state or
+    $SLURM_MIG_SIM_STATE file is instant: the config's delay goes with the config's file), else 0. Nothing pinned
+    it: each level is tested here against the one below it."""
+    from slurm_mig.config import NodeConfig
+    from slurm_mig.nvml.cli import backend_settings
+
+    for var in ("SLURM_MIG_NVML_BACKEND", "SLURM_MIG_SIM_STATE", "SLURM_MIG_SIM_DELAY_SCALE", "SLURM_MIG_CONFIG"):
+        monkeypatch.delenv(var, raising=False)
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["nvml", "show", "--help"])
+    assert ("(default: $SLURM_MIG_SIM_DELAY_SCALE, else the config's [node].sim_delay_scale with its state file, "
+            "else 0)") in " ".join(capsys.readouterr().out.split())
+    cfg = tmp_path / "slurm-mig.toml"
+    cfg.write_text(f'[node]\nnvml_backend = "simulated"\nsim_state_path = "{tmp_path}/{{node}}.json"\n'
+                   'sim_delay_scale = 5\n')
+    bare = tmp_path / "bare.toml"
+    bare.write_text(f'[node]\nnvml_backend = "simulated"\nsim_state_path = "{tmp_path}/{{node}}.json"\n')
+
+    def delay(conf: Path, *argv: str, env: str | None = None, state: str | None = None) -> float:
+        for var, val in (("SLURM_MIG_SIM_DELAY_SCALE", env), ("SLURM_MIG_SIM_STATE", state)):
+            if val is None:
+                monkeypatch.delenv(var, raising=False)
+            else:
+                monkeypatch.setenv(var, val)
+        got = backend_settings(build_parser().parse_args(["--config", str(conf), "nvml", "show", "--node", "n1",
+                                                          *argv]))
+        assert got["kind"] == "simulated", got
+        return got["delay_scale"]
+
+    own = str(tmp_path / "own.json")
+    # the config's state file: flag > environment > config
+    assert delay(cfg) == 5.0
+    assert delay(cfg, env="7") == 7.0
+    assert delay(cfg, "--sim-delay-scale", "9", env="7") == 9.0
+    assert delay(cfg, "--sim-delay-scale", "0", env="7") == 0.0  # 0 is a value, not "none given"
+    assert delay(cfg, env="0") == 0.0
+    # a config without the key: its default, with its state file
+    assert delay(bare) == NodeConfig().sim_delay_scale
+    # another state file (--sim-state or $SLURM_MIG_SIM_STATE): not the config's delay, so 0 unless told
+    assert delay(cfg, "--sim-state", own) == 0.0
+    assert delay(cfg, state=own) == 0.0
+    assert delay(cfg, "--backend", "simulated", "--sim-state", own) == 0.0
+    assert delay(cfg, "--sim-state", own, env="7") == 7.0
+    assert delay(cfg, "--sim-state", own, "--sim-delay-scale", "9", env="7") == 9.0
+    # no config file at all
+    assert delay(tmp_path / "none.toml", "--sim-state", own) == 0.0
 
 @pytest.mark.parametrize("argv", [["jobs", "--limit"], ["decisions", "--limit"], ["top", "--page"]])
 @pytest.mark.parametrize("bad", ["-1", "0"])
