@@ -552,6 +552,65 @@ MESSAGES = [
       'time': 1795745275.5708756},
      {'ok': True}),
 ]
+# A node of c64fe4c .. 1083d1e^ (2026-11-26): its report and Prolog request carry a driver's difference from
+# the MIG table uncut (here GPU 1's, from a driver reading garbage placements).
+C64FE4C_REPORT = (1795745299.6017191, {'binding_times': {},
+ 'bindings': {},
+ 'node': 'n1',
+ 'observed': [
+     {'index': 0,
+      'instances': [
+          {'in_use': False, 'profile': '3g.40gb', 'start': 0, 'uuid': 'MIG-97475222-38ca-4957-b2fd-47633e38b37a'},
+          {'in_use': False, 'profile': '2g.20gb', 'start': 4, 'uuid': 'MIG-22072c03-44b1-4817-ad89-9352238c3c8f'},
+          {'in_use': False, 'profile': '1g.10gb', 'start': 6, 'uuid': 'MIG-62247342-bd52-43a8-b8b4-888d3f916100'}],
+      'lost': False,
+      'mig_enabled': True,
+      'model': 'H100-80GB',
+      'name': 'NVIDIA H100 80GB HBM3',
+      'uuid': 'GPU-9da078e7-cfde-41cd-b09b-4a759f698ec8'},
+     {'index': 1,
+      'instances': [
+          {'in_use': False, 'profile': '3g.40gb', 'start': 0, 'uuid': 'MIG-9b0f727b-28ed-4041-ad7a-2fa33bbe5ba2'},
+          {'in_use': False, 'profile': '2g.20gb', 'start': 4, 'uuid': 'MIG-4f1ba9b2-26f2-4165-be5a-be48f5e84f41'},
+          {'in_use': False, 'profile': '1g.10gb', 'start': 6, 'uuid': 'MIG-586d4515-3190-43aa-83ca-b5a4b78e9e01'}],
+      'lost': False,
+      'mig_enabled': True,
+      'model': 'H100-80GB',
+      'name': 'NVIDIA H100 80GB HBM3',
+      'table_errors': [
+          '2g.20gb: placements 4000000000:4000000000,4000000001:4000000001,4000000002:4000000002,4000000003:4000000003,4000000004:4000000004,4000000005:4000000005,4000000006:4000000006,4000000007:4000000007,4000000008:4000000008,4000000009:4000000009,4000000010:4000000010,4000000011:4000000011,4000000012:4000000012,4000000013:4000000013,4000000014:4000000014,4000000015:4000000015, ours {0,2,4}:2',
+          "2g.20gb: a placement lies outside the model's 8 memory slices: 4000000000:4000000000,4000000001:4000000001,4000000002:4000000002,4000000003:4000000003,4000000004:4000000004,4000000005:4000000005,4000000006:4000000006,4000000007:4000000007,4000000008:4000000008,4000000009:4000000009,4000000010:4000000010,4000000011:4000000011,4000000012:4000000012,4000000013:4000000013,4000000014:4000000014,4000000015:4000000015"],
+      'uuid': 'GPU-e4b67071-f439-488b-ab5d-a9adc7349621'}],
+ 'observed_at': 1795745299.5983257,
+ 'time': 1795745299.59895})
+C64FE4C_PROLOG = (1795745299.853751, {'bindings': {},
+ 'job_id': '1',
+ 'node': 'n1',
+ 'observed': [
+     {'index': 0,
+      'instances': [
+          {'in_use': False, 'profile': '3g.40gb', 'start': 0, 'uuid': 'MIG-97475222-38ca-4957-b2fd-47633e38b37a'},
+          {'in_use': False, 'profile': '2g.20gb', 'start': 4, 'uuid': 'MIG-22072c03-44b1-4817-ad89-9352238c3c8f'},
+          {'in_use': False, 'profile': '1g.10gb', 'start': 6, 'uuid': 'MIG-62247342-bd52-43a8-b8b4-888d3f916100'}],
+      'lost': False,
+      'mig_enabled': True,
+      'model': 'H100-80GB',
+      'name': 'NVIDIA H100 80GB HBM3',
+      'uuid': 'GPU-9da078e7-cfde-41cd-b09b-4a759f698ec8'},
+     {'index': 1,
+      'instances': [
+          {'in_use': False, 'profile': '3g.40gb', 'start': 0, 'uuid': 'MIG-9b0f727b-28ed-4041-ad7a-2fa33bbe5ba2'},
+          {'in_use': False, 'profile': '2g.20gb', 'start': 4, 'uuid': 'MIG-4f1ba9b2-26f2-4165-be5a-be48f5e84f41'},
+          {'in_use': False, 'profile': '1g.10gb', 'start': 6, 'uuid': 'MIG-586d4515-3190-43aa-83ca-b5a4b78e9e01'}],
+      'lost': False,
+      'mig_enabled': True,
+      'model': 'H100-80GB',
+      'name': 'NVIDIA H100 80GB HBM3',
+      'table_errors': [
+          '2g.20gb: placements 4000000000:4000000000,4000000001:4000000001,4000000002:4000000002,4000000003:4000000003,4000000004:4000000004,4000000005:4000000005,4000000006:4000000006,4000000007:4000000007,4000000008:4000000008,4000000009:4000000009,4000000010:4000000010,4000000011:4000000011,4000000012:4000000012,4000000013:4000000013,4000000014:4000000014,4000000015:4000000015, ours {0,2,4}:2',
+          "2g.20gb: a placement lies outside the model's 8 memory slices: 4000000000:4000000000,4000000001:4000000001,4000000002:4000000002,4000000003:4000000003,4000000004:4000000004,4000000005:4000000005,4000000006:4000000006,4000000007:4000000007,4000000008:4000000008,4000000009:4000000009,4000000010:4000000010,4000000011:4000000011,4000000012:4000000012,4000000013:4000000013,4000000014:4000000014,4000000015:4000000015"],
+      'uuid': 'GPU-e4b67071-f439-488b-ab5d-a9adc7349621'}],
+ 'observed_at': 1795745299.8504348})
 
 
 class Slurm:
@@ -737,3 +796,22 @@ def test_a_lost_gpu_in_its_report(rig):
     assert lost["lost"] is True and lost["instances"] == []
     assert [e.state for e in rig.store.journal_entries() if e.gpu == 0][0] == "failed"
     assert _layout(rig, 1) == "1g@0,1g@1,1g@2,1g@3,1g@4,1g@5,1g@6"
+
+
+def test_a_node_of_2026_11_26_with_an_uncut_mig_table_difference_is_served(rig):
+    """Nodes of c64fe4c up to 1083d1e (2026-11-26) sent a driver's differences from our MIG table uncut: ~380
+    characters from a driver reading garbage placements. The controller refused every report and Prolog
+    request of such a node (422, '... expected a string of at most 300 characters'), so every job Slurm
+    started there was requeued, on its agreeing GPU too. It now cuts such a difference as a newer node does
+    and takes the rest: the GPU is blocked with the reason, the other GPU serves the Prolog."""
+    at, report = C64FE4C_REPORT
+    assert max(len(e) for e in report["observed"][1]["table_errors"]) > 300
+    assert rig.send("/v1/report", at, report) == {"desired": {}, "release": []}
+    gpu0, gpu1 = rig.store.observed_gpus("n1")
+    longer = next(e for e in report["observed"][1]["table_errors"] if len(e) > 300)
+    assert gpu0.blocked is None and longer[:297] + "..." in gpu1.blocked and longer not in gpu1.blocked
+    at, prolog = C64FE4C_PROLOG
+    rig.store.upsert_job("1", profile="1g", count=1, user="alice", name="x", now=at - 1)
+    answer = rig.send("/v1/prolog", at, prolog)
+    _old_node_reads("/v1/prolog", answer)
+    assert answer["action"] == "bind" and [i["gpu"] for i in answer["instances"]] == [0], answer

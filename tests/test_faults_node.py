@@ -1874,11 +1874,12 @@ def test_a_prolog_with_no_earlier_runs_record_does_not_wait_for_the_layout_lock(
 
 
 def test_a_driver_reading_garbage_placements_still_gets_its_report_taken(rig):
-    """Found in review. The controller refuses a report whose table_errors hold a string over 300 characters,
-    and the node capped their number but not their length: a driver (or a wrapper whose placement struct does
-    not match it) reading garbage placements, the very mismatch the check is for, made differences longer
-    than that. Every report and every Prolog's request from the node was then refused, so every job Slurm
-    sent there was requeued, on its other GPUs too. Each difference is now cut to what the controller takes."""
+    """Found in review. The controller refused a report whose table_errors hold a string over 300 characters
+    (until 2026-11-27: an older controller still does), and the node capped their number but not their length:
+    a driver (or a wrapper whose placement struct does not match it) reading garbage placements, the very
+    mismatch the check is for, made differences longer than that. Every report and every Prolog's request from
+    the node was then refused, so every job Slurm sent there was requeued, on its other GPUs too. Each
+    difference is now cut to what the controller takes."""
     garbage = [[4_000_000_000 + k, 4_000_000_000 + k] for k in range(16)]
     rig.gpu.set_driver_profiles(1, {1: {"placements": garbage}}, driver="590.1")
     assert rig.report() == 0

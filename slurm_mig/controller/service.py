@@ -2204,6 +2204,8 @@ def _hms(t: float) -> str:
 MAX_GPUS = 64  # GPU indexes 0..63 (more than any node has)
 MAX_ITEMS = 1024  # list lengths; a node reports a few dozen items at most
 MAX_TEXT = 256
+MAX_TABLE_ERROR = 300  # characters of one table difference kept (a node cuts them so since 1083d1e)
+MAX_BODY = 1 << 20  # the API server's request limit: no string in a request is longer
 
 
 def _rejected(message: str) -> Exception:
@@ -2259,6 +2261,14 @@ def _v_text(value, what: str, *, optional: bool = True, max_len: int = MAX_TEXT)
     if not isinstance(value, str) or len(value) > max_len or "\x00" in value:
         raise _rejected(f"{what}: expected a string of at most {max_len} characters, got {_show(value)}")
     return value
+
+
+def _v_cut(value, what: str, max_len: int) -> str:
+    """A string, cut to ``max_len`` characters (its end shown as "...") where it is longer, as a node cuts it
+    since 1083d1e: nodes of c64fe4c up to it sent a table difference whole (~380 characters from a driver
+    reading garbage placements), and refusing it refused the node's every report and Prolog request."""
+    text = _v_text(value, what, optional=False, max_len=MAX_BODY)
+    return text if len(text) <= max_len else text[:max_len - 3] + "..."
 
 
 def _v_bool(value, what: str, default: bool = False) -> bool:
@@ -2330,7 +2340,7 @@ def _v_observed(value) -> list[dict] | None:
                  "foreign": [_v_foreign(f, f"{what}.foreign[{k}]")
                              for k, f in enumerate(_v_list(g.get("foreign"), f"{what}.foreign"))],
                  # where the node's driver disagrees with our MIG table for this GPU (Node.table_errors)
-                 "table_errors": [_v_text(e, f"{what}.table_errors[{k}]", optional=False, max_len=300)
+                 "table_errors": [_v_cut(e, f"{what}.table_errors[{k}]", MAX_TABLE_ERROR)
                                   for k, e in enumerate(_v_list(g.get("table_errors"), f"{what}.table_errors"))]}
         if len(entry["table_errors"]) > 16:
             raise _rejected(f"{what}.table_errors: at most 16, got {len(entry['table_errors'])}")
