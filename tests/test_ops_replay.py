@@ -48,3 +48,35 @@ def test_a_job_slurm_will_not_start_is_no_competition_in_the_replay(store):
                      blocked="held by its user (Slurm: JobHeldUser)")
     r = replay_job(store, "X", now=T + 500)
     assert r["jobs"] == 1 and r["sim_wait_s"] < 5
+
+
+def test_the_replay_asks_the_policy_for_the_jobs_reason_alone_and_shows_the_same(store, monkeypatch):
+    """The replay shows one job's waiting reason, yet the policy listed every waiting job's in each decision
+    and the simulator kept them all: at 1,024 GPUs and 10,000 pending jobs a third of `explain --replay`'s
+    6 s (benchmarks/ops_scale.py). It now asks for that job's alone; what the replay shows is the same."""
+    from dataclasses import replace
+
+    from slurm_mig.sim import engine
+
+    for k in range(6):  # a queue for the one GPU, ahead of W and behind it
+        store.upsert_job(f"Q{k}", profile="7g", submit_time=T + 90 + 10 * k, time_limit_s=600, now=T + 90 + 10 * k)
+    store.upsert_job("W", profile="4g", submit_time=T + 120, time_limit_s=900, now=T + 120)
+    seen: list[tuple] = []
+    real_apply = engine.Simulator.apply
+
+    def apply(self, decision):
+        seen.extend(decision.waiting)
+        return real_apply(self, decision)
+
+    monkeypatch.setattr(engine.Simulator, "apply", apply)
+    for policy in ("first-fit", "frag-aware", "greedy"):
+        seen.clear()
+        got = replay_job(store, "W", policy=policy, now=T + 2000)
+        assert got["sim_reason"] and {j for j, _ in seen} == {"W"}, policy
+        # every waiting job's reason, as before: the same replay
+        real_config = engine.SimConfig
+        monkeypatch.setattr(engine, "SimConfig", lambda **kw: replace(real_config(**kw), explain_jobs=None))
+        seen.clear()
+        assert replay_job(store, "W", policy=policy, now=T + 2000) == got, policy
+        assert len({j for j, _ in seen}) > 1
+        monkeypatch.setattr(engine, "SimConfig", real_config)

@@ -224,3 +224,32 @@ def test_a_job_past_its_time_limit_ends_there_and_its_run_time_is_never_shown():
     lb = lower_bounds(w, 1)
     assert lb.mean_jct_s == pytest.approx(350.0) and lb.makespan_s == pytest.approx(700.0)
     assert lb.mean_jct_s <= m.mean_jct_s and lb.makespan_s <= m.makespan_s
+
+
+@pytest.mark.parametrize("name", ["first-fit", "greedy", "frag-aware", "rl", "static"])
+def test_explaining_some_jobs_makes_the_same_decisions_with_their_reasons_alone(name):
+    """SimConfig.explain_jobs (`explain --replay`): the policy lists the waiting reasons of those jobs only, in
+    the same words and order as when it lists every job's, and decides the same."""
+    w = poisson_workload(400, gpus=8, load=1.4, seed=5, multi_gpu_share=0.1)
+    only = frozenset(j.job_id for j in w.jobs[::37])
+
+    def run(config):
+        pol = get_policy(name)
+        decisions = []
+        real = pol.decide
+
+        def decide(state):
+            d = real(state)
+            decisions.append(d)
+            return d
+        pol.decide = decide
+        return Simulator(w, pol, ClusterSpec(1, 8), config).run(), decisions
+
+    full, full_d = run(SimConfig(record=True))
+    some, some_d = run(SimConfig(record=True, explain_jobs=only))
+    assert _digest(some) == _digest(full) and len(some_d) == len(full_d)
+    assert some.waiting_reasons == {j: r for j, r in full.waiting_reasons.items() if j in only}
+    assert some.waiting_reasons  # some of them waited
+    for a, b in zip(some_d, full_d):
+        assert (a.changes, a.assignments, a.extra) == (b.changes, b.assignments, b.extra)
+        assert a.waiting == tuple(x for x in b.waiting if x[0] in only)

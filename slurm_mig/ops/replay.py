@@ -120,7 +120,8 @@ def replay_job(store, job_id: str, *, policy: str = "first-fit", now: float | No
                        initial_layout=initial)
     try:
         pol = get_policy(policy)
-        result = Simulator(wl, pol, spec, SimConfig(record=True)).run()
+        # Only this job's waiting reason is shown: the policy is asked for no other.
+        result = Simulator(wl, pol, spec, SimConfig(record=True, explain_jobs=frozenset({str(job_id)}))).run()
     except (SlurmMigError, Exception) as exc:  # noqa: BLE001 - report, do not crash explain
         return {"error": f"the replay failed: {type(exc).__name__}: {exc}"}
     names = {spec.node_name(i): real for i, real in enumerate(real_nodes)}

@@ -81,6 +81,9 @@ class SimConfig:
     reconfig_overhead_s: float = 0.0  # fixed extra seconds per LayoutChange (tooling, Slurm update)
     max_decisions: int | None = None  # safety stop
     explain: bool | None = None  # ask the policy for every waiting job's reason (default: when recording)
+    # With explain: only these jobs' reasons (a queue policy then lists no other; SimResult.waiting_reasons
+    # holds no other). `explain --replay` asks about one job among thousands.
+    explain_jobs: frozenset[str] | None = None
 
 
 @dataclass
@@ -164,6 +167,8 @@ class Simulator:
         self.config = config or SimConfig()
         self.model = get_model(self.spec.model)
         explain = self.config.explain if self.config.explain is not None else self.config.record
+        if explain and self.config.explain_jobs is not None:
+            explain = frozenset(self.config.explain_jobs)
         if hasattr(policy, "explain_waiting"):
             policy.explain_waiting = explain  # reasons for thousands of jobs per decision cost time
         self.reset_state()
@@ -369,8 +374,10 @@ class Simulator:
                 del self._pkeys[pos]
             self._pending_tuple = None
         if cfg.record:
+            only = cfg.explain_jobs
             for jid, why in decision.waiting:
-                self.reasons[jid] = why
+                if only is None or jid in only:
+                    self.reasons[jid] = why
 
     # -- driving --------------------------------------------------------------------------
     def reset(self) -> ClusterState | None:
