@@ -338,8 +338,7 @@ def instrument(ctl: Controller, slurm: FakeSlurm, timer: Timer) -> None:
     return None
 
 
-def build(nodes: int, pending: int, running: int, policy: str, folder: Path):
-    now = 1795257118.0
+def build(nodes: int, pending: int, running: int, policy: str, folder: Path, now: float = 1795257118.0):
     site = Site(nodes, pending, running, now)
     base = Config()
     cfg = replace(base, policy=replace(base.policy, name=policy))

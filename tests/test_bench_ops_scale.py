@@ -1,0 +1,34 @@
+"""benchmarks/ops_scale.py, run tiny: every operator command runs against the site's database and its time is
+printed beside the 2 s budget."""
+
+from __future__ import annotations
+
+from tests.helpers import load_benchmark
+
+ops = load_benchmark("ops_scale")
+
+
+def test_ops_scale_runs_every_command_and_prints_it_beside_the_budget(tmp_path):
+    result = ops.measure(2, 30, 10, ticks=2, runs=1, folder=tmp_path)
+    assert [c["rc"] for c in result["commands"]] == [[0]] * len(ops.COMMANDS)
+    by = {c["command"]: c for c in result["commands"]}
+    ids = result["ids"]
+    assert ids["pending"] != ids["last"] and ids["running"]
+    # each printed something: the replay its simulated wait, top a whole frame
+    assert all(c["stdout_bytes"] > 0 for c in result["commands"])
+    assert by[f"explain {ids['pending']} --replay"]["stdout_bytes"] > by[f"explain {ids['pending']}"]["stdout_bytes"]
+    lines = ops.summary_lines([result])
+    assert len(lines) == len(ops.COMMANDS) + 3
+    for command, line in zip(ops.COMMANDS, lines[1:]):
+        assert line.startswith(command) and line.rstrip().endswith("2.0s")  # the budget beside each
+    assert lines[-1].startswith(f"0 of {len(ops.COMMANDS)} over the 2 s budget at 2x30x10")
+
+
+def test_a_command_over_the_budget_is_flagged():
+    rows = [{"command": c, "median_s": 2.5 if c == "jobs" else 0.5, "max_s": 3.0, "rc": [0], "stdout_bytes": 1,
+             "over_budget": c == "jobs"} for c in ops.COMMANDS]
+    result = {"nodes": 1, "pending": 2, "running": 3, "ids": {"pending": "7", "last": "8", "running": "9"},
+              "commands": rows}
+    lines = ops.summary_lines([result])
+    assert lines[2].startswith("jobs") and lines[2].endswith("2.0s  OVER")
+    assert lines[-1] == f"1 of {len(ops.COMMANDS)} over the 2 s budget at 1x2x3: jobs"
