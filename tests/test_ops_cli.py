@@ -114,6 +114,34 @@ def test_decisions(cfg, capsys):
     assert "job 202 waits: behind a higher-priority job" in out and "job 203 waits" not in out
 
 
+def test_decisions_at_a_large_site_print_a_bounded_list_per_decision(cfg, capsys, monkeypatch):
+    """One decision at 1,024 GPUs placed hundreds of jobs and `decisions` (10 decisions by default) printed
+    2,819 lines: each list of a decision is cut at DECISION_LINES, saying how many more; --job shows that job's
+    placement alone; --json keeps every one."""
+    import slurm_mig.ops.views as V
+    from slurm_mig.ops.cli import DECISION_LINES
+
+    real = V.decisions_view
+
+    def big(store, **kw):
+        [d] = real(store, **{**kw, "limit": 1, "job_id": None})
+        inst = [{"gpu": 0, "profile": "1g.10gb", "start": 0}]
+        d = {**d, "changes": [{"node": f"g{k}", "gpu": 0, "target": "1g@0", "reason": "r"} for k in range(25)],
+             "assignments": [{"job_id": str(900 + k), "node": f"g{k}", "instances": inst, "reason": "p"}
+                             for k in range(300)]}
+        return [d]
+
+    monkeypatch.setattr(V, "decisions_view", big)
+    rc, out, _ = run(capsys, "--config", cfg, "decisions")
+    assert rc == 0 and len(out.splitlines()) < 2 * DECISION_LINES + 10, len(out.splitlines())
+    assert f"... {25 - DECISION_LINES} more re-carves (--json lists every one)" in out
+    assert f"... {300 - DECISION_LINES} more placed (--json lists every one)" in out
+    rc, out, _ = run(capsys, "--config", cfg, "decisions", "--job", "1150")
+    assert "job 1150 -> g250" in out and "job 900 ->" not in out and "more placed" not in out
+    rc, out, _ = run(capsys, "--config", cfg, "decisions", "--json")
+    assert len(json.loads(out)[0]["assignments"]) == 300
+
+
 def test_explain(cfg, capsys):
     rc, out, _ = run(capsys, "--config", cfg, "explain", "201", "--width", "120")
     assert rc == 0

@@ -318,6 +318,9 @@ def _nodes(args) -> int:
 
 # -- decisions ----------------------------------------------------------------------------------
 
+# Re-carves and placements `decisions` prints of one decision (waiting jobs: 5); --json has them all.
+DECISION_LINES = 20
+
 def _decisions(args) -> int:
     from slurm_mig.ops import render as R
     from slurm_mig.ops import views as V
@@ -337,11 +340,20 @@ def _decisions(args) -> int:
     for d in R.safe_tree(ds):
         lat = f" {V.fmt_num(d['latency_ms'])} ms" if d["latency_ms"] is not None else ""
         print(f"#{d['id']} {V.fmt_when(d['time'], d['time'])} {d['policy']} {d['version']}{lat}: {d['summary']}"[:width])
-        for c in d["changes"]:
+        # At most DECISION_LINES of each list a decision: one at a large site placed hundreds of jobs, and
+        # `decisions` (10 of them by default) printed thousands of lines. --json lists every one.
+        changes = d["changes"]
+        for c in changes[:DECISION_LINES]:
             print(f"    re-carve {c['node']}/{c['gpu']} -> {c['target']}: {c.get('reason', '')}"[:width])
-        for a in d["assignments"]:
+        if len(changes) > DECISION_LINES:
+            print(f"    ... {len(changes) - DECISION_LINES} more re-carves (--json lists every one)")
+        placed = d["assignments"] if args.job is None else [a for a in d["assignments"]
+                                                             if str(a.get("job_id")) == args.job]
+        for a in placed[:DECISION_LINES]:
             inst = ", ".join(f"{i['profile']}@{i['start']} GPU {i['gpu']}" for i in a.get("instances", []))
             print(f"    job {a['job_id']} -> {a['node']} ({inst}): {a.get('reason', '')}"[:width])
+        if len(placed) > DECISION_LINES:
+            print(f"    ... {len(placed) - DECISION_LINES} more placed (--json lists every one)")
         shown = d["waiting"] if args.job is None else [w for w in d["waiting"] if w[0] == args.job]
         for job, why in shown[:5]:
             print(f"    job {job} waits: {why}"[:width])
