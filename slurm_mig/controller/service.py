@@ -766,9 +766,8 @@ class Controller:
             check_decision(state, decision)
         except Exception as exc:  # a policy bug must not stop the cluster: use the fallback
             self.metrics.inc("slurm_mig_policy_errors_total", (("policy", self.policy.name),))
-            held = self._policy_failures.say(f"live\0{self.policy.name}\0{type(exc).__name__}", now)
-            if held is not None:
-                more = f" ({held} more such failures since the last line about them, not logged)" if held else ""
+            more = self._policy_failure_said("live", self.policy.name, exc, now)
+            if more is not None:
                 log.error("policy %s failed or was unsafe: %s; using %s%s", self.policy.name, exc,
                           self.fallback.name if self.fallback else "nothing", more)
                 self.store.add_event("policy", f"policy {self.policy.name} failed: {exc}{more}", now=now)
@@ -882,9 +881,9 @@ class Controller:
         not wait for it too (a candidate may be slower than the live policy).
 
         Recorded, as the live policy's (the same _signature), only when it differs from the last shadow
-        decision recorded or comes from another policy or version: recorded every tick, a shadow whose decision repeated filled the
-        decisions' size budget ([controller].keep_decisions_mb) and pushed the live decisions, the ones
-        explain reads, out of the history."""
+        decision recorded or comes from another policy or version: recorded every tick, a shadow whose decision
+        repeated filled the decisions' size budget ([controller].keep_decisions_mb) and pushed the live
+        decisions, the ones explain reads, out of the history."""
         try:
             sd = self.shadow.decide(state)
             signature = _signature(sd)
@@ -893,10 +892,18 @@ class Controller:
             self.store.record_decision(sd, state=state, shadow=True, now=now)
             self._last_shadow_signature = signature
         except Exception as exc:
-            held = self._policy_failures.say(f"shadow\0{self.shadow.name}\0{type(exc).__name__}", now)
-            if held is not None:
-                log.warning("shadow policy %s failed: %s%s", self.shadow.name, exc,
-                            f" ({held} more such failures since the last line about them, not logged)" if held else "")
+            more = self._policy_failure_said("shadow", self.shadow.name, exc, now)
+            if more is not None:
+                log.warning("shadow policy %s failed: %s%s", self.shadow.name, exc, more)
+
+    def _policy_failure_said(self, which: str, name: str, exc: Exception, now: float) -> str | None:
+        """Whether to say a policy's failure now: None to hold it back (each policy, live or shadow, and kind of
+        failure is said once every POLICY_FAIL_LOG_EVERY_S); else what the line ends with, the number held back
+        since the last line about it ("" for none)."""
+        held = self._policy_failures.say(f"{which}\0{name}\0{type(exc).__name__}", now)
+        if held is None:
+            return None
+        return f" ({held} more such failures since the last line about them, not logged)" if held else ""
 
     def _withdraw_first(self, plan: "_Plan", jobs, nodes, gres_now: dict, now: float):
         """Take instances a plan destroys out of Slurm's counts before the plan is committed.
