@@ -1547,3 +1547,55 @@ def test_a_job_back_in_an_emptied_queue_is_recorded_again(rig):
     assert len(spans) == 2 and spans[0]["reason"] == spans[1]["reason"], spans
     assert spans[0]["ended_by"] == "decision" and spans[0]["duration_s"] < 100  # not the 3000 s held too
     assert spans[1]["ended_by"] == "now"
+
+
+@pytest.mark.parametrize("backend", ["simulated", "nvml"])
+def test_a_lost_gpu_keeps_no_desired_layout_and_the_tools_say_it_is_lost(rig, backend, capsys):
+    """GPU 0 was planned a re-carve, then fell off the bus (NVML GPU_IS_LOST). The policy already left it alone
+    (unavailable) and Slurm's counts dropped it, but the desired layout decided before the loss stayed: every
+    /v1/report answer kept sending it, `nodes` showed it, and once the GPU came back (its instances gone with
+    the reset) the node carried out a re-carve planned for the queue of long ago. `status` and `nodes` said
+    "MIG off", sending the admin after the MIG mode instead of a GPU reset. Now a lost GPU is blocked with a
+    reason that says so, its desired layout dropped and its open reconfiguration abandoned; the tools say
+    "lost"."""
+    from slurm_mig.ops import views as V
+
+    writes = []
+    rig.fake.nodes = lambda: [SlurmNode(name="n1", state="idle", gres={"3g": 2, "pad": 12}, gres_used={})]
+    rig.fake.update_node_gres = lambda node, counts, **kw: writes.append(dict(counts)) or ""
+
+    def gpu(i, lost=False, in_use=False):
+        if lost and backend == "nvml":  # nvml.real: a lost GPU answers nothing, not even its name or model
+            return {"index": i, "uuid": "", "name": "", "model": None, "mig_enabled": False, "lost": True,
+                    "instances": []}
+        return {"index": i, "uuid": f"GPU-{i}", "name": "H100", "model": "H100-80GB", "mig_enabled": not lost,
+                "lost": lost, "instances": [] if lost else [
+                    {"profile": "1g.10gb", "start": s, "uuid": f"MIG-{i}{s}", "in_use": in_use} for s in range(7)]}
+
+    observed = [gpu(0), gpu(1, in_use=True)]
+    assert post(rig, "/v1/report", {"node": "n1", "observed": observed, "bindings": {}})[0] == 200
+    rig.tick()
+    assert 0 in rig.store.desired("n1")  # a 3g carved on GPU 0 for job 1
+    observed[0] = gpu(0, lost=True)
+    status, answer = post(rig, "/v1/report", {"node": "n1", "observed": observed, "bindings": {}})
+    assert status == 200 and "0" not in answer["desired"], answer
+    rig.tick()
+    assert 0 not in rig.store.desired("n1"), rig.store.desired("n1")
+    assert not [e for e in rig.store.open_journal_entries("n1") if e.gpu == 0]
+    # The policy's view: GPU 0 may be neither re-carved nor placed on; Slurm is told of GPU 1's 1g's alone.
+    assert not any(g.available for g in rig.store.cluster_state(time.time()).gpus if g.index == 0)
+    assert writes[-1]["1g"] == 7 and not writes[-1]["3g"], writes[-1]
+    assert post(rig, "/v1/report", {"node": "n1", "observed": observed, "bindings": {}})[1]["desired"] == {}
+    snap = V.load_snapshot(rig.store)
+    (g0,) = [g for n in V.node_views(snap) for g in n["gpus"] if g["gpu"] == 0]
+    assert g0["status"] == "lost" and "GPU_IS_LOST" in g0["blocked"], g0
+    assert V.status_view(snap)["gpus"]["lost"] == 1
+    # The commands an operator runs say it too.
+    from slurm_mig.cli import main
+
+    capsys.readouterr()
+    assert main(["status", "--db", str(rig.store_path)]) == 0
+    assert "1 LOST (fell off the bus" in capsys.readouterr().out
+    assert main(["nodes", "--db", str(rig.store_path), "--width", "200"]) == 0
+    out = capsys.readouterr().out
+    assert "lost: fell off the bus" in out and "GPU_IS_LOST" in out and "MIG off" not in out, out

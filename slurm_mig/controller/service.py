@@ -37,7 +37,7 @@ from slurm_mig.policies import check_decision, get_policy
 from slurm_mig.policies.base import PendingJob
 from slurm_mig.slurm.gres import GRES_TO_KIND, GRES_TYPES, PAD_TYPE, gres_type_for_kind, mig_total, padded_total
 from slurm_mig.slurm.parsers import format_exit_status, local_epoch, wait_status
-from slurm_mig.store.models import known_model, off_table, readable_model, unknown_model_reason
+from slurm_mig.store.models import LOST_REASON, known_model, off_table, readable_model, unknown_model_reason
 
 log = logging.getLogger("slurm_mig.controller")
 
@@ -1312,7 +1312,10 @@ class Controller:
                          "mig_enabled": bool(g.get("mig_enabled")) and not g.get("lost"), "name": g.get("name"),
                          "mig_pending": None if g.get("lost") else g.get("mig_pending"),
                          "foreign": [] if g.get("lost") else g.get("foreign") or [],
-                         "table_errors": [] if g.get("lost") else g.get("table_errors") or []})
+                         "table_errors": [] if g.get("lost") else g.get("table_errors") or [],
+                         # blocked, so that every reader (the report's answer, the Prologs, the operator tools)
+                         # leaves it alone and says why: not "MIG off", which sent admins after the MIG mode
+                         "blocked": LOST_REASON if g.get("lost") else None})
             for i in g.get("instances", []):
                 insts.append({"gpu": g["index"], "profile": i["profile"], "start": i["start"], "uuid": i.get("uuid"),
                               "in_use": bool(i.get("in_use")) or (g["index"], i["start"]) in held})
@@ -1322,6 +1325,25 @@ class Controller:
         known = self.store.node(node)
         self.store.replace_observed(node, gpus, insts, now=self.clock(),
                                     state="up" if known is None or known.state == "unknown" else None)
+        self._forget_plans_of_lost(node, [g["index"] for g in observed if g.get("lost")])
+
+    def _forget_plans_of_lost(self, node: str, lost: list[int]) -> None:
+        """Drop the desired layouts of ``node``'s lost GPUs and abandon their open reconfigurations. Kept, the
+        desired layout went out in every report's answer and, once a reset brought the GPU back (its instances
+        gone with the reset), the node carried out a re-carve planned for the queue of before the loss; the
+        policy decides the GPU afresh once it is back. Its jobs' bindings are left as they are."""
+        if not lost:
+            return
+        now = self.clock()
+        desired = self.store.desired(node)
+        for gi in lost:
+            if gi in desired:
+                self.store.clear_desired(node, gi)
+        for e in self.store.open_journal_entries(node):
+            if e.gpu in lost:
+                self.store.journal_finish(e.id, "abandoned", error="the GPU was lost (NVML GPU_IS_LOST)", now=now)
+                self.store.add_event("journal", f"reconfiguration {e.id} of {e.node}/{e.gpu} abandoned: the GPU "
+                                     "was lost", node=node, now=now)
 
     def _say_unknown_model(self, node: str, g: dict) -> None:
         """Warn (log and a ``model`` event) that ``node`` reports a GPU whose model this controller cannot look

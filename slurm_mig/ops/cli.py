@@ -179,7 +179,8 @@ def _status(args) -> int:
     print(f"nodes       {n['total']} with GPUs: {states}"
           + (f"   (no GPUs: {', '.join(n['other'])})" if n["other"] else ""))
     g = st["gpus"]
-    print(f"GPUs        {g['total']} ({g['mig_enabled']} with MIG on), {g['reconfiguring']} reconfiguring; "
+    lost = f", {g['lost']} LOST (fell off the bus: `slurm-mig nodes`)" if g.get("lost") else ""
+    print(f"GPUs        {g['total']} ({g['mig_enabled']} with MIG on{lost}), {g['reconfiguring']} reconfiguring; "
           f"{g['slices']} memory slices, {round(100 * g['busy_fraction'])}% busy, "
           f"{g['fragmented_slices']} idle but fragmented"
           + (f"; {g['uncounted']} GPU(s) not counted (instances this controller's tables cannot place: "

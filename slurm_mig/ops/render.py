@@ -123,6 +123,9 @@ def gpu_bar(gpu: dict, width: int, g: Glyphs, color: bool = True) -> Text:
     ``width`` is the whole bar; every memory slice gets ``width // slices`` columns.
     """
     slices = gpu.get("slices") or 0
+    if gpu.get("status") == "lost":  # fallen off the bus (views.gpu_view)
+        return crop(Text(f"lost: fell off the bus ({gpu.get('name') or gpu.get('model') or 'unknown GPU'})",
+                         style=STYLE["bad"]), width, g)
     if not gpu.get("mig_enabled"):
         return crop(Text(f"MIG off ({gpu.get('name') or gpu.get('model') or 'unknown GPU'})", style=STYLE["warn"]),
                     width, g)
@@ -196,6 +199,8 @@ def mini_bar(gpu: dict, g: Glyphs) -> Text:
     """A GPU in one character per memory slice: the kind's digit where an instance starts, then
     ``#`` busy, ``-`` idle, ``~`` reconfiguring, ``+`` being created, ``.`` not carved."""
     slices = gpu.get("slices") or 0
+    if gpu.get("status") == "lost":
+        return Text("lost".ljust(max(4, slices)), style=STYLE["warn"])
     if not gpu.get("mig_enabled"):
         return Text("off".ljust(max(3, slices)), style=STYLE["warn"])
     if slices <= 0:  # slices not counted: its geometry is unknown here (unreadable_gpu_text)

@@ -27,7 +27,7 @@ from slurm_mig.mig.layout import Layout, Slot
 from slurm_mig.mig.profiles import GpuModel, get_model
 from slurm_mig.slurm.parsers import format_exit_status
 from slurm_mig.store.db import finite, sqlite_uri
-from slurm_mig.store.models import readable_model
+from slurm_mig.store.models import is_lost, readable_model
 
 LIVE_JOB_STATES = ("PENDING", "REQUEUED", "RUNNING", "SUSPENDED", "COMPLETING")
 RUNNING_STATES = ("RUNNING", "SUSPENDED", "COMPLETING")
@@ -351,7 +351,9 @@ def gpu_view(snap: Snapshot, node: str, g) -> dict:
         layout = ",".join(f"{i.profile}@{i.start}" for i in sorted(insts, key=lambda i: i.start))
     d = snap.desired.get(key)
     entry = entries[-1] if entries else None
-    if not g.mig_enabled:
+    if is_lost(g.blocked):  # fallen off the bus: a GPU reset brings it back, not MIG mode
+        status = "lost"
+    elif not g.mig_enabled:
         status = "mig-off"
     elif named is None:
         status = "unknown-model"
@@ -662,6 +664,7 @@ def status_view(snap: Snapshot, *, tick_interval_s: float = 5.0, healthz: bool |
         "nodes": {"total": len(gpu_nodes), "by_state": dict(sorted(by_state.items())),
                   "other": [n["name"] for n in nodes if not n["gpus"]]},
         "gpus": {"total": len(gpus), "mig_enabled": sum(1 for g in gpus if g["mig_enabled"]),
+                 "lost": sum(1 for g in gpus if g["status"] == "lost"),
                  "reconfiguring": sum(1 for g in gpus if g["reconfiguration"]),
                  "slices": slices, "busy_slices": busy,
                  "busy_fraction": busy / slices if slices else 0.0,

@@ -331,6 +331,18 @@ def as_observed_gpu(item: Any) -> ObservedGpu:
                        _get(item, "name"), blocked=blocked)
 
 
+# ObservedGpu.blocked of a GPU its node reports lost (fallen off the bus, NVML GPU_IS_LOST): nothing slurm-mig does
+# brings it back, a GPU reset or a reboot does (docs/failure-modes.md). The operator tools show it as "lost"
+# (is_lost), not as "MIG off".
+LOST_REASON = ("the GPU is lost (fell off the bus: NVML GPU_IS_LOST); reset it (nvidia-smi -r) or reboot the node; "
+               "its jobs are left alone and nothing is carved or placed there meanwhile")
+
+
+def is_lost(blocked: str | None) -> bool:
+    """Whether a GPU blocked for ``blocked`` (ObservedGpu.blocked) was reported lost."""
+    return bool(blocked) and blocked.startswith(LOST_REASON)
+
+
 def blocked_reason(mig_pending: bool | None, foreign: Iterable[Any] = (),
                    table_errors: Iterable[str] = ()) -> str | None:
     """Why slurm-mig must leave a GPU as it is (ObservedGpu.blocked), from what its node reported: the MIG
