@@ -92,3 +92,52 @@ def test_strict_priority_order_is_not_held_up_by_a_job_that_can_never_run():
                                                       PendingJob("3", "4g", 2, 2.0), PendingJob("4", "1g", 1, 3.0)]))
     assert [a.job_id for a in d.assignments] == ["2"], d.waiting
     assert dict(d.waiting)["4"] == "not considered: behind a higher-priority job that cannot start yet", d.waiting
+
+
+def _skewed_state(pending):
+    """h1/1 runs a 1g for a day, h1/0, h2/0 are empty, h2/1 runs a 4g for a day; two idle A30s on a1."""
+    one = parse_layout("1g@6", H100)
+    four = parse_layout("4g@0", H100)
+    gpus = (GpuState("h1", 0, H100, Layout.empty(H100)),
+            GpuState("h1", 1, H100, one, busy=frozenset(one.slots), busy_until=((next(iter(one.slots)), 86400.0),)),
+            GpuState("h2", 0, H100, Layout.empty(H100)),
+            GpuState("h2", 1, H100, four, busy=frozenset(four.slots), busy_until=((next(iter(four.slots)), 86400.0),)),
+            GpuState("a1", 0, A30, Layout.empty(A30)), GpuState("a1", 1, A30, Layout.empty(A30)))
+    return ClusterState(0.0, gpus, tuple(pending))
+
+
+@pytest.mark.parametrize("name", ["frag-aware", "rl"])
+def test_jobs_that_can_never_run_are_no_demand_to_carve_for(name):
+    """100 jobs of 7g that may run only on the A30 node (an A30 has no 7g) get their 'can ever hold' reason,
+    but frag-aware's carving weights (the demand of the next 64 jobs) counted them: 7g demand kept h1/0 whole,
+    and a day-long 2g went beside h1/1's 1g instead of where it goes without them (h1/0, its end aligned with
+    nothing running there). The rl policy read the same weights, and the queue's length, as features. Jobs no node
+    they may run on could ever hold are left out of both now: the same decision, and for rl the same features,
+    as without them."""
+    from slurm_mig.policies.rl import RLPolicy, frag_aware_chooser
+
+    never = [PendingJob(f"n{i}", "7g", 1, float(i), nodes=("a1",)) for i in range(100)]
+    job = PendingJob("s", "2g", 1, 1000.0, time_limit_s=86400.0, nodes=("h1", "h2"))
+
+    def decide(pending):
+        seen = []
+        if name == "rl":
+            def chooser(choice):
+                seen.append(choice.features)
+                return frag_aware_chooser(choice)
+            policy = RLPolicy(chooser=chooser)
+        else:
+            policy = get_policy(name)
+        d = policy.decide(_skewed_state(pending))
+        return d, seen
+
+    with_never, seen_with = decide(never + [job])
+    alone, seen_alone = decide([job])
+    assert dict(with_never.waiting)["n0"].startswith("none of the 1 node(s) Slurm may start it on can ever hold 1 x 7g")
+    assert [(a.job_id, a.node, a.instances) for a in with_never.assignments] == \
+        [(a.job_id, a.node, a.instances) for a in alone.assignments], (with_never.assignments, alone.assignments)
+    assert [(c.node, c.gpu, str(c.target)) for c in with_never.changes] == \
+        [(c.node, c.gpu, str(c.target)) for c in alone.changes]
+    assert seen_with == seen_alone  # rl: the network's inputs too (queue length, demand)
+    if name == "frag-aware":
+        assert alone.assignments[0].instances[0][0] == 0 and alone.assignments[0].node == "h1", alone.assignments

@@ -450,6 +450,9 @@ class ClusterIndex:
         self.any_gpus: set[int] = set()
         self.changed_since: list[int] = []  # GPUs changed by the last sync (all, after a rebuild)
         self.rebuilt = False
+        # (profile, count, nodes) -> _never_holds' answer: it reads only which node holds which GPU models, which
+        # change only with a rebuild
+        self._never: dict[tuple, str] = {}
 
     def sync(self, state: ClusterState) -> None:
         gpus = state.gpus
@@ -502,8 +505,31 @@ class ClusterIndex:
             self.node_gpus[nr].append(i)
             self.infos.append(GpuInfo(g, ModelTable.of(g.model), i, nr, state.now))
         self.keys = {}
+        self._never = {}
         self.any_gpus = {i for i, info in enumerate(self.infos) if info.any_cap(self.carve) > 0}
         self.changed_since = list(range(len(gpus)))
+
+    def never_holds(self, job: PendingJob) -> str:
+        """Why no node ``job`` may start on could ever hold it (_never_holds on its ``nodes``); "" when one could.
+        Such a job is no demand: the policies that carve for the queue's demand (frag-aware's weights, the rl
+        policy's features) leave it out, as the dispatch loop lets it block and reserve nothing."""
+        k = (job.profile, job.count, job.nodes)
+        got = self._never.get(k)
+        if got is None:
+            allowed = None if job.nodes is None else _node_set(self, job.nodes)
+            got = self._never[k] = _never_holds(self, allowed, job.profile, job.count)
+        return got
+
+    def runnable(self, pending: Iterable[PendingJob], most: int | None = None) -> list[PendingJob]:
+        """The jobs of ``pending`` some node they may start on could hold (never_holds ""), in order; the first
+        ``most`` of them when given."""
+        out = []
+        for job in pending:
+            if not self.never_holds(job):
+                out.append(job)
+                if most is not None and len(out) >= most:
+                    break
+        return out
 
     def key(self, key: str) -> KeyIndex:
         ki = self.keys.get(key)

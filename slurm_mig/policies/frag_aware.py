@@ -12,6 +12,9 @@ on each GPU -- is scored, and the lowest score wins:
   ``lookahead`` pending jobs (blocked ones included) blended with the running
   mix (``running_prior``) as a prior for what arrives next. A 1g on an empty GPU
   costs a whole 7g when big jobs wait; beside other small jobs it costs nothing;
+  jobs no node they may start on could ever hold (a size their nodes' models
+  lack, more instances than one node has room for) are not demand and are
+  skipped;
   a 3g goes to slice 4 so a 4g still fits at 0.
 * time alignment, per GPU (``w_time``): a GPU is free for big jobs only when
   its *last* job ends. A job that outlives every job already on the GPU
@@ -97,7 +100,10 @@ class FragAwarePolicy(DispatchPolicy):
         demand = {k: 0.0 for k in SIZES}
         multi = 0.0
         total = 0.0
-        for job in state.pending[: self.lookahead]:
+        # Jobs no node they may start on could ever hold (ClusterIndex.never_holds: 7g jobs allowed only on A30s)
+        # are no demand: counted, a queue of them kept GPUs whole for sizes nothing would ever start on.
+        self._look = ctx.idx.runnable(state.pending, self.lookahead)
+        for job in self._look:
             k = _kind(job.profile)
             c = _SIZE.get(k, 7) * job.count
             demand[k] = demand.get(k, 0.0) + c

@@ -59,7 +59,10 @@ from slurm_mig.policies.base import ClusterState, Decision, PendingJob
 from slurm_mig.policies.frag_aware import SIZES, FragAwarePolicy
 
 # Bump when a feature is added, removed, reordered or computed differently: a model
-# trained on another schema is refused (the controller then falls back).
+# trained on another schema is refused (the controller then falls back). (Not bumped when the
+# demand, queue_len and pending_limit_h began to leave out jobs no node could ever hold,
+# 2026-11-27: the simulator the models are trained in queues none, so on every input a model
+# saw they are computed as before.)
 FEATURE_SCHEMA = "rl-candidates/1"
 
 FEATURE_NAMES: tuple[str, ...] = (
@@ -68,7 +71,7 @@ FEATURE_NAMES: tuple[str, ...] = (
     "job_limit_h",         # log1p(time limit in hours); 0 without one
     "job_no_limit",        # 1 when the job has no time limit
     "job_waited_h",        # log1p(hours the job has waited so far)
-    "queue_len",           # log1p(pending jobs) / 5
+    "queue_len",           # log1p(pending jobs some node they may start on could hold) / 5
     "demand_1g", "demand_2g", "demand_3g", "demand_4g", "demand_7g",  # compute share of the look-ahead queue (+ running prior)
     "demand_multi",        # share of multi-GPU jobs in the look-ahead
     "cluster_busy",        # share of compute slices locked (sampled)
@@ -628,7 +631,9 @@ class RLPolicy(FragAwarePolicy):
         # and the candidate features are never computed; the guard still acts.
         self._network_places = self.chooser is not None or self.scorer().placement == PLACEMENT_NETWORK
         self._busy = self._cluster_busy(ctx.idx)
-        self._queue = math.log1p(len(state.pending)) / 5.0
+        # Jobs no node they may start on could ever hold are left out, as from the demand (FragAwarePolicy.begin):
+        # the simulator the model was trained in queues none.
+        self._queue = math.log1p(len(ctx.idx.runnable(state.pending))) / 5.0
         self._state = state
         self._guard_ctx: tuple[int, list[float]] | None = None
         reserve = ctx.reserve
@@ -703,7 +708,7 @@ class RLPolicy(FragAwarePolicy):
             else:
                 left.append(min(6.0, math.log1p(max(0.0, end - now) / 3600.0)))
         busy = len(left)
-        look = self._state.pending[: self.lookahead]
+        look = self._look  # the demand's look-ahead: the next jobs some node could hold
         limits = [min(6.0, math.log1p(j.time_limit_s / 3600.0)) if j.time_limit_s else 6.0 for j in look]
         per_node = max((len(v) for v in idx.node_gpus), default=1)
         return per_node, [
