@@ -150,7 +150,7 @@ def _install(args) -> int:
         raise ConfigError(f"no policy version {target!r} in {st.root}; to add the folder or file {target!r} "
                           f"here, name it as a path: ./{target}")
     if target == "default":
-        st.activate("default")
+        st.install("default")  # load-checked as any version is
         v_json = {"version": "default", "active": True}
     else:
         v_json = st.install(target).to_json()

@@ -210,15 +210,18 @@ class PolicyStore:
         sync_path(self.root)  # the rename itself
         return PolicyVersion(version, dest / "model.onnx", card, False)
 
-    def install(self, version: str) -> PolicyVersion:
-        """Make ``version`` active (after checking it loads and matches the feature schema)."""
-        v = self.get(version)
+    def install(self, version: str) -> PolicyVersion | None:
+        """Make ``version`` active (after checking it loads and matches the feature schema). ``default``, the
+        shipped model, is checked too: activated unchecked, a damaged or missing policy/default.onnx made the
+        controller's rl policy fail every tick, its fallback deciding. Returns the version (None for ``default``)."""
+        v = None if version == DEFAULT else self.get(version)
         try:
-            OnnxScorer(v.path)
+            OnnxScorer(SHIPPED_MODEL if v is None else v.path)
         except PolicyModelError as exc:
             raise ConfigError(f"policy version {version} cannot be used: {exc}") from None
         self.activate(version)
-        v.active = True
+        if v is not None:
+            v.active = True
         return v
 
     def activate(self, version: str) -> None:

@@ -518,3 +518,21 @@ def test_a_rollback_with_nothing_left_to_roll_back_says_so_and_fails(tmp_path, c
     st.install("v1")
     st.activate("default")  # (policy install default) an activation of default is one to roll back from
     assert st.rollback() == "v1"
+
+
+def test_install_default_checks_the_shipped_model_loads(tmp_path, monkeypatch, capsys):
+    """`policy install VERSION` refuses a model that does not load; `policy install default` activated the shipped
+    model unchecked, so a damaged or missing policy/default.onnx (a broken package) made the controller's rl
+    policy fail every tick, its fallback deciding. It is load-checked too now, and the active version kept."""
+    run_json(capsys, "policy", "install", str(model_dir(tmp_path, "src", version="v1")), "--json")
+    bad = tmp_path / "shipped" / "default.onnx"
+    bad.parent.mkdir()
+    bad.write_bytes(b"not a model")
+    shutil.copy(SHIPPED_MODEL.parent / "model_card.json", bad.parent / "model_card.json")
+    monkeypatch.setattr("slurm_mig.policy_registry.SHIPPED_MODEL", bad)
+    assert main(["policy", "install", "default"]) == 2
+    assert "default cannot be used" in capsys.readouterr().err
+    assert PolicyStore().active() == "v1"
+    monkeypatch.setattr("slurm_mig.policy_registry.SHIPPED_MODEL", SHIPPED_MODEL)
+    assert run_json(capsys, "policy", "install", "default", "--json") == {"version": "default", "active": True,
+                                                                          "pinned_by": None}
