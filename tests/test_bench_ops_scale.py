@@ -32,3 +32,15 @@ def test_a_command_over_the_budget_is_flagged():
     lines = ops.summary_lines([result])
     assert lines[2].startswith("jobs") and lines[2].endswith("2.0s  OVER")
     assert lines[-1] == f"1 of {len(ops.COMMANDS)} over the 2 s budget at 1x2x3: jobs"
+
+
+def test_churn_fills_a_long_decision_history_and_asks_about_jobs_early_late_always_and_never(tmp_path):
+    result = ops.measure(2, 300, 10, ticks=2, runs=1, folder=tmp_path, churn=5, commands=ops.CHURN_COMMANDS)
+    assert [c["rc"] for c in result["commands"]] == [[0]] * len(ops.CHURN_COMMANDS)
+    assert result["decisions"] >= 5 + 1  # the real ticks' and the 5 recorded after them
+    ids = result["ids"]
+    assert len({ids[k] for k in ("early", "late", "always", "never")}) == 4
+    by = {c["template"]: c for c in result["commands"]}
+    assert by["decisions --job {always}"]["stdout_bytes"] > by["decisions --job {early}"]["stdout_bytes"] > 0
+    lines = ops.summary_lines([result])
+    assert lines[1].startswith("decisions ") and any("{early} job" in line for line in lines)
