@@ -562,6 +562,56 @@ def _decision_rows(store, *, limit: int, include_noop: bool, job_id: str | None 
     return out
 
 
+def _job_decision_rows(store, job_id: str, *, since: float, until: float, limit: int = 100_000) -> list[dict]:
+    """The live decisions between ``since`` and ``until`` that placed or held ``job_id``, oldest first, for
+    explain: _decision_rows(job_id=...) less what explain does not read. A decision at a large site lists
+    thousands of waiting jobs; parsing every one of them in each decision of a long history (some 370 at
+    1,024 GPUs and 10,000 pending) took seconds for a job that waited through it. So the waiting list is
+    searched for the job's own entries (JSON text as Store.record_decision writes it), "assignments" holds
+    the job's alone, and the rest of the action (changes, extra, every assignment) is parsed by
+    _action_of only for the decisions that need it. The same rows are selected as by _decision_rows."""
+    dec = json.JSONDecoder()
+    needle = json.dumps([job_id])[:-1] + ", "  # ["<job_id>", : a pair's start; inside a string " is escaped
+    rows = _rows(store, "SELECT id, time, policy, version, latency_ms, action, reasons, action LIKE ? AS in_action "
+                        "FROM decisions WHERE shadow = 0 AND time >= ? AND time <= ? "
+                        "AND (action NOT LIKE ? OR reasons != '[]') AND (reasons LIKE ? OR action LIKE ?) "
+                        "ORDER BY id ASC LIMIT ?",
+                 (f'%"job_id": "{job_id}"%', since, until, _NOOP_ACTION, f'%["{job_id}", %',
+                  f'%"job_id": "{job_id}"%', int(limit)))
+    out = []
+    for r in rows:
+        d = {"id": r["id"], "time": r["time"], "policy": r["policy"], "version": r["version"],
+             "latency_ms": r["latency_ms"], "_action": r["action"]}
+        text = r["reasons"] or ""
+        waiting = []
+        at = text.find(needle)
+        while at >= 0:
+            pair, _end = dec.raw_decode(text, at)
+            waiting.append([str(pair[0]), pair[1]])
+            at = text.find(needle, at + len(needle))
+        d["waiting"] = waiting
+        # The action names the job only where it matched (the LIKE is a superset: '_' matches any character).
+        d["assignments"] = [a for a in _action_of(d).get("assignments", []) or []
+                            if str(a.get("job_id")) == job_id] if r["in_action"] else []
+        if d["waiting"] or d["assignments"]:
+            out.append(d)
+    return out
+
+
+def _action_of(d: dict) -> dict:
+    """A decision's action (changes, assignments, extra): parsed once from a _job_decision_rows row's text;
+    _decision_rows' rows carry it parsed."""
+    got = d.get("_parsed")
+    if got is None:
+        if "_action" not in d:
+            return {"changes": d.get("changes", []), "assignments": d.get("assignments", []),
+                    "extra": d.get("extra", {})}
+        from slurm_mig.store.models import loads
+
+        got = d["_parsed"] = loads(d["_action"], {}) or {}
+    return got
+
+
 def _touches(d: dict, job_id: str) -> bool:
     return any(w[0] == job_id for w in d["waiting"]) or any(str(a.get("job_id")) == job_id
                                                             for a in d["assignments"])
@@ -967,13 +1017,15 @@ def _spans(decisions: list[dict], job_id: str, *, recorded: Sequence[tuple[int, 
             if k >= len(ids) or ids[k] >= d["id"]:  # no decision that left the job out in between
                 s["last"], s["last_time"], s["decisions"] = d["id"], d["time"], s["decisions"] + 1
                 continue
+        action = _action_of(d)  # parsed here, for the decisions that start a span
         spans.append({"what": what, "reason": text, "first": d["id"], "last": d["id"], "since": d["time"],
                       "last_time": d["time"], "until": d["time"], "ended_by": None, "next_decision": None,
                       "decisions": 1, "policy": policy,
                       "assignment": assignment,
-                      "changes": [c for c in d["changes"] if assignment is not None and c["node"] == assignment["node"]
+                      "changes": [c for c in action.get("changes", []) if assignment is not None
+                                  and c["node"] == assignment["node"]
                                   and any(i["gpu"] == c["gpu"] for i in assignment.get("instances", []))],
-                      "reservations": [r for r in (d.get("extra") or {}).get("reservations", [])
+                      "reservations": [r for r in (action.get("extra") or {}).get("reservations", [])
                                        if r and str(r[0]) == job_id]})
     for s in spans:
         close(s)
@@ -1032,8 +1084,7 @@ def explain_view(store, job_id: str, *, now: float | None = None, max_options: i
     info = job_dict(job, now)
     t0 = _known(job.submit_time or now, now) - 2.0
     t_end = _known(job.start_time or job.end_time or now, now) + 2.0
-    decisions = _decision_rows(store, limit=100_000, include_noop=False, job_id=job_id, since=t0, until=t_end,
-                               newest_first=False)
+    decisions = _job_decision_rows(store, job_id, since=t0, until=t_end)
     # Every live decision of the window, the ones that left this job out included: each ends a span.
     recorded = [(r["id"], r["time"]) for r in _rows(
         store, "SELECT id, time FROM decisions WHERE shadow = 0 AND time >= ? AND time <= ? ORDER BY id", (t0, t_end))]
@@ -1065,7 +1116,7 @@ def explain_view(store, job_id: str, *, now: float | None = None, max_options: i
         if not rows:
             continue
         inputs = json.loads(rows[0]["inputs"] or "{}")
-        made = next((d["assignments"] for d in decisions if d["id"] == did), [])
+        made = next(((_action_of(d).get("assignments", []) or []) for d in decisions if d["id"] == did), [])
         s = _policy_saw(inputs, job_id, job.profile, job.count, made)
         chosen = None
         if label == "assignment":
