@@ -170,8 +170,8 @@ def measure(nodes: int, pending: int, running: int, *, ticks: int, runs: int, co
             wall, rc, out = run_once(argv)
             walls.append(wall)
             rcs.add(rc)
-        rows.append({"command": command.format(**ids), "template": command, "median_s": statistics.median(walls), "max_s": max(walls),
-                     "rc": sorted(rcs), "stdout_bytes": out, "over_budget": statistics.median(walls) > BUDGET_S})
+        rows.append({"command": command.format(**ids), "template": command, "median_s": statistics.median(walls),
+                     "max_s": max(walls), "rc": sorted(rcs), "stdout_bytes": out, "over_budget": statistics.median(walls) > BUDGET_S})
     prof = None
     if profile:
         prof = profile_command(command_argv(profile, ids, db, config), folder / "ops.prof")

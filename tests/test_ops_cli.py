@@ -315,3 +315,23 @@ def test_top_with_a_node_filter_that_matches_nothing_says_so(cfg, capsys):
     for what is a filter that matches no node."""
     rc, out, _ = run(capsys, "--config", cfg, "top", "--once", "--node", "nosuch", "--width", "100", "--height", "24")
     assert rc == 0 and "no nodes match node=nosuch" in out and "agents running" not in out
+
+
+def test_status_prints_at_most_decision_lines_open_reconfigurations_then_how_many_more(cfg, capsys, tmp_path):
+    """A large site has a hundred reconfigurations open at once, and status printed a line for each (110 at
+    1,024 GPUs and 10,000 pending in benchmarks/ops_scale.py). It prints the oldest DECISION_LINES and how many
+    more, as `decisions` cuts its lists; --json lists every one."""
+    from slurm_mig.ops.cli import DECISION_LINES
+
+    db = tmp_path / "state.db"
+    with open_store(db) as s:
+        for k in range(30):
+            s.journal_begin(f"gpu{10 + k}", 0, "7g@0", "3g@0,3g@4", [{"action": "destroy", "profile": "7g.80gb",
+                                                                       "start": 0}], started=False, now=NOW - 5)
+    rc, out, _ = run(capsys, "--config", cfg, "status", "--no-probe")
+    shown = [line for line in out.splitlines() if line.startswith("  #")]
+    assert rc == 0 and len(shown) == DECISION_LINES, len(shown)  # was 31
+    assert shown[0].startswith("  #1 gpu02/0")  # the oldest first
+    assert f"  ... {31 - DECISION_LINES} more (`slurm-mig nodes` shows each GPU's; --json lists every one)" in out
+    rc, out, _ = run(capsys, "--config", cfg, "status", "--json", "--no-probe")
+    assert len(json.loads(out)["reconfigurations"]) == 31

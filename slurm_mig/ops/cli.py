@@ -203,9 +203,15 @@ def _status(args) -> int:
     if st["reconfigurations"]:
         print()
         print("open reconfigurations:")
-        for r in st["reconfigurations"]:
+        # At most DECISION_LINES, oldest first, as `decisions` cuts its lists: a large site has a hundred
+        # open at once (110 lines at 1,024 GPUs and 10,000 pending in benchmarks/ops_scale.py). --json has all.
+        recs = st["reconfigurations"]
+        for r in recs[:DECISION_LINES]:
             print(f"  #{r['id']} {r['node']}/{r['gpu']} {r['from']} -> {r['to']} {r['state']} "
                   f"({r['progress']}/{len(r['steps'])} steps, {V.fmt_duration(r['duration_s'])})")
+        if len(recs) > DECISION_LINES:
+            print(f"  ... {len(recs) - DECISION_LINES} more (`slurm-mig nodes` shows each GPU's; --json lists "
+                  f"every one)")
     return 1 if (args.check and trouble) else 0
 
 
