@@ -177,15 +177,42 @@ def _wait_running(dc: DemoCluster, ids, timeout: float = 120.0) -> None:
     raise AssertionError(f"jobs not all running after {timeout:.0f} s: {states}")
 
 
+def _wait_bound(dc: DemoCluster, ids, timeout: float = 120.0) -> None:
+    """Until every job's binding file is on its node and names instances that exist there and are in use."""
+    deadline = time.time() + timeout
+    left = set(ids)
+    while time.time() < deadline:
+        for node in dc.nodes:
+            insts = dc.sim_instances(node)
+            for job in list(left):
+                try:
+                    held = json.loads((dc.state / "node" / node / "bindings" / f"{job}.json").read_text())["instances"]
+                except (OSError, ValueError, KeyError):
+                    continue
+                if held and all(insts.get(h["uuid"], {}).get("in_use") for h in held):
+                    left.discard(job)
+        if not left:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"jobs not all bound after {timeout:.0f} s: {sorted(left)}")
+
+
 def test_a_gpu_is_reconfigured_next_to_a_running_job(demo):
     """The point of slurm-mig: a layout changes on idle slices while a job runs beside them. Made certain
     rather than left to a burst's timing (the burst asserted it and, once in a while, had re-carved only
     idle GPUs): every GPU becomes 7g, then holds a running 4g@0 on slices 0-3, and a 1g job comes, which
     only a change of slices 4-6 beside a running 4g can serve."""
-    ids, ok, _ = _run_burst(demo, ["mig:7g"] * 6, seconds=1)
-    assert ok
+    # Six 7g jobs held running at once take one GPU each, so every GPU is 7g when they end. (A burst of
+    # 1 s jobs did not make sure of it: under load a GPU could keep the last test's 1g slices beside its
+    # 4g, and the 1g job ran there without any change.)
+    sevens = [demo.sbatch("mig:7g", 300, name=f"seven{i}") for i in range(6)]
+    _wait_bound(demo, sevens)
+    subprocess.run(["scancel", *sevens], env=demo.env(), capture_output=True, timeout=30)
+    assert demo.wait_jobs(sevens, timeout=60)
     long_jobs = [demo.sbatch("mig:4g", 40, name=f"beside{i}") for i in range(6)]
-    _wait_running(demo, long_jobs)
+    # Bound, not just RUNNING: Slurm says RUNNING while the Prolog still carves, and a 4g whose binding file
+    # the watcher had not yet seen when the 1g appeared beside it was no witness.
+    _wait_bound(demo, long_jobs)
     w = Watcher(demo)
     w.start()
     try:
