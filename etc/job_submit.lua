@@ -17,7 +17,9 @@ Accepted:  mig:<k>g  mig:<k>g:<count>  mig:<type>[:<count>] for the types below
 Rejected:  unknown sizes (mig:5g, mig:8g, mig:0g), untyped mig / mig:<count>,
            counts that are 0, not plain integers or more than a node can hold,
            and two sizes in one job (mig:3g,mig:1g:2): one job, one size;
-           more than one node (--nodes=2, --nodes=1-3, -n 2 --ntasks-per-node=1).
+           more than one node (--nodes=2, --nodes=1-3, -n 2 --ntasks-per-node=1);
+           mig beside a GRES whose Slurm plugin sets CUDA_VISIBLE_DEVICES
+           itself (gpu, mps, shard: --gres=gpu:1,mig:1g, --gpus=1, ...).
 A MIG job submitted without a maximum node count gets max_nodes = 1.
 Other GRES items in the same request pass through untouched.
 --]]
@@ -262,6 +264,31 @@ local function asks_mig(tres)
     return false
 end
 
+-- GRES whose own Slurm plugins set CUDA_VISIBLE_DEVICES in the job (gres/gpu, gres/mps, gres/shard). The
+-- TaskProlog sets it to the job's MIG instances, so a job holding one of these beside mig would not see
+-- the GPU Slurm gave it; the two cannot be merged either (Slurm's value is a device index, and a CUDA
+-- process enumerates one MIG device at most).
+local CUDA_GRES = { gpu = true, mps = true, shard = true }
+
+-- The option a user wrote for each tres_per_* field that can carry gpu (--gpus-per-node goes to
+-- tres_per_node, as --gres does).
+local TRES_OPTION = { tres_per_node = "--gres", tres_per_job = "--gpus", tres_per_socket = "--gpus-per-socket",
+    tres_per_task = "--gpus-per-task" }
+
+-- The first item of a tres_per_* value naming a CUDA_GRES, without its "gres:" prefix, or nil.
+local function cuda_gres_item(tres)
+    if tres == nil then
+        return nil
+    end
+    for _, raw in ipairs(split(tres, ",")) do
+        local body = string.gsub(string.gsub(trim(raw), "^gres[:/]", ""), "^gres/", "")
+        if CUDA_GRES[string.lower(split(body, ":")[1] or "")] then
+            return body
+        end
+    end
+    return nil
+end
+
 -- job_rec is nil at submission. On an update (scontrol update JobId=N ...) job_desc holds only the
 -- fields being changed, so what is not changed is read from the job's record: a Gres update on a job
 -- that asked for --nodes=2, or a NumNodes update on a MIG job, must meet the same rules as a
@@ -283,7 +310,11 @@ local function check_desc(job_desc, job_rec)
     local most = node_count(job_desc.max_nodes)
     local tres = new
     if job_rec ~= nil then
-        if new == nil and nodes == nil and most == nil then
+        local touched = new ~= nil or nodes ~= nil or most ~= nil
+        for _, field in ipairs(OTHER_TRES_FIELDS) do
+            touched = touched or job_desc[field] ~= nil
+        end
+        if not touched then
             return nil
         end
         if tres == nil then
@@ -298,6 +329,23 @@ local function check_desc(job_desc, job_rec)
     end
     -- A MIG job's instances are bound on one node (the controller keeps one binding per job).
     if asks_mig(tres) then
+        -- Nor can it hold a GPU that Slurm's own gpu (mps, shard) plugin hands out: see CUDA_GRES.
+        for _, field in ipairs({ "tres_per_node", "tres_per_job", "tres_per_socket", "tres_per_task" }) do
+            local v = job_desc[field]
+            if field == "tres_per_node" then
+                v = tres
+            elseif v == nil and job_rec ~= nil then
+                v = job_rec[field]
+            end
+            local item = cuda_gres_item(v)
+            if item ~= nil then
+                return string.format("a job asks for MIG instances or for Slurm's %s GRES, not both (got mig " ..
+                    "and %s from %s): slurm-mig sets CUDA_VISIBLE_DEVICES to the job's MIG instances, which " ..
+                    "would hide what Slurm allocated for %s; submit one job for each, or ask for a whole GPU " ..
+                    "as a MIG instance (--gres=mig:7g; mig:4g on an A30)", string.lower(split(item, ":")[1]),
+                    item, TRES_OPTION[field], item)
+            end
+        end
         local asked = nil
         if nodes ~= nil and nodes > 1 then
             asked = string.format("%d nodes were requested", nodes)

@@ -407,3 +407,47 @@ def test_lua_modify_leaves_max_nodes_alone(lua51, tmp_path):
                          input=f"tres_per_node=gres:mig:3g;min_nodes={NO_VAL}|min_nodes=1;max_nodes=0\n",
                          capture_output=True, text=True, timeout=30, check=True).stdout.splitlines()
     assert out == ["0\tnil\t"]
+
+
+# -- mig beside Slurm's own gpu / mps / shard GRES ------------------------------------------------------------
+# Each of those plugins sets CUDA_VISIBLE_DEVICES in the job, and the TaskProlog overwrote it with the MIG
+# instances: the GPU Slurm allocated was hidden. The requests as job_submit.lua receives them, measured on the
+# local 22.05 cluster with GresTypes=gpu,mig (Slurm accepts all of them): --gres=gpu:1,mig:1g (after cli_filter's
+# rewrite) gives tres_per_node "gres:gpu:1,gres:mig:1g:1"; --gpus=1 tres_per_job "gres:gpu:1"; --gpus-per-node=1
+# joins tres_per_node; --gpus-per-task=1 tres_per_task, --gpus-per-socket=1 tres_per_socket.
+CUDA_GRES_SUBMIT_CASES = [
+    ("tres_per_node=gres:gpu:1,gres:mig:1g:1", "", -1, "Slurm's gpu GRES, not both (got mig and gpu:1 from --gres)"),
+    ("tres_per_node=gres:mig:3g,gres:gpu:1", "", -1, "gpu:1 from --gres"),
+    ("tres_per_node=gres:gpu:a100:2,gres:mig:3g", "", -1, "gpu:a100:2 from --gres"),
+    ("tres_per_node=gres:mig:1g:1;tres_per_job=gres:gpu:1", "", -1, "gpu:1 from --gpus"),
+    ("tres_per_node=gres:mig:1g:1;tres_per_task=gres:gpu:1", "", -1, "gpu:1 from --gpus-per-task"),
+    ("tres_per_node=gres:mig:1g:1;tres_per_socket=gres:gpu:1", "", -1, "gpu:1 from --gpus-per-socket"),
+    ("tres_per_node=gres:mps:50,gres:mig:1g", "", -1, "Slurm's mps GRES"),
+    ("tres_per_node=gres:mig:1g,gres:shard:2", "", -1, "Slurm's shard GRES"),
+    ("tres_per_node=gres:GPU:1,gres:mig:1g", "", -1, "Slurm's gpu GRES"),
+    # without mig, or beside GRES that set nothing, nothing changes
+    ("tres_per_node=gres:gpu:1", "", 0, ""),
+    ("tres_per_node=gres:gpu:1;tres_per_job=gres:gpu:2", "", 0, ""),
+    ("tres_per_node=gres:gpux:1,gres:mig:1g", "", 0, ""),
+    ("tres_per_node=gres:foo:1,gres:mig:3g", "", 0, ""),
+]
+
+
+def test_lua_submit_refuses_mig_beside_slurms_gpu_gres(lua51, tmp_path):
+    _run_desc_cases(lua51, tmp_path, CUDA_GRES_SUBMIT_CASES, "submit")
+
+
+# Updates, measured accepted on 22.05 before: Gres=gpu:1,mig:1g:1 on a gpu job, TresPerJob=gres:gpu:1 on a MIG job.
+CUDA_GRES_MODIFY_CASES = [
+    ("tres_per_node=gres:gpu:1,gres:mig:1g:1", "tres_per_node=gres:gpu:1;min_nodes=1;max_nodes=0", -1,
+     "gpu:1 from --gres"),
+    ("tres_per_job=gres:gpu:1", "tres_per_node=gres:mig:1g:1;min_nodes=1;max_nodes=1", -1, "gpu:1 from --gpus"),
+    ("tres_per_node=gres:mig:1g", "tres_per_job=gres:gpu:1;min_nodes=1;max_nodes=0", -1, "gpu:1 from --gpus"),
+    # the job leaves MIG for a whole GPU: fine
+    ("tres_per_node=gres:gpu:1", "tres_per_node=gres:mig:1g:1;min_nodes=1;max_nodes=1", 0, ""),
+    ("tres_per_job=gres:gpu:1", "tres_per_node=gres:foo:1;min_nodes=1;max_nodes=0", 0, ""),
+]
+
+
+def test_lua_modify_refuses_mig_beside_slurms_gpu_gres(lua51, tmp_path):
+    _run_desc_cases(lua51, tmp_path, CUDA_GRES_MODIFY_CASES, "modify")

@@ -87,6 +87,7 @@ SUBMISSIONS = [
     {"tres_per_node": "gres:mig:3g:9999999"},
     {"tres_per_node": "gres:mig:pad"},
     {"tres_per_task": "gres:mig:1"},
+    {"tres_per_node": "gres:gpu:1,gres:mig:1g:1"},
     {"tres_per_node": "gres:mig:3g", "min_nodes": "2"},
     {"tres_per_node": "gres:mig:3g", "min_nodes": "1", "max_nodes": "3"},
 ]
