@@ -291,9 +291,11 @@ end
 
 -- job_rec is nil at submission. On an update (scontrol update JobId=N ...) job_desc holds only the
 -- fields being changed, so what is not changed is read from the job's record: a Gres update on a job
--- that asked for --nodes=2, or a NumNodes update on a MIG job, must meet the same rules as a
--- submission. An update that touches neither is not checked (an admin changing a job queued before
--- this script was installed must not be refused for what the job asked then).
+-- that asked for --nodes=2, or a NumNodes or NumTasks update on a MIG job, must meet the same rules as a
+-- submission. An update that touches none of GRES, TRES, node or task counts is not checked (an admin
+-- changing a job queued before this script was installed must not be refused for what the job asked
+-- then). The record has no task counts in 22.05 (num_tasks, ntasks_per_node read nil): a NumTasks update
+-- is kept on one node by the job's max_nodes, and Slurm holds it (BadConstraints) if its tasks cannot fit.
 local function check_desc(job_desc, job_rec)
     for _, field in ipairs(OTHER_TRES_FIELDS) do
         local v = job_desc[field]
@@ -310,7 +312,8 @@ local function check_desc(job_desc, job_rec)
     local most = node_count(job_desc.max_nodes)
     local tres = new
     if job_rec ~= nil then
-        local touched = new ~= nil or nodes ~= nil or most ~= nil
+        local tasks = tonumber(job_desc.num_tasks)
+        local touched = new ~= nil or nodes ~= nil or most ~= nil or (tasks ~= nil and tasks < NO_VAL)
         for _, field in ipairs(OTHER_TRES_FIELDS) do
             touched = touched or job_desc[field] ~= nil
         end
@@ -368,8 +371,11 @@ local function check_desc(job_desc, job_rec)
         -- Without a maximum Slurm spreads a job over as many nodes as its tasks' CPUs need (-n 128 on 64-CPU
         -- nodes: two, each with its own instances) or --spread-job asks, and only one node's are bound. Pinned
         -- to one, a job whose tasks fit no node is accepted and then held by Slurm (Reason=BadConstraints,
-        -- measured on 22.05). Not on an update: raising the maximum from "none" is refused to users.
-        if job_rec == nil and most == nil then
+        -- measured on 22.05). An update pins too: a job submitted without mig has no maximum, and
+        -- "scontrol update JobId=N Gres=mig:1g" on an -n 2 --ntasks-per-node=1 (or -n 12 on 8-CPU nodes)
+        -- job ran it on two nodes; pinned by an unprivileged user's update, it was accepted (measured on 22.05).
+        -- A MIG job submitted through this script already has max_nodes 1 (its record's), so nothing changes.
+        if most == nil then
             job_desc.max_nodes = 1
         end
     end

@@ -398,15 +398,39 @@ def test_lua_submit_pins_mig_jobs_to_one_node(lua51, tmp_path):
         assert (int(rc), max_nodes) == (want_rc, want_max), (d, msg)
 
 
-def test_lua_modify_leaves_max_nodes_alone(lua51, tmp_path):
-    # An update's job_desc carries only what changes; a max_nodes a user's Gres update carried would raise the
-    # job's maximum from "none" (0) as Slurm reads it, which it refuses to unprivileged users.
+# An update that makes a job a MIG job pins it to one node as a submission does. Measured on the local 22.05
+# cluster (8-CPU nodes): "scontrol update JobId=N Gres=mig:1g" on an "sbatch -n2 --ntasks-per-node=1" job (or an
+# "-n12" one) was accepted and the job ran on n[1-2]; the job record read by the script had min_nodes 1 and
+# max_nodes 0 (no maximum), and no task counts. With max_nodes set to 1 an unprivileged user's update is
+# accepted (NumNodes=1-1) and the job waits with BadConstraints rather than spreading. A job submitted as a MIG
+# job has max_nodes 1 in its record already: its updates carry no max_nodes.
+MODIFY_MAX_NODES_CASES = [
+    ("tres_per_node=gres:mig:3g;min_nodes=%d" % NO_VAL, "min_nodes=1;max_nodes=0", "0", "1"),
+    ("tres_per_node=gres:mig:1g", "tres_per_node=gres:foo:1;min_nodes=1;max_nodes=0", "0", "1"),
+    # NumTasks=16 on a MIG job queued before the script (no maximum)
+    ("num_tasks=16", "tres_per_node=gres:mig:1g:1;min_nodes=1;max_nodes=0", "0", "1"),
+    # already pinned: nothing carried
+    ("tres_per_node=gres:mig:3g:2", "tres_per_node=gres:mig:1g:1;min_nodes=1;max_nodes=1", "0", "nil"),
+    ("num_tasks=2", "tres_per_node=gres:mig:1g:1;min_nodes=1;max_nodes=1", "0", "nil"),
+    # NumNodes=1-1 says it already
+    ("tres_per_node=gres:mig:1g;min_nodes=1;max_nodes=1", "min_nodes=1;max_nodes=0", "0", "1"),
+    # not MIG, or not touching what counts
+    ("tres_per_node=gres:gpu:1", "min_nodes=1;max_nodes=0", "0", "nil"),
+    ("num_tasks=4", "tres_per_node=gres:gpu:1;min_nodes=1;max_nodes=0", "0", "nil"),
+    ("time_limit=10", "tres_per_node=gres:mig:1g:1;min_nodes=1;max_nodes=0", "0", "nil"),
+]
+
+
+def test_lua_modify_pins_a_job_made_mig_to_one_node(lua51, tmp_path):
     script = tmp_path / "harness.lua"
     script.write_text(MODIFY_HARNESS.replace("tostring(desc.tres_per_node)", "tostring(desc.max_nodes)"))
-    out = subprocess.run([lua51, str(script), str(LUA_FILE), "modify"],
-                         input=f"tres_per_node=gres:mig:3g;min_nodes={NO_VAL}|min_nodes=1;max_nodes=0\n",
-                         capture_output=True, text=True, timeout=30, check=True).stdout.splitlines()
-    assert out == ["0\tnil\t"]
+    stdin = "".join(f"{d}|{r}\n" for d, r, _, _ in MODIFY_MAX_NODES_CASES)
+    out = subprocess.run([lua51, str(script), str(LUA_FILE), "modify"], input=stdin, capture_output=True, text=True,
+                         timeout=30, check=True).stdout.splitlines()
+    assert len(out) == len(MODIFY_MAX_NODES_CASES)
+    for (d, r, want_rc, want_max), line in zip(MODIFY_MAX_NODES_CASES, out):
+        rc, max_nodes, msg = line.split("\t")
+        assert (rc, max_nodes) == (want_rc, want_max), (d, r, msg)
 
 
 # -- mig beside Slurm's own gpu / mps / shard GRES ------------------------------------------------------------
