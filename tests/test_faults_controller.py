@@ -1146,6 +1146,40 @@ def test_a_job_id_slurm_uses_again_after_it_ended_here_is_a_new_run(rig, seen_by
     assert rig.store.outcome("5").profile == "7g"
 
 
+# -- a job id Slurm gives to a new job: its state wiped (ids start at 1 again), MaxJobId wrapped --------------
+
+def _bob_5(state: str, submitted: int, **kw) -> SlurmJob:
+    """The new job 5: bob's 3g, submitted at ``submitted``, nothing in common with the stored job 5 but the id."""
+    return SlurmJob(job_id=5, name="bobs", user="bob", state=state, mig={"3g": 1}, tres_per_node="gres:mig:3g:1",
+                    submit_time=submitted, priority=20, **kw)
+
+
+def _epilog_5(instances, end: float, **kw) -> dict:
+    return {"job_id": "5", "node": "n1", "exit_code": 0, "end_time": end, "instances": instances, **kw}
+
+
+def test_a_new_job_with_an_ended_jobs_id_is_queued_placed_bound_and_recorded_as_its_own(rig):
+    """Job 5 (a 7g) ended here ten minutes ago, its outcome recorded; slurmctld lost its state and gave id 5 to
+    bob's 3g. It is queued and placed as a job of its own, its Prolog binds a 3g, its Epilog records its own
+    outcome as run 2 (its user, size, and wait from its own submission); run 1's outcome is left as it was."""
+    t = _job_5_ended_here(rig, "7g", "COMPLETED", 0)
+    submitted = int(t[0]) - 5
+    rig.fake.queue = [_bob_5("PENDING", submitted)]
+    rig.tick()
+    job = rig.store.get_job("5")
+    assert (job.state, job.run, job.user, job.profile, job.submit_time) == ("PENDING", 2, "bob", "3g", submitted)
+    assert [a["job_id"] for a in rig.store.recent_decisions(1)[0].action["assignments"]] == ["5"]  # placed
+    t[0] += 10
+    answer = rig.on_prolog({"job_id": "5", "node": "n1", "observed": OBSERVED, "bindings": {}}, N1)
+    assert answer["action"] == "bind" and [i["profile"] for i in answer["instances"]] == ["3g.40gb"], answer
+    assert rig.store.get_job("5").start_time == t[0]
+    t[0] += 100
+    assert rig.on_epilog(_epilog_5(answer["instances"], t[0]), N1)["recorded"]
+    got = [(o.run, o.user, o.profile, o.state, o.wait_s) for o in rig.store.outcomes()]
+    assert got == [(1, "", "7g", "COMPLETED", 100.0), (2, "bob", "3g", "COMPLETED", t[0] - 100 - submitted)]
+    assert rig.store.outcome("5", run=2).run_s == 100.0
+
+
 @pytest.mark.parametrize("slurm_lists", [True, False])
 def test_a_requeued_job_cancelled_before_a_tick_saw_it_pending_ends_here_too(rig, slurm_lists):
     """A Prolog found no room and requeued job 1 (REQUEUED here). It was cancelled before a tick saw it
