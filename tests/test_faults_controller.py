@@ -1180,6 +1180,79 @@ def test_a_new_job_with_an_ended_jobs_id_is_queued_placed_bound_and_recorded_as_
     assert rig.store.outcome("5", run=2).run_s == 100.0
 
 
+@pytest.mark.parametrize("slurm_says", ["PENDING", "RUNNING"])
+def test_a_new_job_with_the_id_of_a_running_job_whose_epilog_was_lost_is_a_new_run(rig, slurm_says):
+    """Job 5 (alice's 1g) ran on n1 when the node crashed and slurmctld lost its state: no Epilog reported, and
+    within the grace period Slurm listed id 5 again, bob's 3g submitted after job 5 started. The tick took it
+    for job 5 requeued: the same run, alice's submission (bob's wait counted from it, 2 h), and bob's outcome
+    recorded as alice's run. It is a new run: run 2, its own submission, the old binding released; run 1's
+    outcome waits for its Epilog, which, late, goes under run 1."""
+    t = [float(int(time.time()))]  # whole seconds, as Slurm's times are
+    rig.clock = lambda: t[0]
+    rig.store.upsert_job("5", profile="1g", user="alice", name="old", submit_time=t[0] - 7300, now=t[0] - 7300)
+    rig.store.set_job_state("5", "RUNNING", now=t[0] - 7200, node="n1")
+    old = [{"gpu": 0, "profile": "1g.10gb", "start": 6}]
+    rig.store.bind("5", "n1", old, now=t[0] - 7200)
+    submitted = int(t[0]) - 30
+    rig.fake.queue = [_bob_5(slurm_says, submitted, nodes=["n1"] if slurm_says == "RUNNING" else [],
+                             start_time=int(t[0]) - 10 if slurm_says == "RUNNING" else None)]
+    rig.tick()
+    job = rig.store.get_job("5")
+    assert (job.state, job.run, job.user, job.profile, job.submit_time) == (slurm_says, 2, "bob", "3g", submitted)
+    assert job.start_time == (t[0] - 10 if slurm_says == "RUNNING" else None)
+    assert rig.store.bound_instances("5") == ()  # alice's instance is not bob's
+    assert any(e.kind == "reused" for e in rig.store.recent_events(20, job_id="5"))
+    # n1, back, reports the binding file alice's run left there: not adopted as bob's.
+    rig.on_report({"node": "n1", "bindings": {"5": [{**old[0], "uuid": "MIG-old"}]},
+                   "binding_times": {"5": t[0] - 7200}}, N1)
+    assert rig.store.bound_instances("5") == () and rig.store.get_job("5").run == 2
+    t[0] += 5
+    answer = rig.on_prolog({"job_id": "5", "node": "n1", "observed": OBSERVED, "bindings": {}}, N1)
+    assert [i["profile"] for i in answer["instances"]] == ["3g.40gb"], answer
+    started = t[0] if slurm_says == "PENDING" else t[0] - 15  # its Prolog, or Slurm's start time
+    t[0] += 100
+    assert rig.on_epilog(_epilog_5(answer["instances"], t[0]), N1)["recorded"]
+    (o,) = rig.store.outcomes()
+    assert (o.run, o.user, o.profile, o.submit_time, o.start_time) == (2, "bob", "3g", submitted, started)
+    # Run 1's Epilog, delivered late from n1's outbox once the node is back: run 1's outcome, alice's size.
+    assert rig.on_epilog(_epilog_5(old, t[0] - 7000 - 100, message_id="e5" * 16), N1)["recorded"]
+    assert [(o.run, o.profile, o.state) for o in rig.store.outcomes()] == [(1, "1g", "COMPLETED"),
+                                                                          (2, "3g", "COMPLETED")]
+
+
+def test_a_new_job_with_the_id_of_a_job_waiting_here_waits_from_its_own_submission(rig):
+    """Job 5 (alice's) waited here when slurmctld lost its state; the controller was down meanwhile and, back,
+    found id 5 waiting again: bob's, submitted later. It kept alice's submission (bob's wait counted from it)."""
+    t = [time.time()]
+    rig.clock = lambda: t[0]
+    rig.store.upsert_job("5", profile="1g", user="alice", submit_time=t[0] - 7300, now=t[0] - 7300)
+    submitted = int(t[0]) - 30
+    rig.fake.queue = [_bob_5("PENDING", submitted)]
+    rig.tick()
+    job = rig.store.get_job("5")
+    assert (job.state, job.user, job.submit_time) == ("PENDING", "bob", submitted)
+
+
+@pytest.mark.parametrize("stored", ["RUNNING", "REQUEUED"])
+def test_a_requeued_job_is_still_the_same_run(rig, stored):
+    """Slurm gives a requeued batch job a new submit time (batch_requeue_fini) and counts the restart: the job
+    waits again as the same run, with its own submission; only a record of no restart is another job."""
+    t = [time.time()]
+    rig.clock = lambda: t[0]
+    rig.store.upsert_job("5", profile="3g", user="bob", submit_time=t[0] - 7300, now=t[0] - 7300)
+    rig.store.set_job_state("5", "RUNNING", now=t[0] - 7200, node="n1")
+    rig.store.bind("5", "n1", [{"gpu": 0, "profile": "3g.40gb", "start": 0}], now=t[0] - 7200)
+    if stored == "REQUEUED":  # requeued by a hook (its bind failed)
+        rig.store.release("5", now=t[0] - 60)
+        rig.store.set_job_state("5", "REQUEUED", now=t[0] - 60, reason="reconfiguration failed on the node")
+    rig.fake.queue = [_bob_5("PENDING", int(t[0]) - 30, restart_cnt=1)]
+    rig.tick()
+    job = rig.store.get_job("5")
+    assert (job.state, job.run, job.submit_time) == ("PENDING", 1, t[0] - 7300)
+    assert rig.store.bound_instances("5") == ()
+    assert not any(e.kind == "reused" for e in rig.store.recent_events(20, job_id="5"))
+
+
 @pytest.mark.parametrize("slurm_lists", [True, False])
 def test_a_requeued_job_cancelled_before_a_tick_saw_it_pending_ends_here_too(rig, slurm_lists):
     """A Prolog found no room and requeued job 1 (REQUEUED here). It was cancelled before a tick saw it

@@ -288,6 +288,7 @@ def test_squeue_json_jobs():
     assert j.submit_time == 1795257118 and j.start_time == 1795257119
     assert j.time_limit_min == 30 and j.priority == 4294901759
     assert j.state_reason == ""  # Slurm writes "None"
+    assert j.restart_cnt == 0
 
 
 def test_squeue_json_multi_node_pending_held_plain():
@@ -312,7 +313,7 @@ def test_squeue_json_tolerates_newer_and_missing_fields():
          "priority": {"set": True, "infinite": False, "number": 100},
          "submit_time": {"set": True, "infinite": False, "number": 1700000000},
          "start_time": {"set": False, "infinite": False, "number": 0},
-         "user_name": "alice", "nodes": ""},
+         "user_name": "alice", "nodes": "", "restart_cnt": 2},
         {"job_id": 8, "job_state": "RUNNING", "gres": "mig:7g:1", "time_limit": {"set": True, "infinite": True,
                                                                               "number": 0}},
         {"name": "no id: skipped"},
@@ -323,6 +324,7 @@ def test_squeue_json_tolerates_newer_and_missing_fields():
     assert jobs[7].state == "PENDING" and "REQUEUED" in jobs[7].flags
     assert jobs[7].mig == {"2g": 3} and jobs[7].time_limit_min == 60 and jobs[7].priority == 100
     assert jobs[7].submit_time == 1700000000 and jobs[7].start_time is None
+    assert jobs[7].restart_cnt == 2 and jobs[8].restart_cnt == 0  # requeued twice; absent: never
     assert jobs[8].mig == {"7g": 1} and jobs[8].time_limit_min is None
     assert jobs[9].state == "" and jobs[9].mig == {} and jobs[9].nodes == []
     assert parsers.parse_squeue_json({}) == []

@@ -441,6 +441,12 @@ class Controller:
                 self._revive(job_id, now, submit_time=j.submit_time)
                 self._ended_since.pop(job_id, None)
                 current = self.store.get_job(job_id)
+            elif current is not None and j.state in ("PENDING", "RUNNING", "SUSPENDED") and not j.restart_cnt \
+                    and _another_job(current, j.submit_time, self._clock_margin()):
+                # Submitted after this run started (or, waiting, after its submission) and never requeued:
+                # another job with the id (slurmctld lost its state, MaxJobId wrapped), not this run requeued.
+                self._another_job_with_id(current, j.submit_time, now)
+                current = self.store.get_job(job_id)
             if j.state == "PENDING":
                 order.append(job_id)
                 requeued = current and (current.state == "REQUEUED" or (
@@ -553,6 +559,24 @@ class Controller:
                              job_id=job_id, now=now)
         log.warning("job %s is live in Slurm again after it ended here (id reused or requeued): tracked as a new run",
                     job_id)
+
+    def _another_job_with_id(self, job, submit_time: float, now: float) -> None:
+        """Slurm's job ``job.job_id``, submitted at ``submit_time``, is another job than the store's live run ``job``
+        (:func:`_another_job`): that run is over, its Epilog lost (a node crash as slurmctld lost its state) or
+        still to come. Its bindings are released (they are not the new job's) and the new job is tracked as the
+        next run, waiting from its own submission. The ended run's outcome is left to its Epilog, which, late,
+        goes under that run (_earlier_runs_epilog): Slurm's record of it is gone, the id now names the new job."""
+        job_id, was = job.job_id, f"run {job.run} ({job.state.lower()}"
+        was += f", started {_when(job.start_time)})" if job.start_time is not None else ")"
+        self.store.release(job_id, now=now)
+        self.store.restart_job(job_id, now=now, submit_time=submit_time,
+                               reason="another job with this id (Slurm's state lost, or its ids wrapped)")
+        self._ended_since.pop(job_id, None)
+        msg = (f"job {job_id}: Slurm lists a job with this id submitted at {_when(submit_time)}, after {was} here: "
+               f"another job (slurmctld lost its state, or its ids wrapped); tracked as run {job.run + 1}, the "
+               f"old run's instances released, its outcome left to its Epilog")
+        self.store.add_event("reused", msg, node=job.node, job_id=job_id, now=now)
+        log.warning("%s", msg)
 
     def _grace(self) -> float:
         """How long a node may take to report what it did (at least two health-check intervals)."""
@@ -2182,6 +2206,20 @@ def _same_run(job, listed, outcome=None) -> bool:
     return any(abs(float(listed.end_time) - e) < 300.0 for e in ends)
 
 
+def _another_job(job, submit_time: float | None, margin: float) -> bool:
+    """Is a job Slurm lists under ``job``'s id, submitted at ``submit_time``, another job than the store's live
+    (not ended) run ``job``? A job is submitted before it starts, and Slurm keeps a job's submit time until it
+    requeues it: one submitted after this run started (a waiting run: after it was submitted), by more than the
+    clocks may differ, is another job with the id (slurmctld lost its state and counts from FirstJobId again,
+    or its ids wrapped at MaxJobId), unless Slurm requeued it (callers check what they can of that: squeue's
+    restart count). The store knew only the id: it took such a job for the run it had, handing it that run's
+    instances in its Prolog, and counting its wait from the other job's submission."""
+    if job is None or job.state in TERMINAL or submit_time is None:
+        return False
+    since = job.start_time if job.start_time is not None else job.submit_time
+    return since is not None and float(submit_time) > since + margin
+
+
 def _array_task_of(detail) -> str | None:
     """``"<array job id>_<task id>"`` of an array task from its Slurm record (job_detail), else None."""
     fields = getattr(detail, "fields", None) or {}
@@ -2220,6 +2258,14 @@ def _hms(t: float) -> str:
     time no clock can show (a slurmd start time from a node whose clock is far off must not fail the tick)."""
     try:
         return time.strftime("%H:%M:%S", time.localtime(t))
+    except (OverflowError, OSError, ValueError):
+        return f"?{t!r}"
+
+
+def _when(t: float) -> str:
+    """Local ``YYYY-MM-DDTHH:MM:SS`` of epoch seconds ``t`` (as scontrol prints times); ``?t`` for none a clock shows."""
+    try:
+        return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(t))
     except (OverflowError, OSError, ValueError):
         return f"?{t!r}"
 

@@ -336,6 +336,8 @@ class SlurmJob:
     reservation: str = ""
     cpus: int | None = None  # CPUs it asks for (-n x -c; a MIG job runs on one node)
     exclusive: bool = False  # --exclusive: a node with no CPU allocated to another job
+    # How often Slurm requeued it (restart_cnt): a requeued batch job gets a new submit time, a new job none.
+    restart_cnt: int = 0
 
     @property
     def pending(self) -> bool:
@@ -424,6 +426,7 @@ def parse_squeue_json(doc: dict) -> list[SlurmJob]:
             cpus=_num(j.get("cpus")),
             # 22.05 writes "none" for --exclusive ("user", "mcs", "oversubscribe" otherwise), 23.02+ a list
             exclusive="none" in _str(j.get("shared")).lower().split(","),
+            restart_cnt=_num(j.get("restart_cnt")) or 0,
         ))
     return jobs
 
