@@ -1220,6 +1220,30 @@ def test_a_new_job_with_the_id_of_a_running_job_whose_epilog_was_lost_is_a_new_r
                                                                           (2, "3g", "COMPLETED")]
 
 
+def test_a_new_jobs_prolog_is_not_given_the_instance_of_a_running_job_with_its_id(rig):
+    """As above, but bob's job 5 reached its Prolog on n1 before any tick saw it. The store had job 5 (alice's
+    1g) bound on n1, and took the Prolog for a retry of hers: it handed bob alice's 1g.10gb instance, where he
+    asked for a 3g, and kept alice's start and submission as his. Slurm's submit time, after alice's run
+    started, says it is another job: a new run, bound to what it asks for."""
+    t = [time.time()]
+    rig.clock = lambda: t[0]
+    rig.store.upsert_job("5", profile="1g", user="alice", name="old", submit_time=t[0] - 7300, now=t[0] - 7300)
+    rig.store.set_job_state("5", "RUNNING", now=t[0] - 7200, node="n1")
+    rig.store.bind("5", "n1", [{"gpu": 0, "profile": "1g.10gb", "start": 6}], now=t[0] - 7200)
+    submitted = int(t[0]) - 30
+    local = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(submitted))  # as Slurm prints it
+    rig.fake.job_detail = lambda job_id: JobDetail(job_id=5, user="bob", state="RUNNING", nodes=["n1"],
+                                                   mig={"3g": 1}, fields={"SubmitTime": local})
+    answer = rig.on_prolog({"job_id": "5", "node": "n1", "observed": OBSERVED, "bindings": {}}, N1)
+    assert answer["action"] == "bind" and [i["profile"] for i in answer["instances"]] == ["3g.40gb"], answer
+    job = rig.store.get_job("5")
+    assert (job.state, job.run, job.user, job.submit_time, job.start_time) == ("RUNNING", 2, "bob", submitted, t[0])
+    assert [b.profile for b in rig.store.bound_instances("5")] == ["3g.40gb"]
+    # A retried Prolog of the same job (same submission) still gets the same instances.
+    again = rig.on_prolog({"job_id": "5", "node": "n1", "observed": OBSERVED, "bindings": {}}, N1)
+    assert again["instances"] == answer["instances"] and rig.store.get_job("5").run == 2
+
+
 def test_a_new_job_with_the_id_of_a_job_waiting_here_waits_from_its_own_submission(rig):
     """Job 5 (alice's) waited here when slurmctld lost its state; the controller was down meanwhile and, back,
     found id 5 waiting again: bob's, submitted later. It kept alice's submission (bob's wait counted from it)."""
