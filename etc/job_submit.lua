@@ -19,7 +19,8 @@ Rejected:  unknown sizes (mig:5g, mig:8g, mig:0g), untyped mig / mig:<count>,
            and two sizes in one job (mig:3g,mig:1g:2): one job, one size;
            more than one node (--nodes=2, --nodes=1-3, -n 2 --ntasks-per-node=1);
            mig beside a GRES whose Slurm plugin sets CUDA_VISIBLE_DEVICES
-           itself (gpu, mps, shard: --gres=gpu:1,mig:1g, --gpus=1, ...).
+           itself (gpu, mps, shard: --gres=gpu:1,mig:1g, --gpus=1, ...; not
+           a count of 0: --gres=gpu:0,mig:1g, --gpus=0 ask for no GPU).
 A MIG job submitted without a maximum node count gets max_nodes = 1.
 Other GRES items in the same request pass through untouched.
 --]]
@@ -275,14 +276,18 @@ local CUDA_GRES = { gpu = true, mps = true, shard = true }
 local TRES_OPTION = { tres_per_node = "--gres", tres_per_job = "--gpus", tres_per_socket = "--gpus-per-socket",
     tres_per_task = "--gpus-per-task" }
 
--- The first item of a tres_per_* value naming a CUDA_GRES, without its "gres:" prefix, or nil.
+-- The first item of a tres_per_* value naming a CUDA_GRES, without its "gres:" prefix, or nil. An item
+-- whose count is 0 (--gres=gpu:0, --gpus=0, --gpus-per-node=0, --gpus-per-task=0: Slurm 22.05 keeps each as
+-- "gres:gpu:0", measured on the local cluster) allocates nothing, so hides nothing: a site's wrapper or
+-- form that says "no whole GPU" that way beside --gres=mig:1g is not refused.
 local function cuda_gres_item(tres)
     if tres == nil then
         return nil
     end
     for _, raw in ipairs(split(tres, ",")) do
         local body = string.gsub(string.gsub(trim(raw), "^gres[:/]", ""), "^gres/", "")
-        if CUDA_GRES[string.lower(split(body, ":")[1] or "")] then
+        local parts = split(body, ":")
+        if CUDA_GRES[string.lower(parts[1] or "")] and not (#parts >= 2 and string.match(parts[#parts], "^0+$")) then
             return body
         end
     end

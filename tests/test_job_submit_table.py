@@ -460,6 +460,16 @@ CUDA_GRES_SUBMIT_CASES = [
     ("tres_per_node=gres:gpu:1;tres_per_job=gres:gpu:2", "", 0, ""),
     ("tres_per_node=gres:gpux:1,gres:mig:1g", "", 0, ""),
     ("tres_per_node=gres:foo:1,gres:mig:3g", "", 0, ""),
+    # a count of 0 allocates nothing (measured on 22.05, each accepted by Slurm and kept as written:
+    # --gres=mig:1g,gpu:0 and --gpus-per-node=0 give tres_per_node "...,gres:gpu:0", --gpus=0 tres_per_job
+    # "gres:gpu:0", --gpus-per-task=0 tres_per_task "gres:gpu:0"); all were refused, "hiding ... gpu:0"
+    ("tres_per_node=gres:mig:1g,gres:gpu:0", "", 0, ""),
+    ("tres_per_node=gres:gpu:0,gres:mig:1g:1", "", 0, ""),
+    ("tres_per_node=gres:mig:1g:1;tres_per_job=gres:gpu:0", "", 0, ""),
+    ("tres_per_node=gres:mig:1g:1;tres_per_task=gres:gpu:0", "", 0, ""),
+    ("tres_per_node=gres:mig:1g:1;tres_per_socket=gres:gpu:0", "", 0, ""),
+    ("tres_per_node=gres:gpu:a100:0,gres:mps:00,gres:shard:0,gres:mig:3g", "", 0, ""),
+    ("tres_per_node=gres:gpu:0,gres:gpu:1,gres:mig:3g", "", -1, "gpu:1 from --gres"),
 ]
 
 
@@ -476,6 +486,9 @@ CUDA_GRES_MODIFY_CASES = [
     # the job leaves MIG for a whole GPU: fine
     ("tres_per_node=gres:gpu:1", "tres_per_node=gres:mig:1g:1;min_nodes=1;max_nodes=1", 0, ""),
     ("tres_per_job=gres:gpu:1", "tres_per_node=gres:foo:1;min_nodes=1;max_nodes=0", 0, ""),
+    # no whole GPU asked for (a count of 0)
+    ("tres_per_job=gres:gpu:0", "tres_per_node=gres:mig:1g:1;min_nodes=1;max_nodes=1", 0, ""),
+    ("tres_per_node=gres:mig:1g", "tres_per_job=gres:gpu:0;min_nodes=1;max_nodes=0", 0, ""),
 ]
 
 
