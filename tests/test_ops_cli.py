@@ -335,3 +335,20 @@ def test_status_prints_at_most_decision_lines_open_reconfigurations_then_how_man
     assert f"  ... {31 - DECISION_LINES} more (`slurm-mig nodes` shows each GPU's; --json lists every one)" in out
     rc, out, _ = run(capsys, "--config", cfg, "status", "--json", "--no-probe")
     assert len(json.loads(out)["reconfigurations"]) == 31
+
+
+def test_status_check_fails_on_a_lost_gpu(cfg, capsys, tmp_path):
+    """A GPU that fell off the bus (NVML GPU_IS_LOST) leaves its node up in Slurm: `status` said "1 LOST" but
+    `status --check`, the cron / Nagios check, exited 0, so nothing that watched it learned of the fault."""
+    from slurm_mig.store.models import LOST_REASON
+
+    gpu = {"gpu": 0, "model": "H100-80GB", "mig_enabled": True, "uuid": "GPU-0"}
+    with open_store(tmp_path / "state.db") as s:  # gpu03 reports afresh: nothing is wrong
+        s.replace_observed("gpu03", [gpu], [], now=NOW - 1)
+    assert run(capsys, "--config", cfg, "status", "--check", "--no-probe")[0] == 0
+    with open_store(tmp_path / "state.db") as s:  # then its GPU falls off the bus
+        s.replace_observed("gpu03", [dict(gpu, mig_enabled=False, blocked=LOST_REASON)], [], now=NOW)
+    rc, out, _ = run(capsys, "--config", cfg, "status", "--check", "--no-probe")
+    assert rc == 1 and "1 LOST" in out, out
+    rc, out, _ = run(capsys, "--config", cfg, "status", "--check", "--no-probe", "--json")
+    assert rc == 1 and json.loads(out)["gpus"]["lost"] == 1

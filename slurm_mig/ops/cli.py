@@ -38,7 +38,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("status", help="controller, nodes, GPUs, instances by profile and the queue, at a glance")
     _common(p)
     p.add_argument("--check", action="store_true",
-                   help="exit 1 when the controller is not ticking or a GPU node is down, drained or stale")
+                   help="exit 1 when the controller is not ticking, a GPU node is down, drained or stale, "
+                        "or a GPU fell off the bus (lost)")
     p.add_argument("--no-probe", action="store_true", help="do not call the controller's /healthz")
     p.set_defaults(func=_status)
 
@@ -159,7 +160,9 @@ def _status(args) -> int:
         snap = V.load_snapshot(store, stale_after_s=cfg.controller.node_stale_after_s)
     healthz = None if args.no_probe or args.db else probe_healthz(cfg)
     st = V.status_view(snap, tick_interval_s=cfg.controller.tick_interval_s, healthz=healthz)
-    trouble = st["controller"]["state"] != "ok" or any(k != "up" for k in st["nodes"]["by_state"])
+    # A lost GPU (fallen off the bus) leaves its node up in Slurm: counted here, or no check would learn of it.
+    trouble = (st["controller"]["state"] != "ok" or any(k != "up" for k in st["nodes"]["by_state"])
+               or bool(st["gpus"].get("lost")))
     if args.json:
         _print_json(st)
         return 1 if (args.check and trouble) else 0
