@@ -132,11 +132,12 @@ def _full_walk(cls):
 
     class FullWalk(cls):
         def _walk_groups(self, ctx, ki, key):
-            groups = ki.groups if ki.groups is not None else ki.build_groups(ctx.idx)
-            order = self._group_order.get(key)
-            if order is None:
-                order = self._group_order[key] = self._order_groups(ctx.idx, key, groups)
-            return groups, order
+            got = self._group_order.get(key)
+            if got is None:
+                groups = ki.groups if ki.groups is not None else ki.build_groups(ctx.idx)
+                groups = self._split(ctx.idx, groups)  # by the demand each GPU weighs, as the real walk does
+                got = self._group_order[key] = (groups, self._order_groups(ctx.idx, key, groups))
+            return got
 
         @staticmethod
         def _touched(ctx, key):

@@ -453,6 +453,10 @@ class ClusterIndex:
         # (profile, count, nodes) -> _never_holds' answer: it reads only which node holds which GPU models, which
         # change only with a rebuild
         self._never: dict[tuple, str] = {}
+        # (profile, count, nodes) -> never_on's answer, the same way
+        self._never_on: dict[tuple, frozenset[int]] = {}
+        self._room: dict[str, list[int]] = {}  # profile -> per node, see never_on
+        self._node_models: list[tuple] | None = None
 
     def sync(self, state: ClusterState) -> None:
         gpus = state.gpus
@@ -506,6 +510,9 @@ class ClusterIndex:
             self.infos.append(GpuInfo(g, ModelTable.of(g.model), i, nr, state.now))
         self.keys = {}
         self._never = {}
+        self._never_on = {}
+        self._room = {}
+        self._node_models = None
         self.any_gpus = {i for i, info in enumerate(self.infos) if info.any_cap(self.carve) > 0}
         self.changed_since = list(range(len(gpus)))
 
@@ -518,6 +525,43 @@ class ClusterIndex:
         if got is None:
             allowed = None if job.nodes is None else _node_set(self, job.nodes)
             got = self._never[k] = _never_holds(self, allowed, job.profile, job.count)
+        return got
+
+    def never_on(self, job: PendingJob) -> frozenset[int]:
+        """The nodes with a GPU whose model has ``job``'s profile that ``job`` can still never start on: outside
+        the nodes it may start on (``nodes``: partition, --nodelist, --exclude, features), or with room for fewer
+        than ``count`` of its instances even idle. Empty (the common case) when every node whose models have the
+        size could hold it. A GPU whose model lacks the size is not listed: ModelTable.resolve tells that.
+        frag-aware weighs on each GPU only the demand of the jobs that could be placed on it (its model has the
+        size, its node is not listed here). Memoised like never_holds."""
+        k = (job.profile, job.count, job.nodes)
+        got = self._never_on.get(k)
+        if got is None:
+            if len(self._never_on) > 100_000:
+                self._never_on.clear()
+            room = self._room.get(job.profile)
+            if room is None:  # per node: instances of the profile its GPUs could hold at most; -1: no such model
+                models = self._node_models
+                if models is None:  # per node: (model table, its GPUs there)
+                    models = self._node_models = []
+                    for gidxs in self.node_gpus:
+                        by: dict = {}
+                        for g in gidxs:
+                            t = self.infos[g].t
+                            by[t] = by.get(t, 0) + 1
+                        models.append(tuple(by.items()))
+                room = self._room[job.profile] = []
+                for pairs in models:
+                    r = -1
+                    for t, n in pairs:
+                        pi = t.resolve(job.profile)
+                        if pi is not None:
+                            r = max(r, 0) + n * pi.max_count
+                    room.append(r)
+            allowed = None if job.nodes is None else _node_set(self, job.nodes)
+            count = job.count
+            got = self._never_on[k] = frozenset(
+                n for n, r in enumerate(room) if r >= 0 and (r < count or (allowed is not None and n not in allowed)))
         return got
 
     def runnable(self, pending: Iterable[PendingJob], most: int | None = None) -> list[PendingJob]:

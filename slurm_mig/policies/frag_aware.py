@@ -14,15 +14,20 @@ on each GPU -- is scored, and the lowest score wins:
   costs a whole 7g when big jobs wait; beside other small jobs it costs nothing;
   jobs no node they may start on could ever hold (a size their nodes' models
   lack, more instances than one node has room for) are not demand and are
-  skipped;
-  a 3g goes to slice 4 so a 4g still fits at 0.
+  skipped. The weights are per GPU: each GPU weighs only the jobs of the
+  look-ahead that could be placed on it (its model has their size, its node is
+  one they may start on and has room for all their instances), one set per GPU
+  model and set of such jobs; where every job could go anywhere (one model, no
+  partitions or node restrictions, nodes alike) that is the whole look-ahead's.
+  A 3g goes to slice 4 so a 4g still fits at 0.
 * time alignment, per GPU (``w_time``): a GPU is free for big jobs only when
   its *last* job ends. A job that outlives every job already on the GPU
   postpones that moment; the postponement (log1p(seconds / ``tau``), from the
   time limits) is charged, weighted by the demand for the sizes the GPU can no
   longer offer. Small jobs go beside jobs that outlast them.
 * time alignment, per node (``w_node_time``): the same for a node's last job,
-  weighted by the demand for multi-GPU jobs (at least ``multi_prior``), which
+  weighted by the demand for multi-GPU jobs (at least ``multi_prior``; the GPU's
+  share, as its weights), which
   need whole nodes. Long jobs join nodes that are busy for long anyway, so other
   nodes drain.
 * reconfiguration: a small charge per instance created or destroyed, so an
@@ -43,8 +48,10 @@ the lowest total score. On a large cluster (more than ``exact_limit``
 candidate GPUs) GPUs are grouped by their locked slices; groups are visited by
 a lower bound of their score and only the ``group_width`` GPUs whose jobs end
 last are scored in each, which keeps a decision over 10,000 jobs and 8,000
-GPUs well under a second. A job restricted to a few nodes walks only the groups
-of their GPUs (the same GPUs in the same order, so the same placement).
+GPUs well under a second. Where nodes weigh different jobs (a partition's), a
+group is split by them, so GPUs of one group still score alike but for end
+times. A job restricted to a few nodes walks only the groups of their GPUs (the
+same GPUs in the same order, so the same placement).
 """
 
 from __future__ import annotations
@@ -93,35 +100,59 @@ class FragAwarePolicy(DispatchPolicy):
         self._weights: dict[str, float] = {}
         self._multi = 0.0
         self._contrib: list[tuple[int, ...]] | None = None
+        self._tables: list | None = None  # the cluster's model tables (they change only with a rebuild)
         self._running: list[int] = []
 
     # -- demand -------------------------------------------------------------------
     def begin(self, ctx: Ctx, state: ClusterState) -> None:
+        # Jobs no node they may start on could ever hold (ClusterIndex.never_holds: 7g jobs allowed only on A30s)
+        # are no demand: counted, a queue of them kept GPUs whole for sizes nothing would ever start on.
+        look = self._look = ctx.idx.runnable(state.pending, self.lookahead)
+        running = dict(zip(SIZES, self._running_mix(ctx.idx)))
+        self._rshare = (running, sum(running.values()))
+        # The whole look-ahead's weights (the rl policy's demand features; each GPU's, where every job of the
+        # look-ahead could be placed on it).
+        self._weights, self._multi = self._blend(look)
+        # Each GPU weighs only the jobs of the look-ahead that could be placed on it (_wgroup): its model has the
+        # size, its node is one the job may start on and has room for all of its instances. Counted everywhere,
+        # 7g jobs of one partition kept a GPU of another whole, and 7g jobs only H100s can take shrank an A30's
+        # weights below a carve's cost, so a 1g took the free instance a waiting 2g needed. The jobs some nodes
+        # whose models have the size can never take (ClusterIndex.never_on), by position in the look-ahead; none
+        # on a cluster without partitions or node restrictions whose nodes are alike.
+        never_on = ctx.idx.never_on
+        self._restricted = [(i, e) for i, e in enumerate(map(never_on, look)) if e]
+        # node -> positions of the look-ahead's jobs it can never take (None: no such job, every node's ())
+        self._node_sig: dict[int, tuple[int, ...]] | None = {} if self._restricted else None
+        # Every GPU's multi-GPU share is the whole look-ahead's: no node restricted, every model has every size
+        if ctx.idx.rebuilt or self._tables is None:
+            self._tables = list({id(i.t): i.t for i in ctx.idx.infos}.values())
+        self._same_multi = self._node_sig is None and all(
+            t.resolve(j.profile) is not None for t in self._tables for j in look)
+        self._wq: dict = {}  # (id(model table), _nsig) -> _wgroup's answer
+        self._wg_gpu: dict[int, tuple] = {}  # GPU index -> _wgroup's answer
+        self._loss_cache: dict = {}
+        self._group_order: dict = {}
+
+    def _blend(self, jobs) -> tuple[dict[str, float], float]:
+        """The weights per size and the multi-GPU share for the demand of ``jobs`` blended with the running
+        mix (``running_prior``)."""
         demand = {k: 0.0 for k in SIZES}
         multi = 0.0
         total = 0.0
-        # Jobs no node they may start on could ever hold (ClusterIndex.never_holds: 7g jobs allowed only on A30s)
-        # are no demand: counted, a queue of them kept GPUs whole for sizes nothing would ever start on.
-        self._look = ctx.idx.runnable(state.pending, self.lookahead)
-        for job in self._look:
+        for job in jobs:
             k = _kind(job.profile)
             c = _SIZE.get(k, 7) * job.count
             demand[k] = demand.get(k, 0.0) + c
             total += c
             if job.count > 1:
                 multi += c
-        running = dict(zip(SIZES, self._running_mix(ctx.idx)))
-        rtotal = sum(running.values())
+        running, rtotal = self._rshare
         w = {}
         for k in SIZES:
             a = demand[k] / total if total else 0.0
             b = running[k] / rtotal if rtotal else 0.0
             w[k] = (a + self.running_prior * b) / (1.0 + self.running_prior) if (total or rtotal) else 0.2
-        self._weights = w
-        self._multi = max(self.multi_prior, multi / total if total else 0.0)
-        self._wq: dict[int, list[tuple[PInfo, float]]] = {}
-        self._loss_cache: dict = {}
-        self._group_order: dict = {}
+        return w, max(self.multi_prior, multi / total if total else 0.0)
 
     def _running_mix(self, idx) -> list[int]:
         """Compute slices held per size over the whole cluster, kept up to date by identity diff."""
@@ -137,22 +168,62 @@ class FragAwarePolicy(DispatchPolicy):
                     run[i] += new[i] - old[i]
         return self._running
 
-    def _wlist(self, info: GpuInfo) -> list[tuple[PInfo, float]]:
-        t = info.t
-        got = self._wq.get(id(t))
+    def _nsig(self, node: int) -> tuple[int, ...]:
+        """Positions in the look-ahead of the jobs ``node`` can never take though its models have their size;
+        () without such jobs."""
+        ns = self._node_sig
+        if ns is None:
+            return ()
+        got = ns.get(node)
         if got is None:
-            got = []
-            for k, wk in self._weights.items():
+            got = ns[node] = tuple(i for i, e in self._restricted if node in e)
+        return got
+
+    def _wgroup(self, info: GpuInfo) -> tuple[list[tuple[PInfo, float]], float, tuple[int, ...]]:
+        """(the weights of this GPU's profiles, the multi-GPU share, _nsig) from the jobs of the look-ahead that
+        could be placed on it; one entry per model and _nsig (the "(model, allowed set) group"), found through
+        the GPU's index after the first time."""
+        t = info.t
+        if self._node_sig is None:
+            sig = ()
+            key = id(t)
+        else:
+            got = self._wg_gpu.get(info.gidx)
+            if got is not None:
+                return got
+            sig = self._nsig(info.node)
+            key = (id(t), sig)
+        got = self._wq.get(key)
+        if got is None:
+            look = self._look
+            if sig:
+                skip = set(sig)
+                jobs = [j for i, j in enumerate(look) if i not in skip and t.resolve(j.profile) is not None]
+            else:
+                jobs = [j for j in look if t.resolve(j.profile) is not None]
+            # every job could be placed here: the whole look-ahead's weights, the same floats
+            w, multi = (self._weights, self._multi) if len(jobs) == len(look) else self._blend(jobs)
+            wl = []
+            for k, wk in w.items():
                 if wk > 0:
                     pi = t.resolve(k)
                     if pi is not None:
-                        got.append((pi, wk))
-            self._wq[id(t)] = got
+                        wl.append((pi, wk))
+            got = self._wq[key] = (wl, multi, sig)
+        if self._node_sig is not None:
+            self._wg_gpu[info.gidx] = got
         return got
+
+    def _wlist(self, info: GpuInfo) -> list[tuple[PInfo, float]]:
+        # inline, for every place scored: by model without node restrictions (as before them), else by GPU
+        got = self._wq.get(id(info.t)) if self._node_sig is None else self._wg_gpu.get(info.gidx)
+        return (got or self._wgroup(info))[0]
 
     # -- scoring ------------------------------------------------------------------
     def _frag_loss(self, info: GpuInfo, new_mask: int, new_compute: int, pi: PInfo) -> float:
-        key = (info.sig, pi, new_mask)
+        # GPUs alike (sig) weigh alike unless their nodes' look-ahead differs (_nsig)
+        key = (info.sig, pi, new_mask) if self._node_sig is None else (
+            info.sig, (self._wg_gpu.get(info.gidx) or self._wgroup(info))[2], pi, new_mask)  # (sig, _nsig)
         got = self._loss_cache.get(key)
         if got is None:
             got = self._loss_cache[key] = self._frag_loss_raw(info, new_mask, new_compute, pi)
@@ -218,7 +289,7 @@ class FragAwarePolicy(DispatchPolicy):
         ext = self._ext(end, info.busy_end, now)
         t_cost = self.w_time * big * C * ext
         # Multi-GPU jobs need a whole node: align end times per node, and keep idle nodes idle.
-        multi = self._multi
+        multi = self._multi if self._same_multi else self._wgroup(info)[1]
         n_cost = 0.0
         node_ext = self._ext(end, node_end, now)
         if multi > 0:
@@ -324,11 +395,24 @@ class FragAwarePolicy(DispatchPolicy):
                 got = self._group_order[(key, allowed)] = self._allowed_groups(idx, ki, key, allowed)
             if got is not False:
                 return got
-        groups = ki.groups if ki.groups is not None else ki.build_groups(idx)
-        order = self._group_order.get(key)
-        if order is None:
-            order = self._group_order[key] = self._order_groups(idx, key, groups)
-        return groups, order
+        got = self._group_order.get(key)
+        if got is None:
+            groups = ki.groups if ki.groups is not None else ki.build_groups(idx)
+            groups = self._split(idx, groups)
+            got = self._group_order[key] = (groups, self._order_groups(idx, key, groups))
+        return got
+
+    def _split(self, idx, groups: dict) -> dict:
+        """``groups`` as they are, or, where nodes' look-ahead differs (_nsig), each signature group split by
+        it, keyed (sig, _nsig), members in the same order: GPUs alike whose demand differs score apart."""
+        if self._node_sig is None:
+            return groups
+        infos = idx.infos
+        out: dict = {}
+        for sig, members in groups.items():
+            for m in members:
+                out.setdefault((sig, self._nsig(infos[m[2]].node)), []).append(m)
+        return out
 
     def _allowed_groups(self, idx, ki, key: str, allowed: frozenset[int]):
         """ki's groups over the GPUs of ``allowed`` nodes and their order, or False when those nodes hold
@@ -338,7 +422,7 @@ class FragAwarePolicy(DispatchPolicy):
             return False
         gpus = ki.gpus
         # the full groups' order (KeyIndex.build_groups), less the GPUs of other nodes
-        groups = sig_groups(idx, (g for n in allowed for g in node_gpus[n] if g in gpus))
+        groups = self._split(idx, sig_groups(idx, (g for n in allowed for g in node_gpus[n] if g in gpus)))
         # A signature's bound depends on the signature alone, so these are the full order's entries for
         # the signatures kept, in the same order.
         return groups, self._order_groups(idx, key, groups)
