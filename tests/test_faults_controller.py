@@ -1244,6 +1244,32 @@ def test_a_new_jobs_prolog_is_not_given_the_instance_of_a_running_job_with_its_i
     assert again["instances"] == answer["instances"] and rig.store.get_job("5").run == 2
 
 
+def test_a_lost_epilog_is_not_settled_with_the_end_of_another_job_with_the_id(rig):
+    """Job 5 (alice's 1g) ran on n1 when the node crashed and slurmctld lost its state: no Epilog. Id 5 went
+    to bob's 3g, submitted later; its Prolog bound it on n1 alone while the controller was unreachable,
+    and it failed (exit 1) before any tick saw it live. Slurm lists id 5 ended, and once the grace was
+    over the tick recorded bob's end as run 1's outcome: alice's run FAILED with his exit status and end
+    time. Slurm's record is another job's (submitted after run 1 started, never requeued): run 1 is
+    settled as one Slurm has forgotten, with no exit status of its own."""
+    t = [float(int(time.time()))]
+    rig.clock = lambda: t[0]
+    rig.store.upsert_job("5", profile="1g", user="alice", name="old", submit_time=t[0] - 7300, now=t[0] - 7300)
+    rig.store.set_job_state("5", "RUNNING", now=t[0] - 7200, node="n1")
+    rig.store.bind("5", "n1", [{"gpu": 0, "profile": "1g.10gb", "start": 6}], now=t[0] - 7200)
+    submitted, ended = int(t[0]) - 300, int(t[0]) - 20
+    rig.fake.queue = [_bob_5("FAILED", submitted, nodes=["n1"], start_time=submitted + 1)]
+    rig.fake.job_detail = lambda job_id: JobDetail(
+        job_id=5, user="bob", state="FAILED", nodes=["n1"], mig={"3g": 1},
+        fields={"ExitCode": "1:0", "EndTime": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(ended))})
+    for _ in range(3):
+        rig.tick()
+        t[0] += 61
+    (o,) = rig.store.outcomes()
+    assert (o.run, o.profile, o.user) == (1, "1g", "alice")
+    assert o.exit_code is None and o.end_time != ended, o  # not bob's exit status and end
+    assert rig.store.get_job("5").state in ("FAILED", "COMPLETED", "CANCELLED") and not rig.store.bound_instances("5")
+
+
 def test_a_new_job_with_the_id_of_a_job_waiting_here_waits_from_its_own_submission(rig):
     """Job 5 (alice's) waited here when slurmctld lost its state; the controller was down meanwhile and, back,
     found id 5 waiting again: bob's, submitted later. It kept alice's submission (bob's wait counted from it)."""

@@ -421,6 +421,12 @@ class Controller:
             seen.add(job_id)
             if j.state in TERMINAL:
                 ended.add(job_id)
+                run = self.store.get_job(job_id) if not j.restart_cnt else None
+                if run is not None and run.state in ("RUNNING", "SUSPENDED", "COMPLETING") \
+                        and _another_job(run, j.submit_time, self._clock_margin()):
+                    # Another job with the id (_another_job) that ended before a tick saw it live: its request,
+                    # user and end are not those of the stored run, whose lost Epilog _lost_epilogs settles.
+                    continue
             try:
                 kind, count = mig_size_request(j.mig)
             except ValueError as exc:
@@ -605,6 +611,12 @@ class Controller:
                 # Made before this run started: a note on an earlier run of the id (reused, or requeued after
                 # it ended), whose end and exit status are not this run's. This run waits its own grace.
                 first, record = now, None
+            if record is None and sj is not None and not sj.restart_cnt \
+                    and _another_job(job, sj.submit_time, self._clock_margin()):
+                # Slurm's record is another job's with the id (submitted after this run started, never
+                # requeued: slurmctld lost its state, or its ids wrapped), ended before a tick saw it live:
+                # its end is not this run's, which Slurm has forgotten as below.
+                sj = None
             if record is None and sj is not None:
                 detail = self.slurm.job_detail(job.job_id)
                 if detail is not None and detail.state not in TERMINAL:
