@@ -1244,6 +1244,40 @@ def test_a_new_jobs_prolog_is_not_given_the_instance_of_a_running_job_with_its_i
     assert again["instances"] == answer["instances"] and rig.store.get_job("5").run == 2
 
 
+@pytest.fixture
+def berlin_time(monkeypatch):
+    """The process's local time is Europe/Berlin's (restored after the test)."""
+    monkeypatch.setenv("TZ", "Europe/Berlin")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
+
+
+def test_a_prolog_in_the_hour_a_clock_goes_back_is_not_taken_for_another_job(rig, berlin_time):
+    """Job 5 was submitted at 02:30 CEST on 2026-10-25, the first of that night's two 02:30s; the tick saw it
+    running at 02:30:30 and its Prolog came after. squeue prints the submit time as local time without a
+    zone, and mktime read the ambiguous 02:30:00 as CET, an hour later (glibc picks either, depending on
+    its previous call): submitted 59 minutes after it started, so on_prolog took the job for another job
+    with its id, made it run 2 and logged a 'reused' event. An ambiguous local time is read as its
+    earliest instant: a job is taken for another only when it was submitted after the run started
+    whichever instant Slurm meant."""
+    submitted = 1792888200  # 2026-10-25 02:30:00 CEST (00:30 UTC)
+    assert time.strftime("%H:%M %Z", time.localtime(submitted)) == "02:30 CEST"
+    t = [float(submitted + 35)]
+    rig.clock = lambda: t[0]
+    rig.store.upsert_job("5", profile="3g", user="bob", submit_time=submitted, now=submitted)
+    rig.store.set_job_state("5", "RUNNING", now=submitted + 30, node="n1")  # Slurm's start, as the tick saw it
+    rig.fake.job_detail = lambda job_id: JobDetail(job_id=5, user="bob", state="RUNNING", nodes=["n1"],
+                                                   mig={"3g": 1}, fields={"SubmitTime": "2026-10-25T02:30:00"})
+    time.mktime(time.strptime("2026-12-01T12:00:00", "%Y-%m-%dT%H:%M:%S"))  # glibc's next guess: CET
+    answer = rig.on_prolog({"job_id": "5", "node": "n1", "observed": OBSERVED, "bindings": {}}, N1)
+    assert answer["action"] == "bind", answer
+    job = rig.store.get_job("5")
+    assert (job.run, job.submit_time, job.start_time) == (1, submitted, submitted + 30)
+    assert not any(e.kind == "reused" for e in rig.store.recent_events(20, job_id="5"))
+
+
 def test_a_lost_epilog_is_not_settled_with_the_end_of_another_job_with_the_id(rig):
     """Job 5 (alice's 1g) ran on n1 when the node crashed and slurmctld lost its state: no Epilog. Id 5 went
     to bob's 3g, submitted later; its Prolog bound it on n1 alone while the controller was unreachable,

@@ -944,3 +944,23 @@ def test_slurm_commands_ignore_the_squeue_and_sinfo_variables_they_inherit(monke
     env = slurm_env()
     assert not [v for v in env if v.startswith(("SQUEUE_", "SINFO_", "SCONTROL_")) or v == "SLURM_CLUSTERS"]
     assert env["SLURM_CONF"] == "/etc/slurm/x.conf" and slurm_env(slurm_conf="/y")["SLURM_CONF"] == "/y"
+
+
+@pytest.mark.parametrize("tz, text, want", [
+    # The hour the clock goes back: two instants, the earlier one (summer time) whatever mktime guessed last.
+    ("Europe/Berlin", "2026-10-25T02:30:00", 1792888200),
+    ("America/New_York", "2026-11-01T01:30:00", 1793511000),
+    # Any other time: its one instant, in summer and in winter.
+    ("Europe/Berlin", "2026-07-01T12:00:00", 1782900000),
+    ("Europe/Berlin", "2026-12-01T12:00:00", 1796122800),
+])
+def test_local_epoch_earliest_reads_a_time_the_clock_shows_twice_as_its_first_instant(monkeypatch, tz, text, want):
+    monkeypatch.setenv("TZ", tz)
+    time.tzset()
+    try:
+        for prime in ("2026-07-01T12:00:00", "2026-12-01T12:00:00"):  # glibc's guess follows its last call
+            time.mktime(time.strptime(prime, "%Y-%m-%dT%H:%M:%S"))
+            assert parsers.local_epoch(text, earliest=True) == want
+    finally:
+        monkeypatch.undo()
+        time.tzset()

@@ -1578,13 +1578,15 @@ class Controller:
                 self.store.upsert_job(job_id, profile=again[0], count=again[1], user=detail.user,
                                       name=detail.name, partition=detail.partition, now=now)
             elif ended is not None and ended.state in ("RUNNING", "SUSPENDED", "COMPLETING") and detail is not None \
-                    and detail.state not in TERMINAL and _another_job(
-                        ended, local_epoch((getattr(detail, "fields", None) or {}).get("SubmitTime", "")),
+                    and detail.state not in TERMINAL and _another_job(ended, submitted := local_epoch(
+                        (getattr(detail, "fields", None) or {}).get("SubmitTime", ""), earliest=True),
                         self._clock_margin()):
                 # Slurm's job was submitted after the stored run started: not a retried Prolog of that run (whose
                 # instances it was handed, whatever it asked for) but another job with the id, started before a
                 # tick saw it. (Or that run requeued while no tick looked: then too its instances are not kept.)
-                self._another_job_with_id(ended, local_epoch(detail.fields.get("SubmitTime", "")), now)
+                # squeue prints local time without a zone: in the hour the clock goes back, the earlier instant
+                # (the later one took a job submitted just before its start for another job, an hour on).
+                self._another_job_with_id(ended, submitted, now)
             req = self._job_request(job_id, detail)
             if req is None:
                 return {"action": "skip"}

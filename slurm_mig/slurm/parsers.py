@@ -709,10 +709,21 @@ class SlurmReservation:
     cpus: int | None = None  # TRES=cpu=N: the CPUs it holds (below its nodes' total: only some cores)
 
 
-def local_epoch(text: str) -> float | None:
-    """Epoch seconds from scontrol's local ``2026-11-22T13:50:38``; None for anything else."""
+def local_epoch(text: str, *, earliest: bool = False) -> float | None:
+    """Epoch seconds from scontrol's local ``2026-11-22T13:50:38``; None for anything else.
+
+    A local time the clock shows twice (the hour it goes back) names two instants an hour apart, and
+    mktime picks either, depending on its previous call (glibc). ``earliest``: the first of them, for a
+    caller that must not take a time for later than it may have been."""
     try:
-        return time.mktime(time.strptime(text, "%Y-%m-%dT%H:%M:%S"))
+        st = time.strptime(text, "%Y-%m-%dT%H:%M:%S")
+        if earliest:
+            # Each reading (standard time, summer time) that the clock shows as this very wall time.
+            readings = [t for t in (time.mktime(st[:8] + (dst,)) for dst in (0, 1))
+                        if tuple(time.localtime(t))[:6] == tuple(st)[:6]]
+            if readings:
+                return min(readings)
+        return time.mktime(st)
     except (ValueError, OverflowError):
         return None
 
