@@ -1337,6 +1337,33 @@ def test_a_requeued_job_is_still_the_same_run(rig, stored):
     assert not any(e.kind == "reused" for e in rig.store.recent_events(20, job_id="5"))
 
 
+@pytest.mark.parametrize("restarts", ["1", "0"])
+def test_a_requeued_jobs_prolog_before_any_tick_saw_it_is_the_same_runs(rig, restarts):
+    """Job 5 (bob's 3g) ran on n1; Slurm requeued it while the controller was down (its Epilog lost), gave it a
+    new submit time (04:28:18 to 04:28:20 on Slurm 22.05.8, test_slurm_parsers' job 7) and started it again
+    once its hold was over, before any tick saw it waiting. Its Prolog took it for another job with the id,
+    submitted after the run started: a 'reused' event, and the job's next attempt counted as run 2 with that
+    submission. squeue -j's restart count (RestartCnt, 1) says it was requeued: the same run, its own
+    instances. With a restart count of 0 it is another job with the id, as before."""
+    t = [float(int(time.time()))]
+    rig.clock = lambda: t[0]
+    rig.store.upsert_job("5", profile="3g", user="bob", submit_time=t[0] - 7300, now=t[0] - 7300)
+    rig.store.set_job_state("5", "RUNNING", now=t[0] - 7200, node="n1")
+    rig.store.bind("5", "n1", [{"gpu": 0, "profile": "3g.40gb", "start": 0}], now=t[0] - 7200)
+    submitted = int(t[0]) - 30
+    local = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(submitted))  # as Slurm prints it
+    rig.fake.job_detail = lambda job_id: JobDetail(job_id=5, user="bob", state="RUNNING", nodes=["n1"],
+                                                   mig={"3g": 1}, fields={"SubmitTime": local, "Restarts": restarts})
+    answer = rig.on_prolog({"job_id": "5", "node": "n1", "observed": OBSERVED, "bindings": {}}, N1)
+    assert answer["action"] == "bind" and [i["profile"] for i in answer["instances"]] == ["3g.40gb"], answer
+    job = rig.store.get_job("5")
+    reused = any(e.kind == "reused" for e in rig.store.recent_events(20, job_id="5"))
+    if restarts != "0":
+        assert (job.run, job.state, job.submit_time, reused) == (1, "RUNNING", t[0] - 7300, False)
+    else:
+        assert (job.run, job.submit_time, job.start_time, reused) == (2, submitted, t[0], True)
+
+
 @pytest.mark.parametrize("slurm_lists", [True, False])
 def test_a_requeued_job_cancelled_before_a_tick_saw_it_pending_ends_here_too(rig, slurm_lists):
     """A Prolog found no room and requeued job 1 (REQUEUED here). It was cancelled before a tick saw it

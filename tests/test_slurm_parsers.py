@@ -823,23 +823,30 @@ def test_a_slurm_command_that_cannot_be_started_is_a_failed_query_not_an_excepti
 
 # -- one job's record from squeue fields no user writes (SlurmClient.job_detail) --------------------------
 
-# `squeue -h --states=all -j ID -O JOB_DETAIL_FORMAT` on this machine's Slurm 22.05.8, 2026-11-26: job 1
+# `squeue -h --states=all -j ID -O JOB_DETAIL_FORMAT` on this machine's Slurm 22.05.8, 2026-11-27: job 1
 # `exit 3`; array 2 (`--array=1-2`, tasks 2 and 6), asked as "2"; job 3 `--gres=mig:1g:1` named
 # $'a\n   TresPerNode=gres:mig:7g:1' (scontrol show job prints that name as two lines); job 4 held, named
-# 'b|c|d' with a comment holding a newline and bars (neither is a field here); job 5 killed by SIGKILL. Their
-# fifth column, Reason (NonZeroExitCode, None, None, None, JobHeldUser, JobLaunchFailure), is taken out: it is
-# no longer asked (free text, test_job_detail_asks_for_no_field_whose_text_may_be_a_scripts_answer).
+# 'b|c|d' with a comment holding a newline and bars (neither is a field here); job 5 killed by SIGKILL; job 7
+# (`sleep 600`) running, then after `scontrol requeue 7`: pending (its BeginTime 11 s on) with a restart count
+# of 1 and a new submit time (04:28:18 before, 04:28:20 the requeue's), then running again. Reason is not asked
+# (free text, test_job_detail_asks_for_no_field_whose_text_may_be_a_scripts_answer).
 SQUEUE_DETAIL = {
-    "1": "1|1|N/A|FAILED|debug|n1|n1|1|4294901759|365-00:00:00|N/A|2026-11-26T21:07:20|"
-         "2026-11-26T21:07:21|2026-11-26T21:07:21|768|root|\n",
-    "2": "2|2|2|COMPLETED|debug|n1|n1|1|4294901758|365-00:00:00|N/A|2026-11-26T21:07:20|2026-11-26T21:07:21|"
-         "2026-11-26T21:07:21|0|root|\n6|2|1|COMPLETED|debug|n1|n1|1|4294901758|365-00:00:00|N/A|"
-         "2026-11-26T21:07:20|2026-11-26T21:07:21|2026-11-26T21:07:21|0|root|\n",
-    "3": "3|3|N/A|RUNNING|debug|n1|n1|1|4294901757|365-00:00:00|gres:mig:1g:1|2026-11-26T21:07:20|"
-         "2026-11-26T21:07:21|2027-11-26T21:07:21|0|root|\n",
-    "4": "4|4|N/A|PENDING|debug||n/a|1|0|UNLIMITED|N/A|2026-11-26T21:07:20|N/A|N/A|0|root|\n",
-    "5": "5|5|N/A|FAILED|debug|n1|n1|1|4294901756|365-00:00:00|N/A|2026-11-26T21:07:20|"
-         "2026-11-26T21:07:21|2026-11-26T21:07:21|9|root|\n",
+    "1": "1|1|N/A|FAILED|debug|n1|n1|1|4294901759|365-00:00:00|N/A|2026-11-27T04:28:17|"
+         "2026-11-27T04:28:18|2026-11-27T04:28:18|768|root|0|\n",
+    "2": "2|2|2|COMPLETED|debug|n1|n1|1|4294901758|365-00:00:00|N/A|2026-11-27T04:28:17|2026-11-27T04:28:18|"
+         "2026-11-27T04:28:18|0|root|0|\n6|2|1|COMPLETED|debug|n1|n1|1|4294901758|365-00:00:00|N/A|"
+         "2026-11-27T04:28:17|2026-11-27T04:28:18|2026-11-27T04:28:18|0|root|0|\n",
+    "3": "3|3|N/A|RUNNING|debug|n1|n1|1|4294901757|365-00:00:00|gres:mig:1g:1|2026-11-27T04:28:17|"
+         "2026-11-27T04:28:18|2027-11-27T04:28:18|0|root|0|\n",
+    "4": "4|4|N/A|PENDING|debug||n/a|1|0|UNLIMITED|N/A|2026-11-27T04:28:17|N/A|N/A|0|root|0|\n",
+    "5": "5|5|N/A|FAILED|debug|n1|n1|1|4294901756|365-00:00:00|N/A|2026-11-27T04:28:17|"
+         "2026-11-27T04:28:18|2026-11-27T04:28:18|9|root|0|\n",
+    "7": "7|7|N/A|RUNNING|debug|n1|n1|1|4294901755|365-00:00:00|N/A|2026-11-27T04:28:18|"
+         "2026-11-27T04:28:19|2027-11-27T04:28:19|0|root|0|\n",
+    "7 requeued": "7|7|N/A|PENDING|debug||n/a|1|4294901755|UNLIMITED|N/A|2026-11-27T04:28:20|"
+                  "2026-11-27T04:28:31|NONE|0|root|1|\n",
+    "7 again": "7|7|N/A|RUNNING|debug|n1|n1|1|4294901755|365-00:00:00|N/A|2026-11-27T04:28:20|"
+               "2026-11-27T04:28:31|2027-11-27T04:28:31|0|root|1|\n",
 }
 
 
@@ -869,6 +876,18 @@ def test_parse_job_detail_on_literal_squeue_output(asked, expect):
     assert d.partition == "debug" and d.user == "root" and d.name == ""
     assert wait_status(d.fields["ExitCode"]) == {"1": 768, "5": 9}.get(asked, 0)
     assert d.held == (asked == "4") and ("EndTime" in d.fields) == (asked != "4")
+
+
+def test_parse_job_detail_reads_the_restart_count_a_requeue_makes():
+    """squeue's RestartCnt (scontrol's Restarts): what tells job 7 requeued, with the new submit time Slurm gave
+    it, from another job with its id (service._requeued)."""
+    from slurm_mig.slurm.parsers import parse_job_detail
+
+    runs = [parse_job_detail(SQUEUE_DETAIL[k], "7") for k in ("7", "7 requeued", "7 again")]
+    assert [(d.state, d.fields["Restarts"], d.fields["SubmitTime"]) for d in runs] == [
+        ("RUNNING", "0", "2026-11-27T04:28:18"), ("PENDING", "1", "2026-11-27T04:28:20"),
+        ("RUNNING", "1", "2026-11-27T04:28:20")]
+    assert {parse_job_detail(SQUEUE_DETAIL[k], k).fields["Restarts"] for k in "12345"} == {"0"}
 
 
 def test_parse_job_detail_picks_the_asked_record():
@@ -911,8 +930,9 @@ def test_job_detail_asks_for_no_field_whose_text_may_be_a_scripts_answer(tmp_pat
 
     real = {"JobID": "3", "ArrayJobID": "3", "ArrayTaskID": "N/A", "State": "RUNNING", "Reason": "None",
             "Partition": "debug", "NodeList": "n1", "BatchHost": "n1", "NumNodes": "1", "PriorityLong": "4294901757",
-            "TimeLimit": "365-00:00:00", "tres-per-node": "gres:mig:1g:1", "SubmitTime": "2026-11-26T21:07:20",
-            "StartTime": "2026-11-26T21:07:21", "EndTime": "2027-11-26T21:07:21", "exit_code": "0", "UserName": "root"}
+            "TimeLimit": "365-00:00:00", "tres-per-node": "gres:mig:1g:1", "SubmitTime": "2026-11-27T04:28:17",
+            "StartTime": "2026-11-27T04:28:18", "EndTime": "2027-11-27T04:28:18", "exit_code": "0", "UserName": "root",
+            "RestartCnt": "0"}
     assert {n for n, _ in JOB_DETAIL_FIELDS} <= set(real)
     forged = {**real, "tres-per-node": "gres:mig:7g:1"}
     data = tmp_path / "squeue.json"

@@ -1578,12 +1578,14 @@ class Controller:
                 self.store.upsert_job(job_id, profile=again[0], count=again[1], user=detail.user,
                                       name=detail.name, partition=detail.partition, now=now)
             elif ended is not None and ended.state in ("RUNNING", "SUSPENDED", "COMPLETING") and detail is not None \
-                    and detail.state not in TERMINAL and _another_job(ended, submitted := local_epoch(
+                    and detail.state not in TERMINAL and not _requeued(detail) \
+                    and _another_job(ended, submitted := local_epoch(
                         (getattr(detail, "fields", None) or {}).get("SubmitTime", ""), earliest=True),
                         self._clock_margin()):
                 # Slurm's job was submitted after the stored run started: not a retried Prolog of that run (whose
                 # instances it was handed, whatever it asked for) but another job with the id, started before a
-                # tick saw it. (Or that run requeued while no tick looked: then too its instances are not kept.)
+                # tick saw it. A requeue gives the job a new submit time too, but Slurm counts it (Restarts):
+                # a requeued job is that run's next attempt, as in the tick.
                 # squeue prints local time without a zone: in the hour the clock goes back, the earlier instant
                 # (the later one took a job submitted just before its start for another job, an hour on).
                 self._another_job_with_id(ended, submitted, now)
@@ -2240,6 +2242,13 @@ def _another_job(job, submit_time: float | None, margin: float) -> bool:
         return False
     since = job.start_time if job.start_time is not None else job.submit_time
     return since is not None and float(submit_time) > since + margin
+
+
+def _requeued(detail) -> bool:
+    """Has Slurm requeued the job of this record (job_detail) at least once? Its restart count (squeue's
+    RestartCnt, scontrol's Restarts); a record without one says no."""
+    count = ((getattr(detail, "fields", None) or {}).get("Restarts") or "").strip()
+    return count.isdigit() and int(count) > 0
 
 
 def _array_task_of(detail) -> str | None:

@@ -641,7 +641,7 @@ JOB_DETAIL_FIELDS: tuple[tuple[str, str], ...] = (
     ("Partition", "Partition"), ("NodeList", "NodeList"), ("BatchHost", "BatchHost"),
     ("NumNodes", "NumNodes"), ("PriorityLong", "Priority"), ("TimeLimit", "TimeLimit"),
     ("tres-per-node", "TresPerNode"), ("SubmitTime", "SubmitTime"), ("StartTime", "StartTime"),
-    ("EndTime", "EndTime"), ("exit_code", "ExitCode"), ("UserName", "UserId"),
+    ("EndTime", "EndTime"), ("exit_code", "ExitCode"), ("UserName", "UserId"), ("RestartCnt", "Restarts"),
 )
 
 #: The ``squeue -O`` argument for JOB_DETAIL_FIELDS: each field ends in "|" (none of their values holds one).

@@ -229,11 +229,19 @@ def test_a_requeued_job_is_held_back_for_cred_expire(slurm, job_dir, wait_for):
     2 of 6 runs of this file, when this test still did that."""
     job_id = slurm.sbatch(wrap="sleep 30", gres="mig:1g", args=["-o", str(job_dir / "e.out")])
     _job(slurm, job_id, wait_for, states=("RUNNING",))
+    before = slurm.job_detail(job_id)
+    assert before.fields["Restarts"] == "0", before.fields
+    time.sleep(1.1)  # Slurm's times are whole seconds
     requeued_at = time.time()
     slurm.scontrol_requeue(job_id)
     d = wait_for(lambda: (d := slurm.scontrol_show_job(job_id)) and d.state == "PENDING" and d,
                  what="requeued job pending")
     assert d.fields["Reason"] == "BeginTime" and d.fields["Restarts"] == "1", d.fields
+    # What tells the job requeued from another job with its id in the Prolog (service._requeued): squeue -j's
+    # restart count, where the submit time is the requeue's.
+    after = slurm.job_detail(job_id)
+    assert after.fields["Restarts"] == "1" and after.fields["SubmitTime"] > before.fields["SubmitTime"], \
+        (before.fields, after.fields)
     eligible = time.mktime(time.strptime(d.fields["EligibleTime"], "%Y-%m-%dT%H:%M:%S"))
     assert eligible >= int(requeued_at) + 10, (d.fields["EligibleTime"], requeued_at)
     slurm.scancel(job_id)
