@@ -8,6 +8,10 @@ Workloads (seeded, so every run gives the same numbers):
 * ``small-heavy``: mostly small profiles plus 10 % of 7g jobs asking for 2-8 GPUs.
 * ``rl-mix_extreme`` / ``rl-wide_times``: the RL-MIG paper's job families.
 * ``miso-models``: MISO's six models with their measured per-size speeds.
+* ``mixed-site`` (opt-in: ``--workload mixed-site``): a site of two models, 2 nodes x 8 H100-80GB
+  (partition h100) beside 2 nodes x 8 A30-24GB (partition a30); 3g and 7g exist only on the H100s,
+  20 % of the jobs are submitted to one partition only. no-mig is not run there (a whole GPU is a 7g on
+  one model and a 4g on the other: no one size for a job to ask for).
 * ``alibaba-v2023-train`` (when ../shared/traces/alibaba-v2023-train.csv exists, or
   any ``--trace``): the trace on 5 nodes x 8 H100-80GB (40 GPUs).
 
@@ -24,14 +28,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
+from slurm_mig.errors import ConfigError
 from slurm_mig.mig.layout import Layout, enumerate_maximal_layouts
 from slurm_mig.mig.profiles import get_model
 from slurm_mig.policies import get_policy
 from slurm_mig.policies.static import StaticPolicy
-from slurm_mig.sim.engine import ClusterSpec, SimConfig, SimResult, simulate
+from slurm_mig.sim.engine import ClusterSpec, NodeGroup, SimConfig, SimResult, simulate
 from slurm_mig.sim.metrics import Bounds, Metrics, compute_metrics, lower_bounds
 from slurm_mig.sim.workloads import (
-    COMPUTE, Workload, base_kind, load_alibaba, miso_workload, poisson_workload, rl_mig_workload,
+    COMPUTE, Workload, base_kind, load_alibaba, miso_workload, mixed_site_workload, poisson_workload,
+    rl_mig_workload,
 )
 
 POLICIES = ("no-mig", "best-static", "first-fit", "greedy", "frag-aware", "rl")
@@ -61,6 +67,24 @@ def standard_workloads() -> list[tuple[Workload, ClusterSpec]]:
         (rl_mig_workload("wide_times", 1500, gpus=16, load=0.9, seed=4), two),
         (miso_workload(1500, gpus=16, load=0.9, seed=5), two),
     ]
+
+
+MIXED_SITE_GROUPS = (NodeGroup("h100", "H100-80GB", 2, 8), NodeGroup("a30", "A30-24GB", 2, 8))
+MIXED_SITE_SEED = 6
+
+
+def mixed_site(seed: int = MIXED_SITE_SEED, n_jobs: int = 2000,
+               groups: tuple[NodeGroup, ...] = MIXED_SITE_GROUPS, **kw) -> tuple[Workload, ClusterSpec]:
+    """The ``mixed-site`` workload (seeded) and its cluster: one partition per node group."""
+    w = mixed_site_workload(n_jobs, partitions=[(g.name, (g.model, g.nodes * g.gpus_per_node)) for g in groups],
+                            seed=seed, **kw)
+    return w, ClusterSpec.mixed(groups)
+
+
+# Workloads bench runs only when named (--workload NAME): name -> maker of (workload, cluster).
+EXTRA_WORKLOADS: dict[str, Callable[[], tuple[Workload, ClusterSpec]]] = {"mixed-site": mixed_site}
+# Policies that cannot run on a mixed cluster, and why (bench skips them there and says so).
+NOT_ON_MIXED = {"no-mig": "a whole GPU is a 7g on one model and a 4g on another: no one size for a job to ask for"}
 
 
 def trace_workload(path: str | Path, nodes: int = ALIBABA_NODES, **kw) -> tuple[Workload, ClusterSpec]:
@@ -114,9 +138,15 @@ def _mixed_layouts(n: int, demand: dict[str, float], model: str) -> list[str]:
     return out
 
 
+def _big_gpus(spec: ClusterSpec) -> int:
+    """GPUs of models with a whole 7g instance: those a static plan may leave whole (on a one-model
+    cluster of such a model, every GPU)."""
+    return sum(n for m, n in spec.gpus_by_model().items() if "7g" in {p.kind for p in get_model(m).basic_profiles})
+
+
 def _static_range(w: Workload, spec: ClusterSpec) -> tuple[list[int], int, int]:
     """First guesses for how many GPUs to partition, and the allowed range."""
-    G = spec.gpus
+    G = _big_gpus(spec) if spec.groups else spec.gpus
     small = _small_demand(w)
     big = sum(COMPUTE["7g"] * j.count * j.duration_s for j in w.jobs if base_kind(j.profile) == "7g")
     max_big = max((j.count for j in w.jobs if base_kind(j.profile) == "7g"), default=0)
@@ -134,8 +164,35 @@ def static_plan(w: Workload, spec: ClusterSpec, k: int) -> list[str]:
     Whole GPUs fill nodes from the first one, so jobs asking for several GPUs find
     whole nodes; partitioned GPUs come last.
     """
+    if spec.groups:
+        return _mixed_site_plan(w, spec, k)
     G = spec.gpus
     return ["7g@0"] * (G - k) + _mixed_layouts(k, _small_demand(w), spec.model) if k else ["7g@0"] * G
+
+
+def _mixed_site_plan(w: Workload, spec: ClusterSpec, k: int) -> list[str]:
+    """A mixed cluster's plan, one layout per GPU in the simulator's order: of the GPUs of models with a
+    7g, ``k`` are partitioned (the last ones: the last group's first), the others whole; a model without
+    a 7g (an A30) has every GPU partitioned, to the mix of the sizes it has among the jobs that may run
+    on its partition."""
+    plan: list[str] = []
+    big_left = k
+    per_group: list[list[str]] = []
+    for g in reversed(spec.groups):
+        m = get_model(g.model)
+        kinds = {p.kind for p in m.basic_profiles}
+        n = g.nodes * g.gpus_per_node
+        if "7g" in kinds:
+            part = min(big_left, n)
+            big_left -= part
+            per_group.append(["7g@0"] * (n - part) + (_mixed_layouts(part, _small_demand(w), g.model) if part else []))
+        else:
+            able = Workload(w.name, [j for j in w.jobs if base_kind(j.profile) in kinds
+                                     and (not j.partition or g.name in j.partition.split(","))])
+            per_group.append(_mixed_layouts(n, _small_demand(able), g.model))
+    for layouts in reversed(per_group):
+        plan.extend(layouts)
+    return plan
 
 
 def static_candidates(w: Workload, spec: ClusterSpec) -> list[list[str]]:
@@ -201,6 +258,8 @@ class WorkloadReport:
             "nodes": self.spec.nodes,
             "gpu_model": self.spec.model,
             "jobs": self.jobs,
+            **({"partitions": [{"name": g.name, "model": g.model, "nodes": g.nodes, "gpus_per_node": g.gpus_per_node}
+                               for g in self.spec.groups]} if self.spec.groups else {}),
             "lower_bound_makespan_s": self.bounds.makespan_s,
             "lower_bound_mean_jct_s": self.bounds.mean_jct_s,
             "lower_bound_mean_wait_s": self.bounds.mean_wait_s,
@@ -220,6 +279,9 @@ def run_workload(w: Workload, spec: ClusterSpec, policies: Iterable[str] = POLIC
     results: list[Metrics] = []
     notes: dict = {}
     for name in policies:
+        if spec.groups and name in NOT_ON_MIXED:
+            notes.setdefault("not_run", {})[name] = NOT_ON_MIXED[name]
+            continue
         if name == "best-static":
             pol, _r, m = search_static(w, spec, log=log)
             notes["best_static_plan"] = pol.describe()
@@ -231,13 +293,21 @@ def run_workload(w: Workload, spec: ClusterSpec, policies: Iterable[str] = POLIC
         results.append(m)
     if w.meta.get("skipped"):
         notes["skipped"] = w.meta["skipped"]
-    return WorkloadReport(w.name, spec, len(w.jobs), lower_bounds(w, spec.gpus, spec.model), results, notes)
+    return WorkloadReport(w.name, spec, len(w.jobs),
+                          lower_bounds(w, spec.gpus, spec.model, compute_slices=spec.compute_slices), results, notes)
 
 
 def run_bench(traces: Iterable[str | Path] = (), *, include_default_trace: bool = True, synthetic: bool = True,
               policies: Iterable[str] = POLICIES, nodes: int = ALIBABA_NODES,
-              log: Callable[[str], None] | None = None) -> list[WorkloadReport]:
+              log: Callable[[str], None] | None = None, workloads: Iterable[str] = ()) -> list[WorkloadReport]:
+    """The standard synthetic workloads (``synthetic``), then each of ``workloads`` (EXTRA_WORKLOADS' names),
+    then the traces."""
     items: list[tuple[Workload, ClusterSpec]] = standard_workloads() if synthetic else []
+    for name in workloads:
+        make = EXTRA_WORKLOADS.get(name)
+        if make is None:
+            raise ConfigError(f"unknown bench workload {name!r} (known: {', '.join(EXTRA_WORKLOADS)})")
+        items.append(make())
     paths = [Path(t) for t in traces]
     if include_default_trace and not paths:
         d = default_trace()

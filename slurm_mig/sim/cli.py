@@ -27,7 +27,10 @@ def register(subparsers) -> None:
     b.add_argument("--speed", action="store_true",
                    help="run the speed benchmarks (100k jobs on 1,000 GPUs; a decision over 10k jobs x 8k GPUs)")
     b.add_argument("--nodes", type=at_least(1), default=None, help="nodes of 8 GPUs for trace workloads (default 5)")
-    b.add_argument("--no-synthetic", action="store_true", help="only the traces")
+    b.add_argument("--no-synthetic", action="store_true", help="only the traces (and any --workload)")
+    b.add_argument("--workload", action="append", default=[], metavar="NAME",
+                   help="also run this workload, which bench leaves out unless named: mixed-site (H100-80GB and "
+                        "A30-24GB nodes, a partition each); repeatable")
     b.add_argument("--policies", default=None, help="comma-separated subset of policies")
     b.add_argument("--verbose", "-v", action="store_true", help="log each simulation to stderr")
     b.set_defaults(func=cmd_bench)
@@ -98,8 +101,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
     for t in args.trace:
         if not Path(t).is_file():
             raise ConfigError(f"trace {t} does not exist")
+    for name in args.workload:
+        if name not in bench.EXTRA_WORKLOADS:
+            raise ConfigError(f"unknown bench workload {name!r} (known: {', '.join(bench.EXTRA_WORKLOADS)})")
     reports = bench.run_bench(args.trace, synthetic=not args.no_synthetic, policies=policies,
-                              nodes=args.nodes or bench.ALIBABA_NODES, log=log)
+                              nodes=args.nodes or bench.ALIBABA_NODES, log=log, workloads=args.workload)
     if args.json:
         print(json.dumps(bench.bench_json(reports), indent=None if not sys.stdout.isatty() else 2))
         return 0
@@ -130,6 +136,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
                       f"static plan: {rep.notes.get('best_static_plan', '-')}", style="dim")
         if rep.notes.get("skipped"):
             con.print(f"  trace rows skipped: {rep.notes['skipped']}", style="dim")
+        for pol, why in rep.notes.get("not_run", {}).items():
+            con.print(f"  {pol} not run: {why}", style="dim")
+        if rep.spec.groups:
+            con.print("  partitions: " + ", ".join(f"{g.name} = {g.nodes} x {g.gpus_per_node} {g.model}"
+                                                   for g in rep.spec.groups), style="dim")
         for m in rep.results:
             if m.finished < rep.jobs:
                 # Its times average only the jobs that ran: fewer, so they may look better than they are.

@@ -53,23 +53,85 @@ _END, _RECONF, _ARRIVAL = 0, 1, 2
 
 
 @dataclass(frozen=True)
+class NodeGroup:
+    """``nodes`` nodes of ``gpus_per_node`` GPUs of one model: the partition ``name``, its nodes named
+    ``<name>-NN`` (a mixed site, :meth:`ClusterSpec.mixed`)."""
+
+    name: str
+    model: str
+    nodes: int
+    gpus_per_node: int = 8
+
+
+@dataclass(frozen=True)
 class ClusterSpec:
-    """``nodes`` x ``gpus_per_node`` GPUs of one model, starting with ``initial_layout`` each."""
+    """``nodes`` x ``gpus_per_node`` GPUs of one model, starting with ``initial_layout`` each.
+
+    Or a mixed site (``groups``, made by :meth:`mixed`): node groups of different models, each a partition
+    a job may be restricted to (Job.partition). Then ``nodes`` counts every group's nodes, ``gpus_per_node``
+    is the most of any group and ``model`` names the models joined by "+" (no single model: get_model
+    refuses it, so nothing can take it for one)."""
 
     nodes: int = 2
     gpus_per_node: int = 8
     model: str = "H100-80GB"
     initial_layout: str = ""  # e.g. "7g@0"; empty: no instances
+    groups: tuple[NodeGroup, ...] = ()
+
+    @classmethod
+    def mixed(cls, groups: "tuple[NodeGroup, ...] | list[NodeGroup]") -> "ClusterSpec":
+        groups = tuple(groups)
+        names = [g.name for g in groups]
+        if not groups or len(set(names)) != len(names) or any(g.nodes < 1 or g.gpus_per_node < 1 for g in groups):
+            raise ConfigError(f"a mixed cluster needs node groups with distinct names and at least one node and "
+                              f"GPU each, got {groups}")
+        for g in groups:
+            get_model(g.model)  # an unknown model: say so now
+        return cls(sum(g.nodes for g in groups), max(g.gpus_per_node for g in groups),
+                   "+".join(dict.fromkeys(g.model for g in groups)), "", groups)
 
     @property
     def gpus(self) -> int:
+        if self.groups:
+            return sum(g.nodes * g.gpus_per_node for g in self.groups)
         return self.nodes * self.gpus_per_node
+
+    @property
+    def compute_slices(self) -> int:
+        """Compute slices of all GPUs together (the capacity utilisation and the area bound count)."""
+        return sum(get_model(m).compute_slices * n for m, n in self.gpus_by_model().items())
+
+    def gpus_by_model(self) -> dict[str, int]:
+        """Model -> how many GPUs of it, in the order the groups name them."""
+        if not self.groups:
+            return {self.model: self.gpus}
+        out: dict[str, int] = {}
+        for g in self.groups:
+            out[g.model] = out.get(g.model, 0) + g.nodes * g.gpus_per_node
+        return out
+
+    def node_list(self) -> list[tuple[str, str, int, str]]:
+        """(node name, model, GPUs, partition) of every node, in the simulator's GPU order; partition
+        "" on a one-model cluster."""
+        if not self.groups:
+            return [(self.node_name(i), self.model, self.gpus_per_node, "") for i in range(self.nodes)]
+        return [(f"{g.name}-{i:02d}", g.model, g.gpus_per_node, g.name) for g in self.groups for i in range(g.nodes)]
+
+    def partitions(self) -> dict[str, tuple[str, ...]]:
+        """Partition -> its nodes (sorted); empty on a one-model cluster."""
+        out: dict[str, list[str]] = {}
+        for node, _m, _n, part in self.node_list():
+            if part:
+                out.setdefault(part, []).append(node)
+        return {p: tuple(sorted(ns)) for p, ns in out.items()}
 
     @classmethod
     def for_workload(cls, w: Workload, nodes: int | None = None, gpus_per_node: int | None = None) -> "ClusterSpec":
         return cls(nodes or w.nodes, gpus_per_node or w.gpus_per_node, w.model)
 
     def node_name(self, i: int) -> str:
+        if self.groups:
+            return self.node_list()[i][0]
         width = max(2, len(str(self.nodes - 1)))
         return f"n{i:0{width}d}"
 
@@ -165,7 +227,8 @@ class Simulator:
         self.policy = policy
         self.spec = spec or ClusterSpec.for_workload(workload)
         self.config = config or SimConfig()
-        self.model = get_model(self.spec.model)
+        # The one model of a one-model cluster (None on a mixed one: each GPU has its own)
+        self.model = None if self.spec.groups else get_model(self.spec.model)
         explain = self.config.explain if self.config.explain is not None else self.config.record
         if explain and self.config.explain_jobs is not None:
             explain = frozenset(self.config.explain_jobs)
@@ -175,18 +238,30 @@ class Simulator:
 
     # -- setup ---------------------------------------------------------------------
     def reset_state(self) -> None:
-        spec, model = self.spec, self.model
-        init = parse_layout(spec.initial_layout, model) if spec.initial_layout else Layout.empty(model)
+        spec = self.spec
+        if spec.groups and spec.initial_layout:
+            raise ConfigError("a mixed cluster starts with no instances (initial_layout is one model's)")
+        whole = bool(getattr(self.policy, "whole_gpu", False))
+        if whole and spec.groups:
+            # A request names one profile; a whole GPU is 7g on one model, 4g on an A30: no one size to ask for.
+            raise ConfigError(f"{getattr(self.policy, 'name', 'this policy')} gives jobs whole GPUs, which a "
+                              f"mixed cluster ({spec.model}) has in more than one size")
         self.gpus: list[_Gpu] = []
-        for n in range(spec.nodes):
-            for i in range(spec.gpus_per_node):
-                self.gpus.append(_Gpu(spec.node_name(n), i, model, init))
+        models: dict[str, GpuModel] = {}
+        for node, model_name, count, _part in spec.node_list():
+            model = models.get(model_name)
+            if model is None:
+                model = models[model_name] = get_model(model_name)
+            init = parse_layout(spec.initial_layout, model) if spec.initial_layout else Layout.empty(model)
+            for i in range(count):
+                self.gpus.append(_Gpu(node, i, model, init))
+        partitions = spec.partitions()
         self.by_key = {g.key: g for g in self.gpus}
         self.now = 0.0
         self.events: list[tuple[float, int, int, object]] = []
         self.seq = 0
-        whole = bool(getattr(self.policy, "whole_gpu", False))
-        whole_kind = max(self.model.basic_profiles, key=lambda p: (p.compute_slices, p.memory_slices)).kind
+        model = self.model
+        whole_kind = max(model.basic_profiles, key=lambda p: (p.compute_slices, p.memory_slices)).kind if whole else ""
         self.records: dict[str, JobRecord] = {}
         for j in self.workload.jobs:
             if j.job_id in self.records:
@@ -196,7 +271,11 @@ class Simulator:
                 tl = j.time_limit_on(whole_kind)
             else:
                 prof, count, tl = j.profile, j.count, j.time_limit_s
-            pj = PendingJob(j.job_id, prof, count, j.submit_time, tl)
+            if j.partition:
+                pj = PendingJob(j.job_id, prof, count, j.submit_time, tl, partition=j.partition,
+                                nodes=self._nodes_of(j, partitions))
+            else:
+                pj = PendingJob(j.job_id, prof, count, j.submit_time, tl)
             self.records[j.job_id] = JobRecord(j, pj, prof, count)
             self._push(j.submit_time, _ARRIVAL, j.job_id)
         self.pending: list[PendingJob] = []  # priority order: (-priority, submit, arrival)
@@ -215,7 +294,20 @@ class Simulator:
         self.queue_trace: list[tuple[float, int]] = []
         self.finished = 0
         self.stopped = ""
-        self._step_s: dict[tuple[str, str], float] = {}
+        self._step_s: dict[tuple[str, str, str], float] = {}
+
+    def _nodes_of(self, job: Job, partitions: dict[str, tuple[str, ...]]) -> tuple[str, ...]:
+        """The nodes of the partitions ``job`` names (comma-separated), sorted, as Slurm gives PendingJob.nodes."""
+        nodes: set[str] = set()
+        for p in job.partition.split(","):
+            got = partitions.get(p.strip())
+            if got is None:
+                raise ConfigError(f"job {job.job_id} of workload {self.workload.name} asks for partition {p!r}, "
+                                  f"which the cluster ({self.spec.model}) does not have"
+                                  + (f" (partitions: {', '.join(partitions)})" if partitions else
+                                     ": a one-model cluster has none"))
+            nodes.update(got)
+        return tuple(sorted(nodes))
 
     def _push(self, t: float, kind: int, payload) -> None:
         self.seq += 1
@@ -281,11 +373,11 @@ class Simulator:
             self._touch(g)
 
     # -- applying a decision -----------------------------------------------------------------
-    def _step_time(self, profile: str, action: str) -> float:
-        key = (profile, action)
+    def _step_time(self, model: GpuModel, profile: str, action: str) -> float:
+        key = (model.name, profile, action)
         got = self._step_s.get(key)
         if got is None:
-            got = self._step_s[key] = step_seconds(self.model, profile, action)
+            got = self._step_s[key] = step_seconds(model, profile, action)
         return got
 
     def apply(self, decision: Decision) -> None:
@@ -307,8 +399,8 @@ class Simulator:
                 raise SlurmMigError(f"policy {decision.policy} destroys a busy instance on {g.key}")
             if cfg.check:
                 plan_transition(cur, target, frozenset(locked))
-            secs = sum(self._step_time(s.profile, "destroy") for s in destroyed)
-            secs += sum(self._step_time(s.profile, "create") for s in created)
+            secs = sum(self._step_time(g.model, s.profile, "destroy") for s in destroyed)
+            secs += sum(self._step_time(g.model, s.profile, "create") for s in created)
             secs += cfg.reconfig_overhead_s
             begin = max(now, g.free_at)
             done = begin + secs
@@ -323,7 +415,7 @@ class Simulator:
             if cfg.record:
                 t = begin
                 for s in sorted(destroyed):
-                    d = self._step_time(s.profile, "destroy")
+                    d = self._step_time(g.model, s.profile, "destroy")
                     self.timeline.append(Segment(g.key, "instance", s, g.born.pop(s, 0.0), t))
                     self.timeline.append(Segment(g.key, "destroy", s, t, t + d))
                     t += d
@@ -338,6 +430,10 @@ class Simulator:
                 if rec is None or rec.start != INF or a.job_id in assigned:
                     raise SlurmMigError(f"policy {decision.policy} assigned job {a.job_id}, which is not pending")
                 assigned.add(a.job_id)
+                allowed = rec.pending.nodes
+                if allowed is not None and a.node not in allowed:
+                    raise SlurmMigError(f"policy {decision.policy} assigned job {a.job_id} to {a.node}, outside "
+                                        f"its partition {rec.pending.partition}")
                 start = now
                 gs = []
                 for gi, slot in a.instances:
@@ -350,7 +446,7 @@ class Simulator:
                     if r is not None and r > start:
                         start = r
                 kind = base_kind(gs[0][1].profile) if gs else rec.run_profile
-                prof = self.model.profile(gs[0][1].profile) if gs else None
+                prof = gs[0][0].model.profile(gs[0][1].profile) if gs else None
                 dur = rec.job.duration_on(kind)
                 tl = rec.pending.time_limit_s
                 if tl and dur > tl:

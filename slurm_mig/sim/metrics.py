@@ -76,8 +76,7 @@ def compute_metrics(result) -> Metrics:
     bsld = [max(1.0, (r.end - r.job.submit_time) / max(r.duration, BSLD_TAU)) for r in done]
     t0 = min((r.job.submit_time for r in result.jobs), default=0.0)
     makespan = max((r.end for r in done), default=t0) - t0
-    spec = result.spec
-    slices = spec.gpus * get_model(spec.model).compute_slices
+    slices = result.spec.compute_slices
     util = result.busy_slice_s / (slices * makespan) if makespan > 0 else 0.0
     n = len(done) or 1
     return Metrics(
@@ -100,12 +99,14 @@ def _shortest(j: Job) -> tuple[float, float]:
     return min(own, whole), j.count * min(size * own, 7 * whole)
 
 
-def lower_bounds(workload: Workload, gpus: int, model: str | None = None) -> Bounds:
-    """Makespan and mean-JCT lower bounds for ``workload`` on ``gpus`` GPUs."""
+def lower_bounds(workload: Workload, gpus: int, model: str | None = None, *,
+                 compute_slices: int | None = None) -> Bounds:
+    """Makespan and mean-JCT lower bounds for ``workload`` on ``gpus`` GPUs of ``model``, or on a cluster of
+    ``compute_slices`` compute slices (a mixed one: ClusterSpec.compute_slices)."""
     jobs = workload.jobs
     if not jobs:
         return Bounds(0.0, 0.0)
-    slices = gpus * get_model(model or workload.model).compute_slices
+    slices = compute_slices or gpus * get_model(model or workload.model).compute_slices
     t0 = min(j.submit_time for j in jobs)
     per = [(j.submit_time, *_shortest(j)) for j in jobs]
     per.sort()

@@ -129,6 +129,9 @@ class Job:
     time_limit_s: float | None = None
     speed: SpeedModel = DEFAULT_SPEED
     priority: int = 0  # higher runs first; ties by submit time (Slurm's FIFO default)
+    # The partitions it was submitted to (comma-separated, a mixed cluster's node groups: ClusterSpec.mixed);
+    # "": any node. The simulator gives the policy their nodes (PendingJob.nodes).
+    partition: str = ""
 
     def duration_on(self, kind: str) -> float:
         return self.speed.convert(self.duration_s, self.profile, kind)
@@ -457,6 +460,63 @@ def miso_workload(
     jobs = with_time_limits(jobs, seed + 1)
     return Workload("miso-models", jobs, model, max(1, gpus // gpus_per_node), gpus_per_node,
                     {"generator": "miso", "load": load, "seed": seed})
+
+
+MIXED_SITE_MIX = {"1g": 0.3, "2g": 0.25, "3g": 0.15, "4g": 0.15, "7g": 0.15}
+
+
+def mixed_site_workload(
+    n_jobs: int = 2000,
+    *,
+    partitions: Mapping[str, tuple[str, int]] | Sequence[tuple[str, tuple[str, int]]] = (
+        ("h100", ("H100-80GB", 16)), ("a30", ("A30-24GB", 16))),
+    load: float = 0.9,
+    mix: Mapping[str, float] = MIXED_SITE_MIX,
+    restricted: float = 0.2,
+    multi_gpu_share: float = 0.1,
+    mean_duration_s: float = 1800.0,
+    sigma: float = 1.0,
+    speed: SpeedModel = DEFAULT_SPEED,
+    seed: int = 0,
+    name: str = "mixed-site",
+) -> Workload:
+    """A site of several GPU models, each its own partition (``partitions``: name -> (model, GPUs)).
+
+    Poisson arrivals and log-normal run times as :func:`poisson_workload`, profiles from ``mix``; a size
+    some model lacks (3g and 7g on an A30) can run only on the others. ``restricted`` of the jobs are
+    submitted to one partition only (Job.partition), drawn among those whose model has their size, in
+    proportion to the partitions' GPUs; the rest to all of them (any node). ``multi_gpu_share`` of the 7g
+    jobs ask for 2 or 4 GPUs on one node. ``load`` is the offered compute load on all the partitions'
+    compute slices together. A job's run time depends on its size only, not on the model it runs on
+    (an A30's 4g, its whole GPU, runs as fast as an H100's 4g): the models differ in which sizes they have.
+    """
+    parts = dict(partitions)
+    if not parts:
+        raise ConfigError("a mixed site needs at least one partition")
+    kinds_of = {p: {pr.kind for pr in get_model(m).basic_profiles} for p, (m, _g) in parts.items()}
+    slices = sum(get_model(m).compute_slices * g for m, g in parts.values())
+    rng = random.Random(seed)
+    mu = math.log(mean_duration_s) - sigma * sigma / 2
+    specs = []
+    for _ in range(n_jobs):
+        kind = _pick(rng, mix)
+        count = 1
+        if kind == "7g" and multi_gpu_share and rng.random() < multi_gpu_share:
+            count = rng.choice([2, 4])
+        dur = max(5.0, rng.lognormvariate(mu, sigma))
+        part = ""
+        if rng.random() < restricted:
+            able = {p: parts[p][1] for p in parts if kind in kinds_of[p]}
+            if able:
+                part = _pick(rng, able)
+        specs.append((kind, count, dur, part))
+    arr = _arrivals(rng, [COMPUTE[k] * c * d for k, c, d, _ in specs], 1, load, slices)
+    jobs = [Job(f"x{i}", arr[i], k, c, d, None, speed, partition=p) for i, (k, c, d, p) in enumerate(specs)]
+    jobs = with_time_limits(jobs, seed + 1)
+    return Workload(name, jobs, "+".join(dict.fromkeys(m for m, _g in parts.values())), len(parts), 8,
+                    {"generator": "mixed-site", "load": load, "seed": seed, "mix": dict(mix),
+                     "partitions": {p: {"model": m, "gpus": g} for p, (m, g) in parts.items()},
+                     "restricted": restricted})
 
 
 # ---------------------------------------------------------------------------

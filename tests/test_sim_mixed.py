@@ -1,0 +1,132 @@
+"""The simulator on a mixed site: node groups of different GPU models, a partition each, jobs restricted
+to some of them (Job.partition -> PendingJob.nodes); bench's opt-in ``mixed-site`` workload."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from slurm_mig.cli import main
+from slurm_mig.errors import ConfigError, GeometryError, SlurmMigError
+from slurm_mig.mig.layout import Slot, parse_layout
+from slurm_mig.mig.profiles import get_model
+from slurm_mig.policies import get_policy
+from slurm_mig.policies.base import Assignment, Decision
+from slurm_mig.sim.bench import mixed_site, run_workload, search_static
+from slurm_mig.sim.engine import ClusterSpec, NodeGroup, SimConfig, Simulator, simulate
+from slurm_mig.sim.metrics import compute_metrics
+from slurm_mig.sim.workloads import Job, Workload, base_kind
+
+TINY = (NodeGroup("h100", "H100-80GB", 1, 8), NodeGroup("a30", "A30-24GB", 2, 2))
+
+
+def tiny(seed: int = 3, n: int = 160):
+    return mixed_site(seed, n, TINY, restricted=0.4)
+
+
+def test_the_mixed_cluster_has_each_groups_nodes_models_and_partitions():
+    spec = ClusterSpec.mixed(TINY)
+    assert spec.gpus == 12 and spec.nodes == 3 and spec.gpus_per_node == 8
+    assert spec.compute_slices == 8 * 7 + 4 * 4
+    assert spec.partitions() == {"h100": ("h100-00",), "a30": ("a30-00", "a30-01")}
+    sim = Simulator(Workload("empty", []), get_policy("greedy"), spec)
+    assert [(g.key, g.model.name) for g in sim.gpus] == (
+        [(f"h100-00/{i}", "H100-80GB") for i in range(8)]
+        + [(f"a30-0{n}/{i}", "A30-24GB") for n in range(2) for i in range(2)])
+    with pytest.raises(GeometryError):  # get_model refuses the joined name: nothing takes it for one model
+        get_model(spec.model)
+
+
+@pytest.mark.parametrize("policy", ["first-fit", "greedy", "frag-aware", "rl"])
+def test_mixed_site_jobs_run_only_where_their_partition_and_size_allow(policy):
+    w, spec = tiny()
+    parts = spec.partitions()
+    model_of = {node: m for node, m, _n, _p in spec.node_list()}
+    restricted = [j for j in w.jobs if j.partition]
+    big_only = [j for j in w.jobs if base_kind(j.profile) in ("3g", "7g")]
+    assert {j.partition for j in restricted} == {"h100", "a30"} and big_only  # the test tests something
+    r = simulate(w, get_policy(policy), spec, SimConfig(check=True))
+    assert r.unfinished == 0
+    on_a30 = 0
+    for rec in r.jobs:
+        j = rec.job
+        if j.partition:
+            assert rec.node in parts[j.partition], (j, rec.node)
+        model = model_of[rec.node]
+        for _gi, slot in rec.instances:
+            assert base_kind(slot.profile) == base_kind(j.profile)
+        if base_kind(j.profile) in ("3g", "7g"):
+            assert model == "H100-80GB", (j, rec.node)
+        on_a30 += model == "A30-24GB"
+    assert on_a30 > 10  # the small model is used, not left idle
+    m = compute_metrics(r)
+    assert 0 < m.utilization <= 1
+
+
+def test_best_static_on_a_mixed_site_partitions_the_small_model_to_its_own_sizes():
+    w, spec = tiny()
+    pol, r, _m = search_static(w, spec)
+    assert r.unfinished == 0
+    plan = list(pol.plan)
+    assert len(plan) == spec.gpus
+    assert all("3g" not in p and "7g" not in p for p in plan[8:])  # the A30s: sizes an A30 has
+    assert all(p for p in plan[8:])
+    assert "7g@0" in plan[:8]  # some H100 left whole for the 7g jobs
+
+
+def test_the_simulator_refuses_a_placement_outside_the_jobs_partition():
+    spec = ClusterSpec.mixed(TINY)
+    w = Workload("one", [Job("a", 0.0, "1g", 1, 60.0, partition="a30")])
+
+    class Rogue:
+        name, version = "rogue", "1"
+
+        def decide(self, state):
+            return Decision(assignments=(Assignment("a", "h100-00", ((0, Slot(0, "1g.10gb")),), "x"),),
+                            policy="rogue")
+
+    sim = Simulator(w, Rogue(), spec)
+    sim.reset()
+    # the 1g.10gb exists only after carving it; carve first so the only thing wrong is the node
+    g = sim.by_key["h100-00/0"]
+    g.layout = parse_layout("1g@0", g.model)
+    with pytest.raises(SlurmMigError, match="outside its partition a30"):
+        sim.apply(Rogue().decide(sim.state()))
+
+
+def test_unknown_partitions_and_whole_gpu_policies_are_refused_on_a_mixed_site():
+    spec = ClusterSpec.mixed(TINY)
+    with pytest.raises(ConfigError, match="partition 'v100'"):
+        Simulator(Workload("w", [Job("a", 0.0, "1g", 1, 60.0, partition="v100")]), get_policy("greedy"), spec)
+    with pytest.raises(ConfigError, match="one-model cluster has none"):
+        Simulator(Workload("w", [Job("a", 0.0, "1g", 1, 60.0, partition="a30")]), get_policy("greedy"),
+                  ClusterSpec(1, 8))
+    with pytest.raises(ConfigError, match="whole GPUs"):
+        Simulator(Workload("w", []), get_policy("no-mig"), spec)
+    w, spec = tiny(n=40)
+    rep = run_workload(w, spec, ("no-mig", "greedy"))
+    assert [m.policy for m in rep.results] == ["greedy"] and "no-mig" in rep.notes["not_run"]
+
+
+def test_mixed_site_is_seeded():
+    a, _ = tiny(seed=5)
+    b, _ = tiny(seed=5)
+    c, _ = tiny(seed=6)
+    assert a.jobs == b.jobs and a.jobs != c.jobs
+
+
+def test_bench_runs_mixed_site_only_when_named(capsys, monkeypatch):
+    from slurm_mig.sim import bench
+
+    monkeypatch.setattr(bench, "default_trace", lambda: None)
+    assert main(["bench", "--json", "--no-synthetic", "--policies", "greedy"]) == 0
+    assert json.loads(capsys.readouterr().out) == {"workloads": []}
+    assert main(["bench", "--json", "--no-synthetic", "--workload", "mixed-site", "--policies", "greedy"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    wl = next(w for w in doc["workloads"] if w["name"] == "mixed-site")
+    assert wl["gpus"] == 32 and wl["gpu_model"] == "H100-80GB+A30-24GB"
+    assert [p["name"] for p in wl["partitions"]] == ["h100", "a30"]
+    assert wl["results"][0]["finished"] == wl["jobs"] == 2000
+    assert main(["bench", "--json", "--no-synthetic", "--workload", "nope"]) != 0
+    assert "unknown bench workload 'nope'" in capsys.readouterr().err
