@@ -1,7 +1,8 @@
-"""frag-aware's carving weights (the demand of the next 64 pending jobs) are per GPU: each GPU weighs only the
-jobs that could be placed on it -- its model has their size, its node is one they may start on (partition,
---nodelist, --exclude, features: PendingJob.nodes) and has room for all their instances. Counted on every GPU,
-the demand of jobs that can never use a GPU changed how that GPU was carved, against the jobs that can."""
+"""frag-aware's carving weights (the demand of the next 64 pending jobs) are per GPU: a GPU does not weigh the
+jobs its node can never take though its models have their size -- outside the nodes they may start on
+(partition, --nodelist, --exclude, features: PendingJob.nodes) or too little room for all their instances.
+Counted there, a partition's demand changed how the GPUs of other nodes were carved. Sizes a GPU's model lacks
+still weigh on it (test_sizes_a_gpu_model_lacks_still_weigh_on_it)."""
 
 from __future__ import annotations
 
@@ -48,13 +49,15 @@ def test_a_partitions_demand_does_not_weigh_on_the_gpus_of_other_nodes(name, exa
     assert [(j, n) for j, n, _ in _placed(d)] == [("s", "h2"), ("b0", "h1")], (_placed(d), d.waiting)
 
 
-@pytest.mark.parametrize("name", ["frag-aware", "rl"])
-def test_sizes_a_gpu_model_lacks_do_not_shrink_its_weights(name):
-    """An A30 (1g/2g/4g) with a free 1g instance at slice 0 and a 1g running at 3; a 1g and then a 2g that may
-    start only there; 62 7g jobs wait for the busy H100. The 7g demand, which no A30 can hold, made the A30's
-    1g and 2g weights so small that the 1g took the free instance at 0 (no carve to pay for) and left no room
-    for the 2g, which waited an hour; without the 7g jobs the 1g was carved at 2 and both started. The A30
-    weighs only the 1g and 2g now: the same decision as without the 7g jobs."""
+def test_sizes_a_gpu_model_lacks_still_weigh_on_it(monkeypatch):
+    """An A30 (1g/2g/4g) beside a busy H100; a 1g and a 2g that may start only on the A30, 62 7g jobs that only
+    the H100 can take. The A30 still weighs the 7g demand: f94c52b left sizes a GPU's model lacks out of its
+    weights, and on the mixed site (H100s beside A30s, docs/benchmarks.md) small jobs then drifted onto the
+    H100s, raising frag-aware's mean wait by 120 +- 37 s and rl's by 170 +- 39 s over 20 seeds; counted, they
+    make an A30 cheap to carve, which keeps the H100s for the sizes only they have. The H100 leaves out the 1g
+    and the 2g, which may never start on its node."""
+    from slurm_mig.policies.frag_aware import FragAwarePolicy
+
     lay = parse_layout("1g@0,1g@3", A30)
     run = next(s for s in lay.slots if s.start == 3)
     h = parse_layout("7g@0", H100)
@@ -64,11 +67,18 @@ def test_sizes_a_gpu_model_lacks_do_not_shrink_its_weights(name):
             PendingJob("t", "2g", 1, 1.0, time_limit_s=3600.0, nodes=("a1",))]
     big = [PendingJob(f"b{i}", "7g", 1, 2.0 + i, time_limit_s=3600.0) for i in range(62)]
     state = ClusterState(0.0, gpus, tuple(mine + big))
-    d = _policy(name).decide(state)
+    p = FragAwarePolicy()
+    d = p.decide(state)
     check_decision(state, d)
-    alone = _policy(name).decide(ClusterState(0.0, gpus, tuple(mine)))
-    assert _placed(d) == _placed(alone), (_placed(d), _placed(alone))
-    assert [j for j, _, _ in _placed(d)] == ["s", "t"], d.waiting
+    assert p._weights["7g"] > 0.5  # the whole look-ahead's: 62 of its 64 jobs are 7g
+    scored = list(p._wg_gpu.values())  # per GPU scored (the H100, wholly busy, is not): (weights, multi, left out)
+    assert scored
+    for wl, _multi, left_out in scored:
+        assert left_out == ()  # the A30's node may take every job whose size its model has
+        # its 1g and 2g weights are the whole look-ahead's, the 7g jobs counted
+        a30_sizes = {q.kind for q in A30.profiles}
+        assert {pi.name.split(".")[0]: w for pi, w in wl} == {
+            k: w for k, w in p._weights.items() if w > 0 and k in a30_sizes}
 
 
 def test_where_every_job_could_go_anywhere_every_gpu_weighs_the_whole_look_ahead():

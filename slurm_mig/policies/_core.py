@@ -531,9 +531,8 @@ class ClusterIndex:
         """The nodes with a GPU whose model has ``job``'s profile that ``job`` can still never start on: outside
         the nodes it may start on (``nodes``: partition, --nodelist, --exclude, features), or with room for fewer
         than ``count`` of its instances even idle. Empty (the common case) when every node whose models have the
-        size could hold it. A GPU whose model lacks the size is not listed: ModelTable.resolve tells that.
-        frag-aware weighs on each GPU only the demand of the jobs that could be placed on it (its model has the
-        size, its node is not listed here). Memoised like never_holds."""
+        size could hold it. A node none of whose models has the size is not listed. frag-aware leaves a job out of
+        the demand each GPU of a listed node weighs. Memoised like never_holds."""
         k = (job.profile, job.count, job.nodes)
         got = self._never_on.get(k)
         if got is None:

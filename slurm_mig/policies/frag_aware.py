@@ -14,11 +14,14 @@ on each GPU -- is scored, and the lowest score wins:
   costs a whole 7g when big jobs wait; beside other small jobs it costs nothing;
   jobs no node they may start on could ever hold (a size their nodes' models
   lack, more instances than one node has room for) are not demand and are
-  skipped. The weights are per GPU: each GPU weighs only the jobs of the
-  look-ahead that could be placed on it (its model has their size, its node is
-  one they may start on and has room for all their instances), one set per GPU
-  model and set of such jobs; where every job could go anywhere (one model, no
-  partitions or node restrictions, nodes alike) that is the whole look-ahead's.
+  skipped. A GPU does not weigh the jobs its node can never take though its
+  models have their size (outside their partition or node list, or too little
+  room for all their instances); one set of weights per GPU model and set of such
+  jobs; where every job may go anywhere (no partitions or node restrictions,
+  nodes alike) that is the whole look-ahead's. Sizes a GPU's model lacks still
+  count: they make carving that GPU cheap, which steers small jobs to the
+  smaller model and keeps the bigger one for the sizes only it has (leaving
+  them out cost +120 s of mean wait on the mixed site, docs/benchmarks.md).
   A 3g goes to slice 4 so a 4g still fits at 0.
 * time alignment, per GPU (``w_time``): a GPU is free for big jobs only when
   its *last* job ends. A job that outlives every job already on the GPU
@@ -100,7 +103,6 @@ class FragAwarePolicy(DispatchPolicy):
         self._weights: dict[str, float] = {}
         self._multi = 0.0
         self._contrib: list[tuple[int, ...]] | None = None
-        self._tables: list | None = None  # the cluster's model tables (they change only with a rebuild)
         self._running: list[int] = []
 
     # -- demand -------------------------------------------------------------------
@@ -110,24 +112,22 @@ class FragAwarePolicy(DispatchPolicy):
         look = self._look = ctx.idx.runnable(state.pending, self.lookahead)
         running = dict(zip(SIZES, self._running_mix(ctx.idx)))
         self._rshare = (running, sum(running.values()))
-        # The whole look-ahead's weights (the rl policy's demand features; each GPU's, where every job of the
-        # look-ahead could be placed on it).
+        # The whole look-ahead's weights (the rl policy's demand features; each GPU's, where its node may take
+        # every job of the look-ahead).
         self._weights, self._multi = self._blend(look)
-        # Each GPU weighs only the jobs of the look-ahead that could be placed on it (_wgroup): its model has the
-        # size, its node is one the job may start on and has room for all of its instances. Counted everywhere,
-        # 7g jobs of one partition kept a GPU of another whole, and 7g jobs only H100s can take shrank an A30's
-        # weights below a carve's cost, so a 1g took the free instance a waiting 2g needed. The jobs some nodes
-        # whose models have the size can never take (ClusterIndex.never_on), by position in the look-ahead; none
-        # on a cluster without partitions or node restrictions whose nodes are alike.
+        # A GPU does not weigh the jobs of the look-ahead its node can never take though its models have the size
+        # (_wgroup): outside the nodes the job may start on, or too little room for all of its instances. Counted
+        # everywhere, 7g jobs of one partition kept a GPU of another whole. Sizes the GPU's model lacks do count
+        # (f94c52b left them out too: on the mixed site small jobs then drifted onto the H100s and mean wait rose
+        # by 120 s, rl's by 170 s; docs/benchmarks.md). The jobs some nodes whose models have the size can never
+        # take (ClusterIndex.never_on), by position in the look-ahead; none on a cluster without partitions or
+        # node restrictions whose nodes are alike.
         never_on = ctx.idx.never_on
         self._restricted = [(i, e) for i, e in enumerate(map(never_on, look)) if e]
         # node -> positions of the look-ahead's jobs it can never take (None: no such job, every node's ())
         self._node_sig: dict[int, tuple[int, ...]] | None = {} if self._restricted else None
-        # Every GPU's multi-GPU share is the whole look-ahead's: no node restricted, every model has every size
-        if ctx.idx.rebuilt or self._tables is None:
-            self._tables = list({id(i.t): i.t for i in ctx.idx.infos}.values())
-        self._same_multi = self._node_sig is None and all(
-            t.resolve(j.profile) is not None for t in self._tables for j in look)
+        # Every GPU's multi-GPU share is the whole look-ahead's where no node is restricted
+        self._same_multi = self._node_sig is None
         self._wq: dict = {}  # (id(model table), _nsig) -> _wgroup's answer
         self._wg_gpu: dict[int, tuple] = {}  # GPU index -> _wgroup's answer
         self._loss_cache: dict = {}
@@ -180,9 +180,9 @@ class FragAwarePolicy(DispatchPolicy):
         return got
 
     def _wgroup(self, info: GpuInfo) -> tuple[list[tuple[PInfo, float]], float, tuple[int, ...]]:
-        """(the weights of this GPU's profiles, the multi-GPU share, _nsig) from the jobs of the look-ahead that
-        could be placed on it; one entry per model and _nsig (the "(model, allowed set) group"), found through
-        the GPU's index after the first time."""
+        """(the weights of this GPU's profiles, the multi-GPU share, _nsig) from the jobs of the look-ahead less
+        those its node can never take (_nsig); one entry per model and _nsig (the "(model, allowed set) group"),
+        found through the GPU's index after the first time."""
         t = info.t
         if self._node_sig is None:
             sig = ()
@@ -196,12 +196,9 @@ class FragAwarePolicy(DispatchPolicy):
         got = self._wq.get(key)
         if got is None:
             look = self._look
-            if sig:
-                skip = set(sig)
-                jobs = [j for i, j in enumerate(look) if i not in skip and t.resolve(j.profile) is not None]
-            else:
-                jobs = [j for j in look if t.resolve(j.profile) is not None]
-            # every job could be placed here: the whole look-ahead's weights, the same floats
+            skip = set(sig)
+            jobs = [j for i, j in enumerate(look) if i not in skip] if skip else look
+            # no job left out here: the whole look-ahead's weights, the same floats
             w, multi = (self._weights, self._multi) if len(jobs) == len(look) else self._blend(jobs)
             wl = []
             for k, wk in w.items():

@@ -63,8 +63,8 @@ from slurm_mig.policies.frag_aware import SIZES, FragAwarePolicy
 # demand, queue_len and pending_limit_h began to leave out jobs no node could ever hold,
 # 2026-11-27: the simulator the models are trained in queues none, so on every input a model
 # saw they are computed as before. Nor when frag-aware's score terms, and so frag_loss, time_cost,
-# node_cost and score, began to weigh on each GPU only the jobs that could be placed on it,
-# 2026-11-27: in the simulator's clusters, one model, nodes alike, no node restrictions, those are
+# node_cost and score, began to leave out on each GPU the jobs its node may never take,
+# 2026-11-27: in the simulator's clusters, one model, nodes alike, no node restrictions, that is
 # the whole look-ahead for every GPU, so again every input a model saw is computed as before. The
 # demand_* features stay the whole look-ahead's.)
 FEATURE_SCHEMA = "rl-candidates/1"
