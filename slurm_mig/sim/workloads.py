@@ -540,7 +540,35 @@ def outcomes_db_cluster(path: str | Path) -> tuple[str, int, int] | None:
     GPU, of a model this slurm-mig's tables do not list or of a known model holding instances its table does
     not allow (a newer node's profile or placement, store.models.readable_model), is kept blocked and takes no
     MIG job, so it is no GPU of the replay; counted, an unlisted model could be the most common and leave no
-    cluster at all. None when the DB records no such GPU (or no ``gpus`` table, or cannot be read)."""
+    cluster at all. None when the DB records no such GPU (or no ``gpus`` table, or cannot be read).
+    A site of several models: outcomes_db_groups gives each its own group."""
+    groups = outcomes_db_groups(path)
+    return groups[0] if groups else None
+
+
+def outcomes_db_groups(path: str | Path) -> list[tuple[str, int, int]]:
+    """(GPU model, nodes, GPUs per node) of each model among the MIG GPUs a state DB last saw (the GPUs
+    outcomes_db_cluster counts), the most common model first (ties by name): the nodes holding one and
+    the most of it on one node. [] when there is none or the DB cannot be read."""
+    known = _site_gpus(path)
+    if not known:
+        return []
+    models: dict[str, int] = {}
+    for _node, m in known:
+        models[m] = models.get(m, 0) + 1
+    out = []
+    for model in sorted(sorted(models), key=lambda m: -models[m]):
+        per_node: dict[str, int] = {}
+        for node, m in known:
+            if m == model:
+                per_node[node] = per_node.get(node, 0) + 1
+        out.append((model, len(per_node), max(per_node.values())))
+    return out
+
+
+def _site_gpus(path: str | Path) -> list[tuple[str, str]] | None:
+    """(node, model) of every MIG GPU of the DB's gpus table the controller's policy sees (outcomes_db_cluster);
+    None when the DB cannot be read."""
     from slurm_mig.store.db import sqlite_uri  # here: a simulation without a DB never imports the store
     from slurm_mig.store.models import readable_model
 
@@ -569,22 +597,12 @@ def outcomes_db_cluster(path: str | Path) -> tuple[str, int, int] | None:
                         continue
                 except (TypeError, ValueError, GeometryError):  # a hand-edited row: not readable either
                     continue
-            known.append((node, name))
+            known.append((str(node), name))
     except sqlite3.Error:
         return None
     finally:
         con.close()
-    models: dict[str, int] = {}
-    for _node, m in known:
-        models[m] = models.get(m, 0) + 1
-    if not models:
-        return None
-    model = max(sorted(models), key=lambda m: models[m])
-    per_node: dict[str, int] = {}
-    for node, m in known:
-        if m == model:
-            per_node[node] = per_node.get(node, 0) + 1
-    return model, len(per_node), max(per_node.values())
+    return known
 
 
 def site_cluster(db: str | Path, command: str, harm: str, way_on: str = "") -> tuple[str, int, int]:
@@ -607,6 +625,94 @@ def site_cluster(db: str | Path, command: str, harm: str, way_on: str = "") -> t
                           "a newer node's GPU, blocked during a rolling upgrade, counts once the controller is "
                           "upgraded too" + (f"; {way_on}" if way_on else ""))
     return site
+
+
+@dataclass(frozen=True)
+class ReplaySite:
+    """The cluster a state DB's outcomes replay on (replay_site): ``spec`` is a one-model ClusterSpec for a
+    site of one model, else ClusterSpec.mixed with a node group per model. ``partitions`` maps a site
+    partition to its group's model where the site's partitions are the model groups (``partitions_why``
+    says whether and why): a recorded job keeps such a partition (Job.partition); otherwise it may run on
+    any group whose model has its size."""
+
+    spec: object  # slurm_mig.sim.engine.ClusterSpec (engine imports this module)
+    partitions: dict = field(default_factory=dict)
+    partitions_why: str = ""
+
+    def describe(self) -> str:
+        """'1 x 2 H100-80GB' or '2 x 8 H100-80GB (partition h100) + 1 x 4 A30-24GB (partition a30)'."""
+        spec = self.spec
+        if not spec.groups:
+            return f"{spec.nodes} x {spec.gpus_per_node} {spec.model}"
+        return " + ".join(f"{g.nodes} x {g.gpus_per_node} {g.model}"
+                          + (f" (partition {g.name})" if self.partitions else "") for g in spec.groups)
+
+
+def replay_site(db: str | Path, command: str, harm: str, way_on: str = "") -> ReplaySite:
+    """The site a state DB records, to replay its outcomes on (`policy retrain`, `simulate --db`), after
+    site_cluster's check (a ConfigError when there is no MIG GPU the policy places on).
+
+    One readable model: exactly site_cluster's cluster, ClusterSpec(nodes, GPUs per node, model). Several:
+    a node group per model (its nodes, the most of it on one node), so a job that ran on an A30 is not
+    replayed as if the site were all H100s. The DB does not record which nodes a Slurm partition holds
+    (sinfo's answer is not kept), only each outcome's partition and node; where those show the partitions
+    to be the model groups, one to one (every group's nodes ran jobs of one partition only, seen on no
+    other group), each group is that partition and jobs keep theirs; otherwise the groups are named by
+    model and a job may run on any group whose model has its size (a partition spanning models, a group
+    with no recorded job, or none recorded: which nodes a partition holds cannot be told)."""
+    from slurm_mig.sim.engine import ClusterSpec, NodeGroup
+
+    model, nodes, per_node = site_cluster(db, command, harm, way_on)
+    groups = outcomes_db_groups(db)
+    if len(groups) < 2:
+        return ReplaySite(ClusterSpec(nodes, per_node, model))
+    parts, why = _partitions_of_groups(db, [m for m, _n, _g in groups])
+    if parts:
+        by_model = {m: p for p, m in parts.items()}
+        spec = ClusterSpec.mixed([NodeGroup(by_model[m], m, n, g) for m, n, g in groups])
+    else:
+        spec = ClusterSpec.mixed([NodeGroup(m, m, n, g) for m, n, g in groups])
+    return ReplaySite(spec, parts, why)
+
+
+def _partitions_of_groups(db: str | Path, models: Sequence[str]) -> tuple[dict[str, str], str]:
+    """({partition: model}, why) when the outcomes show the site's partitions to be its model groups one to
+    one (replay_site), else ({}, why not). Only outcomes of one partition on a node of the site count: a job
+    submitted to several ("a,b") ran in one the DB does not say."""
+    from slurm_mig.store.db import sqlite_uri
+
+    node_model = dict(_site_gpus(db) or [])
+    seen: dict[str, set[str]] = {}  # partition -> models its jobs ran on
+    try:
+        con = sqlite3.connect(sqlite_uri(db, "ro"), uri=True)
+        try:
+            cols = {r[1] for r in con.execute("PRAGMA table_info(outcomes)")}
+            rows = (con.execute("SELECT DISTINCT node, partition FROM outcomes").fetchall()
+                    if {"node", "partition"} <= cols else [])
+        finally:
+            con.close()
+    except sqlite3.Error:
+        rows = []
+    for node, part in rows:
+        m = node_model.get(str(node)) if node is not None else None
+        part = str(part or "").strip()
+        if m is None or not part or "," in part:
+            continue
+        seen.setdefault(part, set()).add(m)
+    if not seen:
+        return {}, "the outcomes record no partition on the site's nodes"
+    spanning = sorted(p for p, ms in seen.items() if len(ms) > 1)
+    if spanning:
+        return {}, f"partition {spanning[0]} ran jobs on more than one model"
+    per_model: dict[str, list[str]] = {}
+    for p, ms in seen.items():
+        per_model.setdefault(next(iter(ms)), []).append(p)
+    for m in models:
+        got = sorted(per_model.get(m, []))
+        if len(got) != 1:
+            return {}, (f"the {m} nodes ran jobs of " + (f"{len(got)} partitions ({', '.join(got)})" if got
+                                                         else "no recorded partition"))
+    return {ps[0]: m for m, ps in per_model.items()}, "each model's nodes ran the jobs of one partition"
 
 
 def gpus_held(db: str | Path) -> str:
@@ -636,6 +742,7 @@ def load_outcomes_db(
     nodes: int = 1,
     gpus_per_node: int = 8,
     table: str = "outcomes",
+    partitions: Mapping[str, str] | None = None,
 ) -> Workload:
     """Replay the jobs recorded in the state DB's ``outcomes`` table.
 
@@ -647,6 +754,11 @@ def load_outcomes_db(
     Rows without a usable run time, with an unknown profile, or with a value
     that is not a number (text in a time column) are skipped and counted in
     ``meta["skipped"]``.
+
+    ``model`` may name several models joined by "+" (a mixed site, ReplaySite.spec.model): a profile is
+    read as the first that has it, and a size none has is skipped. ``partitions`` (site partition -> its
+    model, ReplaySite.partitions): a job recorded in such partitions keeps those whose model has its size
+    (Job.partition); any other job may run anywhere.
     """
     path = Path(path)
     if not path.exists():
@@ -657,7 +769,9 @@ def load_outcomes_db(
         con = sqlite3.connect(sqlite_uri(path, "ro"), uri=True)
     except sqlite3.Error as exc:
         raise ConfigError(f"cannot open state DB {path}: {exc}") from exc
-    gpu_model = get_model(model)
+    gpu_models = [get_model(m) for m in model.split("+")]
+    partitions = dict(partitions or {})
+    kept = 0
     skipped = {"no_run_time": 0, "unknown_profile": 0, "not_a_number": 0}
     jobs: list[Job] = []
     try:
@@ -666,6 +780,8 @@ def load_outcomes_db(
             raise ConfigError(f"{path} has no {table!r} table (is it a slurm-mig state DB?)")
         want = [c for c in ("job_id", "profile", "count", "submit_time", "start_time", "end_time",
                             "time_limit_s", "run_s", "run") if c in cols]
+        if partitions and "partition" in cols:
+            want.append("partition")
         if "job_id" not in want or "profile" not in want:
             raise ConfigError(f"{path}:{table} lacks job_id/profile columns")
         for row in con.execute(f"SELECT {', '.join(want)} FROM {table}"):
@@ -681,18 +797,23 @@ def load_outcomes_db(
             if run is None or run <= 0:
                 skipped["no_run_time"] += 1
                 continue
-            try:
-                kind = gpu_model.profile(str(r["profile"])).kind
-            except GeometryError:
+            kind = _kind_on(gpu_models, str(r["profile"]))
+            if kind is None:
                 skipped["unknown_profile"] += 1
                 continue
+            part = ""
+            if partitions:
+                names = [p.strip() for p in str(r.get("partition") or "").split(",") if p.strip()]
+                if names and all(p in partitions for p in names):
+                    part = ",".join(p for p in names if _kind_on([get_model(partitions[p])], kind))
+                    kept += bool(part)
             submit = r.get("submit_time")
             if submit is None:
                 submit = start if start is not None else 0.0
             nth = int(r.get("run") or 1)
             name = str(r["job_id"]) if nth <= 1 else f"{r['job_id']}#{nth}"
             jobs.append(Job(name, float(submit), kind, int(r.get("count") or 1), float(run),
-                            r.get("time_limit_s"), speed))
+                            r.get("time_limit_s"), speed, partition=part))
     except sqlite3.Error as exc:
         raise ConfigError(f"cannot read {table} from {path}: {exc}") from exc
     finally:
@@ -701,4 +822,15 @@ def load_outcomes_db(
     jobs = [replace(j, submit_time=j.submit_time - t0) for j in jobs]
     return Workload(f"replay:{path.name}", jobs, model, nodes, gpus_per_node,
                     {"source": str(path), "loaded": len(jobs), "rows": len(jobs) + sum(skipped.values()),
-                     "skipped": skipped})
+                     "skipped": skipped,
+                     **({"partitioned": kept} if partitions else {})})
+
+
+def _kind_on(models, profile: str) -> str | None:
+    """The size (kind) of ``profile`` on the first of ``models`` that has it; None if none has."""
+    for m in models:
+        try:
+            return m.profile(profile).kind
+        except GeometryError:
+            continue
+    return None
