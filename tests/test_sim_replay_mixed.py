@@ -153,3 +153,56 @@ def test_a_single_model_db_replays_exactly_as_before(tmp_path):
     assert a.jobs == b.jobs and a.meta == b.meta and (a.model, a.nodes, a.gpus_per_node) == (b.model, b.nodes,
                                                                                             b.gpus_per_node)
     assert all(j.partition == "" for j in b.jobs)
+
+
+def test_simulate_db_replays_a_mixed_site_on_both_models_and_says_so(tmp_path, capsys):
+    import json
+
+    from slurm_mig.cli import main
+
+    db = mixed_db(tmp_path / "state.db")
+    assert main(["simulate", "--db", str(db), "--policy", "frag-aware", "--json", "--check"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["gpus"] == 4 and doc["unfinished"] == 0
+    assert [(g["name"], g["model"], g["nodes"], g["gpus_per_node"]) for g in doc["groups"]] == [
+        ("a30", "A30-24GB", 1, 2), ("h100", "H100-80GB", 1, 2)]
+    assert doc["partitions_kept"] is True and doc["metrics"]["finished"] == 60
+    assert main(["simulate", "--db", str(db), "--policy", "greedy"]) == 0
+    out = capsys.readouterr().out
+    assert "1 x 2 A30-24GB (partition a30) + 1 x 2 H100-80GB (partition h100)" in out, out
+    assert "jobs keep their partition" in out
+    # told the cluster (any of --model, --nodes, --gpus-per-node), it replays on one model as before
+    assert main(["simulate", "--db", str(db), "--policy", "greedy", "--json", "--model", "H100-80GB"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["model"] == "H100-80GB" and "groups" not in doc
+
+
+def test_simulate_db_on_a_single_model_db_prints_what_it_printed(tmp_path, capsys):
+    import json
+
+    from slurm_mig.cli import main
+
+    db = single_db(tmp_path / "state.db")
+    assert main(["simulate", "--db", str(db), "--policy", "greedy", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert (doc["model"], doc["nodes"], doc["gpus"]) == ("H100-80GB", 1, 2) and "groups" not in doc
+    assert main(["simulate", "--db", str(db), "--policy", "greedy"]) == 0
+    assert capsys.readouterr().out.startswith("replay:state.db: 40 jobs, 1 nodes x 2 H100-80GB, policy greedy")
+
+
+def test_retrain_judges_the_candidate_on_a_mixed_sites_own_gpus(tmp_path):
+    pytest.importorskip("torch")
+    from training.retrain import cluster_of, format_report, retrain
+
+    db = mixed_db(tmp_path / "state.db", partitions="spanning")
+    assert cluster_of(db) == (2, 2, "A30-24GB+H100-80GB")
+    r = retrain(db, store=tmp_path / "store", minutes=0.1, iterations=1, out=tmp_path / "work", replays=2,
+                hold_caps="")
+    c = r["cluster"]
+    assert [(g["model"], g["nodes"], g["gpus_per_node"]) for g in c["groups"]] == [("A30-24GB", 1, 2),
+                                                                                   ("H100-80GB", 1, 2)]
+    assert c["partitions_kept"] is False and r["outcomes"] == 60
+    assert set(r["evaluation"]) == {"candidate", "current", "frag-aware", "first-fit"}
+    assert all(m["mean_wait_s"] >= 0 for m in r["evaluation"].values())
+    first = format_report(r).splitlines()[0]
+    assert "cluster 1 x 2 A30-24GB + 1 x 2 H100-80GB" in first, first

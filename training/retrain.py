@@ -5,8 +5,9 @@
 
 1. Trace: the state DB's ``outcomes`` table replayed as a workload
    (slurm_mig.sim.workloads.load_outcomes_db), on a cluster shaped like the one
-   in the DB's ``gpus`` table (nodes x GPUs per node, the most common model, the
-   MIG GPUs the controller's policy sees); none there stops it (cluster_of).
+   in the DB's ``gpus`` table (the MIG GPUs the controller's policy sees: nodes x
+   GPUs per node of its one model, or a node group per model on a mixed site,
+   slurm_mig.sim.workloads.replay_site); none there stops it (cluster_of).
 2. Split by submit time: the most recent ``holdout`` share of jobs is held out.
    Fine-tuning sees only the older jobs (windows of them, mixed with synthetic
    training episodes so the policy does not forget other workloads).
@@ -44,8 +45,7 @@ import torch
 from slurm_mig.errors import ConfigError
 from slurm_mig.policies.rl import MAX_HOLD_H, SHIPPED_MODEL, RLPolicy, read_card, resolve_model_path
 from slurm_mig.policy_registry import DEFAULT, PolicyStore
-from slurm_mig.sim.engine import ClusterSpec
-from slurm_mig.sim.workloads import Job, Workload, load_outcomes_db, site_cluster
+from slurm_mig.sim.workloads import Job, ReplaySite, Workload, load_outcomes_db, replay_site
 
 from training.evaluate import ci, run_case
 from training.guard import carry_guard
@@ -62,15 +62,21 @@ HOLD_CAPS_H = (0.0, 6.0, 12.0, 24.0, 48.0)
 
 def cluster_of(db: str | Path) -> tuple[int, int, str]:
     """(nodes, GPUs per node, GPU model) of the MIG GPUs the DB's gpus table holds, as `slurm-mig simulate
-    --db` replays them (the most common model, the nodes holding one, the most on one node); GPUs without
-    MIG mode, of no MIG model, or that the controller's policy does not see (a newer node's, blocked) take
-    no MIG job and are not counted.
+    --db` replays them (site_of's cluster: on a mixed site every group's nodes, the most GPUs on one node of
+    any group and the models joined by "+"); GPUs without MIG mode, of no MIG model, or that the controller's
+    policy does not see (a newer node's, blocked) take no MIG job and are not counted.
 
     A ConfigError when there is none (slurm_mig.sim.workloads.site_cluster, simulate --db's check too): replayed
     on a made-up cluster (this used to be 1 x 8 H100-80GB, without a word), the candidate would be judged, stored
     and with --install activated on GPUs the site does not have."""
-    model, nodes, per_node = site_cluster(db, "retrain", "judge the candidate")
-    return nodes, per_node, model
+    spec = site_of(db).spec
+    return spec.nodes, spec.gpus_per_node, spec.model
+
+
+def site_of(db: str | Path) -> ReplaySite:
+    """The cluster retrain replays the DB's outcomes on (slurm_mig.sim.workloads.replay_site): one model's
+    nodes x GPUs per node, or a node group per model on a mixed site. A ConfigError as cluster_of."""
+    return replay_site(db, "retrain", "judge the candidate")
 
 
 # Why load_outcomes_db skipped a row (its meta["skipped"] keys), as the report says it.
@@ -79,6 +85,12 @@ SKIPPED_WHY = {
     "unknown_profile": "with a profile the replay's {model} does not have (a job of another GPU model)",
     "not_a_number": "with a value that is not a number in a count or time column (text or a blob)",
 }
+
+
+def mixed_words(site: ReplaySite) -> str:
+    """How a mixed site's jobs are placed in the replay, in words."""
+    return ("jobs keep their partition" if site.partitions else
+            "a job runs on any group whose model has its size") + f": {site.partitions_why}"
 
 
 def skipped_text(skipped: dict, model: str) -> str:
@@ -160,8 +172,10 @@ def retrain(db: str | Path, *, store: str | Path | None = None, holdout: float =
 
         os.environ["SLURM_MIG_POLICY_STORE"] = str(store)
     st = PolicyStore(store)
-    nodes, per_node, model_name = cluster_of(db)
-    w = load_outcomes_db(db, model=model_name, nodes=nodes, gpus_per_node=per_node)
+    site = site_of(db)
+    spec = site.spec
+    nodes, per_node, model_name = spec.nodes, spec.gpus_per_node, spec.model
+    w = load_outcomes_db(db, model=model_name, nodes=nodes, gpus_per_node=per_node, partitions=site.partitions)
     n = len(w.jobs)
     skipped = {k: v for k, v in w.meta.get("skipped", {}).items() if v}
     if n < MIN_JOBS:
@@ -176,12 +190,11 @@ def retrain(db: str | Path, *, store: str | Path | None = None, holdout: float =
     if not 0.0 <= jitter <= 0.5:
         raise ConfigError(f"--jitter must be between 0 and 0.5, got {jitter}")
     hold_caps = check_hold_caps(HOLD_CAPS_H if hold_caps is None else hold_caps)
-    spec = ClusterSpec(nodes, per_node, model_name)
     cut = holdout_cut(n, holdout)
     n_hold = n - cut
     history = _window(w, 0, cut, "replay:history")
     say(f"{n} outcomes from {db}: training on the oldest {cut}, judging on the most recent {n_hold}; "
-        f"cluster {nodes} x {per_node} {model_name}"
+        f"cluster {site.describe()}" + (f" ({mixed_words(site)})" if spec.groups else "")
         + (f"; skipped {sum(skipped.values())} unusable row(s): {skipped_text(skipped, model_name)}"
            if skipped else ""))
 
@@ -258,7 +271,11 @@ def retrain(db: str | Path, *, store: str | Path | None = None, holdout: float =
     return {
         "caution": caution,
         "db": str(db), "outcomes": n, "history_jobs": cut, "heldout_jobs": n_hold,
-        "cluster": {"nodes": nodes, "gpus_per_node": per_node, "model": model_name},
+        "cluster": {"nodes": nodes, "gpus_per_node": per_node, "model": model_name,
+                    **({"groups": [{"name": g.name, "model": g.model, "nodes": g.nodes,
+                                    "gpus_per_node": g.gpus_per_node} for g in spec.groups],
+                        "partitions_kept": bool(site.partitions), "partitions_why": site.partitions_why,
+                        "described": site.describe()} if spec.groups else {})},
         "current_version": version, "candidate": {"path": str(cand_path), "wall_s": round(wall, 1),
                                                   "iterations": card.get("ppo_iterations"),
                                                   "validation_wait_ratio_vs_frag_aware":
@@ -307,8 +324,9 @@ def _hold_caps_on(cases: list[Case], cur_path: Path, caps: tuple[float, ...], sa
 
 def format_report(r: dict) -> str:
     lines = [f"retrain on {r['db']}: {r['outcomes']} outcomes ({r['history_jobs']} for training, "
-             f"{r['heldout_jobs']} most recent held out), cluster {r['cluster']['nodes']} x "
-             f"{r['cluster']['gpus_per_node']} {r['cluster']['model']}",
+             f"{r['heldout_jobs']} most recent held out), cluster "
+             + (r['cluster']['described'] if r['cluster'].get('groups') else
+                f"{r['cluster']['nodes']} x {r['cluster']['gpus_per_node']} {r['cluster']['model']}"),
              f"candidate: {r['candidate']['path']} ({r['candidate']['iterations']} iterations, "
              f"{r['candidate']['wall_s']} s)",
              f"evaluation on the held-out recent jobs (mean of {r['replays']} replays):"]

@@ -189,7 +189,15 @@ def _load(args: argparse.Namespace):
         # Replay on the site's own cluster, as far as the DB knows it, unless told otherwise. A DB that records
         # no MIG GPU the policy places on is refused as retrain refuses it (one check), unless all three are told:
         # a default cluster (1 x 8 H100-80GB, as it used to be, without a word) would time nothing the site has.
-        if args.model is None or args.nodes is None or args.gpus_per_node is None:
+        # Told none of them, a site of several GPU models replays on all of them (a node group per model,
+        # replay_site); told any, on one model as before: the most common, unless --model names another.
+        if args.model is None and args.nodes is None and args.gpus_per_node is None:
+            site = wl.replay_site(args.db, "simulate", "time its queue",
+                                  "or name the cluster to replay on with --model, --nodes and --gpus-per-node")
+            if site.spec.groups:
+                args.replay_site = site
+            args.model, args.nodes, args.gpus_per_node = site.spec.model, site.spec.nodes, site.spec.gpus_per_node
+        elif args.model is None or args.nodes is None or args.gpus_per_node is None:
             site = wl.site_cluster(args.db, "simulate", "time its queue",
                                    "or name the cluster to replay on with --model, --nodes and --gpus-per-node")
             args.model = args.model or site[0]
@@ -203,8 +211,9 @@ def _load(args: argparse.Namespace):
                             seed=args.seed, model=args.model, nodes=args.nodes or bench.ALIBABA_NODES,
                             gpus_per_node=args.gpus_per_node)
     elif args.db:
+        site = getattr(args, "replay_site", None)
         w = wl.load_outcomes_db(args.db, model=args.model, speed=speed, nodes=args.nodes or 1,
-                                gpus_per_node=args.gpus_per_node)
+                                gpus_per_node=args.gpus_per_node, partitions=site.partitions if site else None)
     else:
         nodes = args.nodes or 2
         gpus = nodes * args.gpus_per_node
@@ -237,7 +246,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         from slurm_mig.sim.plot import require_matplotlib
         require_matplotlib()
     w = _load(args)
-    spec = ClusterSpec(w.nodes, w.gpus_per_node, args.model)
+    site = getattr(args, "replay_site", None)  # a mixed site's DB: its node groups
+    spec = site.spec if site else ClusterSpec(w.nodes, w.gpus_per_node, args.model)
     record = bool(args.plot or args.job)
     if args.policy == "best-static":
         pol, _, _ = search_static(w, spec)
@@ -246,10 +256,14 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     sim = Simulator(w, pol, spec, SimConfig(check=args.check, record=record))
     result = sim.run()
     m = compute_metrics(result)
-    lb = lower_bounds(w, spec.gpus, spec.model)
+    lb = lower_bounds(w, spec.gpus, spec.model, compute_slices=spec.compute_slices)
     out = {"workload": w.name, "policy": m.policy, "gpus": spec.gpus, "nodes": spec.nodes, "model": spec.model,
            "metrics": m.to_json(), "lower_bound_makespan_s": lb.makespan_s, "lower_bound_mean_jct_s": lb.mean_jct_s,
            "unfinished": result.unfinished, "workload_meta": w.meta}
+    if spec.groups:
+        out["groups"] = [{"name": g.name, "model": g.model, "nodes": g.nodes, "gpus_per_node": g.gpus_per_node}
+                         for g in spec.groups]
+        out["partitions_kept"] = bool(site and site.partitions)
     if args.policy == "best-static":
         out["static_plan"] = pol.describe()
     if args.job:
@@ -263,7 +277,13 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(out, default=str))
         return 0
-    print(f"{w.name}: {len(w.jobs)} jobs, {spec.nodes} nodes x {spec.gpus_per_node} {spec.model}, policy {m.policy}")
+    if site:
+        print(f"{w.name}: {len(w.jobs)} jobs, {site.describe()}, policy {m.policy}")
+        print(f"  the site's GPU models, a node group each; "
+              + ("jobs keep their partition" if site.partitions else "a job runs on any group whose model has its size")
+              + f" ({site.partitions_why})")
+    else:
+        print(f"{w.name}: {len(w.jobs)} jobs, {spec.nodes} nodes x {spec.gpus_per_node} {spec.model}, policy {m.policy}")
     if w.meta.get("skipped"):
         print(f"  loaded {w.meta.get('loaded')} of {w.meta.get('rows', '?')} rows; skipped {w.meta['skipped']}")
     if "static_plan" in out:
