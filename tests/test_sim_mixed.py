@@ -130,3 +130,26 @@ def test_bench_runs_mixed_site_only_when_named(capsys, monkeypatch):
     assert wl["results"][0]["finished"] == wl["jobs"] == 2000
     assert main(["bench", "--json", "--no-synthetic", "--workload", "nope"]) != 0
     assert "unknown bench workload 'nope'" in capsys.readouterr().err
+
+
+def test_simulate_runs_the_mixed_site_and_names_both_models(capsys):
+    """`simulate --workload` offered only one-model workloads: bench's mixed-site was not among its choices, and
+    simulate built a one-model cluster of --model whatever the workload. It now runs mixed-site on its own
+    cluster (--jobs, --seed as the other synthetic workloads; --seed 6 is bench's) and names both models and
+    their partitions."""
+    assert main(["simulate", "--workload", "mixed-site", "--jobs", "60", "--policy", "greedy", "--check"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("mixed-site: 60 jobs, 2 nodes x 8 H100-80GB (partition h100) + "
+                          "2 nodes x 8 A30-24GB (partition a30), policy greedy"), out
+    assert "mean wait" in out and "never ran" not in out
+    assert main(["simulate", "--workload", "mixed-site", "--jobs", "60", "--seed", "2", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["gpus"] == 32 and doc["model"] == "H100-80GB+A30-24GB"
+    assert [(p["name"], p["model"]) for p in doc["groups"]] == [("h100", "H100-80GB"), ("a30", "A30-24GB")]
+    assert doc["partitions_kept"] is True
+    w, spec = mixed_site(2, 60)
+    assert doc["metrics"] == {**compute_metrics(simulate(w, get_policy("frag-aware"), spec)).to_json(),
+                              "wall_s": doc["metrics"]["wall_s"]}
+    # its cluster is fixed: one named is refused, not ignored
+    assert main(["simulate", "--workload", "mixed-site", "--jobs", "20", "--model", "A30-24GB"]) == 2
+    assert "--model does not apply to --workload mixed-site" in capsys.readouterr().err

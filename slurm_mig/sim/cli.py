@@ -12,7 +12,7 @@ from slurm_mig.argtypes import at_least
 from slurm_mig.errors import ConfigError
 
 SYNTHETIC = ("poisson-mix", "small-heavy", "rl-good_scaling", "rl-bad_scaling", "rl-mix_extreme", "rl-mix_soft",
-             "rl-wide_times", "miso-models")
+             "rl-wide_times", "miso-models", "mixed-site")
 
 
 def register(subparsers) -> None:
@@ -42,7 +42,10 @@ def register(subparsers) -> None:
     src = s.add_mutually_exclusive_group(required=True)
     src.add_argument("--trace", metavar="PATH", help="an Alibaba cluster-trace-gpu-v2023 pod list (CSV)")
     src.add_argument("--db", metavar="PATH", help="replay the outcomes recorded in a slurm-mig state DB")
-    src.add_argument("--workload", choices=SYNTHETIC, help="a synthetic workload")
+    src.add_argument("--workload", choices=SYNTHETIC,
+                     help="a synthetic workload; mixed-site is bench's two-model site (2 x 8 H100-80GB, partition "
+                          "h100, beside 2 x 8 A30-24GB, partition a30; --seed 6 is bench's), on its own cluster: "
+                          "--nodes, --gpus-per-node and --model do not apply to it")
     s.add_argument("--policy", default="frag-aware", help="policy name (see `slurm-mig bench`); best-static "
                                                           "searches a static plan first")
     s.add_argument("--nodes", type=at_least(1), default=None,
@@ -236,6 +239,25 @@ def _load(args: argparse.Namespace):
     return w
 
 
+def _load_mixed_site(args: argparse.Namespace):
+    """bench's mixed-site workload (--jobs, --seed as the other synthetic workloads) and its cluster, which is
+    fixed: a cluster named with --nodes/--gpus-per-node/--model is refused rather than ignored."""
+    from dataclasses import replace
+
+    from slurm_mig.sim import bench, workloads as wl
+
+    told = [f for f, v in (("--nodes", args.nodes), ("--gpus-per-node", args.gpus_per_node),
+                           ("--model", args.model)) if v is not None]
+    if told:
+        site = " + ".join(f"{g.nodes} x {g.gpus_per_node} {g.model}" for g in bench.MIXED_SITE_GROUPS)
+        raise ConfigError(f"{', '.join(told)} {'does' if len(told) == 1 else 'do'} not apply to --workload "
+                          f"mixed-site: it runs on its own cluster ({site})")
+    w, spec = bench.mixed_site(seed=args.seed, n_jobs=args.jobs, speed=wl.get_speed_model(args.speed_model))
+    if args.no_time_limits:
+        w.jobs = [replace(j, time_limit_s=None) for j in w.jobs]
+    return w, spec
+
+
 def cmd_simulate(args: argparse.Namespace) -> int:
     from slurm_mig.policies import get_policy
     from slurm_mig.sim.bench import search_static
@@ -245,9 +267,13 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.plot:
         from slurm_mig.sim.plot import require_matplotlib
         require_matplotlib()
-    w = _load(args)
-    site = getattr(args, "replay_site", None)  # a mixed site's DB: its node groups
-    spec = site.spec if site else ClusterSpec(w.nodes, w.gpus_per_node, args.model)
+    if args.workload == "mixed-site":
+        w, spec = _load_mixed_site(args)
+        site = None
+    else:
+        w = _load(args)
+        site = getattr(args, "replay_site", None)  # a mixed site's DB: its node groups
+        spec = site.spec if site else ClusterSpec(w.nodes, w.gpus_per_node, args.model)
     record = bool(args.plot or args.job)
     if args.policy == "best-static":
         pol, _, _ = search_static(w, spec)
@@ -263,7 +289,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if spec.groups:
         out["groups"] = [{"name": g.name, "model": g.model, "nodes": g.nodes, "gpus_per_node": g.gpus_per_node}
                          for g in spec.groups]
-        out["partitions_kept"] = bool(site and site.partitions)
+        # the mixed-site workload's jobs always keep theirs; a DB's where its outcomes show them (ReplaySite)
+        out["partitions_kept"] = bool(site.partitions) if site else True
     if args.policy == "best-static":
         out["static_plan"] = pol.describe()
     if args.job:
@@ -283,7 +310,12 @@ def cmd_simulate(args: argparse.Namespace) -> int:
               + ("jobs keep their partition" if site.partitions else "a job runs on any group whose model has its size")
               + f" ({site.partitions_why})")
     else:
-        print(f"{w.name}: {len(w.jobs)} jobs, {spec.nodes} nodes x {spec.gpus_per_node} {spec.model}, policy {m.policy}")
+        if spec.groups:
+            cluster = " + ".join(f"{g.nodes} nodes x {g.gpus_per_node} {g.model} (partition {g.name})"
+                                 for g in spec.groups)
+        else:
+            cluster = f"{spec.nodes} nodes x {spec.gpus_per_node} {spec.model}"
+        print(f"{w.name}: {len(w.jobs)} jobs, {cluster}, policy {m.policy}")
     if w.meta.get("skipped"):
         print(f"  loaded {w.meta.get('loaded')} of {w.meta.get('rows', '?')} rows; skipped {w.meta['skipped']}")
     if "static_plan" in out:
