@@ -153,3 +153,33 @@ def test_simulate_runs_the_mixed_site_and_names_both_models(capsys):
     # its cluster is fixed: one named is refused, not ignored
     assert main(["simulate", "--workload", "mixed-site", "--jobs", "20", "--model", "A30-24GB"]) == 2
     assert "--model does not apply to --workload mixed-site" in capsys.readouterr().err
+
+
+def test_the_timeline_of_a_mixed_site_sizes_each_gpu_row_by_its_own_model(tmp_path, capsys):
+    """`simulate --plot` read one GPU model (get_model(spec.model), which a mixed site's joined name is not) and
+    sized every row 8 slices; each row is now its own model's memory slices tall (H100 8, A30 4), labelled with
+    it, and every bar lies inside its GPU's row."""
+    from slurm_mig.sim.plot import timeline_data
+
+    w, spec = tiny(n=80)
+    result = Simulator(w, get_policy("frag-aware"), spec, SimConfig(record=True)).run()
+    data = timeline_data(result)
+    assert [(r.gpu, r.model, r.slices) for r in data.rows] == (
+        [(f"h100-00/{i}", "H100-80GB", 8) for i in range(8)]
+        + [(f"a30-0{n}/{i}", "A30-24GB", 4) for n in range(2) for i in range(2)])
+    assert [r.y0 for r in data.rows] == [i * 9.5 for i in range(8)] + [76 + i * 5.5 for i in range(4)]
+    assert data.height == 76 + 4 * 5.5 and data.hidden == 0
+    rows = sorted((r.y0, r.y0 + r.slices) for r in data.rows)
+    seen = set()
+    for items in data.bars.values():
+        for _x, _w, y, h in items:
+            top, bottom = next((a, b) for a, b in rows if a <= y < b)
+            assert y + h <= bottom, (y, h, top, bottom)
+            seen.add(top)
+    assert seen == {a for a, _b in rows}, "every GPU drew something"
+    assert {r.gpu for r in timeline_data(result, max_gpus=9).rows} == {f"h100-00/{i}" for i in range(8)} | {"a30-00/0"}
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "mixed.png"
+    assert main(["simulate", "--workload", "mixed-site", "--jobs", "60", "--plot", str(png), "--job", "x3"]) == 0
+    assert f"timeline written to {png}" in capsys.readouterr().out
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

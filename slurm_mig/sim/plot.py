@@ -1,6 +1,7 @@
 """Timeline pictures of a simulation: each GPU's MIG instances, jobs and reconfigurations.
 
-One horizontal band per GPU, 8 memory slices tall (slice 0 on top, first GPU on top). Grey:
+One horizontal band per GPU, its model's memory slices tall (8 on an H100, 4 on an A30; a mixed site's
+rows are labelled with their model), slice 0 on top, first GPU on top. Grey:
 an instance exists and is idle; coloured by size: a job runs on it; red: the
 instance is being created or destroyed. A lower panel shows how many jobs wait.
 ``highlight`` outlines one job and marks when it was submitted, which answers
@@ -10,6 +11,7 @@ instance is being created or destroyed. A lower panel shows how many jobs wait.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 
 from slurm_mig.errors import ConfigError
 from slurm_mig.mig.profiles import get_model
@@ -26,18 +28,51 @@ def require_matplotlib():
     return matplotlib
 
 
-def plot_timeline(result, path: str, *, t_from: float | None = None, t_to: float | None = None,
-                  max_gpus: int = 48, highlight: str | None = None, title: str | None = None) -> str:
-    """Draw ``result`` (a SimResult recorded with SimConfig(record=True)) to ``path`` (PNG)."""
-    require_matplotlib()
-    import matplotlib.pyplot as plt
-    from matplotlib.patches import Patch, Rectangle
+@dataclass(frozen=True)
+class Row:
+    """One GPU's band: its model's memory slices tall (8 on an H100, 4 on an A30), from ``y0`` down."""
 
+    gpu: str  # "node/index"
+    model: str
+    slices: int
+    y0: float
+
+
+@dataclass
+class TimelineData:
+    """What :func:`plot_timeline` draws: the GPUs' rows and each bar (x, width, y, height) in plot units."""
+
+    rows: list[Row]
+    hidden: int  # GPUs not drawn (max_gpus)
+    lo: float
+    hi: float
+    unit: float
+    unit_name: str
+    bars: dict[tuple[str, str], list] = field(default_factory=dict)  # (kind, colour) -> [(x, w, y, h)]
+    highlighted: list = field(default_factory=list)  # the highlighted job's bars
+
+    @property
+    def height(self) -> float:
+        """The rows' extent: each GPU's slices plus a gap of 1.5."""
+        return self.rows[-1].y0 + self.rows[-1].slices + 1.5 if self.rows else 0.0
+
+
+def _gpu_models(result) -> dict[str, str]:
+    """Node -> GPU model (each node group's own on a mixed site)."""
+    return {node: model for node, model, _n, _p in result.spec.node_list()}
+
+
+def timeline_data(result, *, t_from: float | None = None, t_to: float | None = None, max_gpus: int = 48,
+                  highlight: str | None = None) -> TimelineData:
+    """The rows and bars of ``result``'s timeline (a SimResult recorded with SimConfig(record=True)): one
+    row per GPU, its own model's memory slices tall (a mixed site's A30 4, its H100 8), in the simulator's
+    GPU order."""
     if not result.timeline:
         raise ConfigError("the simulation kept no timeline: run it with SimConfig(record=True)")
-    model = get_model(result.spec.model)
-    mem = {p.name: p.memory_slices for p in model.profiles}
-    kind = {p.name: p.kind.split("+")[0].split(".")[0] for p in model.profiles}
+    node_model = _gpu_models(result)
+    models = {name: get_model(name) for name in dict.fromkeys(node_model.values())}
+    mem = {name: {p.name: p.memory_slices for p in m.profiles} for name, m in models.items()}
+    kind = {name: {p.name: p.kind.split("+")[0].split(".")[0] for p in m.profiles} for name, m in models.items()}
     ends = [s.t1 for s in result.timeline if math.isfinite(s.t1)]
     lo = t_from if t_from is not None else 0.0
     hi = t_to if t_to is not None else (max(ends) if ends else 1.0)
@@ -45,33 +80,55 @@ def plot_timeline(result, path: str, *, t_from: float | None = None, t_to: float
         raise ConfigError(f"empty time window: from {lo} s to {hi} s")
     span = hi - lo
     unit, unit_name = (86400.0, "days") if span > 4 * 86400 else (3600.0, "hours") if span > 4 * 3600 else (60.0, "minutes")
+    rank = {node: i for i, node in enumerate(node_model)}
     gpus = []
     for s in result.timeline:
         if s.gpu not in gpus:
             gpus.append(s.gpu)
-    gpus.sort(key=lambda k: (k.split("/")[0], int(k.split("/")[1])))
-    shown = gpus[:max_gpus]
-    row = {g: i for i, g in enumerate(shown)}
-    band = model.memory_slices + 1.5
-    height = max(3.0, 0.32 * len(shown) + 2.2)
-    fig, (ax, axq) = plt.subplots(2, 1, figsize=(14, height), sharex=True,
-                                  gridspec_kw={"height_ratios": [max(4.0, len(shown) * 0.32), 1.2]})
-    bars: dict[tuple[str, str], list] = {}
-    hl = []
+    gpus.sort(key=lambda k: (rank.get(k.split("/")[0], len(rank)), k.split("/")[0], int(k.split("/")[1])))
+    rows: list[Row] = []
+    y0 = 0.0
+    for g in gpus[:max_gpus]:
+        model = node_model[g.split("/")[0]]
+        rows.append(Row(g, model, models[model].memory_slices, y0))
+        y0 += models[model].memory_slices + 1.5
+    data = TimelineData(rows, len(gpus) - len(rows), lo, hi, unit, unit_name)
+    row = {r.gpu: r for r in rows}
     for s in result.timeline:
         if s.gpu not in row:
             continue
         t0, t1 = max(s.t0, lo), min(s.t1, hi)
         if t1 <= t0 and not (s.kind in ("create", "destroy") and lo <= s.t0 <= hi):
             continue
-        y = row[s.gpu] * band + s.slot.start
-        h = mem.get(s.slot.profile, 1) - 0.15
+        r = row[s.gpu]
+        y = r.y0 + s.slot.start
+        h = mem[r.model].get(s.slot.profile, 1) - 0.15
         color = {"instance": "#d9d9d9", "create": "#e15759", "destroy": "#e15759"}.get(
-            s.kind, COLORS.get(kind.get(s.slot.profile, "7g"), "#888888"))
+            s.kind, COLORS.get(kind[r.model].get(s.slot.profile, "7g"), "#888888"))
         w = max(t1 - t0, span / 1500) / unit if s.kind in ("create", "destroy") else (t1 - t0) / unit
-        bars.setdefault((s.kind, color), []).append(((t0 - lo) / unit, w, y, h))
+        data.bars.setdefault((s.kind, color), []).append(((t0 - lo) / unit, w, y, h))
         if highlight and s.job_id == highlight:
-            hl.append(((t0 - lo) / unit, w, y, h))
+            data.highlighted.append(((t0 - lo) / unit, w, y, h))
+    return data
+
+
+def plot_timeline(result, path: str, *, t_from: float | None = None, t_to: float | None = None,
+                  max_gpus: int = 48, highlight: str | None = None, title: str | None = None) -> str:
+    """Draw ``result`` (a SimResult recorded with SimConfig(record=True)) to ``path`` (PNG)."""
+    require_matplotlib()
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch, Rectangle
+
+    data = timeline_data(result, t_from=t_from, t_to=t_to, max_gpus=max_gpus, highlight=highlight)
+    lo, hi, unit, unit_name = data.lo, data.hi, data.unit, data.unit_name
+    span = hi - lo
+    shown = [r.gpu for r in data.rows]
+    mixed = bool(result.spec.groups)
+    height = max(3.0, 0.32 * len(shown) + 2.2)
+    fig, (ax, axq) = plt.subplots(2, 1, figsize=(14, height), sharex=True,
+                                  gridspec_kw={"height_ratios": [max(4.0, len(shown) * 0.32), 1.2]})
+    bars = data.bars
+    hl = data.highlighted
     order = {"instance": 0, "job": 1, "create": 2, "destroy": 2}
     for (k, color), items in sorted(bars.items(), key=lambda kv: order.get(kv[0][0], 3)):
         by_y: dict[tuple[float, float], list] = {}
@@ -89,12 +146,15 @@ def plot_timeline(result, path: str, *, t_from: float | None = None, t_to: float
             ax.axvline(xs, color="black", linestyle="--", linewidth=1)
             ax.text(xs, -0.4, f" {highlight} submitted", fontsize=8, va="top",
                     bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.8, "pad": 1})
-    ax.set_yticks([i * band + model.memory_slices / 2 for i in range(len(shown))])
-    ax.set_yticklabels(shown, fontsize=7 if len(shown) > 24 else 9)
-    ax.set_ylim(len(shown) * band, -0.5)  # first GPU on top
+    ax.set_yticks([r.y0 + r.slices / 2 for r in data.rows])
+    ax.set_yticklabels([f"{r.gpu} {r.model}" if mixed else r.gpu for r in data.rows],
+                       fontsize=7 if len(shown) > 24 else 9)
+    ax.set_ylim(data.height, -0.5)  # first GPU on top
     ax.set_xlim(0, span / unit)
-    hidden = len(gpus) - len(shown)
-    ax.set_title(title or f"{result.workload} - {result.policy}: {result.spec.gpus} x {result.spec.model}"
+    hidden = data.hidden
+    cluster = (" + ".join(f"{n} x {m}" for m, n in result.spec.gpus_by_model().items()) if mixed
+               else f"{result.spec.gpus} x {result.spec.model}")
+    ax.set_title(title or f"{result.workload} - {result.policy}: {cluster}"
                  + (f" ({hidden} more GPUs not drawn)" if hidden else ""), loc="left", fontsize=11)
     legend = [Patch(color=c, label=f"job on {k}") for k, c in COLORS.items()]
     legend += [Patch(color="#d9d9d9", label="idle instance"), Patch(color="#e15759", label="create/destroy")]
