@@ -126,8 +126,6 @@ class FragAwarePolicy(DispatchPolicy):
         self._restricted = [(i, e) for i, e in enumerate(map(never_on, look)) if e]
         # node -> positions of the look-ahead's jobs it can never take (None: no such job, every node's ())
         self._node_sig: dict[int, tuple[int, ...]] | None = {} if self._restricted else None
-        # Every GPU's multi-GPU share is the whole look-ahead's where no node is restricted
-        self._same_multi = self._node_sig is None
         self._wq: dict = {}  # (id(model table), _nsig) -> _wgroup's answer
         self._wg_gpu: dict[int, tuple] = {}  # GPU index -> _wgroup's answer
         self._loss_cache: dict = {}
@@ -195,11 +193,11 @@ class FragAwarePolicy(DispatchPolicy):
             key = (id(t), sig)
         got = self._wq.get(key)
         if got is None:
-            look = self._look
-            skip = set(sig)
-            jobs = [j for i, j in enumerate(look) if i not in skip] if skip else look
-            # no job left out here: the whole look-ahead's weights, the same floats
-            w, multi = (self._weights, self._multi) if len(jobs) == len(look) else self._blend(jobs)
+            if sig:
+                skip = set(sig)
+                w, multi = self._blend([j for i, j in enumerate(self._look) if i not in skip])
+            else:  # no job left out here: the whole look-ahead's weights, the same floats
+                w, multi = self._weights, self._multi
             wl = []
             for k, wk in w.items():
                 if wk > 0:
@@ -286,7 +284,8 @@ class FragAwarePolicy(DispatchPolicy):
         ext = self._ext(end, info.busy_end, now)
         t_cost = self.w_time * big * C * ext
         # Multi-GPU jobs need a whole node: align end times per node, and keep idle nodes idle.
-        multi = self._multi if self._same_multi else self._wgroup(info)[1]
+        # every GPU's multi-GPU share is the whole look-ahead's where no node is restricted
+        multi = self._multi if self._node_sig is None else self._wgroup(info)[1]
         n_cost = 0.0
         node_ext = self._ext(end, node_end, now)
         if multi > 0:
