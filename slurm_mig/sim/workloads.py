@@ -332,6 +332,18 @@ def _arrivals(rng: random.Random, jobs_compute_s: Sequence[float], gpus: int, lo
     return out
 
 
+def _draw_job(rng: random.Random, mix: Mapping[str, float], multi_gpu_share: float, counts: Sequence[int],
+              mu: float, sigma: float) -> tuple[str, int, float]:
+    """(kind, count, run time) of one job of a Poisson workload: a kind from ``mix``; ``multi_gpu_share`` of the
+    7g jobs ask for one of ``counts`` GPUs; a log-normal run time (``mu``, ``sigma``), at least 5 s. The draws
+    are made in this order, which the seeded workloads' numbers depend on."""
+    kind = _pick(rng, mix)
+    count = 1
+    if kind == "7g" and multi_gpu_share and rng.random() < multi_gpu_share:
+        count = rng.choice(counts)
+    return kind, count, max(5.0, rng.lognormvariate(mu, sigma))
+
+
 def poisson_workload(
     n_jobs: int = 2000,
     *,
@@ -356,14 +368,9 @@ def poisson_workload(
     rng = random.Random(seed)
     mu = math.log(mean_duration_s) - sigma * sigma / 2
     specs = []
-    for i in range(n_jobs):
-        kind = _pick(rng, mix)
-        count = 1
-        if kind == "7g" and multi_gpu_share and rng.random() < multi_gpu_share:
-            count = rng.choice([2, 4, 8])
-            count = min(count, gpus_per_node)
-        dur = max(5.0, rng.lognormvariate(mu, sigma))
-        specs.append((kind, count, dur))
+    for _ in range(n_jobs):
+        kind, count, dur = _draw_job(rng, mix, multi_gpu_share, (2, 4, 8), mu, sigma)
+        specs.append((kind, min(count, gpus_per_node), dur))
     arr = _arrivals(rng, [COMPUTE[k] * c * d for k, c, d in specs], gpus, load)
     jobs = [Job(f"p{i}", arr[i], k, c, d, None, speed) for i, (k, c, d) in enumerate(specs)]
     jobs = with_time_limits(jobs, seed + 1)
@@ -499,11 +506,7 @@ def mixed_site_workload(
     mu = math.log(mean_duration_s) - sigma * sigma / 2
     specs = []
     for _ in range(n_jobs):
-        kind = _pick(rng, mix)
-        count = 1
-        if kind == "7g" and multi_gpu_share and rng.random() < multi_gpu_share:
-            count = rng.choice([2, 4])
-        dur = max(5.0, rng.lognormvariate(mu, sigma))
+        kind, count, dur = _draw_job(rng, mix, multi_gpu_share, (2, 4), mu, sigma)
         part = ""
         if rng.random() < restricted:
             able = {p: parts[p][1] for p in parts if kind in kinds_of[p]}
@@ -614,17 +617,23 @@ def site_cluster(db: str | Path, command: str, harm: str, way_on: str = "") -> t
     nothing about the site, since the waits of a queue depend on the GPUs it runs on. ``command`` names the
     one that stops, ``harm`` what it would do on such a cluster ("judge the candidate"), ``way_on`` any other
     way on it offers (simulate's --model, --nodes, --gpus-per-node)."""
+    return _site_groups(db, command, harm, way_on)[0]
+
+
+def _site_groups(db: str | Path, command: str, harm: str, way_on: str) -> list[tuple[str, int, int]]:
+    """outcomes_db_groups of ``db``, the most common model first: site_cluster's and replay_site's one
+    reading of the DB, with site_cluster's refusal where there is none."""
     if not Path(db).is_file():
         raise ConfigError(f"state DB {db} does not exist")
-    site = outcomes_db_cluster(db)
-    if site is None:
+    groups = outcomes_db_groups(db)
+    if not groups:
         raise ConfigError(f"{db} records no MIG GPU the controller's policy places on ({gpus_held(db)}), so "
                           f"{command} has no cluster to replay its outcomes on; one that is not the site's would "
                           f"{harm} on GPUs the site does not have, and {command} stops instead. Run it on the "
                           "controller's state DB once the nodes have reported their MIG GPUs (`slurm-mig nodes`); "
                           "a newer node's GPU, blocked during a rolling upgrade, counts once the controller is "
                           "upgraded too" + (f"; {way_on}" if way_on else ""))
-    return site
+    return groups
 
 
 @dataclass(frozen=True)
@@ -662,9 +671,9 @@ def replay_site(db: str | Path, command: str, harm: str, way_on: str = "") -> Re
     with no recorded job, or none recorded: which nodes a partition holds cannot be told)."""
     from slurm_mig.sim.engine import ClusterSpec, NodeGroup
 
-    model, nodes, per_node = site_cluster(db, command, harm, way_on)
-    groups = outcomes_db_groups(db)
+    groups = _site_groups(db, command, harm, way_on)
     if len(groups) < 2:
+        model, nodes, per_node = groups[0]
         return ReplaySite(ClusterSpec(nodes, per_node, model))
     parts, why = _partitions_of_groups(db, [m for m, _n, _g in groups])
     if parts:
