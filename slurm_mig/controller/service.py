@@ -2287,16 +2287,14 @@ def _fmt(counts: dict) -> str:
 def _hms(t: float) -> str:
     """Local ``HH:MM:SS`` of epoch seconds ``t`` (the clock Slurm's and slurm-mig's logs print); ``?t`` for a
     time no clock can show (a slurmd start time from a node whose clock is far off must not fail the tick)."""
-    try:
-        return time.strftime("%H:%M:%S", time.localtime(t))
-    except (OverflowError, OSError, ValueError):
-        return f"?{t!r}"
+    return _when(t, "%H:%M:%S")
 
 
-def _when(t: float) -> str:
-    """Local ``YYYY-MM-DDTHH:MM:SS`` of epoch seconds ``t`` (as scontrol prints times); ``?t`` for none a clock shows."""
+def _when(t: float, fmt: str = "%Y-%m-%dT%H:%M:%S") -> str:
+    """Local time ``fmt`` of epoch seconds ``t`` (by default as scontrol prints times); ``?t`` for a time no clock
+    can show."""
     try:
-        return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(t))
+        return time.strftime(fmt, time.localtime(t))
     except (OverflowError, OSError, ValueError):
         return f"?{t!r}"
 
