@@ -4,9 +4,32 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
+import threading
 
 import pytest
+
+
+def _interrupt_on_signal(signum, frame):
+    # Later ones are ignored: they must not cut the fixtures' clean-up short (SIGKILL still ends it).
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
+    raise KeyboardInterrupt(f"pytest got {signal.Signals(signum).name}")
+
+
+def pytest_configure(config):
+    """SIGTERM or SIGHUP (a CI timeout, `kill`, a closed terminal) end the session as Ctrl-C does.
+
+    By default either signal ends Python without running a fixture's teardown, and the daemons the
+    fixtures start in their own sessions (slurmctld, slurmd, munged of tests/slurm; the controller and
+    agents of the demo cluster; the private munged of the MUNGE tests) outlive the run. As a
+    KeyboardInterrupt, pytest stops the session and still tears down every fixture set up."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(sig) is signal.SIG_DFL:  # not one a caller chose (nohup's SIG_IGN)
+            signal.signal(sig, _interrupt_on_signal)
 
 
 @pytest.fixture
