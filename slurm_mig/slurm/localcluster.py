@@ -533,7 +533,9 @@ class LocalCluster:
         Installs nothing: call :meth:`ensure_installed` first on a bare machine.
         A running cluster whose generated config differs (other node count,
         Gres, hooks) is restarted with the new config. With ``wait`` it returns
-        once every node is idle (see :meth:`wait_ready`).
+        once every node is idle (see :meth:`wait_ready`). When a start fails
+        (a daemon exits, the nodes are not ready in ``timeout``, an interrupt),
+        it stops what it started before raising.
         """
         if os.geteuid() != 0:
             raise SlurmMigError("the local Slurm cluster must be started as root (slurmd runs jobs as their users)")
@@ -556,12 +558,19 @@ class LocalCluster:
         self._write_config(ctld_port, node_ports)
         for sub in ("log", "pids", "run", "spool/ctld"):
             (self.state_dir / sub).mkdir(parents=True, exist_ok=True)
-        self._start_munge()
-        self._start_slurmctld(clear_state=True)
-        for node in self.node_names:
-            self._start_slurmd(node)
-        if wait:
-            self.wait_ready(timeout)
+        try:
+            self._start_munge()
+            self._start_slurmctld(clear_state=True)
+            for node in self.node_names:
+                self._start_slurmd(node)
+            if wait:
+                self.wait_ready(timeout)
+        except BaseException:
+            # Half a cluster (munged up and slurmctld failed, nodes never ready, Ctrl-C) must not outlive
+            # the error: `cluster up` and `with LocalCluster()` have no stop() of their own to run then.
+            # The logs stay for the error to point at.
+            self.stop()
+            raise
         return self
 
     def ensure_installed(self) -> bool:

@@ -267,14 +267,43 @@ def test_query_failure_returns_none_and_check_raises(tmp_path, slurm_installed):
 # -- the CLI and the capacity node ------------------------------------------------------
 
 
+def test_a_failed_start_stops_what_it_started(tmp_path_factory, monkeypatch, slurm_installed):
+    """munged up, then slurmctld fails: start() used to raise and leave munged running (a failed
+    `slurm-mig cluster up`, or `with LocalCluster()`, whose __exit__ does not run then)."""
+    from slurm_mig.errors import SlurmMigError
+    from slurm_mig.slurm.localcluster import _pid_alive
+
+    c = LocalCluster(tmp_path_factory.mktemp("half-cluster"), nodes=1)
+    started = {}
+    real_munge = c._start_munge
+
+    def start_munge():
+        real_munge()
+        started["munged"] = c._read_pid("munged")
+
+    def failing_slurmctld(clear_state):
+        raise SlurmMigError("injected: slurmctld did not start")
+
+    monkeypatch.setattr(c, "_start_munge", start_munge)
+    monkeypatch.setattr(c, "_start_slurmctld", failing_slurmctld)
+    try:
+        with pytest.raises(SlurmMigError, match="injected"):
+            c.start(timeout=10)
+        assert started["munged"] and not _pid_alive(started["munged"])
+        assert not any(c.running().values())
+        assert (c.state_dir / "log").is_dir()  # kept for the error to point at
+    finally:
+        c.stop(purge=True)
+
+
 def test_cli_up_capacity_node_status_down(tmp_path_factory, capsys, wait_for, slurm_installed):
     from slurm_mig.cli import main
 
     state = tmp_path_factory.mktemp("cli-cluster")
     common = ["--state-dir", str(state), "--json"]
-    assert main(["cluster", "up", "--nodes", "1", "--capacity-node", "cap", *common]) == 0
-    up = json.loads(capsys.readouterr().out)
     try:
+        assert main(["cluster", "up", "--nodes", "1", "--capacity-node", "cap", *common]) == 0
+        up = json.loads(capsys.readouterr().out)
         assert up["up"] and up["nodes"]["n1"] == "idle" and up["seconds"] < 30
         assert up["nodes"]["cap"].startswith("drain")
         c = LocalCluster(state, nodes=1, capacity_node="cap")
