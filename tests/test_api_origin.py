@@ -176,26 +176,75 @@ def test_off_and_hmac_do_not_look(controller):
 
 # -- real munged: one as this host, one with --origin as another host, the same key ------------------
 
-@pytest.fixture
-def two_munged(tmp_path):
+def _stop_munged(pids, timeout: float = 5.0) -> None:
+    """SIGTERM each daemonized munged and wait until it is gone (init reaps it, a second or so later)."""
+    for pid in pids:
+        try:
+            os.kill(pid, 15)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+        time.sleep(0.02)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _start_munged(tmp_path, daemons):
+    """Start one munged per (name, extra args), all with one key; return (sockets, pids). When one does
+    not start, the ones started before it are stopped before the test is skipped."""
     if not shutil.which("munged"):
         pytest.skip("munge is not installed (the slurm test cluster installs it)")
     key = tmp_path / "munge.key"
     key.write_bytes(os.urandom(1024))
     os.chmod(key, 0o600)
     socks, pids = [], []
-    for name, extra in (("here", []), ("other", ["--origin=192.0.2.77"])):
-        sock = str(tmp_path / f"{name}.socket")
-        proc = subprocess.run(["munged", "--force", f"--socket={sock}", f"--key-file={key}",
-                               f"--pid-file={tmp_path}/{name}.pid", f"--log-file={tmp_path}/{name}.log",
-                               f"--seed-file={tmp_path}/{name}.seed", *extra], capture_output=True)
-        if proc.returncode != 0:
-            pytest.skip(f"cannot start a private munged: {proc.stderr.decode()}")
-        socks.append(sock)
-        pids.append(int((tmp_path / f"{name}.pid").read_text()))
-    yield socks
-    for pid in pids:
-        os.kill(pid, 15)
+    try:
+        for name, extra in daemons:
+            sock = str(tmp_path / f"{name}.socket")
+            proc = subprocess.run(["munged", "--force", f"--socket={sock}", f"--key-file={key}",
+                                   f"--pid-file={tmp_path}/{name}.pid", f"--log-file={tmp_path}/{name}.log",
+                                   f"--seed-file={tmp_path}/{name}.seed", *extra], capture_output=True)
+            if proc.returncode != 0:
+                pytest.skip(f"cannot start a private munged: {proc.stderr.decode()}")
+            socks.append(sock)
+            pids.append(int((tmp_path / f"{name}.pid").read_text()))
+    except BaseException:
+        _stop_munged(pids)
+        raise
+    return socks, pids
+
+
+@pytest.fixture
+def two_munged(tmp_path):
+    socks, pids = _start_munged(tmp_path, (("here", []), ("other", ["--origin=192.0.2.77"])))
+    try:
+        yield socks
+    finally:
+        _stop_munged(pids)
+
+
+def test_a_munged_that_does_not_start_stops_the_one_before_it(tmp_path):
+    """The second munged failing skipped the test and left the first one running for good."""
+    if not shutil.which("munged"):
+        pytest.skip("munge is not installed (the slurm test cluster installs it)")
+    with pytest.raises(pytest.skip.Exception, match="cannot start a private munged"):
+        _start_munged(tmp_path, (("here", []), ("other", ["--no-such-option"])))
+    left = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                if str(tmp_path).encode() in fh.read() and _alive(int(entry)):
+                    left.append(int(entry))
+        except (OSError, ValueError):
+            continue
+    assert not left, f"munged {left} still running"
 
 
 def test_real_munge_origins_through_the_api(two_munged, tmp_path):
