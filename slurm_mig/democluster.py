@@ -25,7 +25,7 @@ from slurm_mig.errors import ConfigError
 from slurm_mig.mig.layout import parse_layout
 from slurm_mig.mig.profiles import get_model
 from slurm_mig.slurm import gres as gres_mod
-from slurm_mig.slurm.localcluster import REPO_ROOT, LocalCluster, _cmdline, _pid_alive
+from slurm_mig.slurm.localcluster import REPO_ROOT, LocalCluster, _cmdline, _pid_alive, signals_deferred
 
 # Written into a state dir the demo made its own; without it the demo never deletes a state DB there.
 MARKER = ".slurm-mig-demo"
@@ -264,14 +264,19 @@ class DemoCluster:
             proc.wait(timeout=10)
 
     def stop(self) -> None:
-        for name in list(self.procs):
-            self._kill(name)
-        if self._lock_fd is None:
-            return  # start() never claimed this state dir: what runs there (another demo's cluster) is not ours
-        try:
-            self.cluster.stop()
-        finally:
-            self._release_lock()
+        """Stop the controller, the agents and (if start() claimed the state dir) the Slurm cluster.
+        A Ctrl-C, SIGTERM or SIGHUP meanwhile waits until it is done (the clean-up is not cut short)."""
+        with signals_deferred():
+            try:
+                for name in list(self.procs):
+                    self._kill(name)
+            finally:
+                if self._lock_fd is not None:
+                    # Else start() never claimed this state dir: what runs there (another demo's cluster) is not ours.
+                    try:
+                        self.cluster.stop()
+                    finally:
+                        self._release_lock()
 
     def __enter__(self) -> "DemoCluster":
         return self.start()

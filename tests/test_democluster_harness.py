@@ -191,3 +191,59 @@ def test_sim_instances_lists_every_half_made_instance(short_dir):
     assert sorted((i["gpu"], i["profile"], i["start"]) for i in insts.values()) == [
         (0, "1g.10gb", 4), (0, "3g.40gb", 0), (1, "1g.10gb", 4), (1, "3g.40gb", 0)]
     assert sum(1 for u in insts if u.startswith("MIG-")) == 2
+
+
+def _fake_daemon(state_dir):
+    """A stand-in for munged or slurmd that LocalCluster finds by its pid file (its argv names the state dir)."""
+    import subprocess
+    import sys
+
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", str(state_dir)],
+                            start_new_session=True)
+
+
+def test_a_ctrl_c_during_a_cluster_stop_does_not_cut_it_short(short_dir, monkeypatch):
+    """A second Ctrl-C (or a CI timeout's SIGTERM) while stop() waited for the slurmds ended it there: munged
+    kept running and its pid file stayed, so it was found again only by luck. The interrupt now comes after."""
+    import signal
+
+    from slurm_mig.slurm.localcluster import LocalCluster, _pid_alive
+
+    c = LocalCluster(short_dir / "c", nodes=1)
+    (c.state_dir / "pids").mkdir(parents=True)
+    slurmd, munged = _fake_daemon(c.state_dir), _fake_daemon(c.state_dir)
+    try:
+        c._pidfile("slurmd-n1").write_text(str(slurmd.pid))
+        c._pidfile("munged").write_text(str(munged.pid))
+        assert c.running() == {"munged": munged.pid, "slurmctld": None, "slurmd-n1": slurmd.pid}
+        real_terminate = c._terminate
+
+        def interrupted_terminate(pids, timeout):
+            if slurmd.pid in pids:
+                signal.raise_signal(signal.SIGINT)  # Ctrl-C while the slurmds go down
+            real_terminate(pids, timeout)
+
+        monkeypatch.setattr(c, "_terminate", interrupted_terminate)
+        with pytest.raises(KeyboardInterrupt):
+            c.stop()
+        assert not _pid_alive(slurmd.pid) and not _pid_alive(munged.pid)
+        assert not any(c.running().values()) and not c._pidfile("munged").exists()
+    finally:
+        for p in (slurmd, munged):
+            p.kill()
+            p.wait()
+
+
+def test_a_ctrl_c_while_the_demo_stops_its_controller_still_stops_its_cluster(short_dir, monkeypatch):
+    import signal
+
+    dc = DemoCluster(short_dir / "demo")
+    dc.claim_state_dir()
+    dc._acquire_lock()
+    stopped = []
+    monkeypatch.setattr(dc.cluster, "stop", lambda **k: stopped.append(k))
+    dc.procs = {"controller": None}
+    monkeypatch.setattr(dc, "_kill", lambda name: signal.raise_signal(signal.SIGINT))
+    with pytest.raises(KeyboardInterrupt):
+        dc.stop()
+    assert stopped == [{}] and dc._lock_fd is None

@@ -21,6 +21,7 @@ with a front-end build that cannot run several nodes.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -29,6 +30,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -150,6 +152,32 @@ def _cmdline(pid: int) -> list[str]:
             return [a.decode(errors="replace") for a in fh.read().split(b"\0") if a]
     except OSError:
         return []
+
+
+@contextlib.contextmanager
+def signals_deferred():
+    """Hold SIGINT, SIGTERM and SIGHUP while the block runs; then deliver the first that came.
+
+    For clean-ups: a second Ctrl-C (or a CI timeout's SIGTERM) in the middle of a stop ended it
+    half-way, with munged or a slurmd still running and no pid file left to find them by. Python
+    handlers run in the main thread only, so elsewhere this does nothing; ignored signals stay
+    ignored."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    got: list[int] = []
+    old = {}
+    try:
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            handler = signal.getsignal(sig)
+            if handler is not None and handler is not signal.SIG_IGN:
+                old[sig] = signal.signal(sig, lambda signum, frame: got.append(signum))
+        yield
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+        if got:
+            signal.raise_signal(got[0])
 
 
 def installed() -> bool:
@@ -696,8 +724,13 @@ class LocalCluster:
 
         Jobs are cancelled first so their steps end cleanly. Pid files and the
         munge socket are removed; ``purge`` also deletes the whole state dir.
-        Safe to call when nothing runs.
+        Safe to call when nothing runs. SIGINT, SIGTERM and SIGHUP wait until
+        it is done (:func:`signals_deferred`).
         """
+        with signals_deferred():
+            self._stop(purge, timeout)
+
+    def _stop(self, purge: bool, timeout: float) -> None:
         pids = self.running()
         if pids.get("slurmctld"):
             run_slurm(["scancel", "--full", "--partition", self.partition, "--quiet"],
