@@ -1244,6 +1244,30 @@ def test_a_new_jobs_prolog_is_not_given_the_instance_of_a_running_job_with_its_i
     assert again["instances"] == answer["instances"] and rig.store.get_job("5").run == 2
 
 
+def test_a_new_job_of_the_same_size_is_bound_as_its_users_own_before_any_tick(rig):
+    """Job 5 (alice's 3g) ran on n1 when slurmctld lost its state; id 5 went to bob's 3g, whose Prolog came before
+    any tick saw it. The Prolog told it for another job (submitted after alice's run started) and made it run 2,
+    but Slurm's request was the stored one (3g x 1), so _job_request returned early and the run kept alice's
+    user (and job name) until the next tick: an Epilog before that recorded bob's run as alice's. Slurm's user
+    is stored for the run the Prolog binds whenever it differs from the stored one."""
+    t = [float(int(time.time()))]
+    rig.clock = lambda: t[0]
+    rig.store.upsert_job("5", profile="3g", user="alice", name="old", submit_time=t[0] - 7300, now=t[0] - 7300)
+    rig.store.set_job_state("5", "RUNNING", now=t[0] - 7200, node="n1")
+    rig.store.bind("5", "n1", [{"gpu": 0, "profile": "3g.40gb", "start": 0}], now=t[0] - 7200)
+    submitted = int(t[0]) - 30
+    local = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(submitted))  # as Slurm prints it
+    rig.fake.job_detail = lambda job_id: JobDetail(job_id=5, user="bob", state="RUNNING", nodes=["n1"],
+                                                   mig={"3g": 1}, fields={"SubmitTime": local, "Restarts": "0"})
+    answer = rig.on_prolog({"job_id": "5", "node": "n1", "observed": OBSERVED, "bindings": {}}, N1)
+    assert answer["action"] == "bind", answer
+    job = rig.store.get_job("5")
+    assert (job.run, job.user, job.name, job.profile) == (2, "bob", "", "3g")
+    t[0] += 100
+    assert rig.on_epilog(_epilog_5(answer["instances"], t[0]), N1)["recorded"]
+    assert [(o.run, o.user) for o in rig.store.outcomes()] == [(2, "bob")]
+
+
 @pytest.fixture
 def berlin_time(monkeypatch):
     """The process's local time is Europe/Berlin's (restored after the test)."""

@@ -1487,7 +1487,10 @@ class Controller:
         Slurm's record wins over the store's: a pending job's request may be changed (``scontrol update
         JobId=N Gres=...``) after the tick that stored it, and Slurm, which may start it before the next tick,
         allocates the new one; bound from the store, a job lowered from mig:1g:7 to mig:1g:1 got seven slices
-        where Slurm counts one."""
+        where Slurm counts one. Slurm's user too: where it differs from the stored run's, the row is Slurm's job's
+        (another job with the id, which on_prolog has just made the next run): kept from the store because it
+        asked for the same size, that run went on as the old run's user (and job name) until the next tick, and an
+        Epilog before it recorded it so."""
         job = self.store.get_job(job_id)
         live = _live_request(job)
         if live and detail is None:
@@ -1495,6 +1498,11 @@ class Controller:
         req = self._request_of(detail)
         if live:
             if req == (job.profile, job.count):
+                if _known_user(detail.user) and detail.user != job.user:
+                    # The same request, another user: the row is Slurm's job's (its name unknown: squeue -j does not
+                    # print it, and the stored one is the other job's).
+                    self.store.upsert_job(job_id, profile=req[0], count=req[1], user=detail.user,
+                                          name=detail.name, partition=detail.partition, now=self.clock())
                 return req
             was = f"{job.count} x {job.profile}"
             now = self.clock()
@@ -2242,6 +2250,12 @@ def _another_job(job, submit_time: float | None, margin: float) -> bool:
         return False
     since = job.start_time if job.start_time is not None else job.submit_time
     return since is not None and float(submit_time) > since + margin
+
+
+def _known_user(user: str | None) -> bool:
+    """Does a job record's ``user`` name someone? Not when empty, nor Slurm's words for a user it could not look up
+    ("nobody": uid_to_string's answer; "(null)")."""
+    return bool(user) and user.strip() not in ("", "nobody", "(null)", "N/A")
 
 
 def _requeued(detail) -> bool:
