@@ -1268,6 +1268,84 @@ def test_a_new_job_of_the_same_size_is_bound_as_its_users_own_before_any_tick(ri
     assert [(o.run, o.user) for o in rig.store.outcomes()] == [(2, "bob")]
 
 
+@pytest.mark.parametrize("restarts", [0, 1])
+@pytest.mark.parametrize("slurm_says", ["PENDING", "RUNNING"])
+def test_another_users_job_with_the_id_is_another_job_even_submitted_within_the_clock_margin(rig, slurm_says,
+                                                                                              restarts):
+    """Job 5 (alice's 1g) started on n1 and slurmctld lost its state 20 s later; id 5 went to bob's 3g at once.
+    Submitted within the 60 s clock margin of alice's start, it was taken for her run (requeued, or its Prolog a
+    retry): bob's job kept alice's run, submission and instance. A requeue never changes a job's user: another
+    user's job is another job whatever its times and restart count say (Slurm may have requeued bob's job before
+    the controller saw it). The same user within the margin stays ambiguous, and is taken for the run."""
+    t = [float(int(time.time()))]
+    rig.clock = lambda: t[0]
+    started = t[0] - 7200
+    rig.store.upsert_job("5", profile="1g", user="alice", name="old", submit_time=started - 100, now=started - 100)
+    rig.store.set_job_state("5", "RUNNING", now=started, node="n1")
+    rig.store.bind("5", "n1", [{"gpu": 0, "profile": "1g.10gb", "start": 6}], now=started)
+    submitted = int(started) + 20
+    rig.fake.queue = [_bob_5(slurm_says, submitted, restart_cnt=restarts,
+                             nodes=["n1"] if slurm_says == "RUNNING" else [],
+                             start_time=int(t[0]) - 10 if slurm_says == "RUNNING" else None)]
+    rig.tick()
+    job = rig.store.get_job("5")
+    assert (job.state, job.run, job.user, job.profile, job.submit_time) == (slurm_says, 2, "bob", "3g", submitted)
+    assert rig.store.bound_instances("5") == ()  # alice's instance is not bob's
+    (event,) = [e for e in rig.store.recent_events(20, job_id="5") if e.kind == "reused"]
+    assert "bob's job" in event.message and "run 1 (alice's, running" in event.message, event.message
+    # The next tick, the same record: the same run.
+    rig.tick()
+    assert rig.store.get_job("5").run == 2
+
+
+def test_the_same_users_job_within_the_clock_margin_is_still_taken_for_the_run(rig):
+    """The limit the user rule leaves: alice's own job, submitted within the margin of her run's start, with no
+    restart: nothing Slurm prints tells it from her run, which it is taken for."""
+    t = [float(int(time.time()))]
+    rig.clock = lambda: t[0]
+    started = t[0] - 7200
+    rig.store.upsert_job("5", profile="3g", user="alice", submit_time=started - 100, now=started - 100)
+    rig.store.set_job_state("5", "RUNNING", now=started, node="n1")
+    rig.store.bind("5", "n1", [{"gpu": 0, "profile": "3g.40gb", "start": 0}], now=started)
+    rig.fake.queue = [replace(_bob_5("RUNNING", int(started) + 20, nodes=["n1"], start_time=int(started)),
+                              user="alice")]
+    rig.tick()
+    job = rig.store.get_job("5")
+    assert (job.run, job.state) == (1, "RUNNING") and len(rig.store.bound_instances("5")) == 1
+
+
+@pytest.mark.parametrize("stored", ["RUNNING", "PENDING"])
+def test_another_users_prolog_within_the_clock_margin_is_bound_as_another_job(rig, stored):
+    """As above, but bob's job 5 (a 3g, like alice's) reached its Prolog on n1 before any tick saw it. Submitted
+    within the margin of alice's start (or, her job waiting, of her submission), his Prolog was taken for a
+    retry of hers and handed her instance (or bound as her waiting run, with her submission): and with its
+    user then Slurm's, the next tick found bob's job under a running run of another user. Another user's job
+    is another job: a run of its own, bound as its own, and the next tick leaves it so."""
+    t = [float(int(time.time()))]
+    rig.clock = lambda: t[0]
+    since = t[0] - 7200
+    rig.store.upsert_job("5", profile="3g", user="alice", name="old", submit_time=since, now=since)
+    if stored == "RUNNING":
+        rig.store.set_job_state("5", "RUNNING", now=since, node="n1")
+        rig.store.bind("5", "n1", [{"gpu": 0, "profile": "3g.40gb", "start": 0}], now=since)
+    submitted = int(since) + 20
+    local = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(submitted))  # as Slurm prints it
+    rig.fake.job_detail = lambda job_id: JobDetail(job_id=5, user="bob", state="RUNNING", nodes=["n1"],
+                                                   mig={"3g": 1}, fields={"SubmitTime": local, "Restarts": "0"})
+    answer = rig.on_prolog({"job_id": "5", "node": "n1", "observed": OBSERVED, "bindings": {}}, N1)
+    assert answer["action"] == "bind", answer
+    assert any(e.kind == "reused" for e in rig.store.recent_events(20, job_id="5"))
+    job = rig.store.get_job("5")
+    assert (job.run, job.user, job.submit_time, job.start_time) == (2, "bob", submitted, t[0])
+    t[0] += 5
+    rig.fake.queue = [_bob_5("RUNNING", submitted, nodes=["n1"], start_time=int(t[0]) - 5)]
+    rig.tick()
+    job = rig.store.get_job("5")
+    assert (job.run, job.state, job.user) == (2, "RUNNING", "bob")
+    assert [(b.profile, b.start) for b in rig.store.bound_instances("5")] == [(answer["instances"][0]["profile"],
+                                                                              answer["instances"][0]["start"])]
+
+
 @pytest.fixture
 def berlin_time(monkeypatch):
     """The process's local time is Europe/Berlin's (restored after the test)."""
@@ -1302,19 +1380,21 @@ def test_a_prolog_in_the_hour_a_clock_goes_back_is_not_taken_for_another_job(rig
     assert not any(e.kind == "reused" for e in rig.store.recent_events(20, job_id="5"))
 
 
-def test_a_lost_epilog_is_not_settled_with_the_end_of_another_job_with_the_id(rig):
+@pytest.mark.parametrize("within_margin", [False, True])
+def test_a_lost_epilog_is_not_settled_with_the_end_of_another_job_with_the_id(rig, within_margin):
     """Job 5 (alice's 1g) ran on n1 when the node crashed and slurmctld lost its state: no Epilog. Id 5 went
     to bob's 3g, submitted later; its Prolog bound it on n1 alone while the controller was unreachable,
     and it failed (exit 1) before any tick saw it live. Slurm lists id 5 ended, and once the grace was
     over the tick recorded bob's end as run 1's outcome: alice's run FAILED with his exit status and end
     time. Slurm's record is another job's (submitted after run 1 started, never requeued): run 1 is
-    settled as one Slurm has forgotten, with no exit status of its own."""
+    settled as one Slurm has forgotten, with no exit status of its own. So it is when bob's job was submitted
+    within the clock margin of run 1's start (``within_margin``): it is another user's."""
     t = [float(int(time.time()))]
     rig.clock = lambda: t[0]
     rig.store.upsert_job("5", profile="1g", user="alice", name="old", submit_time=t[0] - 7300, now=t[0] - 7300)
     rig.store.set_job_state("5", "RUNNING", now=t[0] - 7200, node="n1")
     rig.store.bind("5", "n1", [{"gpu": 0, "profile": "1g.10gb", "start": 6}], now=t[0] - 7200)
-    submitted, ended = int(t[0]) - 300, int(t[0]) - 20
+    submitted, ended = int(t[0]) - (7180 if within_margin else 300), int(t[0]) - 20
     rig.fake.queue = [_bob_5("FAILED", submitted, nodes=["n1"], start_time=submitted + 1)]
     rig.fake.job_detail = lambda job_id: JobDetail(
         job_id=5, user="bob", state="FAILED", nodes=["n1"], mig={"3g": 1},
@@ -1841,3 +1921,13 @@ def test_a_lost_gpu_keeps_no_desired_layout_and_the_tools_say_it_is_lost(rig, ba
     assert main(["nodes", "--db", str(rig.store_path), "--width", "200"]) == 0
     out = capsys.readouterr().out
     assert "lost: fell off the bus" in out and "GPU_IS_LOST" in out and "MIG off" not in out, out
+
+
+@pytest.mark.parametrize("stored, listed, other", [
+    ("alice", "bob", True), ("1001", "1002", True), ("alice", "alice", False),
+    ("alice", "1002", False),  # squeue --json gives the uid where it cannot look the name up: says nothing
+    ("", "bob", False), ("alice", "nobody", False), ("alice", "(null)", False)])
+def test_users_are_compared_only_where_both_records_name_one_the_same_way(stored, listed, other):
+    from slurm_mig.controller.service import _other_user
+
+    assert _other_user(stored, listed) is other

@@ -961,6 +961,16 @@ def test_job_ids_lists_the_jobs_of_the_states_asked_in_the_order_of_jobs(db):
         db.job_ids(["WAITING"])
 
 
+def test_job_users_maps_the_jobs_of_the_states_asked_to_their_users(db):
+    for j, user in (("a", "alice"), ("b", "bob"), ("r", "")):
+        db.upsert_job(j, profile="1g", user=user)
+    db.set_job_state("r", "RUNNING")
+    assert db.job_users(["PENDING"]) == {"a": "alice", "b": "bob"}
+    assert db.job_users(["PENDING", "RUNNING"]) == {"a": "alice", "b": "bob", "r": ""}
+    with pytest.raises(ValueError):
+        db.job_users(["WAITING"])
+
+
 # -- the size of the decision history ([controller].keep_decisions_mb) ---------------
 
 def _stored_sizes(store) -> dict[int, int]:

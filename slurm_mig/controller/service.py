@@ -43,6 +43,7 @@ log = logging.getLogger("slurm_mig.controller")
 
 TERMINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
             "BOOT_FAIL", "DEADLINE")
+LIVE_STATES = ("PENDING", "RUNNING", "SUSPENDED", "COMPLETING", "REQUEUED")  # the store's job states not TERMINAL
 JOB_ID = re.compile(r"[0-9]{1,12}(_[0-9]{1,9})?")  # use with fullmatch: "$" would let "12\n" through
 # A planned reconfiguration that no node carried out within this time is abandoned, so the GPU is not
 # locked forever by a node that went away.
@@ -416,14 +417,17 @@ class Controller:
             if at < queried_at - TAKEN_TASK_MEMORY_S:
                 self._taken_tasks.pop(task, None)
         taken = {t for t, at in list(self._taken_tasks.items()) if at >= queried_at}
+        # The stored runs' users before Slurm's records are written over them (_another_job's user rule).
+        users = self.store.job_users(LIVE_STATES)
+        margin = self._clock_margin()
         for entry in [e for e in entries if e.job_id not in taken]:
             j, job_id = entry.job, entry.job_id
             seen.add(job_id)
             if j.state in TERMINAL:
                 ended.add(job_id)
-                run = self.store.get_job(job_id) if not j.restart_cnt else None
+                run = self.store.get_job(job_id)
                 if run is not None and run.state in ("RUNNING", "SUSPENDED", "COMPLETING") \
-                        and _another_job(run, j.submit_time, self._clock_margin()):
+                        and _another_job(run, j.submit_time, margin, user=j.user, requeued=bool(j.restart_cnt)):
                     # Another job with the id (_another_job) that ended before a tick saw it live: its request,
                     # user and end are not those of the stored run, whose lost Epilog _lost_epilogs settles.
                     continue
@@ -447,11 +451,13 @@ class Controller:
                 self._revive(job_id, now, submit_time=j.submit_time)
                 self._ended_since.pop(job_id, None)
                 current = self.store.get_job(job_id)
-            elif current is not None and j.state in ("PENDING", "RUNNING", "SUSPENDED") and not j.restart_cnt \
-                    and _another_job(current, j.submit_time, self._clock_margin()):
-                # Submitted after this run started (or, waiting, after its submission) and never requeued:
-                # another job with the id (slurmctld lost its state, MaxJobId wrapped), not this run requeued.
-                self._another_job_with_id(current, j.submit_time, now)
+            elif current is not None and j.state in ("PENDING", "RUNNING", "SUSPENDED") \
+                    and _another_job(current, j.submit_time, margin, user=j.user, requeued=bool(j.restart_cnt),
+                                     job_user=users.get(job_id, "")):
+                # Another user's, or submitted after this run started (or, waiting, after its submission) and
+                # never requeued: another job with the id (slurmctld lost its state, MaxJobId wrapped), not this
+                # run requeued.
+                self._another_job_with_id(current, j.submit_time, now, users=(users.get(job_id, ""), j.user))
                 current = self.store.get_job(job_id)
             if j.state == "PENDING":
                 order.append(job_id)
@@ -566,19 +572,26 @@ class Controller:
         log.warning("job %s is live in Slurm again after it ended here (id reused or requeued): tracked as a new run",
                     job_id)
 
-    def _another_job_with_id(self, job, submit_time: float, now: float) -> None:
+    def _another_job_with_id(self, job, submit_time: float | None, now: float,
+                             users: tuple[str, str] | None = None) -> None:
         """Slurm's job ``job.job_id``, submitted at ``submit_time``, is another job than the store's live run ``job``
         (:func:`_another_job`): that run is over, its Epilog lost (a node crash as slurmctld lost its state) or
         still to come. Its bindings are released (they are not the new job's) and the new job is tracked as the
-        next run, waiting from its own submission. The ended run's outcome is left to its Epilog, which, late,
-        goes under that run (_earlier_runs_epilog): Slurm's record of it is gone, the id now names the new job."""
+        next run, waiting from its own submission (the stored one where Slurm's is unknown). The ended run's
+        outcome is left to its Epilog, which, late, goes under that run (_earlier_runs_epilog): Slurm's record of
+        it is gone, the id now names the new job. ``users``: (the stored run's, Slurm's job's), said when they
+        differ."""
         job_id, was = job.job_id, f"run {job.run} ({job.state.lower()}"
+        if users and _other_user(*users):
+            was = f"run {job.run} ({users[0]}'s, {job.state.lower()}"
         was += f", started {_when(job.start_time)})" if job.start_time is not None else ")"
+        whose = f"{users[1]}'s job" if users and _other_user(*users) else "a job"
+        when = f"submitted at {_when(submit_time)}" if submit_time is not None else "submitted at a time not known"
         self.store.release(job_id, now=now)
         self.store.restart_job(job_id, now=now, submit_time=submit_time,
                                reason="another job with this id (Slurm's state lost, or its ids wrapped)")
         self._ended_since.pop(job_id, None)
-        msg = (f"job {job_id}: Slurm lists a job with this id submitted at {_when(submit_time)}, after {was} here: "
+        msg = (f"job {job_id}: Slurm lists {whose} with this id {when}, after {was} here: "
                f"another job (slurmctld lost its state, or its ids wrapped); tracked as run {job.run + 1}, the "
                f"old run's instances released, its outcome left to its Epilog")
         self.store.add_event("reused", msg, node=job.node, job_id=job_id, now=now)
@@ -611,11 +624,12 @@ class Controller:
                 # Made before this run started: a note on an earlier run of the id (reused, or requeued after
                 # it ended), whose end and exit status are not this run's. This run waits its own grace.
                 first, record = now, None
-            if record is None and sj is not None and not sj.restart_cnt \
-                    and _another_job(job, sj.submit_time, self._clock_margin()):
-                # Slurm's record is another job's with the id (submitted after this run started, never
-                # requeued: slurmctld lost its state, or its ids wrapped), ended before a tick saw it live:
-                # its end is not this run's, which Slurm has forgotten as below.
+            if record is None and sj is not None \
+                    and _another_job(job, sj.submit_time, self._clock_margin(), user=sj.user,
+                                     requeued=bool(sj.restart_cnt)):
+                # Slurm's record is another job's with the id (another user's, or submitted after this run
+                # started and never requeued: slurmctld lost its state, or its ids wrapped), ended before a tick
+                # saw it live: its end is not this run's, which Slurm has forgotten as below.
                 sj = None
             if record is None and sj is not None:
                 detail = self.slurm.job_detail(job.job_id)
@@ -1585,18 +1599,21 @@ class Controller:
                 self._revive(job_id, now, submit_time=local_epoch(fields.get("SubmitTime", "")))
                 self.store.upsert_job(job_id, profile=again[0], count=again[1], user=detail.user,
                                       name=detail.name, partition=detail.partition, now=now)
-            elif ended is not None and ended.state in ("RUNNING", "SUSPENDED", "COMPLETING") and detail is not None \
-                    and detail.state not in TERMINAL and not _requeued(detail) \
+            elif ended is not None and ended.state not in TERMINAL and detail is not None \
+                    and detail.state not in TERMINAL \
                     and _another_job(ended, submitted := local_epoch(
                         (getattr(detail, "fields", None) or {}).get("SubmitTime", ""), earliest=True),
-                        self._clock_margin()):
-                # Slurm's job was submitted after the stored run started: not a retried Prolog of that run (whose
-                # instances it was handed, whatever it asked for) but another job with the id, started before a
-                # tick saw it. A requeue gives the job a new submit time too, but Slurm counts it (Restarts):
-                # a requeued job is that run's next attempt, as in the tick.
+                        self._clock_margin(), user=detail.user, requeued=_requeued(detail)):
+                # Slurm's job is another user's, or was submitted after the stored run started (waiting: after its
+                # submission): not a retried Prolog of that run (whose instances it was handed, whatever it asked
+                # for) but another job with the id, started before a tick saw it. A requeue gives the job a new
+                # submit time too, but Slurm counts it (Restarts): a requeued job is that run's next attempt, as
+                # in the tick. A waiting run is checked too (until 2026-11-27 only a running one was): bound as
+                # that run, the other job kept its submission, and with the user rule the next tick took the
+                # running job for another job with the id again, releasing its instances.
                 # squeue prints local time without a zone: in the hour the clock goes back, the earlier instant
                 # (the later one took a job submitted just before its start for another job, an hour on).
-                self._another_job_with_id(ended, submitted, now)
+                self._another_job_with_id(ended, submitted, now, users=(ended.user, detail.user))
             req = self._job_request(job_id, detail)
             if req is None:
                 return {"action": "skip"}
@@ -2238,18 +2255,38 @@ def _same_run(job, listed, outcome=None) -> bool:
     return any(abs(float(listed.end_time) - e) < 300.0 for e in ends)
 
 
-def _another_job(job, submit_time: float | None, margin: float) -> bool:
-    """Is a job Slurm lists under ``job``'s id, submitted at ``submit_time``, another job than the store's live
-    (not ended) run ``job``? A job is submitted before it starts, and Slurm keeps a job's submit time until it
-    requeues it: one submitted after this run started (a waiting run: after it was submitted), by more than the
-    clocks may differ, is another job with the id (slurmctld lost its state and counts from FirstJobId again,
-    or its ids wrapped at MaxJobId), unless Slurm requeued it (callers check what they can of that: squeue's
-    restart count). The store knew only the id: it took such a job for the run it had, handing it that run's
-    instances in its Prolog, and counting its wait from the other job's submission."""
-    if job is None or job.state in TERMINAL or submit_time is None:
+def _another_job(job, submit_time: float | None, margin: float, *, user: str = "", requeued: bool = False,
+                 job_user: str | None = None) -> bool:
+    """Is a job Slurm lists under ``job``'s id, ``user``'s and submitted at ``submit_time``, another job than the
+    store's live (not ended) run ``job``? ``requeued``: Slurm says it requeued that job (squeue's restart count).
+    ``job_user``: the stored run's user where ``job.user`` is no longer it (the tick has written Slurm's over it).
+
+    A requeue never changes a job's user: one of another user (both known, :func:`_other_user`) is another job,
+    whatever its times and restart count say. Otherwise: a job is submitted before it starts, and Slurm keeps
+    a job's submit time until it requeues it: one submitted after this run started (a waiting run: after it
+    was submitted), by more than the clocks may differ, is another job with the id (slurmctld lost its state
+    and counts from FirstJobId again, or its ids wrapped at MaxJobId), unless Slurm requeued it. The store
+    knew only the id: it took such a job for the run it had, handing it that run's instances in its Prolog,
+    and counting its wait from the other job's submission. Left ambiguous, and taken for the stored run: a job
+    of the same user (or a user either record cannot name) submitted within ``margin`` of that run's start
+    (waiting: of its submission); nothing Slurm prints tells the two apart."""
+    if job is None or job.state in TERMINAL:
+        return False
+    if _other_user(job.user if job_user is None else job_user, user):
+        return True
+    if requeued or submit_time is None:
         return False
     since = job.start_time if job.start_time is not None else job.submit_time
     return since is not None and float(submit_time) > since + margin
+
+
+def _other_user(stored: str | None, listed: str | None) -> bool:
+    """Do two records of a job id name different users? Only when both name one (:func:`_known_user`) the same
+    way: squeue --json gives the uid where it cannot look the name up, and a uid against a name says nothing."""
+    if not (_known_user(stored) and _known_user(listed)):
+        return False
+    a, b = stored.strip(), listed.strip()
+    return a.isdigit() == b.isdigit() and a != b
 
 
 def _known_user(user: str | None) -> bool:

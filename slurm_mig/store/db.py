@@ -894,6 +894,14 @@ class Store:
                 f"SELECT job_id FROM jobs WHERE state IN ({', '.join('?' for _ in states)}) "
                 "ORDER BY priority_order IS NULL, priority_order, submit_time, job_id", states).fetchall()]
 
+    def job_users(self, states: Iterable[str]) -> dict[str, str]:
+        """``{job_id: user}`` of the jobs in ``states``: what a tick needs of the stored runs before it writes
+        Slurm's records over them (one query, not a row read per job)."""
+        states = [_check_state(s, JOB_STATES, "job state") for s in states]
+        with self.snapshot():
+            return {r[0]: r[1] for r in self._x(
+                f"SELECT job_id, user FROM jobs WHERE state IN ({', '.join('?' for _ in states)})", states).fetchall()}
+
     def pending_jobs(self, *, include_bound: bool = False, include_blocked: bool = False) -> list[Job]:
         """PENDING jobs in Slurm priority order (priority_order, then submit time).
 
