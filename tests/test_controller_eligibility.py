@@ -4,6 +4,7 @@ sinfo and scontrol output captured on the demo cluster (tests/test_slurm_parsers
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import replace
 
 import pytest
@@ -139,3 +140,36 @@ def test_a_node_without_the_cpus_a_job_asks_for_is_not_its():
     # CPUs unknown (an older sinfo): nothing to go by
     bare = [SlurmNode(name=n.name, state="idle", partitions=n.partitions) for n in nodes]
     assert eligible_nodes(jobs[4], bare, [], NOW) is None
+
+
+BERLIN_0230_CEST = 1792888200  # 2026-10-25 02:30:00 CEST; the clock shows 02:30:00 again an hour later (CET)
+
+
+@pytest.mark.parametrize("case", ["starts", "ends"])
+def test_a_reservation_in_the_hour_the_clock_goes_back_is_never_shorter_than_it_may_be(monkeypatch, case):
+    """scontrol prints a reservation's times in local time without a zone, and mktime read 02:30:00 on the night
+    the clock goes back as either instant (glibc follows its previous call). maint1 starting at 02:30 was read
+    an hour late, so a job whose 45 minutes from 02:00 CEST run into it was placed on its node; r1, active at
+    the second 02:00 and ending at 02:30, was read as ended half an hour before, and its node given to jobs.
+    Slurm keeps such jobs off those nodes. A reservation's start is read as the earlier instant, its end as
+    the later."""
+    monkeypatch.setenv("TZ", "Europe/Berlin")
+    time.tzset()
+    try:
+        if case == "starts":
+            text = ("ReservationName=maint1 StartTime=2026-10-25T02:30:00 EndTime=2026-10-25T05:00:00 "
+                    "Nodes=n1 Flags=MAINT State=INACTIVE")
+            now, prime = BERLIN_0230_CEST - 1800, "2026-12-01T12:00:00"  # 02:00 CEST; glibc's next guess: CET
+        else:
+            text = ("ReservationName=r1 StartTime=2026-10-25T01:00:00 EndTime=2026-10-25T02:30:00 "
+                    "Nodes=n1 Flags=MAINT State=ACTIVE")
+            now, prime = BERLIN_0230_CEST + 1800, "2026-07-01T12:00:00"  # 02:00 CET; glibc's next guess: CEST
+        time.mktime(time.strptime(prime, "%Y-%m-%dT%H:%M:%S"))
+        (r,) = parsers.parse_reservations(text)
+        assert (r.start, r.end) == ((BERLIN_0230_CEST, 1792900800) if case == "starts"
+                                    else (1792882800, BERLIN_0230_CEST + 3600))
+        job = SlurmJob(job_id=9, state="PENDING", partition="debug", time_limit_min=45)
+        assert "n1" not in eligible_nodes(job, NODES, [r], now)
+    finally:
+        monkeypatch.undo()
+        time.tzset()

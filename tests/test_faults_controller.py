@@ -1380,6 +1380,67 @@ def test_a_prolog_in_the_hour_a_clock_goes_back_is_not_taken_for_another_job(rig
     assert not any(e.kind == "reused" for e in rig.store.recent_events(20, job_id="5"))
 
 
+BERLIN_0230_CEST = 1792888200  # 2026-10-25 02:30:00 CEST (00:30 UTC); 02:30:00 CET is an hour later
+
+
+def _guess_summer_time():
+    """glibc's mktime guesses an ambiguous time's offset from its previous call: make its next guess CEST."""
+    time.mktime(time.strptime("2026-07-01T12:00:00", "%Y-%m-%dT%H:%M:%S"))
+
+
+@pytest.mark.parametrize("stored", ["ended", "running"])
+def test_a_prolog_in_the_second_hour_records_the_submission_that_has_just_been(rig, berlin_time, stored):
+    """Bob's job 5 was submitted at 02:30:00 CET on 2026-10-25, the second 02:30 of that night, and its Prolog
+    came 40 s later, before any tick saw it: a run of its own (id 5 ended here, or names alice's run, started
+    at midnight). squeue prints 02:30:00 without a zone: mktime read it as its guess (here CEST) and the run
+    another job was made read it as the earlier instant, an hour before: bob's wait an hour too long in his
+    outcome. A job no tick has seen was submitted moments ago: the later instant not after now."""
+    submitted = BERLIN_0230_CEST + 3600
+    assert time.strftime("%H:%M %Z", time.localtime(submitted)) == "02:30 CET"
+    t = [float(submitted + 40)]
+    rig.clock = lambda: t[0]
+    rig.store.upsert_job("5", profile="1g", user="alice", submit_time=BERLIN_0230_CEST - 9100,
+                         now=BERLIN_0230_CEST - 9100)
+    rig.store.set_job_state("5", "RUNNING", now=BERLIN_0230_CEST - 9000, node="n1")
+    if stored == "ended":
+        rig.store.record_outcome("5", state="COMPLETED", exit_code=0, end_time=BERLIN_0230_CEST - 60,
+                                 now=BERLIN_0230_CEST - 60)
+        rig.store.set_job_state("5", "COMPLETED", now=BERLIN_0230_CEST - 60, exit_code=0)
+    rig.fake.job_detail = lambda job_id: JobDetail(job_id=5, user="bob", state="RUNNING", nodes=["n1"],
+                                                   mig={"3g": 1}, fields={"SubmitTime": "2026-10-25T02:30:00",
+                                                                          "Restarts": "0"})
+    _guess_summer_time()
+    answer = rig.on_prolog({"job_id": "5", "node": "n1", "observed": OBSERVED, "bindings": {}}, N1)
+    assert answer["action"] == "bind", answer
+    job = rig.store.get_job("5")
+    assert (job.run, job.user, job.submit_time, job.start_time) == (2, "bob", submitted, t[0])
+
+
+def test_an_end_slurm_records_in_the_second_hour_is_not_read_an_hour_early(rig, berlin_time):
+    """Job 5 ran on n1 from 01:30 CEST; its Epilog was lost and Slurm says it ended at 02:30:00 CET, the second
+    02:30 of 2026-10-25, seconds before the tick saw it. scontrol's EndTime has no zone and mktime read it as
+    its guess (here CEST, an hour early): the outcome settled from Slurm's record ended the run an hour before
+    it did. Read moments after the end: the later instant not after now."""
+    ended = BERLIN_0230_CEST + 3600
+    t = [float(ended + 5)]
+    rig.clock = lambda: t[0]
+    rig.store.upsert_job("5", profile="3g", user="bob", submit_time=BERLIN_0230_CEST - 3700,
+                         now=BERLIN_0230_CEST - 3700)
+    rig.store.set_job_state("5", "RUNNING", now=BERLIN_0230_CEST - 3600, node="n1")
+    rig.store.bind("5", "n1", [{"gpu": 0, "profile": "3g.40gb", "start": 0}], now=BERLIN_0230_CEST - 3600)
+    rig.fake.queue = [_bob_5("COMPLETED", int(BERLIN_0230_CEST - 3700), nodes=["n1"],
+                             start_time=int(BERLIN_0230_CEST - 3600))]
+    rig.fake.job_detail = lambda job_id: JobDetail(job_id=5, user="bob", state="COMPLETED", nodes=["n1"],
+                                                   mig={"3g": 1}, fields={"ExitCode": "0:0",
+                                                                          "EndTime": "2026-10-25T02:30:00"})
+    for _ in range(3):
+        _guess_summer_time()
+        rig.tick()
+        t[0] += 61
+    (o,) = rig.store.outcomes()
+    assert (o.run, o.state, o.end_time) == (1, "COMPLETED", ended), o
+
+
 @pytest.mark.parametrize("within_margin", [False, True])
 def test_a_lost_epilog_is_not_settled_with_the_end_of_another_job_with_the_id(rig, within_margin):
     """Job 5 (alice's 1g) ran on n1 when the node crashed and slurmctld lost its state: no Epilog. Id 5 went

@@ -984,3 +984,22 @@ def test_local_epoch_earliest_reads_a_time_the_clock_shows_twice_as_its_first_in
     finally:
         monkeypatch.undo()
         time.tzset()
+
+
+def test_local_epoch_latest_and_not_after_pick_among_a_times_two_instants(monkeypatch):
+    monkeypatch.setenv("TZ", "Europe/Berlin")
+    time.tzset()
+    try:
+        first, second = 1792888200, 1792888200 + 3600  # 2026-10-25 02:30:00 CEST, then CET
+        for prime in ("2026-07-01T12:00:00", "2026-12-01T12:00:00"):  # glibc's guess follows its last call
+            time.mktime(time.strptime(prime, "%Y-%m-%dT%H:%M:%S"))
+            assert parsers.local_epoch("2026-10-25T02:30:00", latest=True) == second
+            assert parsers.local_epoch("2026-10-25T02:30:00", not_after=second + 40) == second
+            assert parsers.local_epoch("2026-10-25T02:30:00", not_after=second - 1) == first
+            assert parsers.local_epoch("2026-10-25T02:30:00", not_after=first - 1) == first  # none past: the first
+            # A time the clock shows once: its one instant, whatever is asked.
+            assert parsers.local_epoch("2026-12-01T12:00:00", latest=True) == 1796122800
+            assert parsers.local_epoch("2026-12-01T12:00:00", not_after=0) == 1796122800
+    finally:
+        monkeypatch.undo()
+        time.tzset()

@@ -635,7 +635,7 @@ class Controller:
                 detail = self.slurm.job_detail(job.job_id)
                 if detail is not None and detail.state not in TERMINAL:
                     continue  # requeued meanwhile: the next ticks see it
-                record = _slurm_end(detail, sj.state, now)
+                record = _slurm_end(detail, sj.state, now, self._clock_margin())
             self._ended_since[job.job_id] = (first, record)
             if now - first < grace:
                 continue
@@ -1590,20 +1590,23 @@ class Controller:
         with self.store.transaction():
             self._store_observed(node, observed, observed_at, node_bindings)
             ended = self.store.get_job(job_id)
+            # Slurm's submit time of a job no tick has seen live, so submitted moments ago (or while the controller
+            # was down): in the hour the clock goes back, the later of the two instants squeue's local time may
+            # name that is not after now (mktime's guess counted an hour more or less of wait).
+            submit_text = (getattr(detail, "fields", None) or {}).get("SubmitTime", "")
+            submit_time = local_epoch(submit_text, not_after=now + self._clock_margin())
             if ended is not None and ended.state in TERMINAL and detail is not None and detail.state not in TERMINAL:
                 # Starting again before a tick saw it live: binding it would fail. Its request is Slurm's now.
                 again = self._request_of(detail)
                 if again is None:
                     return {"action": "skip"}  # this run asks for no MIG instance (of ours)
-                fields = getattr(detail, "fields", None) or {}
-                self._revive(job_id, now, submit_time=local_epoch(fields.get("SubmitTime", "")))
+                self._revive(job_id, now, submit_time=submit_time)
                 self.store.upsert_job(job_id, profile=again[0], count=again[1], user=detail.user,
                                       name=detail.name, partition=detail.partition, now=now)
             elif ended is not None and ended.state not in TERMINAL and detail is not None \
                     and detail.state not in TERMINAL \
-                    and _another_job(ended, submitted := local_epoch(
-                        (getattr(detail, "fields", None) or {}).get("SubmitTime", ""), earliest=True),
-                        self._clock_margin(), user=detail.user, requeued=_requeued(detail)):
+                    and _another_job(ended, local_epoch(submit_text, earliest=True), self._clock_margin(),
+                                     user=detail.user, requeued=_requeued(detail)):
                 # Slurm's job is another user's, or was submitted after the stored run started (waiting: after its
                 # submission): not a retried Prolog of that run (whose instances it was handed, whatever it asked
                 # for) but another job with the id, started before a tick saw it. A requeue gives the job a new
@@ -1612,8 +1615,9 @@ class Controller:
                 # that run, the other job kept its submission, and with the user rule the next tick took the
                 # running job for another job with the id again, releasing its instances.
                 # squeue prints local time without a zone: in the hour the clock goes back, the earlier instant
-                # (the later one took a job submitted just before its start for another job, an hour on).
-                self._another_job_with_id(ended, submitted, now, users=(ended.user, detail.user))
+                # decides (the later one took a job submitted just before its start for another job, an hour on);
+                # the run's submission is the reading above.
+                self._another_job_with_id(ended, submit_time, now, users=(ended.user, detail.user))
             req = self._job_request(job_id, detail)
             if req is None:
                 return {"action": "skip"}
@@ -2310,12 +2314,15 @@ def _array_task_of(detail) -> str | None:
     return job_id if JOB_ID.fullmatch(job_id) and "_" in job_id else None
 
 
-def _slurm_end(detail, state: str, now: float) -> tuple[str, int | None, float]:
+def _slurm_end(detail, state: str, now: float, margin: float = 0.0) -> tuple[str, int | None, float]:
     """(state, exit status as the Epilog reports it, end time) of an ended job from its Slurm record (job_detail);
-    squeue's state and an unknown exit status when scontrol could not answer."""
+    squeue's state and an unknown exit status when scontrol could not answer. The record is read when a tick
+    first sees the job ended, moments after its end (or after the controller's outage): in the hour the clock
+    goes back, its local EndTime is the later of its two instants that is not after ``now`` (+ ``margin``, the
+    clocks' difference); mktime's guess could put the end an hour early, taking the hour off the run's time."""
     if detail is None:
         return state, None, now
-    end = local_epoch(detail.fields.get("EndTime", ""))
+    end = local_epoch(detail.fields.get("EndTime", ""), not_after=now + margin)
     return detail.state, wait_status(detail.fields.get("ExitCode")), now if end is None else end
 
 

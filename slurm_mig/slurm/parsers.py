@@ -709,20 +709,26 @@ class SlurmReservation:
     cpus: int | None = None  # TRES=cpu=N: the CPUs it holds (below its nodes' total: only some cores)
 
 
-def local_epoch(text: str, *, earliest: bool = False) -> float | None:
+def local_epoch(text: str, *, earliest: bool = False, latest: bool = False,
+                not_after: float | None = None) -> float | None:
     """Epoch seconds from scontrol's local ``2026-11-22T13:50:38``; None for anything else.
 
     A local time the clock shows twice (the hour it goes back) names two instants an hour apart, and
     mktime picks either, depending on its previous call (glibc). ``earliest``: the first of them, for a
-    caller that must not take a time for later than it may have been."""
+    caller that must not take a time for later than it may have been; ``latest``: the last, for one that
+    must not take it for earlier. ``not_after``: the last of them not after that instant, else the first,
+    for a time that has passed and was moments ago (a job's submission or end that no tick saw yet)."""
     try:
         st = time.strptime(text, "%Y-%m-%dT%H:%M:%S")
-        if earliest:
+        if earliest or latest or not_after is not None:
             # Each reading (standard time, summer time) that the clock shows as this very wall time.
-            readings = [t for t in (time.mktime(st[:8] + (dst,)) for dst in (0, 1))
-                        if tuple(time.localtime(t))[:6] == tuple(st)[:6]]
+            readings = sorted({t for t in (time.mktime(st[:8] + (dst,)) for dst in (0, 1))
+                               if tuple(time.localtime(t))[:6] == tuple(st)[:6]})
             if readings:
-                return min(readings)
+                if not_after is not None:
+                    past = [t for t in readings if t <= not_after]
+                    return past[-1] if past else readings[0]
+                return readings[0] if earliest else readings[-1]
         return time.mktime(st)
     except (ValueError, OverflowError):
         return None
@@ -731,11 +737,15 @@ def local_epoch(text: str, *, earliest: bool = False) -> float | None:
 def parse_reservations(text: str) -> list[SlurmReservation]:
     """Reservations from ``scontrol [-o] show reservation`` text ("No reservations in the system": []).
 
-    A record whose times cannot be read is left out: it restricts nothing rather than everything."""
+    A record whose times cannot be read is left out: it restricts nothing rather than everything. A time the
+    clock shows twice (the hour it goes back) is read so that the reservation is never shorter than it may be:
+    its start as the earlier instant, its end as the later (mktime's guess could end a reservation an hour before
+    Slurm does, or start it an hour after, and a job was then placed on a node Slurm keeps it off)."""
     out = []
     for chunk in _records(text, "ReservationName"):
         kv = _first_values(chunk)
-        start, end = local_epoch(kv.get("StartTime", "")), local_epoch(kv.get("EndTime", ""))
+        start = local_epoch(kv.get("StartTime", ""), earliest=True)
+        end = local_epoch(kv.get("EndTime", ""), latest=True)
         if start is None or end is None:
             continue
         out.append(SlurmReservation(
