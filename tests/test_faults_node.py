@@ -1311,6 +1311,44 @@ def test_the_task_of_a_next_run_that_asks_for_no_mig_does_not_see_an_earlier_run
     assert list(_records(rig).values()) == [{old["uuid"]}]
 
 
+def test_a_binding_another_users_job_left_under_the_id_is_not_taken_for_this_runs(rig, monkeypatch, capsys):
+    """Job 47 (uid 1001) was bound on n1 and its Epilog never ran (the node crashed; or it was killed before it
+    took the attempt its Prolog noted) as slurmctld lost its state, and id 47 went to another user's job (uid
+    65534), at the same restart count, 0. Its Prolog took the record for one of its own run's, a Prolog run
+    again, and left it: asking for no MIG instance, the new job ran with the earlier job's TaskProlog copy,
+    whose instance its tasks were shown where its user could read the copy. The record keeps the job's uid: one
+    of another user's job is an earlier job's, set aside (its copy removed) until its instance is idle. The same
+    user's retried Prolog, and a record without a uid (an older version's), are left as they were."""
+    rig.job("47", "3g")
+    assert rig.hook("prolog", "47", SLURM_JOB_UID="1001", SLURM_JOB_RESTART_COUNT="0") == 0
+    (old,) = _records(rig)["47"]
+    assert json.loads(rig.record_file("47").read_text())["uid"] == 1001
+    # Run again for the same job (slurmd retried it): its own record, kept.
+    assert rig.hook("prolog", "47", SLURM_JOB_UID="1001", SLURM_JOB_RESTART_COUNT="0") == 0
+    assert _records(rig) == {"47": {old}}
+    # Id 47 is another user's job now, asking for no MIG instance.
+    monkeypatch.setitem(rig.srv.routes, "/v1/prolog", lambda payload, who: {"action": "skip"})
+    assert rig.hook("prolog", "47", SLURM_JOB_UID="65534", SLURM_JOB_RESTART_COUNT="0") == 0
+    capsys.readouterr()
+    assert rig.hook("taskprolog", "47") == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "export CUDA_VISIBLE_DEVICES=" in lines and not any(old in line for line in lines), lines
+    assert list(_records(rig).values()) == [{old}] and "47" not in _records(rig)  # set aside, under its own name
+
+
+def test_a_binding_record_without_a_uid_is_read_as_before(rig):
+    """A record an older version wrote has no uid: it says nothing of the user, and a Prolog at the same
+    restart count takes it for its own run's, as before."""
+    rig.job("48", "2g")
+    assert rig.hook("prolog", "48", SLURM_JOB_UID="1001", SLURM_JOB_RESTART_COUNT="0") == 0
+    doc = json.loads(rig.record_file("48").read_text())
+    del doc["uid"]
+    rig.record_file("48").write_text(json.dumps(doc))
+    first = _records(rig)
+    assert rig.hook("prolog", "48", SLURM_JOB_UID="65534", SLURM_JOB_RESTART_COUNT="0") == 0
+    assert _records(rig) == first and set(first) == {"48"}
+
+
 def test_a_prolog_run_again_for_the_same_run_keeps_its_own_binding(rig):
     """The Prolog of one run run twice (no Epilog between, the same restart count): its record is this run's,
     not an earlier run's. It is not set aside, and the second Prolog binds the same instance."""

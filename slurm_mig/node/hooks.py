@@ -601,7 +601,7 @@ def prolog(env: dict, node: Node) -> int:
     # inside NVML costs this job a requeue, not the node a drain at PrologEpilogTimeout.
     node.start_lock_budget()
     try:
-        _keep_earlier_runs_binding(node, job_id, _int(env.get("SLURM_JOB_RESTART_COUNT")))
+        _keep_earlier_runs_binding(node, job_id, _int(env.get("SLURM_JOB_RESTART_COUNT")), uid)
     except LayoutLockBusy as exc:
         # The record an earlier run left cannot be set aside, so this run cannot be bound (nor shown no GPU)
         # without taking it over. The controller was not asked yet: it bound nothing for this run to release.
@@ -760,22 +760,29 @@ def _bind_here(node: Node, env: dict, job_id: str, resp: dict, uid: int, gid: in
     return None, bound, results, message
 
 
-def _keep_earlier_runs_binding(node: Node, job_id: str, restarts: int | None) -> None:
+def _keep_earlier_runs_binding(node: Node, job_id: str, restarts: int | None, uid: int | None = None) -> None:
     """The Prolog's first look: a binding record of ``job_id`` that an earlier run left (its processes outlived
     it, so its Epilog kept the record; or that Epilog was killed before removing it) is set aside under a name
     of its own (NodeState.set_aside_earlier_run) before this run binds. Written over, it lost the only word
     that the instance is still held, and as the job's own it hid that instance from the check for instances
     other jobs hold. A record is an earlier run's when an Epilog ran after the Prolog that wrote it (it took
-    the attempt that Prolog noted) or when it was made at a lower restart count (a requeue); a record of this
-    very run (a Prolog run again) is left as it is."""
+    the attempt that Prolog noted), when it was made at a lower restart count (a requeue), or for another user
+    (``uid``, SLURM_JOB_UID, against the uid the record keeps: a job id slurmctld gave again after it lost its
+    state, while the earlier job's Epilog never ran here, node crashed or Epilog killed; a requeue never changes
+    the user). A record of this very run (a Prolog run again) is left as it is; so is one of the same user at the
+    same restart count, which only the controller can tell apart, and one written before records kept the uid.
+    Until 2026-11-27 the uid was not kept, and such a record of another user's job was taken for this run's: a
+    job that asks for no MIG instance then ran with the earlier job's TaskProlog copy, its instances shown to
+    the new job's tasks where its user could read the copy (the same group)."""
     if not node.state.has_record(job_id):
         # Nothing to set aside (a job's first run here, almost always): no lock to wait for. The lock is what
         # a health check's re-carve and other Prologs' NVML steps hold, and a job that binds nothing (no MIG,
         # or requeued) never waited on it. A record written meanwhile is a Prolog's of this very run.
         return
     if node.state.attempt_noted(job_id):
-        made_at = node.state.binding_attempt(job_id)
-        if made_at is None or restarts is None or restarts <= made_at:
+        made_at, owner = node.state.binding_attempt(job_id), node.state.binding_uid(job_id)
+        another_user = owner is not None and uid is not None and uid >= 0 and owner != uid
+        if not another_user and (made_at is None or restarts is None or restarts <= made_at):
             return
     with node.apply_lock():
         key = node.state.set_aside_earlier_run(job_id)

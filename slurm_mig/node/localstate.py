@@ -201,12 +201,14 @@ class NodeState:
         """Record that ``job_id`` holds ``instances``: a root-only record, then the TaskProlog's copy
         (root-owned, group ``gid``, 0440; 0400 root without a gid, which the job then cannot read).
 
-        ``uid``: the job's user, only logged (the user must not own either file).
+        ``uid``: the job's user (SLURM_JOB_UID), recorded so that the next Prolog of the id can tell a record
+        another user's job left (a job id reused after slurmctld lost its state) from one of its own run's
+        retried Prolog; the user owns neither file.
         ``attempt``: Slurm's SLURM_JOB_RESTART_COUNT when the Prolog ran, so the Epilog can tell the run
         that made this binding from a later one (a requeue raises the count before the Epilog runs).
         """
         doc = {"job_id": str(job_id), "bound_at": time.time(), "instances": [i.to_json() for i in instances],
-               "attempt": attempt}
+               "attempt": attempt, "uid": uid}
         data = json.dumps(doc).encode()
         # Record first, copy second (and removed in the other order): a copy without a record then only
         # ever comes from an older version, which is what _adopt_legacy_bindings relies on.
@@ -279,11 +281,19 @@ class NodeState:
 
     def binding_attempt(self, job_id: str) -> int | None:
         """The restart count the binding was made at (None: no record, an unreadable one, or none recorded)."""
+        return self._record_int(job_id, "attempt")
+
+    def binding_uid(self, job_id: str) -> int | None:
+        """The uid of the job the binding was made for (None: no record, an unreadable one, or one written
+        before records kept it)."""
+        return self._record_int(job_id, "uid")
+
+    def _record_int(self, job_id: str, key: str) -> int | None:
         try:
-            attempt = _read_json_object(self._record_path(job_id)).get("attempt")
+            value = _read_json_object(self._record_path(job_id)).get(key)
         except (OSError, ValueError):
             return None
-        return attempt if isinstance(attempt, int) and not isinstance(attempt, bool) else None
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
 
     def note_attempt(self, job_id: str, attempt: int | None) -> None:
         """The Prolog's first act: which attempt of the job (SLURM_JOB_RESTART_COUNT) it runs for, so the
