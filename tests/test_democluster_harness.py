@@ -247,3 +247,35 @@ def test_a_ctrl_c_while_the_demo_stops_its_controller_still_stops_its_cluster(sh
     with pytest.raises(KeyboardInterrupt):
         dc.stop()
     assert stopped == [{}] and dc._lock_fd is None
+
+
+def test_stopping_daemons_leaves_other_children_exit_status_to_their_own_popen():
+    """LocalCluster collected its exited daemons with waitpid(-1), which also took any other child of the
+    process that had exited (the demo's controller, a test's subprocess): its Popen then read exit status 0."""
+    import subprocess
+    import sys
+    import time
+
+    from slurm_mig.slurm.localcluster import LocalCluster
+
+    other = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    # A daemon slow to stop (it ignores SIGTERM), so the stop waits, collecting as it goes, then kills it.
+    daemon = subprocess.Popen([sys.executable, "-c", "import signal, time; "
+                               "signal.signal(signal.SIGTERM, signal.SIG_IGN); print(flush=True); time.sleep(60)"],
+                              stdout=subprocess.PIPE)
+    daemon.stdout.readline()  # its handler is set
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:  # until `other` is a zombie: exited, not yet collected
+            with open(f"/proc/{other.pid}/stat") as fh:
+                if fh.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    break
+            time.sleep(0.02)
+        LocalCluster._terminate(LocalCluster.__new__(LocalCluster), [daemon.pid], 0.5)
+        assert daemon.poll() is not None  # the daemon was stopped and collected
+        assert other.wait(timeout=5) == 3
+    finally:
+        for p in (other, daemon):
+            if p.poll() is None:
+                p.kill()
+                p.wait()

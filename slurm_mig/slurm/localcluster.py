@@ -648,7 +648,7 @@ class LocalCluster:
                 pass
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and any(_pid_alive(p) for p in pids):
-            self._reap()
+            self._reap(pids)
             time.sleep(0.05)
         for pid in pids:
             if _pid_alive(pid):
@@ -659,17 +659,20 @@ class LocalCluster:
                     pass
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline and any(_pid_alive(p) for p in pids):
-            self._reap()
+            self._reap(pids)
             time.sleep(0.05)
 
     @staticmethod
-    def _reap() -> None:
-        # Daemons we spawned are our children: collect them so they do not linger as zombies.
-        try:
-            while os.waitpid(-1, os.WNOHANG)[0] > 0:
-                pass
-        except ChildProcessError:
-            pass
+    def _reap(pids: Sequence[int]) -> None:
+        """Collect those of ``pids`` that are our children and have exited, so they do not linger as zombies.
+
+        Only these: waitpid(-1) also took other children of this process (the demo's controller and
+        agents, a test's subprocess), whose exit status their own Popen then lost (read as 0)."""
+        for pid in pids:
+            try:
+                os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                pass  # not our child (daemonised, reparented to init) or already collected
 
     def _stepd_pids(self) -> list[int]:
         """Processes of job steps this cluster left: slurmstepd and its session.
@@ -768,7 +771,7 @@ class LocalCluster:
         gone = [p for p in pids.values() if p]
         deadline = time.monotonic() + 3
         while time.monotonic() < deadline and any(os.path.exists(f"/proc/{p}") for p in gone):
-            self._reap()
+            self._reap(gone)
             time.sleep(0.05)
         for name in self._daemons():
             self._pidfile(name).unlink(missing_ok=True)
