@@ -35,6 +35,15 @@ on each GPU -- is scored, and the lowest score wins:
   nodes drain.
 * reconfiguration: a small charge per instance created or destroyed, so an
   existing instance wins a tie (one LayoutChange per GPU per decision).
+* the bigger model (``w_model``), on a site of several GPU models only: a place
+  on a GPU whose model has more compute slices than the smallest of the
+  cluster's models that has the job's size is charged ``w_model``. A 1g on an
+  H100 takes slices that are the only home of the 3g and 7g jobs; on an A30 it
+  takes slices no 3g or 7g could use. Without it frag-aware put a quarter of
+  the 1g jobs that could go anywhere on the H100s (measuring each GPU's loss
+  in its own terms, a partly used H100 often looked cheaper than an A30), and
+  its mean wait on the mixed site rose 70 s above this (docs/benchmarks.md).
+  One model (or models alike in slices): never charged, the same decisions.
 
 Reservations: the first blocked job always gets one (EASY backfill); a second
 blocked job gets one too once it has waited ``reserve_min_age_s`` (like
@@ -81,7 +90,7 @@ class FragAwarePolicy(DispatchPolicy):
 
     def __init__(self, *, lookahead: int = 64, running_prior: float = 0.5, w_time: float = 0.3,
                  w_node_time: float = 1.0, w_node: float = 0.0, w_pack: float = 0.0, multi_prior: float = 0.05,
-                 tau: float = 3600.0, w_reconf: float = 0.01, reservations: int = 2,
+                 tau: float = 3600.0, w_reconf: float = 0.01, w_model: float = 1.0, reservations: int = 2,
                  exact_limit: int = 256, group_width: int = 4, reserve_share: float = 0.5,
                  reserve_min_age_s: float = 4 * 3600.0,
                  explain_waiting: bool = True) -> None:
@@ -92,6 +101,7 @@ class FragAwarePolicy(DispatchPolicy):
         self.w_time = w_time
         self.w_node = w_node
         self.w_reconf = w_reconf
+        self.w_model = w_model
         self.w_pack = w_pack
         self.multi_prior = multi_prior
         self.w_node_time = w_node_time
@@ -104,6 +114,8 @@ class FragAwarePolicy(DispatchPolicy):
         self._multi = 0.0
         self._contrib: list[tuple[int, ...]] | None = None
         self._running: list[int] = []
+        self._tables: tuple | None = None  # the cluster's model tables, one each (kept until the index rebuilds)
+        self._spare: dict | None = None  # (id(model table), profile) -> _model_cost; None: one model
 
     # -- demand -------------------------------------------------------------------
     def begin(self, ctx: Ctx, state: ClusterState) -> None:
@@ -111,6 +123,9 @@ class FragAwarePolicy(DispatchPolicy):
         # are no demand: counted, a queue of them kept GPUs whole for sizes nothing would ever start on.
         look = self._look = ctx.idx.runnable(state.pending, self.lookahead)
         running = dict(zip(SIZES, self._running_mix(ctx.idx)))
+        if ctx.idx.rebuilt or self._tables is None:
+            self._tables = tuple({id(i.t): i.t for i in ctx.idx.infos}.values())
+            self._spare = {} if len(self._tables) > 1 else None
         self._rshare = (running, sum(running.values()))
         # The whole look-ahead's weights (the rl policy's demand features; each GPU's, where its node may take
         # every job of the look-ahead).
@@ -238,6 +253,20 @@ class FragAwarePolicy(DispatchPolicy):
             loss += wq * q.compute * (before - after)
         return loss
 
+    def _model_cost(self, t, pi: PInfo) -> float:
+        """``w_model`` where model ``t`` has more compute slices than the smallest of the cluster's models that
+        has ``pi``'s size, else 0 (always 0 on a cluster of one model)."""
+        spare = self._spare
+        if spare is None:
+            return 0.0
+        key = (id(t), pi.name)
+        got = spare.get(key)
+        if got is None:
+            k = _kind(pi.name)
+            least = min(u.compute for u in self._tables if u.resolve(k) is not None)
+            got = spare[key] = self.w_model if t.compute > least else 0.0
+        return got
+
     def _ext(self, end: float, busy_end: float, now: float) -> float:
         """How much later than now a unit (GPU, node) frees wholly because of this job, squashed.
 
@@ -258,10 +287,13 @@ class FragAwarePolicy(DispatchPolicy):
                     node: tuple[int, int, float, float], steps: int) -> tuple:
         """A candidate's score (lower is better) and its parts: (total, fragmentation loss,
         end-time term, node term, postponement of the GPU's last end, of the node's last end,
-        create/destroy steps). The rl policy's features are these parts."""
+        create/destroy steps). The rl policy's features are these parts. On a site of several models the total
+        also holds the bigger model's charge (_model_cost)."""
         loss = self._frag_loss(info, pi.mask(start), pi.compute, pi)
         t_cost, n_cost, ext, node_ext = self._end_terms(ctx, info, self._big(info, pi), end, node)
-        total = loss + t_cost + n_cost + self.w_reconf * steps
+        # the bigger model's charge (several models only) is in the total, not in a part
+        gpu_cost = n_cost + self._model_cost(info.t, pi) if self._spare is not None else n_cost
+        total = loss + t_cost + gpu_cost + self.w_reconf * steps
         return (total, loss, t_cost, n_cost, ext, node_ext, steps)
 
     def _big(self, info: GpuInfo, pi: PInfo) -> float:
@@ -340,6 +372,8 @@ class FragAwarePolicy(DispatchPolicy):
         if not offers:
             return
         t_cost, n_cost, _, _ = self._end_terms(ctx, info, big, end, node)
+        if self._spare is not None:  # several models: the bigger model's charge, with the other GPU-wide terms
+            n_cost += self._model_cost(info.t, pi)
         w_reconf = self.w_reconf
         rank = ctx.idx.rank[g]
         check = bool(ctx.reservations)
@@ -347,7 +381,7 @@ class FragAwarePolicy(DispatchPolicy):
             if check and ctx.conflicts(g, mask, end):
                 conflicted[0] = True
                 continue
-            # score_terms' total, term for term
+            # score_terms' total, term for term (and the bigger model's charge)
             out.append((loss + t_cost + n_cost + w_reconf * steps, rank, kind, g, slot, opt))
 
     def _order_groups(self, idx, key: str, groups: dict) -> list[tuple[float, tuple]]:

@@ -829,6 +829,8 @@ class RLPolicy(FragAwarePolicy):
         if not offers:
             return
         t_cost, n_cost, ext, node_ext = self._end_terms(ctx, info, big, end, node)
+        # the bigger model's charge (several models only) is in the total, as in score_terms
+        gpu_cost = n_cost + self._model_cost(info.t, pi) if self._spare is not None else n_cost
         w_reconf = self.w_reconf
         rank = ctx.idx.rank[g]
         check = bool(ctx.reservations)
@@ -837,7 +839,7 @@ class RLPolicy(FragAwarePolicy):
             if check and ctx.conflicts(g, mask, end):
                 conflicted[0] = True
                 continue
-            parts = (loss + t_cost + n_cost + w_reconf * steps, loss, t_cost, n_cost, ext, node_ext, steps)
+            parts = (loss + t_cost + gpu_cost + w_reconf * steps, loss, t_cost, n_cost, ext, node_ext, steps)
             out.append((parts[0], rank, kind, seq, g, slot, opt, parts, node))
             seq += 1
 
