@@ -1819,6 +1819,43 @@ def test_one_task_steps_asking_one_instance_each_see_different_ones(rig, capsys,
                     "export CUDA_VISIBLE_DEVICES=MIG-70a,MIG-70b"]
 
 
+def _fake_proc(root, tasks: dict[int, dict[str, str]]) -> None:
+    """A /proc holding one process per entry, with that environment (owned by this test's user)."""
+    for pid, env in tasks.items():
+        (root / str(pid)).mkdir(parents=True)
+        (root / str(pid) / "environ").write_bytes(b"".join(f"{k}={v}".encode() + b"\0" for k, v in env.items()))
+    (root / "self").mkdir()
+
+
+def test_a_step_is_not_shown_the_instance_a_running_step_of_its_job_was_shown(rig, capsys, monkeypatch, tmp_path):
+    """Found on the demo cluster (2026-11-27): in a ``mig:1g:2`` job, a long ``srun --gres=mig:1g`` (step 0, the
+    first instance), a short one (step 1, the second), then a third (step 2): round-robin by step id gave step 2
+    the first instance again, beside step 0, while the second idled. The job's running steps are read from their
+    tasks' environments; the batch shell and srun (no step id, every instance), another job's tasks and special
+    steps do not count."""
+    from slurm_mig.node import hooks
+
+    _bind_two(rig, "73")
+    _scontrol_steps(monkeypatch, {f"73.{s}": "gres:mig:1g:1" for s in range(6)})
+    both = "MIG-73a,MIG-73b"
+    _fake_proc(tmp_path / "proc", {
+        10: {"SLURM_JOB_ID": "73", "CUDA_VISIBLE_DEVICES": both},  # the batch shell, srun
+        11: {"SLURM_JOB_ID": "73", "SLURM_STEP_ID": "0", "CUDA_VISIBLE_DEVICES": "MIG-73a"},  # step 0, runs on
+        12: {"SLURM_JOB_ID": "73", "SLURM_STEP_ID": "0", "CUDA_VISIBLE_DEVICES": "MIG-73a"},  # its child
+        13: {"SLURM_JOB_ID": "730", "SLURM_STEP_ID": "5", "CUDA_VISIBLE_DEVICES": "MIG-73b"},  # another job
+        14: {"SLURM_JOB_ID": "73", "SLURM_STEP_ID": "4294967294", "CUDA_VISIBLE_DEVICES": "MIG-73b"},  # batch step
+    })
+    monkeypatch.setattr(hooks, "PROC_ROOT", str(tmp_path / "proc"))
+    seen = {}
+    for step in ("2", "3", "0"):
+        capsys.readouterr()
+        assert rig.hook("taskprolog", "73", SLURM_STEP_ID=step, SLURM_STEP_NUM_TASKS="1") == 0
+        seen[step] = _cvd(capsys.readouterr().out)
+    assert seen["2"] == "export CUDA_VISIBLE_DEVICES=MIG-73b", seen  # round-robin alone: MIG-73a, step 0's
+    assert seen["3"] == "export CUDA_VISIBLE_DEVICES=MIG-73b", seen  # its own turn anyway
+    assert seen["0"] == "export CUDA_VISIBLE_DEVICES=MIG-73a", seen  # a step's own tasks do not count
+
+
 def test_a_forged_step_record_only_narrows_the_step_to_its_own_jobs_instances(rig, capsys, monkeypatch):
     """``scontrol -d show step`` prints the step's name (srun -J, the job's own user's text) as given, newlines
     and ``Key=Value`` included, before its TresPerNode line, so a step may spell another request. Checked

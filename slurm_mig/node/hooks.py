@@ -1229,7 +1229,8 @@ def _step_instances(env: dict, insts: list, slurm_conf: str | None) -> list:
     Slurm tells the task nothing of its step's GRES (22.05: no variable), so two concurrent
     ``srun --gres=mig:1g`` steps of a ``mig:1g:2`` job both saw both instances and CUDA put both on the
     first. Slurm's own record of the step says how many it asked for; the step gets that many, taken
-    round-robin by step id, so steps started together get different instances. Steps with several tasks
+    round-robin by step id, so steps started together get different instances, and the instances the job's
+    other running steps were shown are taken last (``_instances_of_other_steps``). Steps with several tasks
     keep every instance (their tasks split them by SLURM_LOCALID), and so does any step Slurm cannot be
     asked about.
     """
@@ -1247,7 +1248,50 @@ def _step_instances(env: dict, insts: list, slurm_conf: str | None) -> list:
     if not 0 < want < len(insts):
         return insts
     first = int(step) * want % len(insts)
-    return [insts[(first + i) % len(insts)] for i in range(want)]
+    order = [insts[(first + i) % len(insts)] for i in range(len(insts))]
+    # Round-robin alone gave a step the instance of one still running whenever the steps had not started
+    # together: a long step 0 (the first instance) and a short step 1 (the second), then step 2, whose turn is
+    # the first again, ran beside step 0 on one instance while the other idled. The job's other steps that run
+    # here now are asked first: the least used instances are taken, round-robin among equals.
+    used = _instances_of_other_steps(job, step)
+    return sorted(order, key=lambda i: len(used.get(i.uuid, ())))[:want]
+
+
+#: Where the TaskProlog reads the job's other tasks from (a test points it elsewhere).
+PROC_ROOT = "/proc"
+
+
+def _instances_of_other_steps(job: str, step: str) -> dict[str, set[str]]:
+    """MIG UUID -> the other steps of ``job`` running on this node that were shown it, read from their tasks'
+    environments (CUDA_VISIBLE_DEVICES, which this TaskProlog exported to them). Only this user's processes are
+    read (the TaskProlog runs as the job's user; Slurm's special steps, the batch shell and srun itself, which
+    see every instance, are left out). A process that cannot be read is skipped: this only orders instances."""
+    want_job = f"SLURM_JOB_ID={job}".encode()
+    uid = os.getuid()
+    used: dict[str, set[str]] = {}
+    try:
+        pids = [p for p in os.listdir(PROC_ROOT) if p.isdigit()]
+    except OSError:
+        return used
+    for pid in pids:
+        try:
+            if os.stat(os.path.join(PROC_ROOT, pid)).st_uid != uid:
+                continue
+            with open(os.path.join(PROC_ROOT, pid, "environ"), "rb") as f:
+                data = f.read(1 << 20)
+        except OSError:
+            continue
+        if want_job not in data:
+            continue
+        env = dict(v.split(b"=", 1) for v in data.split(b"\0") if b"=" in v)
+        other = env.get(b"SLURM_STEP_ID", b"").decode("ascii", "replace")
+        if env.get(b"SLURM_JOB_ID") != job.encode() or not other.isdigit() or other == step \
+                or int(other) >= _SPECIAL_STEPS:
+            continue
+        for uuid in env.get(b"CUDA_VISIBLE_DEVICES", b"").decode("ascii", "replace").split(","):
+            if uuid.startswith("MIG-"):
+                used.setdefault(uuid, set()).add(other)
+    return used
 
 
 def _het_components(env: dict) -> list[str]:
