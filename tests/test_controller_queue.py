@@ -150,6 +150,11 @@ class QueueSlurm:
     def scontrol_requeue(self, job_id, **kw):
         raise AssertionError(f"nothing here should be requeued ({job_id})")
 
+    released: list
+
+    def scontrol_release(self, job_id):
+        self.__dict__.setdefault("released", []).append(str(job_id))
+
 
 @pytest.fixture
 def ctl(tmp_path):
@@ -578,3 +583,28 @@ def test_a_job_named_like_a_mig_request_is_not_given_one(ctl):
     gpu = {"index": 0, "uuid": "GPU-0", "name": "H100", "model": "H100-80GB", "mig_enabled": True, "instances": []}
     assert ctl.on_prolog({"node": "n1", "job_id": "31", "observed": [gpu], "bindings": {}}, None) == {"action": "skip"}
     assert _desired(ctl) == ""
+
+
+def test_a_job_held_because_the_node_it_named_offered_no_slice_of_its_size_is_carved_for_and_released(ctl):
+    """Seen on the demo cluster (2026-11-27): ``sbatch -w n1 --gres=mig:2g`` accepted while n1 had a 2g, whose
+    dependency was met after n1 was re-carved to 4g@0 for another job: Slurm held it (priority 0, Reason=
+    BadConstraints: n1 advertised no 2g), slurm-mig did not carve for a held job, and a release was held again,
+    so it waited for ever beside an idle GPU. Released by hand once n1 advertised a 2g, it ran at once."""
+    named = [12, 0, None, "", 0, "PENDING", "BadConstraints", 0, "gres:mig:2g:1", "", "debug", 1, 60, "a", "u", "", 1]
+    # -n 12 on 8-CPU nodes: held for its CPUs, named no node; not carved for, not released.
+    cpus = [13, 0, None, "", 0, "PENDING", "BadConstraints", 0, "gres:mig:3g:1", "", "debug", 1, 60, "a", "u", "", 1]
+    (job12,) = squeue([named])
+    ctl.slurm.queue = [replace(job12, required_nodes=["n1"]), *squeue([cpus])]
+    ctl.tick()
+    assert "2g" in _desired(ctl) and "3g" not in _desired(ctl)
+    assert ctl.slurm.gres[-1]["2g"] >= 1  # Slurm is told of the 2g before the release
+    assert ctl.slurm.released == ["12"]
+    assert any(e.kind == "release" and "12" in e.message for e in ctl.store.recent_events(50))
+    assert "13" not in [j.job_id for j in ctl.store.pending_jobs()]
+    # Held again with its 2g advertised: the hold is for something else (memory, say); tried once more, then
+    # the job is left to Slurm's verdict and no longer carved for.
+    ctl.tick()
+    ctl.tick()
+    assert ctl.slurm.released == ["12", "12"]
+    assert [j.job_id for j in ctl.store.pending_jobs()] == []
+    assert "BadConstraints" in ctl.store.get_job("12").reason

@@ -272,6 +272,8 @@ class Controller:
         # squeue was asked before that start must not make them queue entries again.
         self._taken_tasks: dict[str, float] = {}
         self._unservable: set[str] = set()  # jobs whose MIG request cannot be served, said once each
+        # job id -> how often it was released from Slurm's BadConstraints hold (_release_held_for_size)
+        self._size_releases: dict[str, int] = {}
         self._not_adopted: set[tuple[str, str, int]] = set()  # (node, job, run): an earlier run's file, said once
         # node + GPU model (or profile of a known one) our tables do not list (a newer node's): said once an hour
         self._unknown_models = LogLimiter(UNKNOWN_MODEL_LOG_EVERY_S)
@@ -379,6 +381,8 @@ class Controller:
                 self._shadow_state = None
             if nodes is not None:
                 summary["gres_updates"] = self._assert_gres(nodes, jobs or [], now, gres_now, read_at=nodes_at)
+                if jobs is not None:
+                    summary["released"] = self._release_held_for_size(jobs, now)
             if jobs is not None:
                 summary["requeued_unbound"] = self._requeue_unbound(jobs, now)
             self._update_gauges()
@@ -407,7 +411,8 @@ class Controller:
         # Array tasks that Slurm now runs (or ran) under ids of their own, and array records shown as tasks.
         split = {f"{j.array_job_id}_{j.array_task_id}": str(j.job_id) for j in jobs
                  if j.array_job_id and j.array_task_id is not None}
-        entries = queue_entries(mine)
+        entries = [replace(e, blocked=None) if self._held_for_size(e.job, e.job_id) else e
+                   for e in queue_entries(mine)]
         self._job_nodes = self._eligible(entries, queried_at)
         self._job_cpus = {e.job_id: (e.job.cpus, e.job.exclusive) for e in entries if e.job.pending}
         # An array shown as tasks, by its record's id and the prefix of its tasks' ("5" of "5_3"): the same.
@@ -645,6 +650,55 @@ class Controller:
         for job_id in [j for j, (t, _r) in self._ended_since.items() if j not in listed and now - t > 3600]:
             del self._ended_since[job_id]
         return out
+
+    def _held_for_size(self, job, job_id: str) -> bool:
+        """A job Slurm may hold only because the nodes it named (``-w``) advertise no slice of its size now.
+
+        Slurm checks a pending job against its nodes' configured GRES, which slurm-mig sets at run time: a
+        ``-w n1 --gres=mig:2g`` job accepted while n1 had a 2g, then tried once n1 was re-carved for others
+        (its dependency met, a release after ``scontrol requeuehold``, any later try), is held with
+        Reason=BadConstraints and priority 0; while held it was not carved for, and a release meanwhile was
+        held again, so it waited for ever beside an idle GPU (seen on the demo cluster, 2026-11-27). Such a
+        job is carved for on its nodes and released once one advertises its size (_release_held_for_size),
+        at most MAX_SIZE_RELEASES times: held again with its size there, the hold is for something else."""
+        return (job.pending and job.state_reason == "BadConstraints" and job.priority == 0
+                and bool(job.required_nodes) and "_" not in job_id
+                and self._size_releases.get(job_id, 0) < self.MAX_SIZE_RELEASES)
+
+    MAX_SIZE_RELEASES = 2
+
+    def _release_held_for_size(self, jobs, now: float) -> int:
+        """``scontrol release`` each job _held_for_size whose named node now advertises its size (as this tick
+        set Slurm's counts: the intended layouts); returns how many were released."""
+        done = 0
+        waiting = set()
+        for j in jobs:
+            job_id = str(j.job_id)
+            if not j.wants_mig or not self._manages(j.partition):
+                continue
+            waiting.add(job_id)
+            if not self._held_for_size(j, job_id):
+                continue
+            offered = [n for n in j.required_nodes
+                       if all((self.expected_gres(n) or {}).get(t, 0) >= c for t, c in j.mig.items())]
+            if not offered:
+                continue
+            self._size_releases[job_id] = self._size_releases.get(job_id, 0) + 1
+            try:
+                self.slurm.scontrol_release(job_id)
+            except SlurmMigError as exc:
+                log.warning("scontrol release %s failed: %s", job_id, exc)
+                continue
+            what = ",".join(f"mig:{t}:{c}" for t, c in sorted(j.mig.items()))
+            self.store.add_event("release", f"job {job_id}: Slurm held it (BadConstraints) while the node it named "
+                                 f"did not advertise {what}; released now that {offered[0]} does", job_id=job_id,
+                                 node=offered[0], now=now)
+            log.info("job %s released from Slurm's BadConstraints hold: %s now advertises %s", job_id, offered[0],
+                     what)
+            done += 1
+        for job_id in set(self._size_releases) - waiting:
+            del self._size_releases[job_id]
+        return done
 
     def _requeue_unbound(self, jobs, now: float) -> int:
         """Requeue MIG jobs Slurm has been running for a while with no instance bound anywhere.

@@ -366,6 +366,11 @@ class SlurmClient:
         self.check(["scontrol", "requeuehold" if hold else "requeue", str(job_id)])
 
     def scontrol_release(self, job_id: int | str) -> None:
+        """Release a held job (``scontrol release``): a user's or an admin's hold, or Slurm's own priority-0
+        hold of a job it found no node for (Reason=BadConstraints), which it checks again at release."""
+        self.check(["scontrol", "release", str(job_id)])
+
+    def scontrol_release(self, job_id: int | str) -> None:
         """Release a held job."""
         self.check(["scontrol", "release", str(job_id)])
 
