@@ -608,3 +608,28 @@ def test_a_job_held_because_the_node_it_named_offered_no_slice_of_its_size_is_ca
     assert ctl.slurm.released == ["12", "12"]
     assert [j.job_id for j in ctl.store.pending_jobs()] == []
     assert "BadConstraints" in ctl.store.get_job("12").reason
+
+
+def test_a_suspended_job_is_stored_suspended_keeps_its_instance_and_a_requeue_of_it_releases_it(ctl):
+    """Seen on the demo cluster (2026-11-27): `slurm-mig jobs` said RUNNING for a job `scontrol suspend` had
+    suspended (the store never took the state, though its views list SUSPENDED)."""
+    from slurm_mig.mig.layout import Slot
+
+    row = [3, 0, None, "", 0, "PENDING", "Resources", 50, "gres:mig:3g:1", "", "debug", 1, 60, "a", "u", "", 1]
+    ctl.slurm.queue = squeue([row])
+    ctl.tick()
+    started = time.time() - 30
+    ctl.slurm.queue = [replace(j, state="RUNNING", start_time=int(started), nodes=["n1"]) for j in squeue([row])]
+    ctl.tick()
+    ctl.store.bind("3", "n1", [(0, Slot(0, "3g.40gb"))], now=started)
+    for state in ("SUSPENDED", "RUNNING", "SUSPENDED"):
+        ctl.slurm.queue = [replace(j, state=state) for j in ctl.slurm.queue]
+        ctl.tick()
+        assert ctl.store.get_job("3").state == state
+        assert [b.start for _j, _n, b in ctl.store.live_bindings("n1")] == [0]
+    # `scontrol requeue` of the suspended job: pending again, its instance released.
+    ctl.slurm.queue = [replace(j, state="PENDING", state_reason="BeginTime", restart_cnt=1, nodes=[])
+                       for j in ctl.slurm.queue]
+    ctl.tick()
+    assert ctl.store.get_job("3").state == "PENDING"
+    assert ctl.store.live_bindings("n1") == []

@@ -467,7 +467,7 @@ class Controller:
             if j.state == "PENDING":
                 order.append(job_id)
                 requeued = current and (current.state == "REQUEUED" or (
-                    current.state == "RUNNING" and (current.start_time or now) < queried_at - 1))
+                    current.state in ("RUNNING", "SUSPENDED") and (current.start_time or now) < queried_at - 1))
                 if requeued:
                     # Bound before we asked Slurm, pending now: it was requeued (by a hook or an admin).
                     self.store.release(job_id, now=now)
@@ -479,6 +479,11 @@ class Controller:
                 # Slurm's start time: the tick may see the job long after it started (controller restarted).
                 self.store.set_job_state(job_id, "RUNNING", now=min(now, j.start_time or now),
                                          node=(j.nodes or [None])[0])
+            elif state in ("RUNNING", "SUSPENDED") and current and current.state in ("RUNNING", "SUSPENDED") \
+                    and current.state != state:
+                # `scontrol suspend` / `resume`: the job keeps its instances (Slurm keeps its GRES); the store
+                # says which, as `jobs` and `status` show it (they said RUNNING for a suspended job).
+                self.store.set_job_state(job_id, state, now=now)
             elif j.state in TERMINAL and current and current.state in ("PENDING", "REQUEUED"):
                 # Ended without running on a MIG instance (e.g. cancelled while pending, or while it waited
                 # after a requeue before a tick saw it pending again).
