@@ -370,10 +370,6 @@ class SlurmClient:
         hold of a job it found no node for (Reason=BadConstraints), which it checks again at release."""
         self.check(["scontrol", "release", str(job_id)])
 
-    def scontrol_release(self, job_id: int | str) -> None:
-        """Release a held job."""
-        self.check(["scontrol", "release", str(job_id)])
-
     def scontrol_reconfigure(self) -> None:
         """Make slurmctld and every slurmd re-read slurm.conf.
 
