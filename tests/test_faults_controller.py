@@ -1314,6 +1314,63 @@ def test_the_same_users_job_within_the_clock_margin_is_still_taken_for_the_run(r
     assert (job.run, job.state) == (1, "RUNNING") and len(rig.store.bound_instances("5")) == 1
 
 
+@pytest.mark.parametrize("renamed", ["alice.smith", "20231234"])
+def test_a_running_jobs_user_renamed_is_not_taken_for_another_user(rig, renamed):
+    """Alice (uid 1001) was renamed in the directory while her job 5 ran on n1 (or, her name a number, the head
+    node's lookup failed once and squeue --json gave her uid): the next tick's squeue named the same uid
+    otherwise. The user rule compared names alone and took her running job for another user's job with the
+    id: her instance released (free for the next job, or a re-carve), her run restarted as run 2. A uid names
+    the user; names are compared only where a record has no uid."""
+    t = [float(int(time.time()))]
+    rig.clock = lambda: t[0]
+    started = int(t[0]) - 7200
+    first = "alice" if renamed != "20231234" else "20231234"
+    job = SlurmJob(job_id=5, name="train", user=first, user_id=1001, state="RUNNING", mig={"3g": 1},
+                   tres_per_node="gres:mig:3g:1", submit_time=started - 100, start_time=started, nodes=["n1"],
+                   priority=20)
+    rig.fake.queue = [job]
+    rig.tick()
+    rig.store.bind("5", "n1", [{"gpu": 0, "profile": "3g.40gb", "start": 0}], now=t[0])
+    t[0] += 30
+    rig.fake.queue = [replace(job, user=renamed if renamed != "20231234" else "1001")]
+    rig.tick()
+    stored = rig.store.get_job("5")
+    assert (stored.run, stored.state) == (1, "RUNNING"), stored
+    assert len(rig.store.bound_instances("5")) == 1
+    assert not any(e.kind == "reused" for e in rig.store.recent_events(20, job_id="5"))
+
+
+def test_a_waiting_jobs_prolog_after_its_user_was_renamed_binds_it_as_its_run(rig, monkeypatch):
+    """Alice's job 5 waited (a tick stored it: alice, uid 1001) and was renamed alice.smith before it started:
+    squeue -j, which prints only the name, named her so at the Prolog. Taken for another user's job, her job
+    was made run 2, its submission and reservation those of "another job". The name squeue -j gives is looked
+    up on the head node (as squeue did): the same uid, the same run. Bob's name, another uid, is still another
+    job."""
+    from types import SimpleNamespace
+
+    import slurm_mig.controller.service as service
+
+    uids = {"alice.smith": 1001, "alice": 1001, "bob": 1002}
+    monkeypatch.setattr(service.pwd, "getpwnam", lambda name: SimpleNamespace(pw_uid=uids[name]))
+    t = [float(int(time.time()))]
+    rig.clock = lambda: t[0]
+    submitted = int(t[0]) - 600
+    rig.fake.queue = [SlurmJob(job_id=5, name="train", user="alice", user_id=1001, state="PENDING", mig={"3g": 1},
+                               tres_per_node="gres:mig:3g:1", submit_time=submitted, priority=20)]
+    rig.tick()
+    local = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(submitted))
+    for user, run in (("alice.smith", 1), ("bob", 2)):
+        rig.fake.job_detail = lambda job_id, user=user: JobDetail(
+            job_id=5, user=user, state="RUNNING", nodes=["n1"], mig={"3g": 1},
+            fields={"SubmitTime": local, "Restarts": "0"})
+        answer = rig.on_prolog({"job_id": "5", "node": "n1", "observed": OBSERVED, "bindings": {}}, N1)
+        assert answer["action"] == "bind", answer
+        job = rig.store.get_job("5")
+        assert (job.run, job.user, job.submit_time) == (run, user, submitted), job
+        reused = [e for e in rig.store.recent_events(20, job_id="5") if e.kind == "reused"]
+        assert len(reused) == run - 1, reused
+
+
 @pytest.mark.parametrize("stored", ["RUNNING", "PENDING"])
 def test_another_users_prolog_within_the_clock_margin_is_bound_as_another_job(rig, stored):
     """As above, but bob's job 5 (a 3g, like alice's) reached its Prolog on n1 before any tick saw it. Submitted

@@ -962,11 +962,24 @@ def test_job_ids_lists_the_jobs_of_the_states_asked_in_the_order_of_jobs(db):
 
 
 def test_job_users_maps_the_jobs_of_the_states_asked_to_their_users(db):
-    for j, user in (("a", "alice"), ("b", "bob"), ("r", "")):
-        db.upsert_job(j, profile="1g", user=user)
+    for j, user, uid in (("a", "alice", 1001), ("b", "bob", None), ("r", "", None)):
+        db.upsert_job(j, profile="1g", user=user, uid=uid)
     db.set_job_state("r", "RUNNING")
-    assert db.job_users(["PENDING"]) == {"a": "alice", "b": "bob"}
-    assert db.job_users(["PENDING", "RUNNING"]) == {"a": "alice", "b": "bob", "r": ""}
+    assert db.job_users(["PENDING"]) == {"a": ("alice", 1001), "b": ("bob", None)}
+    assert db.job_users(["PENDING", "RUNNING"]) == {"a": ("alice", 1001), "b": ("bob", None), "r": ("", None)}
+
+
+def test_a_jobs_uid_is_kept_for_its_name_and_dropped_with_it(db):
+    """jobs.uid (version 8): written where the writer knows it (a tick); a write without one (a Prolog, which has
+    only squeue's name) keeps it for the same name and leaves none for another."""
+    db.upsert_job("a", profile="1g", user="alice", uid=1001)
+    assert db.get_job("a").uid == 1001
+    db.upsert_job("a", profile="1g", user="alice")
+    assert db.get_job("a").uid == 1001
+    db.upsert_job("a", profile="1g", user="alice.smith", uid=1001)
+    assert (db.get_job("a").user, db.get_job("a").uid) == ("alice.smith", 1001)
+    db.upsert_job("a", profile="1g", user="bob")
+    assert db.get_job("a").uid is None
     with pytest.raises(ValueError):
         db.job_users(["WAITING"])
 

@@ -18,6 +18,7 @@ The node API (POST, authenticated): /v1/prolog, /v1/bound, /v1/bind-failed, /v1/
 from __future__ import annotations
 
 import logging
+import pwd
 import re
 import threading
 import time
@@ -432,7 +433,8 @@ class Controller:
                 ended.add(job_id)
                 run = self.store.get_job(job_id)
                 if run is not None and run.state in ("RUNNING", "SUSPENDED", "COMPLETING") \
-                        and _another_job(run, j.submit_time, margin, user=j.user, requeued=bool(j.restart_cnt)):
+                        and _another_job(run, j.submit_time, margin, user=j.user, uid=j.user_id,
+                                         requeued=bool(j.restart_cnt)):
                     # Another job with the id (_another_job) that ended before a tick saw it live: its request,
                     # user and end are not those of the stored run, whose lost Epilog _lost_epilogs settles.
                     continue
@@ -443,7 +445,7 @@ class Controller:
                 self._note_unservable(job_id, str(exc), now)
                 continue
             state = j.state if j.state in ("PENDING", "RUNNING", "COMPLETING", "SUSPENDED") else None
-            self.store.upsert_job(job_id, profile=kind, count=count, user=j.user, name=j.name,
+            self.store.upsert_job(job_id, profile=kind, count=count, user=j.user, uid=j.user_id, name=j.name,
                                   partition=j.partition,
                                   time_limit_s=None if j.time_limit_min is None else j.time_limit_min * 60.0,
                                   submit_time=j.submit_time, now=now, blocked=entry.blocked)
@@ -457,12 +459,12 @@ class Controller:
                 self._ended_since.pop(job_id, None)
                 current = self.store.get_job(job_id)
             elif current is not None and j.state in ("PENDING", "RUNNING", "SUSPENDED") \
-                    and _another_job(current, j.submit_time, margin, user=j.user, requeued=bool(j.restart_cnt),
-                                     job_user=users.get(job_id, "")):
+                    and _another_job(current, j.submit_time, margin, user=j.user, uid=j.user_id,
+                                     requeued=bool(j.restart_cnt), job_user=users.get(job_id, ("", None))):
                 # Another user's, or submitted after this run started (or, waiting, after its submission) and
                 # never requeued: another job with the id (slurmctld lost its state, MaxJobId wrapped), not this
                 # run requeued.
-                self._another_job_with_id(current, j.submit_time, now, users=(users.get(job_id, ""), j.user))
+                self._another_job_with_id(current, j.submit_time, now, users=(users.get(job_id, ("",))[0], j.user))
                 current = self.store.get_job(job_id)
             if j.state == "PENDING":
                 order.append(job_id)
@@ -635,7 +637,7 @@ class Controller:
                 # it ended), whose end and exit status are not this run's. This run waits its own grace.
                 first, record = now, None
             if record is None and sj is not None \
-                    and _another_job(job, sj.submit_time, self._clock_margin(), user=sj.user,
+                    and _another_job(job, sj.submit_time, self._clock_margin(), user=sj.user, uid=sj.user_id,
                                      requeued=bool(sj.restart_cnt)):
                 # Slurm's record is another job's with the id (another user's, or submitted after this run
                 # started and never requeued: slurmctld lost its state, or its ids wrapped), ended before a tick
@@ -1646,6 +1648,11 @@ class Controller:
                 raise RequestRejected(f"job {job_id} is bound on {', '.join(sorted(elsewhere))}, and Slurm "
                                       f"{'cannot be asked' if where is None else 'does not run it on ' + node}")
         carried = None  # the journal entries this Prolog's re-carve carries, noted once they are committed
+        # The uid of Slurm's user where its name is not the stored run's (renamed, or another user's job with the
+        # id): squeue -j prints only the name, looked up here as squeue did, outside the transaction.
+        stored = self.store.get_job(job_id)
+        listed_uid = _uid_of(detail.user) if detail is not None and stored is not None \
+            and _other_user(stored.user, detail.user) else None
         with self.store.transaction():
             self._store_observed(node, observed, observed_at, node_bindings)
             ended = self.store.get_job(job_id)
@@ -1665,7 +1672,7 @@ class Controller:
             elif ended is not None and ended.state not in TERMINAL and detail is not None \
                     and detail.state not in TERMINAL \
                     and _another_job(ended, local_epoch(submit_text, earliest=True), self._clock_margin(),
-                                     user=detail.user, requeued=_requeued(detail)):
+                                     user=detail.user, uid=listed_uid, requeued=_requeued(detail)):
                 # Slurm's job is another user's, or was submitted after the stored run started (waiting: after its
                 # submission): not a retried Prolog of that run (whose instances it was handed, whatever it asked
                 # for) but another job with the id, started before a tick saw it. A requeue gives the job a new
@@ -2318,11 +2325,12 @@ def _same_run(job, listed, outcome=None) -> bool:
     return any(abs(float(listed.end_time) - e) < 300.0 for e in ends)
 
 
-def _another_job(job, submit_time: float | None, margin: float, *, user: str = "", requeued: bool = False,
-                 job_user: str | None = None) -> bool:
-    """Is a job Slurm lists under ``job``'s id, ``user``'s and submitted at ``submit_time``, another job than the
-    store's live (not ended) run ``job``? ``requeued``: Slurm says it requeued that job (squeue's restart count).
-    ``job_user``: the stored run's user where ``job.user`` is no longer it (the tick has written Slurm's over it).
+def _another_job(job, submit_time: float | None, margin: float, *, user: str = "", uid: int | None = None,
+                 requeued: bool = False, job_user: tuple[str, int | None] | None = None) -> bool:
+    """Is a job Slurm lists under ``job``'s id, ``user``'s (uid ``uid``, None: not known) and submitted at
+    ``submit_time``, another job than the store's live (not ended) run ``job``? ``requeued``: Slurm says it
+    requeued that job (squeue's restart count). ``job_user``: the stored run's (user, uid) where ``job``'s are
+    no longer it (the tick has written Slurm's over them).
 
     A requeue never changes a job's user: one of another user (both known, :func:`_other_user`) is another job,
     whatever its times and restart count say. Otherwise: a job is submitted before it starts, and Slurm keeps
@@ -2335,7 +2343,8 @@ def _another_job(job, submit_time: float | None, margin: float, *, user: str = "
     (waiting: of its submission); nothing Slurm prints tells the two apart."""
     if job is None or job.state in TERMINAL:
         return False
-    if _other_user(job.user if job_user is None else job_user, user):
+    stored, stored_uid = (job.user, getattr(job, "uid", None)) if job_user is None else job_user
+    if _other_user(stored, user, stored_uid, uid):
         return True
     if requeued or submit_time is None:
         return False
@@ -2343,13 +2352,31 @@ def _another_job(job, submit_time: float | None, margin: float, *, user: str = "
     return since is not None and float(submit_time) > since + margin
 
 
-def _other_user(stored: str | None, listed: str | None) -> bool:
-    """Do two records of a job id name different users? Only when both name one (:func:`_known_user`) the same
-    way: squeue --json gives the uid where it cannot look the name up, and a uid against a name says nothing."""
+def _other_user(stored: str | None, listed: str | None, stored_uid: int | None = None,
+                listed_uid: int | None = None) -> bool:
+    """Do two records of a job id name different users? By their uids where both have one: a name is not the
+    user's for good (renamed in the directory while a job ran; the uid printed where the head node's lookup
+    failed, against a name all digits), and until 2026-11-27 a running job whose user's name squeue read
+    otherwise was taken for another user's job, its instances released. Else by name, only when both name one
+    (:func:`_known_user`) the same way: squeue --json gives the uid where it cannot look the name up, and a uid
+    against a name says nothing."""
+    if stored_uid is not None and listed_uid is not None:
+        return stored_uid != listed_uid
     if not (_known_user(stored) and _known_user(listed)):
         return False
     a, b = stored.strip(), listed.strip()
     return a.isdigit() == b.isdigit() and a != b
+
+
+def _uid_of(user: str | None) -> int | None:
+    """The uid this host's name service gives ``user`` (None: no such name, or the lookup failed). Only asked where
+    squeue's name for a job is not the stored one: squeue -j, unlike --json, prints no uid."""
+    if not _known_user(user):
+        return None
+    try:
+        return pwd.getpwnam(user.strip()).pw_uid
+    except (KeyError, OSError, ValueError):
+        return None
 
 
 def _known_user(user: str | None) -> bool:

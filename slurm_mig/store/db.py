@@ -332,6 +332,7 @@ def _row_job(r: dict) -> Job:
         # Absent from a version-2 database that the read-only views open without migrating it.
         blocked=r.get("blocked"),
         run=r.get("run") or 1,  # absent before version 4
+        uid=r.get("uid"),  # absent before version 8
     )
 
 
@@ -775,14 +776,15 @@ class Store:
     def upsert_job(self, job_id: str, *, profile: str, count: int = 1, user: str = "", name: str = "",
                    partition: str = "", time_limit_s: float | None = None, submit_time: float | None = None,
                    state: str | None = None, priority_order: int | None = None, now: float | None = None,
-                   blocked: str | None = None) -> None:
+                   blocked: str | None = None, uid: int | None = None) -> None:
         """Insert a job as Slurm reports it, or update its request fields.
 
         A new job starts PENDING unless ``state`` says otherwise; for an existing
         one ``state`` (when given) goes through set_job_state(), and start/end
         times, bindings and the reason are kept. ``blocked``: why Slurm will not
         start it now (it is then left out of the policy's view and its reason says
-        so); None: it may start.
+        so); None: it may start. ``uid``: its user's uid; None (not known) keeps the
+        stored one where ``user`` is the stored name, else leaves none.
         """
         job_id = str(job_id)
         if count < 1:
@@ -794,9 +796,12 @@ class Store:
             self._x(
                 # A new row for an id with outcomes (its old row was forgotten) is a later run of the id.
                 "INSERT INTO jobs (job_id, user, name, partition, profile, count, time_limit_s, state, submit_time, "
-                "priority_order, updated_at, blocked, run) VALUES (?, ?, ?, ?, ?, ?, ?, 'PENDING', ?, ?, ?, ?, "
+                "priority_order, updated_at, blocked, uid, run) VALUES (?, ?, ?, ?, ?, ?, ?, 'PENDING', ?, ?, ?, ?, ?, "
                 "(SELECT COALESCE(MAX(o.run), 0) + 1 FROM outcomes o WHERE o.job_id = ?)) "
-                "ON CONFLICT(job_id) DO UPDATE SET user = excluded.user, name = excluded.name, "
+                "ON CONFLICT(job_id) DO UPDATE SET "
+                "uid = CASE WHEN excluded.uid IS NOT NULL THEN excluded.uid WHEN excluded.user = jobs.user "
+                "THEN jobs.uid END, "
+                "user = excluded.user, name = excluded.name, "
                 "partition = excluded.partition, profile = excluded.profile, count = excluded.count, "
                 "time_limit_s = excluded.time_limit_s, "
                 "priority_order = COALESCE(excluded.priority_order, jobs.priority_order), "
@@ -805,7 +810,8 @@ class Store:
                 "reason = CASE WHEN jobs.blocked IS NOT NULL AND excluded.blocked IS NULL AND jobs.state = 'PENDING' "
                 "THEN '' ELSE jobs.reason END",
                 (job_id, user, name, partition, profile, int(count), time_limit_s,
-                 t if submit_time is None else submit_time, priority_order, t, blocked, job_id),
+                 t if submit_time is None else submit_time, priority_order, t, blocked,
+                 None if uid is None else int(uid), job_id),
             )
             if blocked is not None:
                 # What `jobs` and `explain` show; the policy's next word replaces it once it may start.
@@ -894,13 +900,14 @@ class Store:
                 f"SELECT job_id FROM jobs WHERE state IN ({', '.join('?' for _ in states)}) "
                 "ORDER BY priority_order IS NULL, priority_order, submit_time, job_id", states).fetchall()]
 
-    def job_users(self, states: Iterable[str]) -> dict[str, str]:
-        """``{job_id: user}`` of the jobs in ``states``: what a tick needs of the stored runs before it writes
-        Slurm's records over them (one query, not a row read per job)."""
+    def job_users(self, states: Iterable[str]) -> dict[str, tuple[str, int | None]]:
+        """``{job_id: (user, uid)}`` of the jobs in ``states`` (uid None: not known): what a tick needs of the
+        stored runs before it writes Slurm's records over them (one query, not a row read per job)."""
         states = [_check_state(s, JOB_STATES, "job state") for s in states]
         with self.snapshot():
-            return {r[0]: r[1] for r in self._x(
-                f"SELECT job_id, user FROM jobs WHERE state IN ({', '.join('?' for _ in states)})", states).fetchall()}
+            return {r[0]: (r[1], r[2]) for r in self._x(
+                f"SELECT job_id, user, uid FROM jobs WHERE state IN ({', '.join('?' for _ in states)})",
+                states).fetchall()}
 
     def pending_jobs(self, *, include_bound: bool = False, include_blocked: bool = False) -> list[Job]:
         """PENDING jobs in Slurm priority order (priority_order, then submit time).

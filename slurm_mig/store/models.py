@@ -49,6 +49,7 @@ class Job:
     updated_at: float
     blocked: str | None = None  # why Slurm will not start it now (held, dependency, ...); None: it may
     run: int = 1  # which run of the job id this row tracks now (ids are reused; Store.restart_job)
+    uid: int | None = None  # the uid of its user (squeue's user_id); None: not known (older rows, a Prolog's)
 
 
 @dataclass(frozen=True)

@@ -303,6 +303,15 @@ INSERT INTO decision_bytes (id, bytes)
     FROM decisions ORDER BY id;
 """
 
+_V8_JOB_UIDS = """
+-- The uid of each job's user (squeue --json's user_id), beside its name: a name is not the user's for good
+-- (renamed in the directory; squeue prints the uid where the head node's lookup fails, and a name may be all
+-- digits), and the rule that another user's job under a stored run's id is another job compared names alone:
+-- alice renamed while her job ran took it for another user's, its instances released. NULL: not known (rows
+-- written before this version, or by a Prolog that had only squeue's name).
+ALTER TABLE jobs ADD COLUMN uid INTEGER;
+"""
+
 MIGRATIONS: tuple[Migration, ...] = (
     (1, "base tables", _V1_BASE),
     (2, "indexes for the controller tick; meta table", _V2_INDEXES_AND_META),
@@ -311,6 +320,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     (5, "gpus.blocked: GPUs slurm-mig must leave as they are", _V5_BLOCKED_GPUS),
     (6, "node_messages: node messages handled, answered once", _V6_NODE_MESSAGES),
     (7, "decision_bytes: each decision's stored size, for [controller].keep_decisions_mb", _V7_DECISION_BYTES),
+    (8, "jobs.uid: the uid of each job's user", _V8_JOB_UIDS),
 )
 
 LATEST_VERSION = MIGRATIONS[-1][0]
