@@ -279,3 +279,38 @@ def test_stopping_daemons_leaves_other_children_exit_status_to_their_own_popen()
             if p.poll() is None:
                 p.kill()
                 p.wait()
+
+
+def test_a_signal_while_signals_deferred_restores_its_handlers_leaves_none_held(monkeypatch):
+    """signals_deferred restored SIGINT's handler, then SIGTERM's and SIGHUP's, one call each: a Ctrl-C that
+    came between them ran SIGINT's own handler at once (KeyboardInterrupt) and left the deferring handler on
+    SIGTERM and SIGHUP for good, so every later SIGTERM was swallowed (a CI's stop, `kill`: the process could
+    no longer be stopped but by SIGKILL). The three are restored with the signals blocked; one that comes
+    meanwhile is delivered after, to its own handler."""
+    import os
+    import signal
+
+    from slurm_mig.slurm import localcluster
+
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    real = signal.signal
+    sent = []
+
+    def restoring(sig, handler):
+        old = real(sig, handler)
+        if sig == signal.SIGINT and handler is before[signal.SIGINT] and not sent:
+            sent.append(sig)
+            os.kill(os.getpid(), signal.SIGINT)  # a Ctrl-C just as SIGINT's own handler is back
+        return old
+
+    monkeypatch.setattr(localcluster.signal, "signal", restoring)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with localcluster.signals_deferred():
+                pass
+    finally:
+        monkeypatch.undo()
+        held = {s: signal.getsignal(s) for s in before}
+        for s, h in before.items():
+            signal.signal(s, h)
+    assert sent and held == before

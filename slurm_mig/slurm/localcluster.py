@@ -154,6 +154,9 @@ def _cmdline(pid: int) -> list[str]:
         return []
 
 
+_DEFERRED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
 @contextlib.contextmanager
 def signals_deferred():
     """Hold SIGINT, SIGTERM and SIGHUP while the block runs; then deliver the first that came.
@@ -168,14 +171,21 @@ def signals_deferred():
     got: list[int] = []
     old = {}
     try:
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        for sig in _DEFERRED:
             handler = signal.getsignal(sig)
             if handler is not None and handler is not signal.SIG_IGN:
                 old[sig] = signal.signal(sig, lambda signum, frame: got.append(signum))
         yield
     finally:
-        for sig, handler in old.items():
-            signal.signal(sig, handler)
+        # Restored with the three blocked: one that came between two restores ran its own handler at once
+        # (a KeyboardInterrupt) and left this deferring handler on the others for good, swallowing every later
+        # SIGTERM. Blocked, it waits in the kernel and reaches its own handler once all are back.
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, _DEFERRED)
+        try:
+            for sig, handler in old.items():
+                signal.signal(sig, handler)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
         if got:
             signal.raise_signal(got[0])
 
