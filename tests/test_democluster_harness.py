@@ -285,14 +285,20 @@ def test_a_signal_while_signals_deferred_restores_its_handlers_leaves_none_held(
     """signals_deferred restored SIGINT's handler, then SIGTERM's and SIGHUP's, one call each: a Ctrl-C that
     came between them ran SIGINT's own handler at once (KeyboardInterrupt) and left the deferring handler on
     SIGTERM and SIGHUP for good, so every later SIGTERM was swallowed (a CI's stop, `kill`: the process could
-    no longer be stopped but by SIGKILL). The three are restored with the signals blocked; one that comes
-    meanwhile is delivered after, to its own handler."""
+    no longer be stopped but by SIGKILL). Blocking the signals while restoring did not do either where another
+    thread takes the signal (Python runs the main thread's handler all the same): a handler still in place
+    once the block is over now passes each signal on to the one it stood in for."""
     import os
     import signal
+    import threading
 
     from slurm_mig.slurm import localcluster
 
-    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    seen = []
+    before = {signal.SIGINT: signal.default_int_handler,
+              signal.SIGTERM: lambda signum, frame: seen.append(signum),
+              signal.SIGHUP: lambda signum, frame: seen.append(signum)}
+    saved = {s: signal.signal(s, h) for s, h in before.items()}
     real = signal.signal
     sent = []
 
@@ -303,14 +309,21 @@ def test_a_signal_while_signals_deferred_restores_its_handlers_leaves_none_held(
             os.kill(os.getpid(), signal.SIGINT)  # a Ctrl-C just as SIGINT's own handler is back
         return old
 
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait, daemon=True)  # a thread that may take a process's signal
+    other.start()
     monkeypatch.setattr(localcluster.signal, "signal", restoring)
     try:
         with pytest.raises(KeyboardInterrupt):
             with localcluster.signals_deferred():
                 pass
+        monkeypatch.undo()
+        assert sent
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            signal.raise_signal(sig)
+        assert seen == [signal.SIGTERM, signal.SIGHUP]  # each reached its own handler, none was held
     finally:
         monkeypatch.undo()
-        held = {s: signal.getsignal(s) for s in before}
-        for s, h in before.items():
+        stop.set()
+        for s, h in saved.items():
             signal.signal(s, h)
-    assert sent and held == before

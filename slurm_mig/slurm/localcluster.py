@@ -169,23 +169,36 @@ def signals_deferred():
         yield
         return
     got: list[int] = []
+    deferring = [True]
     old = {}
+
+    def handler_for(orig):
+        # While the block runs: noted. After it: passed on to the handler it stood in for. So a handler left in
+        # place (a signal's own handler raised, e.g. a Ctrl-C's KeyboardInterrupt, half-way through putting
+        # them back) still acts as the old one, and no later SIGTERM is swallowed. Blocking the signals while
+        # putting them back is not enough: another thread may take the signal, and Python runs the main
+        # thread's handler at once all the same.
+        def handler(signum, frame):
+            if deferring[0]:
+                got.append(signum)
+            elif callable(orig):
+                orig(signum, frame)
+            else:  # SIG_DFL: what the default would have done
+                signal.signal(signum, signal.SIG_DFL)
+                signal.raise_signal(signum)
+        return handler
+
     try:
         for sig in _DEFERRED:
-            handler = signal.getsignal(sig)
-            if handler is not None and handler is not signal.SIG_IGN:
-                old[sig] = signal.signal(sig, lambda signum, frame: got.append(signum))
+            orig = signal.getsignal(sig)
+            if orig is not None and orig is not signal.SIG_IGN:
+                signal.signal(sig, handler_for(orig))
+                old[sig] = orig
         yield
     finally:
-        # Restored with the three blocked: one that came between two restores ran its own handler at once
-        # (a KeyboardInterrupt) and left this deferring handler on the others for good, swallowing every later
-        # SIGTERM. Blocked, it waits in the kernel and reaches its own handler once all are back.
-        held = signal.pthread_sigmask(signal.SIG_BLOCK, _DEFERRED)
-        try:
-            for sig, handler in old.items():
-                signal.signal(sig, handler)
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        deferring[0] = False
+        for sig, orig in old.items():
+            signal.signal(sig, orig)
         if got:
             signal.raise_signal(got[0])
 
