@@ -19,6 +19,7 @@ from slurm_mig.api.origin import NodeOrigins, encode_address
 from slurm_mig.api.server import ApiServer, RequestForbidden
 from slurm_mig.config import AuthConfig, Config
 from slurm_mig.controller.service import Controller
+from slurm_mig.slurm.localcluster import _pid_alive as _alive  # a zombie counts as gone
 from slurm_mig.slurm.parsers import SlurmNode
 from slurm_mig.store import open_store
 
@@ -186,14 +187,6 @@ def _stop_munged(pids, timeout: float = 5.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and any(_alive(p) for p in pids):
         time.sleep(0.02)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def _start_munged(tmp_path, daemons):

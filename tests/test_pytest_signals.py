@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from slurm_mig.slurm.localcluster import _pid_alive as _alive  # a zombie counts as gone
+
 CHILD_TEST = """
 import os, subprocess, time
 from pathlib import Path
@@ -42,14 +44,6 @@ def test_waits(daemon):
     (HERE / "ready").write_text("yes")
     time.sleep(60)
 """
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
