@@ -23,7 +23,8 @@ from slurm_mig.slurm.parsers import (
 from slurm_mig.store import open_store
 
 from tests.test_slurm_parsers import (
-    SCONTROL_JOBS_D, SCONTROL_RES, SINFO_JSON_CPUS, SINFO_JSON_WHERE, SQUEUE_JSON_CPUS, SQUEUE_JSON_WHERE,
+    SCONTROL_JOBS_D, SCONTROL_RES, SINFO_JSON_CPUS, SINFO_JSON_WHERE, SQUEUE_JSON_22_05, SQUEUE_JSON_CPUS,
+    SQUEUE_JSON_WHERE,
 )
 
 _KEYS = ("job_id", "array_job_id", "array_task_id", "array_task_string", "array_max_tasks", "job_state",
@@ -633,3 +634,69 @@ def test_a_suspended_job_is_stored_suspended_keeps_its_instance_and_a_requeue_of
     ctl.tick()
     assert ctl.store.get_job("3").state == "PENDING"
     assert ctl.store.live_bindings("n1") == []
+
+
+# One 22.05 job (`sbatch --gres=mig:3g:1 -t 60`) through `scontrol suspend` and `scontrol resume`, as squeue --json
+# shows it: the fields the controller reads, in the real record's shape (SQUEUE_JSON_22_05's job 19, which printed
+# "suspend_time":0 and "pre_sus_time":0 for a job never suspended). The suspended and resumed values are not
+# captured from a cluster (no Slurm here): they follow slurmctld's suspend/resume code. On suspend, pre_sus_time
+# gains the time run since the start (or the last resume) and suspend_time is now; end_time stays as it was. On
+# resume suspend_time is now again and end_time = now + time_limit - pre_sus_time (the limit does not count
+# suspended time). Started at S = 1795257119, ran 20 minutes, suspended 90 minutes, resumed at S + 6600.
+SUSPEND_SEQUENCE = {
+    "running": """{"errors":[],"jobs":[{"job_id":19,"job_state":"RUNNING","state_reason":"None","priority":4294901759,
+        "tres_per_node":"gres:mig:3g:1","partition":"debug","submit_time":1795257118,"start_time":1795257119,
+        "end_time":1795260719,"suspend_time":0,"pre_sus_time":0,"time_limit":60,"name":"train","user_name":"root",
+        "user_id":0,"nodes":"n1","node_count":1}]}""",
+    "suspended": """{"errors":[],"jobs":[{"job_id":19,"job_state":"SUSPENDED","state_reason":"None","priority":0,
+        "tres_per_node":"gres:mig:3g:1","partition":"debug","submit_time":1795257118,"start_time":1795257119,
+        "end_time":1795260719,"suspend_time":1795258319,"pre_sus_time":1200,"time_limit":60,"name":"train",
+        "user_name":"root","user_id":0,"nodes":"n1","node_count":1}]}""",
+    "resumed": """{"errors":[],"jobs":[{"job_id":19,"job_state":"RUNNING","state_reason":"None","priority":4294901759,
+        "tres_per_node":"gres:mig:3g:1","partition":"debug","submit_time":1795257118,"start_time":1795257119,
+        "end_time":1795266119,"suspend_time":1795263719,"pre_sus_time":1200,"time_limit":60,"name":"train",
+        "user_name":"root","user_id":0,"nodes":"n1","node_count":1}]}""",
+}
+_S = 1795257119
+
+
+def test_squeue_gives_the_time_a_job_spent_suspended():
+    (running,), (suspended,), (resumed,) = (parse_squeue_json(json.loads(SUSPEND_SEQUENCE[k]))
+                                            for k in ("running", "suspended", "resumed"))
+    assert (running.suspend_time, running.pre_sus_time, running.suspended_before_s) == (None, 0, 0.0)
+    # Suspended: ran 1200 s, none of it suspended before this suspension (which began at suspend_time).
+    assert (suspended.suspend_time, suspended.pre_sus_time, suspended.suspended_before_s) == (_S + 1200, 1200, 0.0)
+    # Resumed: the 90 minutes suspended; start + limit + them is the end Slurm gives (and enforces).
+    assert resumed.suspended_before_s == 5400.0
+    assert resumed.start_time + resumed.time_limit_min * 60 + resumed.suspended_before_s == resumed.end_time
+    # The real 22.05 record of a job never suspended.
+    assert [j.suspended_before_s for j in parse_squeue_json(json.loads(SQUEUE_JSON_22_05))][:2] == [0.0, 0.0]
+
+
+def test_a_suspended_job_has_no_bounded_end_and_once_resumed_ends_later_by_the_time_it_was_suspended(ctl):
+    """The policy's view estimated a running job's end as start + time limit. Slurm does not count suspended
+    time against the limit: resumed after 90 minutes suspended, the job's instance looked free 90 minutes early
+    (here already free, 33 minutes before Slurm ends the job), and while it was suspended it looked free at
+    start + limit, though it may stay suspended for hours. EASY backfill's reservations and frag-aware's end alignment plan on
+    these ends."""
+    from slurm_mig.mig.layout import Slot
+
+    slot = Slot(0, "3g.40gb")
+
+    def until(at: float):
+        return ctl.store.cluster_state(now=at).gpu("n1/0").busy_until
+
+    for name, at in (("running", _S + 600), ("suspended", _S + 3000), ("resumed", _S + 7000)):
+        ctl.clock = lambda at=at: float(at)
+        ctl.slurm.queue = parse_squeue_json(json.loads(SUSPEND_SEQUENCE[name]))
+        ctl.tick()
+        if name == "running":
+            ctl.store.bind("19", "n1", [(0, slot)], now=_S)
+            assert until(at) == ((slot, _S + 3600.0),)
+        elif name == "suspended":
+            assert ctl.store.get_job("19").state == "SUSPENDED"
+            gpu = ctl.store.cluster_state(now=at).gpu("n1/0")
+            assert slot in gpu.busy and gpu.busy_until == ()  # busy, with no end a reservation could count on
+        else:
+            assert ctl.store.get_job("19").state == "RUNNING"
+            assert until(at) == ((slot, 1795266119.0),)  # Slurm's end_time: start + limit + 5400 s suspended

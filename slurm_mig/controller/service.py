@@ -499,6 +499,13 @@ class Controller:
                     self.store.add_event("end", f"job {job_id}: Slurm says it ended {j.state} (its Epilog reported "
                                          f"{current.state}, exit {format_exit_status(current.exit_code)})",
                                          node=current.node, job_id=job_id, now=now)
+            if j.state != "PENDING" and j.suspend_time is not None and j.suspended_before_s is not None:
+                # Suspended at some point (squeue's suspend_time): Slurm does not count that time against the limit
+                # and moves the job's end on resume, so the policy's end estimate and the run time recorded for
+                # it leave it out (Store.set_suspension).
+                self.store.set_suspension(job_id, suspended_s=j.suspended_before_s,
+                                          since=float(j.suspend_time) if j.state == "SUSPENDED" else None,
+                                          ended=j.state not in ("RUNNING", "SUSPENDED"))
         self.store.set_job_order(order)
         # Pending (or requeued) jobs Slurm no longer lists were cancelled (or purged after MinJobAge). A job a
         # Prolog requeued after our squeue (one submitted meanwhile) is not in its answer: left for the next.

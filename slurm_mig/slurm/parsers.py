@@ -338,6 +338,11 @@ class SlurmJob:
     exclusive: bool = False  # --exclusive: a node with no CPU allocated to another job
     # How often Slurm requeued it (restart_cnt): a requeued batch job gets a new submit time, a new job none.
     restart_cnt: int = 0
+    # `scontrol suspend` / `resume` (and gang or suspend preemption), as slurmctld keeps them: ``suspend_time`` is
+    # when the job was last suspended or resumed (None: never), ``pre_sus_time`` the seconds it ran before that
+    # (its run time so far while suspended). Slurm does not count suspended time against the time limit.
+    suspend_time: int | None = None
+    pre_sus_time: int | None = None
 
     @property
     def pending(self) -> bool:
@@ -353,6 +358,23 @@ class SlurmJob:
     def wants_mig(self) -> bool:
         """The job asks for at least one MIG instance."""
         return bool(self.mig)
+
+    @property
+    def suspended_before_s(self) -> float | None:
+        """Seconds this run was suspended before its last suspend or resume: ``suspend_time - start_time -
+        pre_sus_time`` (0 for a job never suspended; None when Slurm gave no ``pre_sus_time`` or no start).
+
+        What squeue's TIME column and scontrol's RunTime count (squeue's job_time_used): a suspended job's
+        run time is ``pre_sus_time``; once resumed it is ``now - suspend_time + pre_sus_time``; never suspended,
+        ``now - start_time``. So a resumed job has been suspended for this many seconds, and a suspended one
+        for this many plus the time since ``suspend_time``. A ``suspend_time`` before the start is an earlier
+        run's (Slurm clears both on requeue): 0.
+        """
+        if self.start_time is None or self.pre_sus_time is None:
+            return None
+        if self.suspend_time is None or self.suspend_time < self.start_time:
+            return 0.0
+        return float(max(0, self.suspend_time - self.start_time - self.pre_sus_time))
 
 
 def _job_state(value: Any) -> tuple[str, list[str]]:
@@ -427,6 +449,8 @@ def parse_squeue_json(doc: dict) -> list[SlurmJob]:
             # 22.05 writes "none" for --exclusive ("user", "mcs", "oversubscribe" otherwise), 23.02+ a list
             exclusive="none" in _str(j.get("shared")).lower().split(","),
             restart_cnt=_num(j.get("restart_cnt")) or 0,
+            suspend_time=_epoch(j.get("suspend_time")),
+            pre_sus_time=_num(j.get("pre_sus_time")),
         ))
     return jobs
 

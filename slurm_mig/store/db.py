@@ -333,6 +333,7 @@ def _row_job(r: dict) -> Job:
         blocked=r.get("blocked"),
         run=r.get("run") or 1,  # absent before version 4
         uid=r.get("uid"),  # absent before version 8
+        suspended_s=r.get("suspended_s"), suspended_since=r.get("suspended_since"),  # absent before version 9
     )
 
 
@@ -844,7 +845,7 @@ class Store:
                 sets.append("end_time = COALESCE(end_time, ?)")
                 params.append(t)
             elif state in ("PENDING", "REQUEUED"):
-                sets.append("start_time = NULL, end_time = NULL")
+                sets.append("start_time = NULL, end_time = NULL, suspended_s = NULL, suspended_since = NULL")
             for col, val in (("reason", reason), ("node", node), ("exit_code", exit_code)):
                 if val is not None:
                     sets.append(f"{col} = ?")
@@ -852,6 +853,23 @@ class Store:
             self._x(f"UPDATE jobs SET {', '.join(sets)} WHERE job_id = ?", (*params, job_id))
             if state in TERMINAL_STATES:
                 self.release(job_id, now=t)
+
+    def set_suspension(self, job_id: str, *, suspended_s: float, since: float | None, ended: bool = False) -> None:
+        """Note the time the current run of ``job_id`` has spent suspended, as Slurm's record says
+        (SlurmJob.suspended_before_s): ``suspended_s`` seconds before its last suspend or resume, and ``since``
+        when the suspension going on began (None: it runs). Only for a job that runs here (RUNNING, SUSPENDED,
+        COMPLETING, or ended): a waiting one has no run yet. ``ended``: Slurm's record of the run's end (or its
+        COMPLETING): the seconds only grow, and the suspension noted as going on is kept (Slurm gives a job
+        killed while suspended its suspend time as end, with the same figures as before the kill)."""
+        with self.transaction():
+            if ended:
+                self._x("UPDATE jobs SET suspended_s = ? WHERE job_id = ? AND state NOT IN ('PENDING', 'REQUEUED') "
+                        "AND (suspended_s IS NULL OR suspended_s < ?)", (float(suspended_s), str(job_id),
+                                                                          float(suspended_s)))
+            else:
+                self._x("UPDATE jobs SET suspended_s = ?, suspended_since = ? WHERE job_id = ? AND state IN "
+                        "('RUNNING', 'SUSPENDED', 'COMPLETING') AND (suspended_s IS NOT ? OR suspended_since IS NOT ?)",
+                        (float(suspended_s), since, str(job_id), float(suspended_s), since))
 
     def restart_job(self, job_id: str, *, now: float | None = None, reason: str,
                     submit_time: float | None = None) -> None:
@@ -1422,7 +1440,7 @@ class Store:
         entries are still creating added (when they fit). ``reconfiguring`` =
         every instance an open journal entry names. ``busy`` = instances bound
         to a live job, plus any the node reports in use. ``busy_until`` = start
-        + time limit of running bound jobs. ``available`` = node up, MIG on, the
+        + time limit (+ the time it was suspended) of running bound jobs; none for a job suspended now. ``available`` = node up, MIG on, the
         GPU not blocked, and (with ``stale_after_s``) seen recently. ``pending`` = pending_jobs().
         GPUs whose model slurm-mig does not know are left out. ``prolog_choice(job_id, node, profile, count,
         gpus)``: the ``(gpu, slot)`` instances the Prolog of a job Slurm started on ``node`` would bind now, on
@@ -1438,7 +1456,7 @@ class Store:
             gpu_rows = self._q("SELECT * FROM gpus ORDER BY node, gpu")
             inst_rows = self._q("SELECT * FROM instances ORDER BY node, gpu, start")
             bind_rows = self._q(
-                "SELECT b.node, b.gpu, b.start, b.profile, b.job_id, j.start_time, j.time_limit_s, j.state "
+                "SELECT b.node, b.gpu, b.start, b.profile, b.job_id, j.start_time, j.time_limit_s, j.state, j.suspended_s "
                 "FROM bindings b JOIN jobs j ON j.job_id = b.job_id WHERE b.released_at IS NULL"
             )
             journal = [_row_journal(r) for r in self._q(
@@ -1515,8 +1533,13 @@ class Store:
                                 b["job_id"], slot, key[0], key[1], layout)
                     continue
                 bound_slots.add(slot)
-                if b["start_time"] is not None and b["time_limit_s"] is not None:
-                    until.append((slot, float(b["start_time"]) + float(b["time_limit_s"])))
+                if b["start_time"] is not None and b["time_limit_s"] is not None and b["state"] != "SUSPENDED":
+                    # Slurm does not count suspended time against the limit (it moves the end on resume): a
+                    # job once suspended ends that much later. One suspended now has no bounded end until it
+                    # is resumed (left out: INF, as a job without a limit), so no reservation counts on its
+                    # instance; start + limit there freed it while it may stay suspended for hours.
+                    until.append((slot, float(b["start_time"]) + float(b["time_limit_s"])
+                                  + float(b.get("suspended_s") or 0.0)))
             node = nodes.get(g["node"])
             # A blocked GPU (a MIG mode change pending a reset, an unknown profile's instance) keeps its layout
             # and busy instances in view, but no policy may change it or start a job on it, as on a drained node.

@@ -50,6 +50,15 @@ class Job:
     blocked: str | None = None  # why Slurm will not start it now (held, dependency, ...); None: it may
     run: int = 1  # which run of the job id this row tracks now (ids are reused; Store.restart_job)
     uid: int | None = None  # the uid of its user (squeue's user_id); None: not known (older rows, a Prolog's)
+    # Time the run spent suspended (schema migration 9): seconds before its last suspend or resume (None: never
+    # seen suspended), and when the suspension going on began (None: not suspended now).
+    suspended_s: float | None = None
+    suspended_since: float | None = None
+
+    def suspended_for(self, at: float) -> float:
+        """Seconds the run had spent suspended by time ``at`` (a suspension going on counted up to ``at``)."""
+        ongoing = max(0.0, at - self.suspended_since) if self.suspended_since is not None else 0.0
+        return (self.suspended_s or 0.0) + ongoing
 
 
 @dataclass(frozen=True)

@@ -312,6 +312,17 @@ _V8_JOB_UIDS = """
 ALTER TABLE jobs ADD COLUMN uid INTEGER;
 """
 
+_V9_JOB_SUSPENSIONS = """
+-- Time a running job spent suspended (`scontrol suspend`, gang or suspend preemption), from squeue's
+-- suspend_time and pre_sus_time: Slurm does not count it against the time limit (it moves the job's end on
+-- resume), so the policy's end estimate (start + limit) and the recorded run time (end - start) were off by it.
+-- suspended_s: seconds the run was suspended before its last suspend or resume; suspended_since: when the
+-- suspension going on began (NULL: not suspended now). NULL suspended_s: never seen suspended (0). Both
+-- cleared when the job waits again (a requeue, the id's next run).
+ALTER TABLE jobs ADD COLUMN suspended_s REAL;
+ALTER TABLE jobs ADD COLUMN suspended_since REAL;
+"""
+
 MIGRATIONS: tuple[Migration, ...] = (
     (1, "base tables", _V1_BASE),
     (2, "indexes for the controller tick; meta table", _V2_INDEXES_AND_META),
@@ -321,6 +332,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     (6, "node_messages: node messages handled, answered once", _V6_NODE_MESSAGES),
     (7, "decision_bytes: each decision's stored size, for [controller].keep_decisions_mb", _V7_DECISION_BYTES),
     (8, "jobs.uid: the uid of each job's user", _V8_JOB_UIDS),
+    (9, "jobs.suspended_s, jobs.suspended_since: time a run spent suspended", _V9_JOB_SUSPENSIONS),
 )
 
 LATEST_VERSION = MIGRATIONS[-1][0]
