@@ -700,3 +700,37 @@ def test_a_suspended_job_has_no_bounded_end_and_once_resumed_ends_later_by_the_t
         else:
             assert ctl.store.get_job("19").state == "RUNNING"
             assert until(at) == ((slot, 1795266119.0),)  # Slurm's end_time: start + limit + 5400 s suspended
+
+
+@pytest.mark.parametrize("ends", ["after its resume", "while suspended"])
+def test_the_run_time_recorded_leaves_out_the_time_a_job_was_suspended(ctl, tmp_path, ends):
+    """The outcome's run_s was end - start, the 90 minutes the job spent suspended included: `jobs` and `explain`
+    said it ran 90 minutes longer than Slurm's RunTime, and the retrainer's trace (load_outcomes_db) replayed it
+    as a job that long."""
+    from slurm_mig.ops.views import job_dict
+    from slurm_mig.sim.workloads import load_outcomes_db
+
+    steps = [("running", _S + 600), ("suspended", _S + 3000)]
+    if ends == "after its resume":
+        steps.append(("resumed", _S + 7000))
+    for name, at in steps:
+        ctl.clock = lambda at=at: float(at)
+        ctl.slurm.queue = parse_squeue_json(json.loads(SUSPEND_SEQUENCE[name]))
+        ctl.tick()
+    # Run so far, as squeue's TIME column says: at S + 7000, 1200 s before the suspension and 400 s since the
+    # resume; while suspended, the 1200 s before it (pre_sus_time).
+    at = steps[-1][1]
+    assert job_dict(ctl.store.get_job("19"), at)["run_s"] == (1600.0 if ends == "after its resume" else 1200.0)
+    # It ends (scancel of the suspended job) 1000 s after the last tick: its Epilog reports.
+    end = at + 1000
+    ctl.clock = lambda: float(end)
+    assert ctl.on_epilog({"job_id": "19", "node": "n1", "exit_code": 0, "end_time": end,
+                          "instances": [{"gpu": 0, "profile": "3g.40gb", "start": 0}]}, None)["recorded"]
+    # Ran 1200 s before the suspension and 1400 s after the resume at S + 6600; suspended at the end: 1200 s.
+    want = 2600.0 if ends == "after its resume" else 1200.0
+    outcome = ctl.store.outcome("19")
+    assert outcome.end_time - outcome.start_time == end - _S  # the span stays the span
+    assert outcome.run_s == want
+    assert ctl.store.get_job("19").end_time == end and job_dict(ctl.store.get_job("19"), end + 50)["run_s"] == want
+    trace = load_outcomes_db(tmp_path / "state.db")
+    assert [j.duration_s for j in trace.jobs] == [want]

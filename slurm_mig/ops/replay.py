@@ -43,10 +43,9 @@ def _limit(job) -> float | None:
 
 
 def _duration(job, now: float) -> float:
-    if job.start_time is not None and job.end_time is not None:
-        return max(0.1, job.end_time - job.start_time)
     if job.start_time is not None:
-        return max(0.1, now - job.start_time)
+        end = job.end_time if job.end_time is not None else now
+        return max(0.1, end - job.start_time - job.suspended_for(end))  # not the time it was suspended
     limit = _limit(job)
     return limit if limit is not None else 60.0
 

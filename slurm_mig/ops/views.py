@@ -452,6 +452,8 @@ def job_dict(job, now: float, reservation: dict | None = None) -> dict:
     run = None
     if start is not None:
         run = _elapsed(job.end_time or now, start)
+        if run is not None and (job.suspended_s or job.suspended_since is not None):
+            run = max(0.0, run - job.suspended_for(job.end_time or now))  # as Slurm's RunTime: not while suspended
     return {
         "job_id": job.job_id, "run": job.run, "user": job.user, "name": job.name, "partition": job.partition,
         "profile": job.profile, "count": job.count, "state": job.state, "reason": job.reason,

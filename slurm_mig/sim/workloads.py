@@ -759,7 +759,8 @@ def load_outcomes_db(
     time_limit_s, run_s, run when present) with a plain sqlite3 query. Each
     run of a reused job id is a job of its own: the first keeps the id, a
     later one is named ``<id>#<run>`` (the simulator keys jobs by id). Run time =
-    end_time - start_time (or run_s); submit_time falls back to start_time.
+    run_s (or, without it, end_time - start_time: run_s leaves out the time a job
+    spent suspended); submit_time falls back to start_time.
     Rows without a usable run time, with an unknown profile, or with a value
     that is not a number (text in a time column) are skipped and counted in
     ``meta["skipped"]``.
@@ -802,7 +803,11 @@ def load_outcomes_db(
                 skipped["not_a_number"] += 1
                 continue
             start, end = r.get("start_time"), r.get("end_time")
-            run = (end - start) if start is not None and end is not None else r.get("run_s")
+            # run_s first: it leaves out the time the job was suspended (end - start holds it), and is end - start
+            # for every other row the controller wrote.
+            run = r.get("run_s")
+            if run is None and start is not None and end is not None:
+                run = end - start
             if run is None or run <= 0:
                 skipped["no_run_time"] += 1
                 continue

@@ -1122,7 +1122,9 @@ class Store:
 
         Missing fields (profile, count, node, instances, user, partition,
         time_limit_s, submit/start times) come from the jobs row; ``fields``
-        overrides any of them. wait_s and run_s are derived from the times.
+        overrides any of them. wait_s and run_s are derived from the times; run_s leaves out the time the
+        run spent suspended (jobs.suspended_s, suspended_since), so it is end - start only for a job never
+        suspended.
         """
         _check_state(state, JOB_STATES, "job state")
         allowed = {"profile", "count", "node", "gpus", "instances", "user", "partition", "time_limit_s",
@@ -1159,6 +1161,10 @@ class Store:
             submit, start = v.get("submit_time"), v.get("start_time")
             wait_s = max(0.0, start - submit) if start is not None and submit is not None else None
             run_s = (end - start) if start is not None and end is not None else None
+            if run_s is not None and job is not None and not earlier:
+                # Without the time it was suspended (schema migration 9), as Slurm's RunTime counts it: the
+                # retrainer's trace replays run_s, and a job suspended for an hour did not run for one more.
+                run_s = max(0.0, run_s - job.suspended_for(end))
             cur = self._x(
                 "INSERT INTO outcomes (job_id, run, profile, count, node, gpus, instances, user, partition, "
                 "time_limit_s, submit_time, start_time, end_time, wait_s, run_s, exit_code, derived_exit_code, "
