@@ -636,6 +636,21 @@ def test_a_suspended_job_is_stored_suspended_keeps_its_instance_and_a_requeue_of
     assert ctl.store.live_bindings("n1") == []
 
 
+def test_a_job_first_seen_suspended_is_stored_as_started_and_suspended(ctl):
+    """A job that started and was suspended while the controller was down (no Prolog report reached it either)
+    was seen SUSPENDED by the next tick, which moved only PENDING -> RUNNING: the job stayed PENDING in the store,
+    a waiting job to the policy, with no start time."""
+    row = [4, 0, None, "", 0, "PENDING", "Resources", 50, "gres:mig:3g:1", "", "debug", 1, 60, "a", "u", "", 1]
+    ctl.slurm.queue = squeue([row])
+    ctl.tick()
+    started = int(time.time()) - 600
+    ctl.slurm.queue = [replace(j, state="SUSPENDED", start_time=started, nodes=["n1"]) for j in squeue([row])]
+    ctl.tick()
+    job = ctl.store.get_job("4")
+    assert (job.state, job.start_time, job.node) == ("SUSPENDED", started, "n1")
+    assert "4" not in [j.job_id for j in ctl.store.pending_jobs(include_bound=True, include_blocked=True)]
+
+
 # One 22.05 job (`sbatch --gres=mig:3g:1 -t 60`) through `scontrol suspend` and `scontrol resume`, as squeue --json
 # shows it: the fields the controller reads, in the real record's shape (SQUEUE_JSON_22_05's job 19, which printed
 # "suspend_time":0 and "pre_sus_time":0 for a job never suspended). The suspended and resumed values are not

@@ -477,10 +477,13 @@ class Controller:
                     # skips the Prolog of a job id whose credential it still caches, so starting it
                     # sooner would run it without its MIG instance. Sites lower cred_expire instead.
                     self.store.set_job_state(job_id, "PENDING", now=now, reason="requeued; waiting again")
-            elif state == "RUNNING" and current and current.state == "PENDING":
-                # Slurm's start time: the tick may see the job long after it started (controller restarted).
+            elif state in ("RUNNING", "SUSPENDED") and current and current.state == "PENDING":
+                # Slurm's start time: the tick may see the job long after it started (controller restarted), even
+                # suspended meanwhile (then it stayed PENDING here, out of the running jobs and their instances).
                 self.store.set_job_state(job_id, "RUNNING", now=min(now, j.start_time or now),
                                          node=(j.nodes or [None])[0])
+                if state == "SUSPENDED":
+                    self.store.set_job_state(job_id, state, now=now)
             elif state in ("RUNNING", "SUSPENDED") and current and current.state in ("RUNNING", "SUSPENDED") \
                     and current.state != state:
                 # `scontrol suspend` / `resume`: the job keeps its instances (Slurm keeps its GRES); the store
