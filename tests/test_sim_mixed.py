@@ -38,6 +38,21 @@ def test_the_mixed_cluster_has_each_groups_nodes_models_and_partitions():
         get_model(spec.model)
 
 
+def test_each_node_group_starts_with_its_own_layout():
+    """NodeGroup.initial_layout (`explain --replay` starts each model's GPUs as the site's were): each group's
+    GPUs hold it; a group without one starts empty; ClusterSpec.initial_layout, one model's, is still refused."""
+    spec = ClusterSpec.mixed([NodeGroup("h100", "H100-80GB", 1, 2, "3g@0,3g@4"),
+                              NodeGroup("a30", "A30-24GB", 1, 2, "4g@0"),
+                              NodeGroup("more", "A30-24GB", 1, 1)])
+    sim = Simulator(Workload("empty", []), get_policy("greedy"), spec)
+    assert [(g.key, str(g.layout)) for g in sim.gpus] == [
+        ("h100-00/0", "3g@0,3g@4"), ("h100-00/1", "3g@0,3g@4"), ("a30-00/0", "4g@0"), ("a30-00/1", "4g@0"),
+        ("more-00/0", "empty")]
+    from dataclasses import replace
+    with pytest.raises(ConfigError, match="NodeGroup.initial_layout"):
+        Simulator(Workload("empty", []), get_policy("greedy"), replace(spec, initial_layout="7g@0"))
+
+
 @pytest.mark.parametrize("policy", ["first-fit", "greedy", "frag-aware", "rl"])
 def test_mixed_site_jobs_run_only_where_their_partition_and_size_allow(policy):
     w, spec = tiny()

@@ -492,8 +492,11 @@ def _explain(args) -> int:
         if ex["job"]["state"] in V.LIVE_JOB_STATES:
             _note_if_stale(cfg, store)
         per_node: dict[str, int] = {}
+        mig_models = set()
         for g in store.observed_gpus():
             per_node[g.node] = per_node.get(g.node, 0) + 1
+            if g.mig_enabled and g.model:
+                mig_models.add(g.model)
         replay = None
         if args.replay:
             from slurm_mig.ops.replay import replay_job
@@ -516,9 +519,12 @@ def _explain(args) -> int:
     if ex["outcome"] is not None and per_node:
         db = args.db or cfg.controller.db_path
         print()
+        # Several GPU models: simulate --db replays the site's own node groups when told no cluster; --nodes
+        # would put every job on the most common model.
+        cluster = ("" if len(mig_models) > 1 else
+                   f"--nodes {len(per_node)} --gpus-per-node {max(per_node.values())} ")
         print(f"Timeline picture of a replay of the finished jobs: slurm-mig simulate --db {db} "
-              f"--policy {cfg.policy.name} --nodes {len(per_node)} --gpus-per-node {max(per_node.values())} "
-              f"--job {args.job_id} --plot job{args.job_id}.png")
+              f"--policy {cfg.policy.name} {cluster}--job {args.job_id} --plot job{args.job_id}.png")
     return 0
 
 

@@ -55,12 +55,14 @@ _END, _RECONF, _ARRIVAL = 0, 1, 2
 @dataclass(frozen=True)
 class NodeGroup:
     """``nodes`` nodes of ``gpus_per_node`` GPUs of one model: the partition ``name``, its nodes named
-    ``<name>-NN`` (a mixed site, :meth:`ClusterSpec.mixed`)."""
+    ``<name>-NN`` (a mixed site, :meth:`ClusterSpec.mixed`), each GPU starting with ``initial_layout``
+    (e.g. "7g@0" of that model; empty: no instances)."""
 
     name: str
     model: str
     nodes: int
     gpus_per_node: int = 8
+    initial_layout: str = ""
 
 
 @dataclass(frozen=True)
@@ -240,7 +242,8 @@ class Simulator:
     def reset_state(self) -> None:
         spec = self.spec
         if spec.groups and spec.initial_layout:
-            raise ConfigError("a mixed cluster starts with no instances (initial_layout is one model's)")
+            raise ConfigError("a mixed cluster's GPUs start with their group's layout (NodeGroup.initial_layout), "
+                              "not ClusterSpec.initial_layout (one model's)")
         whole = bool(getattr(self.policy, "whole_gpu", False))
         if whole and spec.groups:
             # A request names one profile; a whole GPU is 7g on one model, 4g on an A30: no one size to ask for.
@@ -248,11 +251,16 @@ class Simulator:
                               f"mixed cluster ({spec.model}) has in more than one size")
         self.gpus: list[_Gpu] = []
         models: dict[str, GpuModel] = {}
-        for node, model_name, count, _part in spec.node_list():
+        group_layout = {g.name: g.initial_layout for g in spec.groups}  # a mixed cluster's: each group its own
+        inits: dict[tuple[str, str], Layout] = {}
+        for node, model_name, count, part in spec.node_list():
             model = models.get(model_name)
             if model is None:
                 model = models[model_name] = get_model(model_name)
-            init = parse_layout(spec.initial_layout, model) if spec.initial_layout else Layout.empty(model)
+            text = group_layout.get(part, "") if spec.groups else spec.initial_layout
+            init = inits.get((model_name, text))
+            if init is None:
+                init = inits[(model_name, text)] = parse_layout(text, model) if text else Layout.empty(model)
             for i in range(count):
                 self.gpus.append(_Gpu(node, i, model, init))
         partitions = spec.partitions()

@@ -553,7 +553,11 @@ def outcomes_db_groups(path: str | Path) -> list[tuple[str, int, int]]:
     """(GPU model, nodes, GPUs per node) of each model among the MIG GPUs a state DB last saw (the GPUs
     outcomes_db_cluster counts), the most common model first (ties by name): the nodes holding one and
     the most of it on one node. [] when there is none or the DB cannot be read."""
-    known = _site_gpus(path)
+    return _groups_of(_site_gpus(path) or [])
+
+
+def _groups_of(known: Sequence[tuple[str, str]]) -> list[tuple[str, int, int]]:
+    """outcomes_db_groups of the (node, model) pairs ``known`` (_site_gpus)."""
     if not known:
         return []
     models: dict[str, int] = {}
@@ -617,15 +621,17 @@ def site_cluster(db: str | Path, command: str, harm: str, way_on: str = "") -> t
     nothing about the site, since the waits of a queue depend on the GPUs it runs on. ``command`` names the
     one that stops, ``harm`` what it would do on such a cluster ("judge the candidate"), ``way_on`` any other
     way on it offers (simulate's --model, --nodes, --gpus-per-node)."""
-    return _site_groups(db, command, harm, way_on)[0]
+    return _site_groups(db, command, harm, way_on)[0][0]
 
 
-def _site_groups(db: str | Path, command: str, harm: str, way_on: str) -> list[tuple[str, int, int]]:
-    """outcomes_db_groups of ``db``, the most common model first: site_cluster's and replay_site's one
-    reading of the DB, with site_cluster's refusal where there is none."""
+def _site_groups(db: str | Path, command: str, harm: str,
+                 way_on: str) -> tuple[list[tuple[str, int, int]], list[tuple[str, str]]]:
+    """(outcomes_db_groups of ``db``, the most common model first; the (node, model) pairs they count):
+    site_cluster's and replay_site's one reading of the DB, with site_cluster's refusal where there is none."""
     if not Path(db).is_file():
         raise ConfigError(f"state DB {db} does not exist")
-    groups = outcomes_db_groups(db)
+    known = _site_gpus(db) or []
+    groups = _groups_of(known)
     if not groups:
         raise ConfigError(f"{db} records no MIG GPU the controller's policy places on ({gpus_held(db)}), so "
                           f"{command} has no cluster to replay its outcomes on; one that is not the site's would "
@@ -633,7 +639,7 @@ def _site_groups(db: str | Path, command: str, harm: str, way_on: str) -> list[t
                           "controller's state DB once the nodes have reported their MIG GPUs (`slurm-mig nodes`); "
                           "a newer node's GPU, blocked during a rolling upgrade, counts once the controller is "
                           "upgraded too" + (f"; {way_on}" if way_on else ""))
-    return groups
+    return groups, known
 
 
 @dataclass(frozen=True)
@@ -642,11 +648,13 @@ class ReplaySite:
     site of one model, else ClusterSpec.mixed with a node group per model. ``partitions`` maps a site
     partition to its group's model where the site's partitions are the model groups (``partitions_why``
     says whether and why): a recorded job keeps such a partition (Job.partition); otherwise it may run on
-    any group whose model has its size."""
+    any group whose model has its size. ``nodes``: the site's nodes of each group (one tuple on a site of one
+    model), in name order, so the simulator's n-th node of a group (<group>-NN, nNN) stands for the n-th."""
 
     spec: object  # slurm_mig.sim.engine.ClusterSpec (engine imports this module)
     partitions: dict = field(default_factory=dict)
     partitions_why: str = ""
+    nodes: tuple = ()
 
     def describe(self) -> str:
         """'1 x 2 H100-80GB' or '2 x 8 H100-80GB (partition h100) + 1 x 4 A30-24GB (partition a30)'."""
@@ -671,26 +679,37 @@ def replay_site(db: str | Path, command: str, harm: str, way_on: str = "") -> Re
     with no recorded job, or none recorded: which nodes a partition holds cannot be told)."""
     from slurm_mig.sim.engine import ClusterSpec, NodeGroup
 
-    groups = _site_groups(db, command, harm, way_on)
+    groups, known = _site_groups(db, command, harm, way_on)
+    nodes = tuple(tuple(sorted({n for n, m in known if m == model})) for model, _n, _g in groups)
     if len(groups) < 2:
-        model, nodes, per_node = groups[0]
-        return ReplaySite(ClusterSpec(nodes, per_node, model))
-    parts, why = _partitions_of_groups(db, [m for m, _n, _g in groups])
+        model, n_nodes, per_node = groups[0]
+        return ReplaySite(ClusterSpec(n_nodes, per_node, model), nodes=nodes)
+    parts, why = _partitions_of_groups(db, [m for m, _n, _g in groups], dict(known))
     if parts:
         by_model = {m: p for p, m in parts.items()}
         spec = ClusterSpec.mixed([NodeGroup(by_model[m], m, n, g) for m, n, g in groups])
     else:
         spec = ClusterSpec.mixed([NodeGroup(m, m, n, g) for m, n, g in groups])
-    return ReplaySite(spec, parts, why)
+    return ReplaySite(spec, parts, why, nodes)
 
 
-def _partitions_of_groups(db: str | Path, models: Sequence[str]) -> tuple[dict[str, str], str]:
+def replay_partition(partitions: Mapping[str, str], recorded: str, kind: str) -> str:
+    """The partition(s) a replayed job keeps on a mixed site (Job.partition): of those it was recorded in
+    (``recorded``, comma-separated), the ones whose model (``partitions``: ReplaySite.partitions) has its size
+    ``kind``, when every one of them is such a partition; else "" (any group whose model has its size)."""
+    names = [p.strip() for p in str(recorded or "").split(",") if p.strip()]
+    if not (partitions and names and all(p in partitions for p in names)):
+        return ""
+    return ",".join(p for p in names if _kind_on([get_model(partitions[p])], kind))
+
+
+def _partitions_of_groups(db: str | Path, models: Sequence[str],
+                          node_model: Mapping[str, str]) -> tuple[dict[str, str], str]:
     """({partition: model}, why) when the outcomes show the site's partitions to be its model groups one to
     one (replay_site), else ({}, why not). Only outcomes of one partition on a node of the site count: a job
-    submitted to several ("a,b") ran in one the DB does not say."""
+    submitted to several ("a,b") ran in one the DB does not say. ``node_model``: node -> its model (_site_gpus)."""
     from slurm_mig.store.db import sqlite_uri
 
-    node_model = dict(_site_gpus(db) or [])
     seen: dict[str, set[str]] = {}  # partition -> models its jobs ran on
     try:
         con = sqlite3.connect(sqlite_uri(db, "ro"), uri=True)
@@ -815,12 +834,8 @@ def load_outcomes_db(
             if kind is None:
                 skipped["unknown_profile"] += 1
                 continue
-            part = ""
-            if partitions:
-                names = [p.strip() for p in str(r.get("partition") or "").split(",") if p.strip()]
-                if names and all(p in partitions for p in names):
-                    part = ",".join(p for p in names if _kind_on([get_model(partitions[p])], kind))
-                    kept += bool(part)
+            part = replay_partition(partitions, r.get("partition") or "", kind) if partitions else ""
+            kept += bool(part)
             submit = r.get("submit_time")
             if submit is None:
                 submit = start if start is not None else 0.0
