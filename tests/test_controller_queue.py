@@ -749,3 +749,30 @@ def test_the_run_time_recorded_leaves_out_the_time_a_job_was_suspended(ctl, tmp_
     assert ctl.store.get_job("19").end_time == end and job_dict(ctl.store.get_job("19"), end + 50)["run_s"] == want
     trace = load_outcomes_db(tmp_path / "state.db")
     assert [j.duration_s for j in trace.jobs] == [want]
+
+
+def test_a_named_node_job_held_again_each_time_its_node_was_re_carved_is_released_each_time_its_size_is_back(ctl):
+    """The release limit (MAX_SIZE_RELEASES) is for a job Slurm holds for something else: held again while its
+    node advertised its size. A released -w job that waited (Resources) while its node was re-carved for others is
+    held again by Slurm for its size, as at first: that spent the limit too, so after two such re-carves it was no
+    longer carved for nor released, and waited for ever (a user may not release a BadConstraints hold)."""
+    gpu = [{"gpu": 0, "uuid": "GPU-0", "model": "H100-80GB", "mig_enabled": True}]
+    seven = [{"gpu": 0, "profile": "7g", "start": 0, "uuid": "MIG-7", "gi_id": 0, "ci_id": 0, "in_use": True}]
+    held = [12, 0, None, "", 0, "PENDING", "BadConstraints", 0, "gres:mig:2g:1", "", "debug", 1, 60, "a", "u", "", 1]
+    waits = [12, 0, None, "", 0, "PENDING", "Resources", 5, "gres:mig:2g:1", "", "debug", 1, 60, "a", "u", "", 1]
+    for attempt in range(1, 4):
+        # n1 busy with another job's 7g: Slurm holds job 12 (n1 advertises no 2g); nothing to release.
+        ctl.store.replace_observed("n1", gpu, seven, now=time.time())
+        (job,) = squeue([held])
+        ctl.slurm.queue = [replace(job, required_nodes=["n1"])]
+        ctl.tick()
+        assert ctl.slurm.__dict__.get("released", []) == ["12"] * (attempt - 1)
+        # The 7g ends: a 2g is carved for job 12, which is released.
+        ctl.store.replace_observed("n1", gpu, [], now=time.time())
+        ctl.tick()
+        assert "2g" in _desired(ctl)
+        assert ctl.slurm.released == ["12"] * attempt, attempt
+        # Released, it waits (Resources) while another job takes n1 again (the next round).
+        (job,) = squeue([waits])
+        ctl.slurm.queue = [replace(job, required_nodes=["n1"])]
+        ctl.tick()

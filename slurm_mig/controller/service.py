@@ -273,8 +273,10 @@ class Controller:
         # squeue was asked before that start must not make them queue entries again.
         self._taken_tasks: dict[str, float] = {}
         self._unservable: set[str] = set()  # jobs whose MIG request cannot be served, said once each
-        # job id -> how often it was released from Slurm's BadConstraints hold (_release_held_for_size)
+        # job id -> how often it was released from Slurm's BadConstraints hold and held again while its node
+        # advertised its size (_release_held_for_size); the jobs released and not yet seen held again
         self._size_releases: dict[str, int] = {}
+        self._size_released: set[str] = set()
         self._not_adopted: set[tuple[str, str, int]] = set()  # (node, job, run): an earlier run's file, said once
         # node + GPU model (or profile of a known one) our tables do not list (a newer node's): said once an hour
         self._unknown_models = LogLimiter(UNKNOWN_MODEL_LOG_EVERY_S)
@@ -412,6 +414,7 @@ class Controller:
         # Array tasks that Slurm now runs (or ran) under ids of their own, and array records shown as tasks.
         split = {f"{j.array_job_id}_{j.array_task_id}": str(j.job_id) for j in jobs
                  if j.array_job_id and j.array_task_id is not None}
+        self._note_held_again(mine)
         entries = [replace(e, blocked=None) if self._held_for_size(e.job, e.job_id) else e
                    for e in queue_entries(mine)]
         self._job_nodes = self._eligible(entries, queried_at)
@@ -677,12 +680,33 @@ class Controller:
         Reason=BadConstraints and priority 0; while held it was not carved for, and a release meanwhile was
         held again, so it waited for ever beside an idle GPU (seen on the demo cluster, 2026-11-27). Such a
         job is carved for on its nodes and released once one advertises its size (_release_held_for_size),
-        at most MAX_SIZE_RELEASES times: held again with its size there, the hold is for something else."""
+        until it has been held again MAX_SIZE_RELEASES times with its size there: then the hold is for something
+        else. Held again after its node was re-carved for others meanwhile (it waited, released, while they ran),
+        the hold is its size's again and does not count."""
         return (job.pending and job.state_reason == "BadConstraints" and job.priority == 0
                 and bool(job.required_nodes) and "_" not in job_id
                 and self._size_releases.get(job_id, 0) < self.MAX_SIZE_RELEASES)
 
     MAX_SIZE_RELEASES = 2
+
+    def _offered(self, job) -> list[str]:
+        """The nodes ``job`` named that advertise its size (the intended layouts, as Slurm is told them)."""
+        return [n for n in job.required_nodes
+                if all((self.expected_gres(n) or {}).get(t, 0) >= c for t, c in job.mig.items())]
+
+    def _note_held_again(self, jobs) -> None:
+        """Count a release (_release_held_for_size) as spent when the job is first seen held again with its named
+        node still advertising its size (as Slurm was told it when it held the job): held for something else
+        (memory, say). Held again after its node was re-carved for others meanwhile (it waited, released, while
+        they ran, and Slurm held it for its size as at first) it is not: counted, two such re-carves left the
+        job neither carved for nor released, for ever (its user may not release a BadConstraints hold)."""
+        for j in jobs:
+            job_id = str(j.job_id)
+            if job_id in self._size_released and j.pending and j.state_reason == "BadConstraints" \
+                    and j.priority == 0:
+                self._size_released.discard(job_id)
+                if self._offered(j):
+                    self._size_releases[job_id] = self._size_releases.get(job_id, 0) + 1
 
     def _release_held_for_size(self, jobs, now: float) -> int:
         """``scontrol release`` each job _held_for_size whose named node now advertises its size (as this tick
@@ -696,11 +720,10 @@ class Controller:
             waiting.add(job_id)
             if not self._held_for_size(j, job_id):
                 continue
-            offered = [n for n in j.required_nodes
-                       if all((self.expected_gres(n) or {}).get(t, 0) >= c for t, c in j.mig.items())]
+            offered = self._offered(j)
             if not offered:
                 continue
-            self._size_releases[job_id] = self._size_releases.get(job_id, 0) + 1
+            self._size_released.add(job_id)
             try:
                 self.slurm.scontrol_release(job_id)
             except SlurmMigError as exc:
@@ -715,6 +738,7 @@ class Controller:
             done += 1
         for job_id in set(self._size_releases) - waiting:
             del self._size_releases[job_id]
+        self._size_released &= waiting
         return done
 
     def _requeue_unbound(self, jobs, now: float) -> int:
