@@ -776,3 +776,48 @@ def test_a_named_node_job_held_again_each_time_its_node_was_re_carved_is_release
         (job,) = squeue([waits])
         ctl.slurm.queue = [replace(job, required_nodes=["n1"])]
         ctl.tick()
+
+
+def _ended_record(state: str, end: int, suspend_time: int) -> list:
+    rec = json.loads(SUSPEND_SEQUENCE["suspended"])
+    rec["jobs"][0].update(job_state=state, end_time=end, suspend_time=suspend_time, priority=0)
+    return parse_squeue_json(rec)
+
+
+@pytest.mark.parametrize("order", ["epilog first", "tick first"])
+@pytest.mark.parametrize("ends", ["resumed and completed unseen", "cancelled while suspended"])
+def test_a_job_resumed_and_ended_between_two_ticks_is_not_counted_suspended_to_its_end(ctl, tmp_path, order, ends):
+    """A tick saw the job suspended (at S + 1200); it was resumed at S + 6600 and completed an hour later, before
+    the next tick saw it run (the controller was down meanwhile; the same within one tick interval). The
+    suspension noted as going on was kept to the end: the outcome said it ran 1200 s (its pre_sus_time) instead
+    of 4800 s (1200 + 3600), and where the tick came first, with the 5400 s suspended counted twice, 0 s (then
+    load_outcomes_db left it out of the trace). Slurm's ended record says which it was: a job killed while
+    suspended ends at its suspend time; one that ran after its resume ends after it."""
+    from slurm_mig.ops.views import job_dict
+    from slurm_mig.sim.workloads import load_outcomes_db
+
+    for name, at in (("running", _S + 600), ("suspended", _S + 3000)):
+        ctl.clock = lambda at=at: float(at)
+        ctl.slurm.queue = parse_squeue_json(json.loads(SUSPEND_SEQUENCE[name]))
+        ctl.tick()
+    if ends == "resumed and completed unseen":
+        end, record, want = _S + 10200, _ended_record("COMPLETED", _S + 10200, _S + 6600), 4800.0
+    else:  # Slurm gives a job killed while suspended its suspend time as end, and the same figures as before
+        end, record, want = _S + 10200, _ended_record("CANCELLED", _S + 1200, _S + 1200), 1200.0
+    now = end + 800
+    ctl.clock = lambda: float(now)
+    ctl.slurm.queue = record
+
+    def epilog():
+        assert ctl.on_epilog({"job_id": "19", "node": "n1", "exit_code": 0, "end_time": end,
+                              "instances": [{"gpu": 0, "profile": "3g.40gb", "start": 0}]}, None)["recorded"]
+
+    for step in ((epilog, ctl.tick) if order == "epilog first" else (ctl.tick, epilog)):
+        step()
+    ctl.tick()
+    assert ctl.store.outcome("19").run_s == want
+    # Not suspended at its end where it was resumed; suspended since S + 1200 where it was cancelled so.
+    job = ctl.store.get_job("19")
+    assert job.suspended_since == (None if ends.startswith("resumed") else _S + 1200)
+    assert job_dict(job, now + 50)["run_s"] == job.end_time - job.start_time - job.suspended_for(job.end_time)
+    assert [j.duration_s for j in load_outcomes_db(tmp_path / "state.db").jobs] == [want]

@@ -509,9 +509,13 @@ class Controller:
                 # Suspended at some point (squeue's suspend_time): Slurm does not count that time against the limit
                 # and moves the job's end on resume, so the policy's end estimate and the run time recorded for
                 # it leave it out (Store.set_suspension).
+                # Ended: suspended at its end only where Slurm ended it at its suspend time (killed while
+                # suspended); one that ran after its last resume ended after it, though no tick saw it resumed.
+                over = j.state not in ("RUNNING", "SUSPENDED")
                 self.store.set_suspension(job_id, suspended_s=j.suspended_before_s,
                                           since=float(j.suspend_time) if j.state == "SUSPENDED" else None,
-                                          ended=j.state not in ("RUNNING", "SUSPENDED"))
+                                          ended=over, ran_to_end=over and j.end_time is not None
+                                          and j.end_time > j.suspend_time)
         self.store.set_job_order(order)
         # Pending (or requeued) jobs Slurm no longer lists were cancelled (or purged after MinJobAge). A job a
         # Prolog requeued after our squeue (one submitted meanwhile) is not in its answer: left for the next.

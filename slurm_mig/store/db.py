@@ -854,18 +854,37 @@ class Store:
             if state in TERMINAL_STATES:
                 self.release(job_id, now=t)
 
-    def set_suspension(self, job_id: str, *, suspended_s: float, since: float | None, ended: bool = False) -> None:
+    def set_suspension(self, job_id: str, *, suspended_s: float, since: float | None, ended: bool = False,
+                       ran_to_end: bool = False) -> None:
         """Note the time the current run of ``job_id`` has spent suspended, as Slurm's record says
         (SlurmJob.suspended_before_s): ``suspended_s`` seconds before its last suspend or resume, and ``since``
         when the suspension going on began (None: it runs). Only for a job that runs here (RUNNING, SUSPENDED,
         COMPLETING, or ended): a waiting one has no run yet. ``ended``: Slurm's record of the run's end (or its
         COMPLETING): the seconds only grow, and the suspension noted as going on is kept (Slurm gives a job
-        killed while suspended its suspend time as end, with the same figures as before the kill)."""
+        killed while suspended its suspend time as end, with the same figures as before the kill), unless
+        ``ran_to_end``: Slurm's record says it ran after its last resume (it ended after its suspend time), a
+        resume no tick saw (within one tick interval, or while the controller was down). The run's outcome, if
+        its Epilog recorded it already, gets the run time these figures give (record_outcome's)."""
         with self.transaction():
             if ended:
-                self._x("UPDATE jobs SET suspended_s = ? WHERE job_id = ? AND state NOT IN ('PENDING', 'REQUEUED') "
-                        "AND (suspended_s IS NULL OR suspended_s < ?)", (float(suspended_s), str(job_id),
-                                                                          float(suspended_s)))
+                if ran_to_end:
+                    cur = self._x("UPDATE jobs SET suspended_s = MAX(COALESCE(suspended_s, 0.0), ?), "
+                                  "suspended_since = NULL WHERE job_id = ? AND state NOT IN ('PENDING', 'REQUEUED') "
+                                  "AND (suspended_since IS NOT NULL OR suspended_s IS NULL OR suspended_s < ?)",
+                                  (float(suspended_s), str(job_id), float(suspended_s)))
+                else:
+                    cur = self._x("UPDATE jobs SET suspended_s = ? WHERE job_id = ? AND state NOT IN ('PENDING', "
+                                  "'REQUEUED') AND (suspended_s IS NULL OR suspended_s < ?)",
+                                  (float(suspended_s), str(job_id), float(suspended_s)))
+                if cur.rowcount:
+                    # Its Epilog may have come first, with the figures of a suspension no tick saw end (the
+                    # run time after the resume left out) or none seen at all (the time suspended counted).
+                    job = _row_job(self._q("SELECT * FROM jobs WHERE job_id = ?", (str(job_id),))[0])
+                    for o in self._q("SELECT start_time, end_time FROM outcomes WHERE job_id = ? AND run = ? AND "
+                                     "start_time IS NOT NULL AND end_time IS NOT NULL", (job.job_id, job.run)):
+                        run_s = max(0.0, o["end_time"] - o["start_time"] - job.suspended_for(o["end_time"]))
+                        self._x("UPDATE outcomes SET run_s = ? WHERE job_id = ? AND run = ?",
+                                (run_s, job.job_id, job.run))
             else:
                 self._x("UPDATE jobs SET suspended_s = ?, suspended_since = ? WHERE job_id = ? AND state IN "
                         "('RUNNING', 'SUSPENDED', 'COMPLETING') AND (suspended_s IS NOT ? OR suspended_since IS NOT ?)",
