@@ -606,3 +606,29 @@ def test_a_node_made_binding_is_not_released_by_a_report_made_before_it_when_the
         assert [b.uuid for b in store.bound_instances("3")] == ["MIG-1"]
     finally:
         store.close()
+
+
+# -- a run Slurm requeued as it killed it ------------------------------------------------------------
+# Seen on the demo cluster (Slurm 22.05): `scontrol update NodeName=n1 State=DOWN` while a --requeue MIG job
+# ran there. Slurm ended it NODE_FAIL and requeued it (SubmitTime = the requeue, Restarts=1), but its Epilog
+# read SLURM_JOB_RESTART_COUNT=0 and SLURM_JOB_EXIT_CODE=0: the run was recorded COMPLETED, exit 0, its run
+# time the minute it had run before the node went down.
+
+@pytest.mark.parametrize("requeued_after_s, restarts, expect", [
+    (0, 1, "REQUEUED"),          # requeued as it ended (the Epilog's end, its node's clock)
+    (1, 1, "REQUEUED"),
+    (3600, 1, "COMPLETED"),      # `scontrol requeue` of a job that completed an hour before: a run of its own
+    (0, 0, "COMPLETED"),         # never requeued: another job with the id
+])
+def test_a_run_slurm_requeued_as_it_killed_it_is_not_recorded_completed(ctl, requeued_after_s, restarts, expect):
+    end = time.time() - 5 - requeued_after_s
+    _ended_by_epilog(ctl.store, "3", end)
+    ctl.slurm.queue = [SlurmJob(job_id=3, state="PENDING", mig={"1g": 1}, tres_per_node="gres:mig:1g:1",
+                                submit_time=int(end + requeued_after_s), restart_cnt=restarts, priority=1,
+                                state_reason="BeginTime")]
+    ctl.tick()
+    job = ctl.store.get_job("3")
+    assert (job.state, job.run) == ("PENDING", 2)
+    assert [(o.run, o.state) for o in ctl.store.outcomes()] == [(1, expect)]
+    said = [e for e in ctl.store.recent_events(20) if "ended by a requeue" in e.message]
+    assert len(said) == (expect == "REQUEUED")

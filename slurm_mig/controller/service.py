@@ -458,7 +458,7 @@ class Controller:
                 # Ended here before we asked Slurm, live in its answer: the id was reused (slurmctld restarted
                 # without its state) or the job was requeued after it ended. Left terminal, the policy never saw
                 # it and every Prolog's bind failed ("it already ended").
-                self._revive(job_id, now, submit_time=j.submit_time)
+                self._revive(job_id, now, submit_time=j.submit_time, requeued=bool(j.restart_cnt))
                 self._ended_since.pop(job_id, None)
                 current = self.store.get_job(job_id)
             elif current is not None and j.state in ("PENDING", "RUNNING", "SUSPENDED") \
@@ -590,10 +590,24 @@ class Controller:
             out[e.job_id] = seen[sig]
         return out
 
-    def _revive(self, job_id: str, now: float, *, submit_time: float | None = None) -> None:
+    def _revive(self, job_id: str, now: float, *, submit_time: float | None = None, requeued: bool = False) -> None:
         """A job the store has as ended is live in Slurm again: wait afresh, as a new run submitted when
         Slurm says (a reused id is a new job; Slurm gives a requeued batch job a new submit time, so that
-        its next run is an accounting record of its own), else when the ended run was."""
+        its next run is an accounting record of its own), else when the ended run was.
+
+        ``requeued``: Slurm counts a restart of it. Requeued at its Epilog's end (Slurm's new submit time is the
+        requeue's), the ended run did not complete or fail: Slurm requeued it as it killed it, which a node
+        set DOWN (or failing) does without raising the Epilog's SLURM_JOB_RESTART_COUNT (seen on 22.05), so
+        the Epilog took it for a job that exited 0. Its outcome says REQUEUED, as sacct lists such a run."""
+        ended = self.store.get_job(job_id)
+        outcome = self.store.outcome(job_id, run=ended.run) if ended is not None and requeued else None
+        if outcome is not None and outcome.state in ("COMPLETED", "FAILED") and submit_time is not None \
+                and outcome.end_time is not None and submit_time <= outcome.end_time + self._clock_margin() \
+                and self.store.requeued_outcome(job_id, outcome.run):
+            self.store.add_event("requeue", f"job {job_id}: run {outcome.run} was ended by a requeue (Slurm requeued "
+                                 f"it as it killed it: its node set DOWN or failing), not {outcome.state} as its "
+                                 f"Epilog read it; its outcome says REQUEUED", node=outcome.node, job_id=job_id,
+                                 now=now)
         self.store.restart_job(job_id, now=now, reason="live in Slurm again after it ended here "
                                "(job id reused, or requeued after it ended)", submit_time=submit_time)
         self.store.add_event("reused", f"job {job_id}: live in Slurm again after it ended here; tracked as a new run",
@@ -1704,7 +1718,7 @@ class Controller:
                 again = self._request_of(detail)
                 if again is None:
                     return {"action": "skip"}  # this run asks for no MIG instance (of ours)
-                self._revive(job_id, now, submit_time=submit_time)
+                self._revive(job_id, now, submit_time=submit_time, requeued=_requeued(detail))
                 self.store.upsert_job(job_id, profile=again[0], count=again[1], user=detail.user,
                                       name=detail.name, partition=detail.partition, now=now)
             elif ended is not None and ended.state not in TERMINAL and detail is not None \

@@ -1126,6 +1126,13 @@ class Store:
                         (state, job_id, state, job_id)).rowcount
         return bool(a or b)
 
+    def requeued_outcome(self, job_id: str, run: int) -> bool:
+        """Run ``run`` of ``job_id`` was ended by a requeue, not by its exit: its outcome, recorded COMPLETED or
+        FAILED from its Epilog's exit status, says REQUEUED. True when it changed."""
+        with self.transaction():
+            return bool(self._x("UPDATE outcomes SET state = 'REQUEUED' WHERE job_id = ? AND run = ? AND state IN "
+                                "('COMPLETED', 'FAILED')", (str(job_id), int(run))).rowcount)
+
     def record_outcome(self, job_id: str, *, state: str, exit_code: int | None = None,
                        derived_exit_code: int | None = None, end_time: float | None = None,
                        now: float | None = None, run: int | None = None, **fields: Any) -> bool:
