@@ -2049,3 +2049,26 @@ def test_users_are_compared_only_where_both_records_name_one_the_same_way(stored
     from slurm_mig.controller.service import _other_user
 
     assert _other_user(stored, listed) is other
+
+
+@pytest.mark.parametrize("restarts, expect", [("1", "REQUEUED"), ("0", "COMPLETED")])
+def test_a_run_slurm_requeued_as_it_killed_it_is_not_completed_when_its_next_prolog_comes_first(rig, restarts,
+                                                                                               expect):
+    """Job 5 ran on n1, which an admin set DOWN: Slurm ended it and requeued it, and its Epilog (restart count
+    0 there, exit 0: Slurm 22.05.8) reported an end, recorded COMPLETED. Its next Prolog comes before any tick
+    saw it waiting: with squeue -j's restart count 1 and a submit time at that end, run 1 was ended by the
+    requeue, not completed. With no restart it is another job with the id: run 1 keeps its COMPLETED."""
+    t = [float(int(time.time()))]
+    rig.clock = lambda: t[0]
+    rig.store.upsert_job("5", profile="3g", user="bob", submit_time=t[0] - 7300, now=t[0] - 7300)
+    rig.store.set_job_state("5", "RUNNING", now=t[0] - 7200, node="n1")
+    rig.store.bind("5", "n1", [{"gpu": 0, "profile": "3g.40gb", "start": 0}], now=t[0] - 7200)
+    rig.on_epilog(_epilog_5([{"gpu": 0, "profile": "3g.40gb", "start": 0}], t[0] - 30), N1)
+    assert rig.store.outcome("5").state == "COMPLETED"
+    local = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(int(t[0]) - 30))  # the requeue's, as Slurm prints it
+    rig.fake.job_detail = lambda job_id: JobDetail(job_id=5, user="bob", state="RUNNING", nodes=["n1"],
+                                                   mig={"3g": 1}, fields={"SubmitTime": local, "Restarts": restarts})
+    answer = rig.on_prolog({"job_id": "5", "node": "n1", "observed": OBSERVED, "bindings": {}}, N1)
+    assert answer["action"] == "bind", answer
+    assert rig.store.get_job("5").run == 2
+    assert [(o.run, o.state) for o in rig.store.outcomes()] == [(1, expect)]
