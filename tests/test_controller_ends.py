@@ -632,3 +632,18 @@ def test_a_run_slurm_requeued_as_it_killed_it_is_not_recorded_completed(ctl, req
     assert [(o.run, o.state) for o in ctl.store.outcomes()] == [(1, expect)]
     said = [e for e in ctl.store.recent_events(20) if "ended by a requeue" in e.message]
     assert len(said) == (expect == "REQUEUED")
+
+
+def test_a_run_slurm_requeued_as_it_killed_it_is_not_counted_as_a_finished_job(ctl):
+    """The run's Epilog said exit 0 (node set DOWN, Slurm 22.05.8): its outcome is REQUEUED once the tick sees
+    the job waiting again, restarted. The job has not finished: jobs_finished_total counted it REQUEUED."""
+    t = [_epilog_says_completed(ctl, "3")]
+    ctl.clock = lambda: t[0]
+    ctl.slurm.queue = [SlurmJob(job_id=3, state="PENDING", mig={"1g": 1}, tres_per_node="gres:mig:1g:1",
+                                submit_time=int(t[0]), restart_cnt=1, priority=1, state_reason="BeginTime")]
+    t[0] += 2
+    ctl.tick()
+    assert ctl.store.outcome("3", run=1).state == "REQUEUED"
+    t[0] += 61
+    ctl.tick()
+    assert _finished(ctl) == {}

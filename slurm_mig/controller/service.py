@@ -559,7 +559,9 @@ class Controller:
                    if (k[0] in listed_ended and k in looked) or now - at >= END_STATE_WAIT_S]
         if not due:
             return []
-        states = [o.state for o in (self.store.outcome(job_id, run=run) for job_id, run in due) if o is not None]
+        # A run Slurm requeued as it killed it (its outcome REQUEUED, _revive) is not a job finished.
+        states = [o.state for o in (self.store.outcome(job_id, run=run) for job_id, run in due)
+                  if o is not None and o.state != "REQUEUED"]
         try:
             # Forgotten in the database before they are counted: a restart in between loses a count in a
             # process that is gone anyway, where the other order would count them again in the next one.
