@@ -228,3 +228,22 @@ def test_cpus_to_spare_give_no_job_a_reservation_its_request_would_not_get():
         assert [(x.job_id, x.node) for x in a.assignments] == [("c", "n2")], name
         assert [r[0] for r in a.extra["reservations"]] == ["a"], name
         assert (a.changes, a.assignments, a.waiting) == (b.changes, b.assignments, b.waiting), name
+
+
+def test_a_reservations_start_on_the_controllers_clock_reads_as_a_date_and_time(monkeypatch):
+    """On the controller's clock (epoch seconds) a reservation's reason read "reserved n1/0 from t=1827299963s";
+    it now names the local date and time. The simulator's clock, counting from 0, keeps t=<seconds>s."""
+    import time
+
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    try:
+        for now, want in ((1_827_290_000.0, "from 2027-11-27 07:13:20"), (100_000.0, "from t=109600s")):
+            gpus = (_gpu("n1", 0, H100, "7g@0", {"7g@0": now + 9600}),
+                    _gpu("n2", 0, H100, "7g@0", {"7g@0": now + 20000}))
+            jobs = (PendingJob("a", "7g", 1, now - 100, None), PendingJob("b", "1g", 1, now - 50, None))
+            decision = get_policy("frag-aware").decide(ClusterState(now, gpus, jobs))
+            assert dict(decision.waiting)["a"].endswith(f"reserved n1/0 {want}"), decision.waiting
+    finally:
+        monkeypatch.delenv("TZ")
+        time.tzset()

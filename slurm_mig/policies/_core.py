@@ -22,6 +22,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import math
+import time
 from itertools import compress, count
 from operator import attrgetter, is_not
 from typing import Iterable, Iterator
@@ -870,6 +871,19 @@ class CpuLedger:
                 nodes.add(node)
 
 
+def _moment(t: float) -> str:
+    """A reservation's start for its reason: the local date and time where ``t`` is a clock time (the
+    controller's; `jobs` and `explain` showed "from t=1827299963s"), ``t=<seconds>s`` on the simulator's clock,
+    which counts from 0. A fixed text either way: the controller records a decision only when it differs from
+    the last."""
+    if t >= 1e9:  # 2001 onwards: a clock time; no simulated workload runs for 30 years
+        try:
+            return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+        except (OverflowError, OSError, ValueError):
+            pass
+    return f"t={t:.0f}s"
+
+
 def _names(idx: ClusterIndex, nodes: list[int], most: int = 3) -> str:
     """Node names for a message: the first few, then how many more."""
     names = [idx.node_names[n] for n in sorted(nodes)]
@@ -1110,7 +1124,7 @@ class DispatchPolicy:
                     # reason that named the tick's time changed every tick, so the controller recorded the
                     # same decision again each tick (it records one only when it differs from the last).
                     when = ("when running jobs end" if r.t == INF else "from now" if r.t <= now
-                            else f"from t={r.t:.0f}s")
+                            else f"from {_moment(r.t)}")
                     gp = ", ".join(f"{idx.gpus[g].key}" for g in sorted(r.regions))
                     reason += f"; reserved {gp} {when}"
                     if not reserved_reason or len(ctx.reservations) == 1:
