@@ -39,12 +39,13 @@ from slurm_mig.policies.base import PendingJob
 from slurm_mig.slurm.gres import GRES_TO_KIND, GRES_TYPES, PAD_TYPE, gres_type_for_kind, mig_total, padded_total
 from slurm_mig.slurm.parsers import format_exit_status, local_epoch, wait_status
 from slurm_mig.store.models import LOST_REASON, known_model, off_table, readable_model, unknown_model_reason
+from slurm_mig.store.schema import JOB_STATES
 
 log = logging.getLogger("slurm_mig.controller")
 
 TERMINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
             "BOOT_FAIL", "DEADLINE")
-LIVE_STATES = ("PENDING", "RUNNING", "SUSPENDED", "COMPLETING", "REQUEUED")  # the store's job states not TERMINAL
+LIVE_STATES = tuple(s for s in JOB_STATES if s not in TERMINAL)  # the store's states of a run not over
 JOB_ID = re.compile(r"[0-9]{1,12}(_[0-9]{1,9})?")  # use with fullmatch: "$" would let "12\n" through
 # A planned reconfiguration that no node carried out within this time is abandoned, so the GPU is not
 # locked forever by a node that went away.
@@ -431,6 +432,7 @@ class Controller:
         margin = self._clock_margin()
         for entry in [e for e in entries if e.job_id not in taken]:
             j, job_id = entry.job, entry.job_id
+            stored_user = users.get(job_id, ("", None))  # the stored run's (user, uid), read before this tick
             seen.add(job_id)
             if j.state in TERMINAL:
                 ended.add(job_id)
@@ -463,11 +465,11 @@ class Controller:
                 current = self.store.get_job(job_id)
             elif current is not None and j.state in ("PENDING", "RUNNING", "SUSPENDED") \
                     and _another_job(current, j.submit_time, margin, user=j.user, uid=j.user_id,
-                                     requeued=bool(j.restart_cnt), job_user=users.get(job_id, ("", None))):
+                                     requeued=bool(j.restart_cnt), job_user=stored_user):
                 # Another user's, or submitted after this run started (or, waiting, after its submission) and
                 # never requeued: another job with the id (slurmctld lost its state, MaxJobId wrapped), not this
                 # run requeued.
-                self._another_job_with_id(current, j.submit_time, now, users=(users.get(job_id, ("",))[0], j.user))
+                self._another_job_with_id(current, j.submit_time, now, users=(stored_user[0], j.user))
                 current = self.store.get_job(job_id)
             if j.state == "PENDING":
                 order.append(job_id)
@@ -626,11 +628,11 @@ class Controller:
         outcome is left to its Epilog, which, late, goes under that run (_earlier_runs_epilog): Slurm's record of
         it is gone, the id now names the new job. ``users``: (the stored run's, Slurm's job's), said when they
         differ."""
-        job_id, was = job.job_id, f"run {job.run} ({job.state.lower()}"
-        if users and _other_user(*users):
-            was = f"run {job.run} ({users[0]}'s, {job.state.lower()}"
+        other = bool(users) and _other_user(*users)
+        job_id, was = job.job_id, f"run {job.run} ({users[0]}'s, {job.state.lower()}" if other \
+            else f"run {job.run} ({job.state.lower()}"
         was += f", started {_when(job.start_time)})" if job.start_time is not None else ")"
-        whose = f"{users[1]}'s job" if users and _other_user(*users) else "a job"
+        whose = f"{users[1]}'s job" if other else "a job"
         when = f"submitted at {_when(submit_time)}" if submit_time is not None else "submitted at a time not known"
         self.store.release(job_id, now=now)
         self.store.restart_job(job_id, now=now, submit_time=submit_time,
@@ -703,8 +705,7 @@ class Controller:
         until it has been held again MAX_SIZE_RELEASES times with its size there: then the hold is for something
         else. Held again after its node was re-carved for others meanwhile (it waited, released, while they ran),
         the hold is its size's again and does not count."""
-        return (job.pending and job.state_reason == "BadConstraints" and job.priority == 0
-                and bool(job.required_nodes) and "_" not in job_id
+        return (_size_hold(job) and bool(job.required_nodes) and "_" not in job_id
                 and self._size_releases.get(job_id, 0) < self.MAX_SIZE_RELEASES)
 
     MAX_SIZE_RELEASES = 2
@@ -722,8 +723,7 @@ class Controller:
         job neither carved for nor released, for ever (its user may not release a BadConstraints hold)."""
         for j in jobs:
             job_id = str(j.job_id)
-            if job_id in self._size_released and j.pending and j.state_reason == "BadConstraints" \
-                    and j.priority == 0:
+            if job_id in self._size_released and _size_hold(j):
                 self._size_released.discard(job_id)
                 if self._offered(j):
                     self._size_releases[job_id] = self._size_releases.get(job_id, 0) + 1
@@ -2437,6 +2437,12 @@ def _known_user(user: str | None) -> bool:
     """Does a job record's ``user`` name someone? Not when empty, nor Slurm's words for a user it could not look up
     ("nobody": uid_to_string's answer; "(null)")."""
     return bool(user) and user.strip() not in ("", "nobody", "(null)", "N/A")
+
+
+def _size_hold(job) -> bool:
+    """Is Slurm holding this pending job (priority 0) as BadConstraints, the hold it puts on a job no node it may
+    use can take as configured, a `-w` MIG job among them when its node advertises no slice of its size now?"""
+    return job.held and job.state_reason == "BadConstraints"
 
 
 def _requeued(detail) -> bool:
