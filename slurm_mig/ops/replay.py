@@ -47,7 +47,7 @@ def _limit(job) -> float | None:
 def _duration(job, now: float) -> float:
     if job.start_time is not None:
         end = job.end_time if job.end_time is not None else now
-        return max(0.1, end - job.start_time - job.suspended_for(end))  # not the time it was suspended
+        return max(0.1, job.run_time(job.start_time, end))  # not the time it was suspended
     limit = _limit(job)
     return limit if limit is not None else 60.0
 
@@ -66,21 +66,15 @@ def _mixed_site(store):
     return site if site.spec.groups else None
 
 
-def _canonical_models():
-    """model name -> its canonical name (get_model's), the name itself where no model has it."""
+def _canonical(name) -> str:
+    """A recorded model name as get_model names it; the name itself where no model has it."""
     from slurm_mig.errors import GeometryError
     from slurm_mig.mig.profiles import get_model
 
-    cache: dict = {}
-
-    def canon(name):
-        if name not in cache:
-            try:
-                cache[name] = get_model(str(name)).name
-            except GeometryError:
-                cache[name] = name
-        return cache[name]
-    return canon
+    try:
+        return get_model(str(name)).name
+    except GeometryError:
+        return name
 
 
 def _initial_layout(store, gpus, seen, same_model) -> str:
@@ -155,9 +149,8 @@ def replay_job(store, job_id: str, *, policy: str = "first-fit", now: float | No
 
         from slurm_mig.mig.profiles import get_model
 
-        canon = _canonical_models()
         spec = ClusterSpec.mixed([replace(g, initial_layout=_initial_layout(
-            store, gpus, seen, lambda m, model=g.model: canon(m) == model)) for g in site.spec.groups])
+            store, gpus, seen, lambda m, model=g.model: _canonical(m) == model)) for g in site.spec.groups])
         model = spec.model
         real_nodes = [n for group in site.nodes for n in group]
         initial = " + ".join(g.initial_layout or "empty" for g in spec.groups)

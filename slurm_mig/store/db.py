@@ -882,7 +882,7 @@ class Store:
                     job = _row_job(self._q("SELECT * FROM jobs WHERE job_id = ?", (str(job_id),))[0])
                     for o in self._q("SELECT start_time, end_time FROM outcomes WHERE job_id = ? AND run = ? AND "
                                      "start_time IS NOT NULL AND end_time IS NOT NULL", (job.job_id, job.run)):
-                        run_s = max(0.0, o["end_time"] - o["start_time"] - job.suspended_for(o["end_time"]))
+                        run_s = job.run_time(o["start_time"], o["end_time"])
                         self._x("UPDATE outcomes SET run_s = ? WHERE job_id = ? AND run = ?",
                                 (run_s, job.job_id, job.run))
             else:
@@ -1190,7 +1190,7 @@ class Store:
             if run_s is not None and job is not None and not earlier:
                 # Without the time it was suspended (schema migration 9), as Slurm's RunTime counts it: the
                 # retrainer's trace replays run_s, and a job suspended for an hour did not run for one more.
-                run_s = max(0.0, run_s - job.suspended_for(end))
+                run_s = job.run_time(start, end)
             cur = self._x(
                 "INSERT INTO outcomes (job_id, run, profile, count, node, gpus, instances, user, partition, "
                 "time_limit_s, submit_time, start_time, end_time, wait_s, run_s, exit_code, derived_exit_code, "

@@ -60,6 +60,11 @@ class Job:
         ongoing = max(0.0, at - self.suspended_since) if self.suspended_since is not None else 0.0
         return (self.suspended_s or 0.0) + ongoing
 
+    def run_time(self, start: float, end: float) -> float:
+        """Seconds the run ran from ``start`` to ``end``, the time it spent suspended left out (as Slurm's
+        RunTime counts it)."""
+        return max(0.0, end - start - self.suspended_for(end))
+
 
 @dataclass(frozen=True)
 class Node:
