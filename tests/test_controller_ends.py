@@ -647,3 +647,49 @@ def test_a_run_slurm_requeued_as_it_killed_it_is_not_counted_as_a_finished_job(c
     t[0] += 61
     ctl.tick()
     assert _finished(ctl) == {}
+
+
+# -- an Epilog of another user's job with the id ------------------------------------------------------
+# slurmctld lost its state (or its ids wrapped): user 1000's job 3 still ran on n1 when user 2000's new job 3
+# was submitted; the tick tracked the new one as run 2 and released run 1's instances. Run 1's Epilog (it was
+# killed when n1 registered again) ended after run 2's submission, so its end time cannot tell it from run 2's.
+
+@pytest.mark.parametrize("run2", ["waiting", "running_here"])
+def test_an_epilog_of_another_users_job_with_the_id_does_not_end_the_current_run(ctl, run2):
+    now = time.time()
+    ctl.store.upsert_job("3", profile="1g", user="alice", uid=1000, submit_time=now - 600, now=now - 600)
+    ctl.store.set_job_state("3", "RUNNING", now=now - 590, node="n1")
+    ctl.store.bind("3", "n1", [INST], now=now - 590)
+    ctl.store.release("3", now=now - 100)  # _another_job_with_id
+    ctl.store.restart_job("3", now=now - 100, reason="another job with this id", submit_time=now - 110)
+    ctl.store.upsert_job("3", profile="1g", user="bob", uid=2000, now=now - 100)
+    if run2 == "running_here":
+        ctl.store.set_job_state("3", "RUNNING", now=now - 50, node="n1")
+        ctl.store.bind("3", "n1", [INST], now=now - 50)
+    answer = ctl.on_epilog(_old_runs_epilog(now - 40, uid=1000), None)
+    job = ctl.store.get_job("3")
+    assert (job.state, job.run, job.uid) == ("RUNNING" if run2 == "running_here" else "PENDING", 2, 2000)
+    assert bool(ctl.store.bound_instances("3")) == (run2 == "running_here")  # bob's instance stays his
+    assert [(o.run, o.end_time) for o in ctl.store.outcomes()] == [(1, now - 40)]  # alice's run's end, as run 1's
+    assert answer == {"ok": True, "recorded": True}
+    assert any("uid 1000" in e.message for e in ctl.store.recent_events(10))
+    # Bob's own Epilog ends his run; an older node's (no uid) as well.
+    assert ctl.on_epilog(_old_runs_epilog(time.time(), uid=2000 if run2 == "running_here" else None), None) \
+        == {"ok": True, "recorded": True}
+    assert [o.run for o in ctl.store.outcomes()] == [1, 2]
+
+
+def test_an_epilog_of_another_users_job_leaves_a_first_run_alone(ctl):
+    """The store's run 1 is bob's; an Epilog of job 3 for uid 1000 is of a job with the id the store never saw
+    (it started and ended between two ticks): it neither ends bob's run nor releases its instance."""
+    now = time.time()
+    ctl.store.upsert_job("3", profile="1g", user="bob", uid=2000, submit_time=now - 600, now=now - 600)
+    ctl.store.set_job_state("3", "RUNNING", now=now - 590, node="n1")
+    ctl.store.bind("3", "n1", [INST], now=now - 590)
+    assert ctl.on_epilog(_old_runs_epilog(now - 5, uid=1000), None) == {"ok": True, "recorded": False}
+    assert ctl.store.get_job("3").state == "RUNNING" and ctl.store.bound_instances("3")
+    assert list(ctl.store.outcomes()) == []
+    assert any(e.kind == "conflict" and "uid 1000" in e.message for e in ctl.store.recent_events(10))
+    # The uid of a job the store knows no uid for says nothing: ended as before.
+    ctl.store._x("UPDATE jobs SET uid = NULL WHERE job_id = '3'")
+    assert ctl.on_epilog(_old_runs_epilog(now - 4, uid=1000), None)["recorded"]

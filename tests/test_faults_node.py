@@ -2313,3 +2313,17 @@ def test_a_prolog_refuses_a_controller_answer_that_starts_its_job_on_a_gpu_where
     ((job, reason),) = rig.requeues
     assert job == "82" and f"GPU 1: {why}" in reason, reason
     assert _sim_layout(rig, 1) == before and not rig.record_file("82").exists()
+
+
+@pytest.mark.parametrize("env_uid, sent", [("1001", 1001), ("", 1001), ("-1", 1001)])
+def test_the_epilog_says_whose_job_it_ended(rig, monkeypatch, env_uid, sent):
+    """The Epilog carries the job's uid (SLURM_JOB_UID, else the one its binding record keeps), so the controller
+    can tell it from another user's job given the id meanwhile (slurmctld lost its state, its ids wrapped)."""
+    rig.job("49", "1g")
+    assert rig.hook("prolog", "49", SLURM_JOB_UID="1001") == 0
+    got = []
+    epilog = rig.srv.routes["/v1/epilog"]
+    monkeypatch.setitem(rig.srv.routes, "/v1/epilog", lambda payload, who: got.append(payload) or epilog(payload, who))
+    assert rig.hook("epilog", "49", SLURM_JOB_UID=env_uid, SLURM_JOB_EXIT_CODE="0") == 0
+    assert [p["uid"] for p in got] == [sent]
+    assert rig.store.get_job("49").state == "COMPLETED"

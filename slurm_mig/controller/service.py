@@ -1989,6 +1989,9 @@ class Controller:
         lingering = _v_instances(payload.get("lingering"), "lingering")
         unreadable = _v_bool(payload.get("binding_unreadable"), "binding_unreadable")
         requeued = _v_bool(payload.get("requeued"), "requeued")
+        # The uid of the job it ran for (SLURM_JOB_UID, or its binding record's); nodes before 2026-11-27 send none.
+        uid = _v_opt_int(payload.get("uid"), "uid")
+        uid = uid if uid is not None and uid >= 0 else None
         message_id = _v_message(payload)
         state = "COMPLETED" if exit_code == 0 else "FAILED"
         earlier = False  # the Epilog of an earlier run than the job id's current one
@@ -1999,11 +2002,24 @@ class Controller:
                 # now (requeued, its id reused), bound anew, perhaps to the same instances on this node.
                 return events.answer
             job = self.store.get_job(job_id)
-            if job is not None and ended_at is not None and self._before_this_run(job, ended_at):
+            # Another user's job than the store's run of the id (a requeue never changes a job's user; the id was
+            # given again after slurmctld lost its state, or its ids wrapped): not this run's end, whenever it ended.
+            other_user = job is not None and uid is not None and job.uid is not None and uid != job.uid
+            if other_user and job.run == 1:
+                # A job with the id that no tick saw (it started and ended between two): it may neither end the
+                # store's run nor free its instances, and it has no run here to record an outcome under.
+                events.add("conflict", f"job {job_id}: an Epilog from {node} of uid {uid}'s job with this id, not "
+                           f"of the run tracked here (uid {job.uid}'s, {job.state.lower()}); ignored", node=node,
+                           job_id=job_id, now=now)
+                log.warning("job %s: Epilog from %s for uid %s ignored: the run tracked is uid %s's", job_id, node,
+                            uid, job.uid)
+                answer, recorded = events.reply({"ok": True, "recorded": False}), False
+            elif job is not None and (other_user or ended_at is not None and self._before_this_run(job, ended_at)):
                 earlier = True
                 recorded = self._earlier_runs_epilog(job, node, events, insts=insts, unreadable=unreadable,
                                                      requeued=requeued, state=state, exit_code=exit_code,
-                                                     derived_ec=derived_ec, end=ended_at, now=now)
+                                                     derived_ec=derived_ec, end=self._epilog_end(None, ended_at, now),
+                                                     now=now, uid=uid if other_user else None)
                 answer = events.reply({"ok": True, "recorded": recorded})
             else:
                 if unreadable and not insts:
@@ -2101,7 +2117,7 @@ class Controller:
 
     def _earlier_runs_epilog(self, job, node: str, events: "_NodeMessage", *, insts: list, unreadable: bool,
                              requeued: bool, state: str, exit_code: int | None, derived_ec: int | None,
-                             end: float, now: float) -> bool:
+                             end: float, now: float, uid: int | None = None) -> bool:
         """An Epilog of a run of the job id before its current one (_before_this_run): it neither ends
         nor releases the current run. When the current run is the second, the Epilog is the first run's:
         its outcome goes under run 1, unless that run has one (then it is a duplicate: the outcome came from
@@ -2110,7 +2126,8 @@ class Controller:
         the current run's), and may still have run here (bound by its node alone while no tick saw it run,
         then ended while the store had it waiting), so neither "the run without an outcome" nor the
         outcomes' times pick the right one; recorded under the wrong run, the end would stand for a run
-        that never ran (and could not be replaced by its own). True when it recorded an outcome."""
+        that never ran (and could not be replaced by its own). ``uid``: the Epilog's job is another user's than
+        the current run's (it may have ended after that run began). True when it recorded an outcome."""
         if not (insts or unreadable):
             return False  # a run that never got its instances (requeued in its Prolog): nothing to say
         recorded = False
@@ -2129,9 +2146,11 @@ class Controller:
                 "run 1's size cannot be told (its binding file was unreadable), so nothing is recorded"
                 if size is None and not requeued and self.store.outcome(job.job_id, run=1) is None
                 else "nothing is changed")
-        events.add("late", f"job {job.job_id}: an Epilog from {node} of {which} (run {job.run}, which began "
-                   f"after it ended); {what}", node=node, job_id=job.job_id, now=now)
-        log.warning("job %s: an Epilog from %s ended before the current run began; %s", job.job_id, node, what)
+        after = f"uid {job.uid}'s, not uid {uid}'s as it is" if uid is not None else "which began after it ended"
+        events.add("late", f"job {job.job_id}: an Epilog from {node} of {which} (run {job.run}, {after}); {what}",
+                   node=node, job_id=job.job_id, now=now)
+        log.warning("job %s: an Epilog from %s %s; %s", job.job_id, node, f"for uid {uid}, not the current run's"
+                    if uid is not None else "ended before the current run began", what)
         return recorded
 
     def _size_bound(self, node: str, insts: list) -> tuple[str, int] | None:

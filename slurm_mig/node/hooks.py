@@ -900,10 +900,14 @@ def epilog(env: dict, node: Node) -> int:
     attempt, restarts = node.state.binding_attempt(job_id), _int(env.get("SLURM_JOB_RESTART_COUNT"))
     attempt = noted if attempt is None else attempt
     requeued = attempt is not None and restarts is not None and restarts > attempt
+    # Whose job it was: Slurm's SLURM_JOB_UID, else the binding record's. The controller ends a run with this id
+    # only if it is that user's (the id may have been given again to another user's job meanwhile).
+    uid = _int(env.get("SLURM_JOB_UID"))
+    uid = uid if uid is not None and uid >= 0 else node.state.binding_uid(job_id)
     payload = {"job_id": job_id, "node": node.name, "instances": [i.to_json() for i in insts],
                "exit_code": _int(env.get("SLURM_JOB_EXIT_CODE")), "derived_ec": _int(env.get("SLURM_JOB_DERIVED_EC")),
                "end_time": time.time(), "lingering": lingering, "binding_unreadable": unreadable,
-               "requeued": requeued}
+               "requeued": requeued, "uid": uid}
     # The outcome goes to the outbox first (written and fsynced), then the outbox is delivered in order:
     # killed from here on, the next hook or health check still delivers it, and it never overtakes an
     # older message about the same job (a binding made while the controller was down).
