@@ -693,3 +693,69 @@ def test_an_epilog_of_another_users_job_leaves_a_first_run_alone(ctl):
     # The uid of a job the store knows no uid for says nothing: ended as before.
     ctl.store._x("UPDATE jobs SET uid = NULL WHERE job_id = '3'")
     assert ctl.on_epilog(_old_runs_epilog(now - 4, uid=1000), None)["recorded"]
+
+
+# -- the end a job is stored with ------------------------------------------------------------------------
+# outcomes.end_time took the Epilog's end_time (or Slurm's EndTime), but the jobs row was stamped with when the
+# controller handled the message (or settled the lost Epilog, a grace period after it saw the job end): the jobs
+# view's run time and explain --replay's durations (they read jobs.end_time) counted the time the Epilog waited
+# in the node's outbox.
+
+def test_a_late_epilogs_job_ends_when_it_ended_not_when_the_message_arrived(ctl):
+    from slurm_mig.ops import views as V
+    from slurm_mig.ops.replay import _duration
+
+    now = time.time()
+    ctl.store.upsert_job("3", profile="1g", submit_time=now - 4000, now=now - 4000)
+    ctl.store.set_job_state("3", "RUNNING", now=now - 3900, node="n1")
+    ctl.store.bind("3", "n1", [INST], now=now - 3900)
+    ctl.clock = lambda: now
+    assert ctl.on_epilog(_old_runs_epilog(now - 3600), None)["recorded"]  # an hour in the outbox
+    job = ctl.store.get_job("3")
+    assert (job.state, job.end_time, ctl.store.outcome("3").end_time) == ("COMPLETED", now - 3600, now - 3600)
+    assert V.job_dict(job, now)["run_s"] == pytest.approx(300)
+    assert _duration(job, now) == pytest.approx(300)
+
+
+def test_a_lost_epilogs_job_ends_at_slurms_end_time(ctl):
+    from slurm_mig.slurm.parsers import JobDetail
+
+    now = time.time()
+    ctl.store.upsert_job("3", profile="1g", submit_time=now - 400, now=now - 400)
+    ctl.store.set_job_state("3", "RUNNING", now=now - 300, node="n1")
+    ctl.store.bind("3", "n1", [INST], now=now - 300)
+    end = int(now - 100)
+    ctl.slurm.queue = [replace(_listed(3, "COMPLETED", end), start_time=int(now - 300))]
+    ctl.slurm.job_detail = lambda job_id: JobDetail(job_id=3, state="COMPLETED", fields={
+        "ExitCode": "0:0", "EndTime": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(end))})
+    t = [now]
+    ctl.clock = lambda: t[0]
+    ctl.tick()
+    t[0] += 3600  # the grace period, and more: the controller was stopped meanwhile
+    ctl.tick()
+    job = ctl.store.get_job("3")
+    assert (job.state, job.end_time, ctl.store.outcome("3").end_time) == ("COMPLETED", end, end)
+
+
+def test_an_epilog_handled_between_the_ticks_squeue_and_its_sync_does_not_make_a_new_run(ctl):
+    """Job 3 runs; the tick's squeue lists it RUNNING; its Epilog (the node's clock 30 s behind, within the
+    clock margin) is handled before the tick syncs. The job ended after Slurm's answer, which is no sign that it
+    runs again: the end time now stored is the Epilog's, before the query, but the controller learned it after."""
+    now = time.time()
+    ctl.store.upsert_job("3", profile="1g", submit_time=now - 400, now=now - 400)
+    ctl.store.set_job_state("3", "RUNNING", now=now - 300, node="n1")
+    ctl.store.bind("3", "n1", [INST], now=now - 300)
+    listed = SlurmJob(job_id=3, state="RUNNING", mig={"1g": 1}, tres_per_node="gres:mig:1g:1",
+                      submit_time=int(now - 400), start_time=int(now - 300), nodes=["n1"], priority=1)
+    t = [now]
+    ctl.clock = lambda: t[0]
+
+    def jobs():
+        t[0] += 2
+        assert ctl.on_epilog(_old_runs_epilog(now - 30), None)["recorded"]
+        return [listed]
+
+    ctl.slurm.jobs = jobs
+    ctl.tick()
+    job = ctl.store.get_job("3")
+    assert (job.state, job.run, job.end_time) == ("COMPLETED", 1, now - 30)

@@ -456,7 +456,7 @@ class Controller:
                                   submit_time=j.submit_time, now=now, blocked=entry.blocked)
             current = self.store.get_job(job_id)
             if current is not None and current.state in TERMINAL and j.state in ("PENDING", "RUNNING", "SUSPENDED") \
-                    and (current.end_time or current.updated_at) < queried_at - 1:
+                    and self._ended_here_at(current) < queried_at - 1:
                 # Ended here before we asked Slurm, live in its answer: the id was reused (slurmctld restarted
                 # without its state) or the job was requeued after it ended. Left terminal, the policy never saw
                 # it and every Prolog's bind failed ("it already ended").
@@ -537,6 +537,15 @@ class Controller:
                 continue
             self.store.set_job_state(job_id, "CANCELLED", now=now, reason=NOT_IN_QUEUE)
         return ended
+
+    def _ended_here_at(self, job) -> float:
+        """When the store learned that ``job`` (ended) ended: its end time, or, where the end came from a message
+        (an Epilog's end_time, on its node's clock; Slurm's EndTime), when that outcome was recorded, if later.
+        An Epilog handled between a tick's squeue and its sync ended the job after Slurm's answer listed it
+        live, whatever time the node's clock gave its end."""
+        learned = job.end_time or job.updated_at
+        outcome = self.store.outcome(job.job_id, run=job.run)
+        return learned if outcome is None else max(learned, outcome.recorded_at)
 
     def _carry_reservation(self, task: str, job_id: str, now: float) -> None:
         """Array task ``task``, which Slurm now runs as ``job_id``: the instances the last decision reserved for it
@@ -828,7 +837,8 @@ class Controller:
             if job is None or job.state not in ("RUNNING", "COMPLETING", "SUSPENDED"):
                 continue  # the Epilog's report arrived meanwhile
             recorded = self.store.record_outcome(job_id, state=state, exit_code=exit_code, end_time=end, now=now)
-            self.store.set_job_state(job_id, state, now=now, exit_code=exit_code)  # releases its binding
+            # Ended at Slurm's EndTime, not now, a grace period (or an outage) later; releases its binding.
+            self.store.set_job_state(job_id, state, now=now, exit_code=exit_code, end_time=end)
             self._ended_since.pop(job_id, None)
             how = "from Slurm's record" if exit_code is not None else "without an exit status (Slurm had none to give)"
             self.store.add_event("end", f"job {job_id} ended ({state}) without an Epilog report; outcome {how}",
@@ -2078,7 +2088,8 @@ class Controller:
         recorded = self.store.record_outcome(job_id, state=job.state if slurms else state, exit_code=exit_code,
                                              derived_exit_code=derived_ec, end_time=end, now=now)
         if job.state not in TERMINAL or guessed:
-            self.store.set_job_state(job_id, state, now=now, exit_code=exit_code)
+            # Ended when the Epilog ran, not when its message arrived (it may have waited in the outbox for hours).
+            self.store.set_job_state(job_id, state, now=now, exit_code=exit_code, end_time=end)
         self.store.release(job_id, node=node, starts=[(i["gpu"], i["start"]) for i in insts], now=now)
         if lingering:
             events.add("lingering", f"job {job_id} ended with processes left on {lingering}",

@@ -827,9 +827,10 @@ class Store:
                 self._x("UPDATE jobs SET priority_order = ? WHERE job_id = ?", (i, str(job_id)))
 
     def set_job_state(self, job_id: str, state: str, *, now: float | None = None, reason: str | None = None,
-                      node: str | None = None, exit_code: int | None = None) -> None:
-        """Move a job to ``state``. RUNNING stamps start_time (once); a terminal state stamps end_time
-        and releases the job's bindings; PENDING/REQUEUED clear start/end so a requeued job waits afresh."""
+                      node: str | None = None, exit_code: int | None = None, end_time: float | None = None) -> None:
+        """Move a job to ``state``. RUNNING stamps start_time (once); a terminal state stamps end_time (once:
+        ``end_time`` where the caller knows when the job ended, an Epilog's or Slurm's, else ``now``) and releases
+        the job's bindings; PENDING/REQUEUED clear start/end so a requeued job waits afresh."""
         _check_state(state, JOB_STATES, "job state")
         job_id = str(job_id)
         t = _now(now)
@@ -843,7 +844,7 @@ class Store:
                 params.append(t)
             elif state in TERMINAL_STATES:
                 sets.append("end_time = COALESCE(end_time, ?)")
-                params.append(t)
+                params.append(t if end_time is None else float(end_time))
             elif state in ("PENDING", "REQUEUED"):
                 sets.append("start_time = NULL, end_time = NULL, suspended_s = NULL, suspended_since = NULL")
             for col, val in (("reason", reason), ("node", node), ("exit_code", exit_code)):
