@@ -759,3 +759,24 @@ def test_an_epilog_handled_between_the_ticks_squeue_and_its_sync_does_not_make_a
     ctl.tick()
     job = ctl.store.get_job("3")
     assert (job.state, job.run, job.end_time) == ("COMPLETED", 1, now - 30)
+
+
+@pytest.mark.parametrize("listed", ["COMPLETED", "FAILED", None])
+def test_a_completed_job_an_admin_requeued_at_once_keeps_its_outcome(ctl, listed):
+    """`scontrol requeue` of a job that completed (allowed until MinJobAge), seconds after its end: Slurm listed
+    the run COMPLETED (or FAILED, exit status 256) to a tick before it listed it waiting again, restarted, with
+    the requeue's submit time. The run ended by its exit, as its Epilog said, not by a requeue: a node set DOWN
+    requeues the job as it kills it, and Slurm never lists that run as ended by its exit. Unseen by a tick (the
+    requeue within one tick interval of the end), the two cannot be told apart: REQUEUED, as before."""
+    end = time.time() - 5
+    _ended_by_epilog(ctl.store, "3", end)
+    if listed == "FAILED":
+        ctl.store.correct_end_state("3", "FAILED", now=end)
+    if listed is not None:
+        ctl.slurm.queue = [replace(_listed(3, listed, end), submit_time=int(end - 100))]
+        ctl.tick()
+    ctl.slurm.queue = [SlurmJob(job_id=3, state="PENDING", mig={"1g": 1}, tres_per_node="gres:mig:1g:1",
+                                submit_time=int(end + 1), restart_cnt=1, priority=1, state_reason="BeginTime")]
+    ctl.tick()
+    assert (ctl.store.get_job("3").state, ctl.store.get_job("3").run) == ("PENDING", 2)
+    assert [(o.run, o.state) for o in ctl.store.outcomes()] == [(1, listed or "REQUEUED")]

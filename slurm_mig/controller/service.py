@@ -273,6 +273,9 @@ class Controller:
         # Array tasks ("5_3") whose place a Prolog gave to the job Slurm started them as, and when: a tick whose
         # squeue was asked before that start must not make them queue entries again.
         self._taken_tasks: dict[str, float] = {}
+        # Slurm's record of each MIG job it lists as ended (this tick's squeue; refreshed each tick): a run it
+        # listed COMPLETED or FAILED ended by its exit, whatever requeue follows (_revive).
+        self._listed_ended: dict[str, object] = {}
         self._unservable: set[str] = set()  # jobs whose MIG request cannot be served, said once each
         # job id -> how often it was released from Slurm's BadConstraints hold and held again while its node
         # advertised its size (_release_held_for_size); the jobs released and not yet seen held again
@@ -430,6 +433,7 @@ class Controller:
         # The stored runs' users before Slurm's records are written over them (_another_job's user rule).
         users = self.store.job_users(LIVE_STATES)
         margin = self._clock_margin()
+        listed_ended = {}
         for entry in [e for e in entries if e.job_id not in taken]:
             j, job_id = entry.job, entry.job_id
             stored_user = users.get(job_id, ("", None))  # the stored run's (user, uid), read before this tick
@@ -443,6 +447,7 @@ class Controller:
                     # Another job with the id (_another_job) that ended before a tick saw it live: its request,
                     # user and end are not those of the stored run, whose lost Epilog _lost_epilogs settles.
                     continue
+                listed_ended[job_id] = j
             try:
                 kind, count = mig_size_request(j.mig)
             except ValueError as exc:
@@ -519,6 +524,7 @@ class Controller:
                                           ended=over, ran_to_end=over and j.end_time is not None
                                           and j.end_time > j.suspend_time)
         self.store.set_job_order(order)
+        self._listed_ended = listed_ended
         # Pending (or requeued) jobs Slurm no longer lists were cancelled (or purged after MinJobAge). A job a
         # Prolog requeued after our squeue (one submitted meanwhile) is not in its answer: left for the next.
         # Ids only: every waiting job is read here, and all but the few gone are skipped.
@@ -611,9 +617,16 @@ class Controller:
         ``requeued``: Slurm counts a restart of it. Requeued at its Epilog's end (Slurm's new submit time is the
         requeue's), the ended run did not complete or fail: Slurm requeued it as it killed it, which a node
         set DOWN (or failing) does without raising the Epilog's SLURM_JOB_RESTART_COUNT (seen on 22.05), so
-        the Epilog took it for a job that exited 0. Its outcome says REQUEUED, as sacct lists such a run."""
+        the Epilog took it for a job that exited 0. Its outcome says REQUEUED, as sacct lists such a run.
+        Unless Slurm listed that run ended in the state of its outcome (COMPLETED, FAILED) to a tick before the
+        requeue: it ended by its exit, and an admin requeued it after (`scontrol requeue` of a completed job, which
+        Slurm allows until MinJobAge); a run requeued as it was killed is never listed so."""
         ended = self.store.get_job(job_id)
         outcome = self.store.outcome(job_id, run=ended.run) if ended is not None and requeued else None
+        listed = self._listed_ended.get(job_id)
+        if outcome is not None and listed is not None and listed.state == outcome.state \
+                and _same_run(ended, listed, outcome):
+            outcome = None  # ended by its exit, as Slurm said: requeued after it
         if outcome is not None and outcome.state in ("COMPLETED", "FAILED") and submit_time is not None \
                 and outcome.end_time is not None and submit_time <= outcome.end_time + self._clock_margin() \
                 and self.store.requeued_outcome(job_id, outcome.run):
