@@ -821,3 +821,29 @@ def test_a_job_resumed_and_ended_between_two_ticks_is_not_counted_suspended_to_i
     assert job.suspended_since == (None if ends.startswith("resumed") else _S + 1200)
     assert job_dict(job, now + 50)["run_s"] == job.end_time - job.start_time - job.suspended_for(job.end_time)
     assert [j.duration_s for j in load_outcomes_db(tmp_path / "state.db").jobs] == [want]
+
+
+@pytest.mark.parametrize("order", ["epilog first", "tick first"])
+@pytest.mark.parametrize("forgotten", [False, True])
+def test_a_suspension_no_tick_saw_is_learned_from_slurms_ended_record_while_slurm_lists_it(ctl, order, forgotten):
+    """The ticks saw job 19 only running; it was suspended (S + 1200), resumed (S + 6600) and completed (S + 10200)
+    between two ticks. Neither its Epilog (no suspend figures in its environment) nor a tick that saw it live
+    knew of the suspension, but Slurm's ended record does (squeue --json's suspend_time and pre_sus_time, until
+    MinJobAge): the run time recorded leaves out the 5400 s suspended. Once Slurm has forgotten the job (the
+    controller down for longer than MinJobAge after its end), nothing without sacct says it: the span is
+    recorded (the limit docs/architecture.md states)."""
+    ctl.clock = lambda: float(_S + 600)
+    ctl.slurm.queue = parse_squeue_json(json.loads(SUSPEND_SEQUENCE["running"]))
+    ctl.tick()
+    end = _S + 10200
+    ctl.clock = lambda: float(end + 100)
+    ctl.slurm.queue = [] if forgotten else _ended_record("COMPLETED", end, _S + 6600)
+
+    def epilog():
+        assert ctl.on_epilog({"job_id": "19", "node": "n1", "exit_code": 0, "end_time": end,
+                              "instances": [{"gpu": 0, "profile": "3g.40gb", "start": 0}]}, None)["recorded"]
+
+    for step in ((epilog, ctl.tick) if order == "epilog first" else (ctl.tick, epilog)):
+        step()
+    ctl.tick()
+    assert ctl.store.outcome("19").run_s == (10200.0 if forgotten else 4800.0)
