@@ -780,3 +780,34 @@ def test_a_completed_job_an_admin_requeued_at_once_keeps_its_outcome(ctl, listed
     ctl.tick()
     assert (ctl.store.get_job("3").state, ctl.store.get_job("3").run) == ("PENDING", 2)
     assert [(o.run, o.state) for o in ctl.store.outcomes()] == [(1, listed or "REQUEUED")]
+
+
+def test_a_late_epilog_replaces_the_guess_made_for_a_job_slurm_had_forgotten(ctl):
+    """The controller was down for an hour; job 3 completed meanwhile (exit 0) and Slurm forgot it (MinJobAge);
+    its node was down too, its Epilog kept in its outbox. Back, the controller waited the grace period for the
+    Epilog and then settled the job as Slurm's record could not: FAILED, no exit status, ended when it settled
+    it. The Epilog, delivered when the node came back, has the node's own account (exit 0, its end); it was
+    dropped (an outcome was recorded), so the run kept FAILED and a run time that ran to the controller's
+    return. It now replaces that guess; the job is counted once, as settled (a counter cannot take one back)."""
+    now = time.time()
+    ctl.store.upsert_job("3", profile="1g", submit_time=now - 4000, now=now - 4000)
+    ctl.store.set_job_state("3", "RUNNING", now=now - 3900, node="n1")
+    ctl.store.bind("3", "n1", [INST], now=now - 3900)
+    t = [now]
+    ctl.clock = lambda: t[0]
+    ctl.tick()  # back: Slurm does not list job 3
+    t[0] += 61
+    ctl.tick()
+    job, o = ctl.store.get_job("3"), ctl.store.outcome("3")
+    assert (job.state, job.end_time, o.state, o.exit_code, o.end_time) == ("FAILED", now, "FAILED", None, now)
+    t[0] += 600
+    assert ctl.on_epilog(_old_runs_epilog(now - 3600), None) == {"ok": True, "recorded": True}
+    job, o = ctl.store.get_job("3"), ctl.store.outcome("3")
+    assert (job.state, job.exit_code, job.end_time) == ("COMPLETED", 0, now - 3600)
+    assert (o.state, o.exit_code, o.end_time, o.run_s) == ("COMPLETED", 0, now - 3600, pytest.approx(300))
+    assert len(ctl.store.outcomes()) == 1
+    t[0] += 61
+    ctl.tick()
+    assert _finished(ctl) == {"FAILED": 1.0}
+    # Delivered again (its answer lost): handled once.
+    assert ctl.on_epilog(_old_runs_epilog(now - 3600), None)["recorded"] is False

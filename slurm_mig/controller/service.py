@@ -72,6 +72,9 @@ PRUNE_PART = 10
 # The reason a waiting job Slurm no longer lists is marked CANCELLED with: the tick's guess, not Slurm's word (a
 # job that ran while the controller was down, then was forgotten after MinJobAge, is gone too).
 NOT_IN_QUEUE = "no longer in Slurm's queue"
+# The reason of a job the tick settled as FAILED without Slurm's record of its end (Slurm had forgotten it) or an
+# Epilog: a guess, which the job's Epilog, arriving later, replaces (_epilog).
+FORGOTTEN = "ended unseen: neither Slurm's record nor its Epilog said how"
 
 
 @dataclass
@@ -709,8 +712,9 @@ class Controller:
             if now - first < grace:
                 continue
             # Unseen while Slurm still listed it (the controller was down): Slurm has forgotten the job
-            # (squeue answered this tick) and with it the exit status.
-            out[job.job_id] = record or ("FAILED", None, now)
+            # (squeue answered this tick) and with it the exit status. It ended by the time a tick first found
+            # it gone (not a grace period later, when it is settled): a guess its Epilog replaces if it comes.
+            out[job.job_id] = record or ("FAILED", None, first)
         for job_id in [j for j, (t, _r) in self._ended_since.items() if j not in listed and now - t > 3600]:
             del self._ended_since[job_id]
         return out
@@ -849,9 +853,12 @@ class Controller:
             job = self.store.get_job(job_id)
             if job is None or job.state not in ("RUNNING", "COMPLETING", "SUSPENDED"):
                 continue  # the Epilog's report arrived meanwhile
+            # Without Slurm's record (it had forgotten the job): FAILED, no exit status, a guess (FORGOTTEN).
+            guess = self._ended_since.get(job_id, (None, None))[1] is None
             recorded = self.store.record_outcome(job_id, state=state, exit_code=exit_code, end_time=end, now=now)
             # Ended at Slurm's EndTime, not now, a grace period (or an outage) later; releases its binding.
-            self.store.set_job_state(job_id, state, now=now, exit_code=exit_code, end_time=end)
+            self.store.set_job_state(job_id, state, now=now, exit_code=exit_code, end_time=end,
+                                     reason=FORGOTTEN if guess else None)
             self._ended_since.pop(job_id, None)
             how = "from Slurm's record" if exit_code is not None else "without an exit status (Slurm had none to give)"
             self.store.add_event("end", f"job {job_id} ended ({state}) without an Epilog report; outcome {how}",
@@ -2047,11 +2054,12 @@ class Controller:
             else:
                 if unreadable and not insts:
                     insts = [b.to_json() for b in self.store.bound_instances(job_id)]  # the node's file was damaged
-                answer = events.reply(self._epilog(job, job_id, node, events, insts=insts, lingering=lingering,
-                                                   requeued=requeued, state=state, exit_code=exit_code,
-                                                   derived_ec=derived_ec, end=self._epilog_end(job, ended_at, now),
-                                                   now=now))
-                recorded = answer["recorded"]
+                result = self._epilog(job, job_id, node, events, insts=insts, lingering=lingering,
+                                      requeued=requeued, state=state, exit_code=exit_code, derived_ec=derived_ec,
+                                      end=self._epilog_end(job, ended_at, now), now=now)
+                counted = result.pop("_counted", False)
+                answer = events.reply(result)
+                recorded = answer["recorded"] and not counted
                 if recorded:  # to be counted (below), by this process or, restarted, the next
                     self.store.set_meta(_uncounted_key(job_id, job.run), [job_id, job.run, now], now=now)
         if recorded and earlier:
@@ -2097,19 +2105,27 @@ class Controller:
         # tick's own CANCELLED for a waiting job Slurm no longer listed is no such word: this Epilog shows the
         # job ran (while the controller was down, then forgotten by Slurm), and its state is the better guess.
         guessed = job.state == "CANCELLED" and job.reason == NOT_IN_QUEUE
+        # Settled by the tick as FAILED without Slurm's record or this Epilog, which has the node's account (its
+        # exit status and end): the tick's guess gives way, outcome and all. Until 2026-11-27 the Epilog was
+        # dropped, the run left FAILED with no exit status and an end as late as the controller's return.
+        replaced = job.state == "FAILED" and job.reason == FORGOTTEN and self.store.forget_guessed_end(job_id)
+        guessed = guessed or replaced
         slurms = job.state in TERMINAL and job.state not in ("COMPLETED", "FAILED") and not guessed
         recorded = self.store.record_outcome(job_id, state=job.state if slurms else state, exit_code=exit_code,
                                              derived_exit_code=derived_ec, end_time=end, now=now)
         if job.state not in TERMINAL or guessed:
             # Ended when the Epilog ran, not when its message arrived (it may have waited in the outbox for hours).
-            self.store.set_job_state(job_id, state, now=now, exit_code=exit_code, end_time=end)
+            self.store.set_job_state(job_id, state, now=now, exit_code=exit_code, end_time=end,
+                                     reason="" if replaced else None)
         self.store.release(job_id, node=node, starts=[(i["gpu"], i["start"]) for i in insts], now=now)
         if lingering:
             events.add("lingering", f"job {job_id} ended with processes left on {lingering}",
                        node=node, job_id=job_id, now=now)
-        events.add("end", f"job {job_id} ended on {node} (exit {format_exit_status(exit_code)})", node=node,
-                   job_id=job_id, now=now)
-        return {"ok": True, "recorded": recorded}
+        events.add("end", f"job {job_id} ended on {node} (exit {format_exit_status(exit_code)})" + (
+            "; its Epilog replaces the outcome settled without it (FAILED, no exit status)" if replaced else ""),
+            node=node, job_id=job_id, now=now)
+        # A replaced outcome was counted in jobs_finished_total when the tick settled it: not counted again.
+        return {"ok": True, "recorded": recorded, **({"_counted": True} if replaced else {})}
 
     def _epilog_end(self, job, ended_at: float | None, now: float) -> float:
         """When the current run of ``job`` ended, from its Epilog's ``end_time`` (the node's clock) where that is

@@ -1127,6 +1127,19 @@ class Store:
                         (state, job_id, state, job_id)).rowcount
         return bool(a or b)
 
+    def forget_guessed_end(self, job_id: str) -> bool:
+        """The current run of ``job_id`` was settled as FAILED without an exit status (the controller's guess, Slurm
+        having forgotten the job): forget that outcome and the job's end, for its Epilog's account to be recorded
+        in their place (record_outcome, set_job_state). True when it did."""
+        job_id = str(job_id)
+        with self.transaction():
+            cur = self._x("DELETE FROM outcomes WHERE job_id = ? AND state = 'FAILED' AND exit_code IS NULL AND "
+                          "run = (SELECT j.run FROM jobs j WHERE j.job_id = ? AND j.state = 'FAILED')", (job_id, job_id))
+            if not cur.rowcount:
+                return False
+            self._x("UPDATE jobs SET end_time = NULL, exit_code = NULL WHERE job_id = ?", (job_id,))
+            return True
+
     def requeued_outcome(self, job_id: str, run: int) -> bool:
         """Run ``run`` of ``job_id`` was ended by a requeue, not by its exit: its outcome, recorded COMPLETED or
         FAILED from its Epilog's exit status, says REQUEUED. True when it changed."""
