@@ -611,6 +611,33 @@ def test_a_job_held_because_the_node_it_named_offered_no_slice_of_its_size_is_ca
     assert "BadConstraints" in ctl.store.get_job("12").reason
 
 
+def test_a_job_its_user_or_an_admin_held_after_the_ticks_squeue_is_not_released(ctl):
+    """Measured on the demo cluster (2026-11-27): `scontrol hold` of a job Slurm held BadConstraints makes it
+    JobHeldAdmin (an admin's, and its user's own too), `scontrol uhold` JobHeldUser, so squeue tells them apart;
+    but the release came a whole tick after the squeue that saw BadConstraints, and `scontrol release` undoes any
+    hold. Asked again just before, a job held by someone meanwhile is left held; one still BadConstraints is
+    released."""
+    row = [12, 0, None, "", 0, "PENDING", "BadConstraints", 0, "gres:mig:2g:1", "", "debug", 1, 60, "a", "u", "", 1]
+    (job,) = squeue([row])
+    held = replace(job, required_nodes=["n1"])
+    answers = []
+
+    def jobs():
+        return answers.pop(0) if answers else [held]
+
+    ctl.slurm.jobs = jobs
+    answers[:] = [[held], [replace(held, state_reason="JobHeldUser")]]  # the tick's squeue, then the one after
+    ctl.tick()
+    assert "2g" in _desired(ctl)
+    assert ctl.slurm.__dict__.get("released", []) == []
+    for reason in ("JobHeldAdmin", "JobHeldUser"):
+        answers[:] = [[replace(held, state_reason=reason)]] * 2
+        ctl.tick()
+        assert ctl.slurm.__dict__.get("released", []) == []
+    answers[:] = [[held], [held]]  # the hold released by its owner, Slurm's own BadConstraints again
+    ctl.tick()
+    assert ctl.slurm.released == ["12"]
+
 def test_a_suspended_job_is_stored_suspended_keeps_its_instance_and_a_requeue_of_it_releases_it(ctl):
     """Seen on the demo cluster (2026-11-27): `slurm-mig jobs` said RUNNING for a job `scontrol suspend` had
     suspended (the store never took the state, though its views list SUSPENDED)."""

@@ -756,9 +756,16 @@ class Controller:
 
     def _release_held_for_size(self, jobs, now: float) -> int:
         """``scontrol release`` each job _held_for_size whose named node now advertises its size (as this tick
-        set Slurm's counts: the intended layouts); returns how many were released."""
+        set Slurm's counts: the intended layouts); returns how many were released.
+
+        A job is released only if Slurm still holds it as BadConstraints when asked again just before (one
+        ``squeue`` for all of them): ``jobs`` is the tick's squeue, and a user's or admin's ``scontrol hold``
+        since then (Slurm then says JobHeldAdmin or JobHeldUser, seen on the demo cluster, 2026-11-27) would
+        otherwise be undone by the release. Until 2026-11-27 the tick's answer decided, a window as long as
+        the tick (its decision, the withdraw rounds, the GRES updates)."""
         done = 0
         waiting = set()
+        due = []
         for j in jobs:
             job_id = str(j.job_id)
             if not j.wants_mig or not self._manages(j.partition):
@@ -767,7 +774,20 @@ class Controller:
             if not self._held_for_size(j, job_id):
                 continue
             offered = self._offered(j)
-            if not offered:
+            if offered:
+                due.append((j, job_id, offered))
+        still = None
+        if due:
+            fresh = self.slurm.jobs()
+            if fresh is None:
+                log.warning("squeue failed: the %d job(s) held BadConstraints are released next tick", len(due))
+                due = []
+            else:
+                still = {str(f.job_id) for f in fresh if _size_hold(f)}
+        for j, job_id, offered in due:
+            if job_id not in still:
+                log.info("job %s is no longer held BadConstraints (held by its user or an admin, or released): "
+                         "not released", job_id)
                 continue
             self._size_released.add(job_id)
             try:
