@@ -638,6 +638,27 @@ def test_a_job_its_user_or_an_admin_held_after_the_ticks_squeue_is_not_released(
     ctl.tick()
     assert ctl.slurm.released == ["12"]
 
+def test_the_release_limit_holds_across_controller_restarts(ctl):
+    """The releases spent (MAX_SIZE_RELEASES) and the release not yet seen held again lived in memory only: a
+    job Slurm holds BadConstraints for something else (its --mem, say), its node offering its size, was carved for
+    and released MAX_SIZE_RELEASES more times after each restart of the controller. Restarted after every tick
+    here, it is released twice in all, as without restarts."""
+    row = [12, 0, None, "", 0, "PENDING", "BadConstraints", 0, "gres:mig:2g:1", "", "debug", 1, 60, "a", "u", "", 1]
+    (job,) = squeue([row])
+    ctl.slurm.queue = [replace(job, required_nodes=["n1"])]
+    c = ctl
+    for _ in range(6):
+        c.tick()
+        c = Controller(Config(), ctl.store, ctl.slurm)
+    assert ctl.slurm.released == ["12", "12"]
+    assert [j.job_id for j in ctl.store.pending_jobs()] == []  # no longer carved for
+    # Gone from Slurm's queue, its notes go with it.
+    ctl.slurm.queue = []
+    c.tick()
+    assert ctl.store.get_meta("size_releases") is None
+    ctl.store.set_meta("size_releases", {"12": "damaged"})
+    assert Controller(Config(), ctl.store, ctl.slurm)._size_releases == {}  # a damaged note never stops a start
+
 def test_a_suspended_job_is_stored_suspended_keeps_its_instance_and_a_requeue_of_it_releases_it(ctl):
     """Seen on the demo cluster (2026-11-27): `slurm-mig jobs` said RUNNING for a job `scontrol suspend` had
     suspended (the store never took the state, though its views list SUSPENDED)."""

@@ -281,9 +281,11 @@ class Controller:
         self._listed_ended: dict[str, object] = {}
         self._unservable: set[str] = set()  # jobs whose MIG request cannot be served, said once each
         # job id -> how often it was released from Slurm's BadConstraints hold and held again while its node
-        # advertised its size (_release_held_for_size); the jobs released and not yet seen held again
-        self._size_releases: dict[str, int] = {}
-        self._size_released: set[str] = set()
+        # advertised its size (_release_held_for_size); the jobs released and not yet seen held again. Kept in
+        # the store (meta "size_releases"), as last saved in _size_saved: a restart must not grant a job held for
+        # something else MAX_SIZE_RELEASES more releases (and carving for it) each time.
+        self._size_releases, self._size_released = _load_size_releases(store)
+        self._size_saved = (dict(self._size_releases), set(self._size_released))
         self._not_adopted: set[tuple[str, str, int]] = set()  # (node, job, run): an earlier run's file, said once
         # node + GPU model (or profile of a known one) our tables do not list (a newer node's): said once an hour
         self._unknown_models = LogLimiter(UNKNOWN_MODEL_LOG_EVERY_S)
@@ -335,6 +337,7 @@ class Controller:
             # Asked before the transaction: a slow scontrol must not hold the store lock.
             lost = self._lost_epilogs(jobs, now) if jobs is not None else {}
             ended, saved = dict(self._ended_since), self._ended_saved
+            size_saved = self._size_saved
             said = None
             finished: list[str] = []  # states of the jobs settled below, counted once the transaction commits
             listed_ended: set[str] = set()
@@ -356,6 +359,7 @@ class Controller:
                                                                 for j, (first, rec) in self._ended_since.items()},
                                                 now=now)
                             self._ended_saved = dict(self._ended_since)
+                        self._save_size_releases(now)  # the holds _sync_jobs counted
                     if nodes is not None:
                         self._sync_nodes(nodes)
                     self._expire_journal(now)
@@ -365,6 +369,7 @@ class Controller:
                 # dropped were not either (the next tick settles those jobs again, from the same notes).
                 self._ended_since = {**ended, **self._ended_since}
                 self._ended_saved = saved
+                self._size_saved = size_saved
                 if said is not None:
                     self._invalid_reg, self._unservable = said
                 raise
@@ -805,7 +810,23 @@ class Controller:
         for job_id in set(self._size_releases) - waiting:
             del self._size_releases[job_id]
         self._size_released &= waiting
+        self._save_size_releases(now)
         return done
+
+    def _save_size_releases(self, now: float) -> None:
+        """Keep the release counts (_size_releases) and the jobs released and not yet held again (_size_released)
+        in the store, when they changed since last saved: in the tick's sync transaction for the holds counted
+        there, in a transaction of their own for the releases (made outside any, scontrol being slow)."""
+        state = (dict(self._size_releases), set(self._size_released))
+        if state == self._size_saved:
+            return
+        notes = {j: [self._size_releases.get(j, 0), j in self._size_released]
+                 for j in sorted(set(self._size_releases) | self._size_released)}
+        if notes:
+            self.store.set_meta(SIZE_RELEASES, notes, now=now)
+        else:
+            self.store.delete_meta([SIZE_RELEASES])
+        self._size_saved = state
 
     def _requeue_unbound(self, jobs, now: float) -> int:
         """Requeue MIG jobs Slurm has been running for a while with no instance bound anywhere.
@@ -2412,6 +2433,26 @@ def _load_ended(store) -> dict[str, tuple[float, tuple | None]]:
     except Exception as exc:  # a damaged note costs at most some exit statuses, never the start
         log.warning("ignoring the saved notes on ended jobs: %s", exc)
         return {}
+
+
+SIZE_RELEASES = "size_releases"  # meta key: job id -> [releases spent, released and not yet seen held again]
+
+
+def _load_size_releases(store) -> tuple[dict[str, int], set[str]]:
+    """The release counts and marks (Controller._size_releases, _size_released) as the last run saved them."""
+    counts: dict[str, int] = {}
+    released: set[str] = set()
+    try:
+        saved = store.get_meta(SIZE_RELEASES) or {}
+        for job_id, (count, was_released) in saved.items():
+            if int(count) > 0:
+                counts[str(job_id)] = int(count)
+            if was_released:
+                released.add(str(job_id))
+    except Exception as exc:  # a damaged note costs at most a few more releases, never the start
+        log.warning("ignoring the saved notes on jobs released from Slurm's BadConstraints hold: %s", exc)
+        return {}, set()
+    return counts, released
 
 
 UNCOUNTED = "uncounted/"  # meta key prefix: an Epilog's outcome not yet counted in jobs_finished_total
