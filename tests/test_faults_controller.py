@@ -2072,3 +2072,48 @@ def test_a_run_slurm_requeued_as_it_killed_it_is_not_completed_when_its_next_pro
     assert answer["action"] == "bind", answer
     assert rig.store.get_job("5").run == 2
     assert [(o.run, o.state) for o in rig.store.outcomes()] == [(1, expect)]
+
+
+def test_a_job_first_seen_suspended_and_resumed_is_requeued_only_if_its_node_holds_no_binding(rig):
+    """Checked, not a fault: job 5 started while the controller was down, n1 bound it alone (its /v1/bound
+    still in the outbox) and Slurm suspended it, all before the controller came back. Its time suspended
+    counts toward the grace (the start is Slurm's StartTime), but the grace is not what decides: a job is
+    requeued only once its node has reported, since the start, binding files that do not name it, and a
+    suspended job's file stays (the node keeps the files of jobs squeue lists as S). Resumed, job 5 is
+    left alone whether or not a report came while it was suspended; job 6, alike but with no file, is
+    requeued once n1 has reported."""
+    t = [time.time()]
+    rig.clock = lambda: t[0]
+    job = dict(name="e", user="eve", nodes=["n1"], mig={"3g": 1}, tres_per_node="gres:mig:3g:1",
+               submit_time=int(t[0]) - 900, start_time=int(t[0]) - 600, priority=1)
+    rig.fake.queue = [SlurmJob(job_id=5, state="SUSPENDED", **job), SlurmJob(job_id=6, state="SUSPENDED", **job)]
+    assert rig.tick()["requeued_unbound"] == 0
+    bound = {"5": [{"gpu": 0, "profile": "3g.40gb", "start": 0, "uuid": "MIG-a"}]}
+    t[0] += 5
+    rig.fake.queue = [SlurmJob(job_id=5, state="RUNNING", **job), SlurmJob(job_id=6, state="RUNNING", **job)]
+    assert rig.tick()["requeued_unbound"] == 0  # resumed; n1 has not reported since the controller started
+    assert ("requeue", "5") not in rig.fake.calls and ("requeue", "6") not in rig.fake.calls
+    assert post(rig, "/v1/report", {"node": "n1", "observed": OBSERVED, "bindings": bound,
+                                    "binding_times": {"5": t[0] - 599}})[0] == 200
+    t[0] += 5
+    assert rig.tick()["requeued_unbound"] == 1
+    assert ("requeue", "6") in rig.fake.calls and ("requeue", "5") not in rig.fake.calls
+    assert rig.store.bound_instances("5")
+
+
+def test_a_report_while_a_job_was_suspended_keeps_it_from_being_requeued_once_resumed(rig):
+    """As above, n1's report arriving while job 5 was still suspended (the controller up by then): it
+    adopts the binding, and the resumed job is not requeued, however long it was suspended."""
+    t = [time.time()]
+    rig.clock = lambda: t[0]
+    job = dict(name="e", user="eve", nodes=["n1"], mig={"3g": 1}, tres_per_node="gres:mig:3g:1",
+               submit_time=int(t[0]) - 900, start_time=int(t[0]) - 600, priority=1)
+    rig.fake.queue = [SlurmJob(job_id=5, state="SUSPENDED", **job)]
+    rig.tick()
+    bound = {"5": [{"gpu": 0, "profile": "3g.40gb", "start": 0, "uuid": "MIG-a"}]}
+    assert post(rig, "/v1/report", {"node": "n1", "observed": OBSERVED, "bindings": bound,
+                                    "binding_times": {"5": t[0] - 599}})[0] == 200
+    t[0] += 3600
+    rig.fake.queue = [SlurmJob(job_id=5, state="RUNNING", **job)]
+    assert rig.tick()["requeued_unbound"] == 0 and ("requeue", "5") not in rig.fake.calls
+    assert rig.store.bound_instances("5")
