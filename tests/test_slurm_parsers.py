@@ -1003,3 +1003,24 @@ def test_local_epoch_latest_and_not_after_pick_among_a_times_two_instants(monkey
     finally:
         monkeypatch.undo()
         time.tzset()
+
+
+def test_scontrol_slurmd_start_time_in_the_hour_the_clock_goes_back_is_the_latest_not_after_now(monkeypatch):
+    """SlurmdStartTime=2026-10-25T02:30:00 in Berlin names two instants an hour apart; it has passed when
+    scontrol prints it, so it reads as the later one not after the time of reading (with slurmd's clock
+    allowed PAST_SKEW_S ahead), never as mktime's guess, which follows its previous call (glibc)."""
+    monkeypatch.setenv("TZ", "Europe/Berlin")
+    time.tzset()
+    try:
+        first, second = 1792888200, 1792888200 + 3600  # 02:30:00 CEST, then CET
+        text = "NodeName=n1 State=IDLE SlurmdStartTime=2026-10-25T02:30:00"
+        for prime in ("2026-07-01T12:00:00", "2026-12-01T12:00:00"):  # glibc's guess follows its last call
+            time.mktime(time.strptime(prime, "%Y-%m-%dT%H:%M:%S"))
+            assert parsers.parse_scontrol_nodes(text, now=second + 5)[0].slurmd_start_time == second
+            time.mktime(time.strptime(prime, "%Y-%m-%dT%H:%M:%S"))
+            assert parsers.parse_scontrol_nodes(text, now=second - 600)[0].slurmd_start_time == first
+            time.mktime(time.strptime(prime, "%Y-%m-%dT%H:%M:%S"))
+            assert parsers.parse_scontrol_nodes(text, now=second - 30)[0].slurmd_start_time == second  # skew
+    finally:
+        monkeypatch.undo()
+        time.tzset()

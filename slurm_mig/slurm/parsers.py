@@ -555,8 +555,18 @@ def _null(v: str | None) -> str:
     return "" if v in (None, "(null)", "N/A", "None") else v
 
 
-def parse_scontrol_nodes(text: str) -> list[SlurmNode]:
-    """Nodes from ``scontrol [-d] [-o] show node`` text."""
+# How far ahead of this host's clock a time Slurm printed may be and still be taken for one that has passed:
+# the controller's default clock margin (twice [auth].max_clock_skew_s's default, 30 s).
+PAST_SKEW_S = 60.0
+
+
+def parse_scontrol_nodes(text: str, *, now: float | None = None) -> list[SlurmNode]:
+    """Nodes from ``scontrol [-d] [-o] show node`` text, read at ``now`` (this host's clock by default).
+
+    ``SlurmdStartTime`` has passed when scontrol prints it: in the hour the clock goes back, of the two
+    instants its local time names, the later one not after ``now`` (PAST_SKEW_S allowed for slurmd's clock),
+    where mktime's guess, following its previous call, could put the start an hour early or in the future."""
+    not_after = (time.time() if now is None else now) + PAST_SKEW_S
     nodes = []
     for chunk in _records(text, "NodeName"):
         kv = _first_values(chunk)
@@ -574,7 +584,7 @@ def parse_scontrol_nodes(text: str) -> list[SlurmNode]:
             cpus=_num(kv.get("CPUTot")), alloc_cpus=_num(kv.get("CPUAlloc")),
             address=_null(kv.get("NodeAddr")), hostname=_null(kv.get("NodeHostName")),
             features=_feature_set(_null(kv.get("ActiveFeatures", kv.get("AvailableFeatures")))),
-            slurmd_start_time=local_epoch(_null(kv.get("SlurmdStartTime"))),
+            slurmd_start_time=local_epoch(_null(kv.get("SlurmdStartTime")), not_after=not_after),
         ))
     return nodes
 
