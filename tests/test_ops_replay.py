@@ -190,3 +190,16 @@ def test_explain_on_a_mixed_site_prints_the_groups_and_a_simulate_command_that_r
     assert "placed on a30-00 (= a2)" in out
     hint = next(line for line in out.splitlines() if line.startswith("Timeline picture"))
     assert "--nodes" not in hint and "--gpus-per-node" not in hint and "--job a1 --plot joba1.png" in hint
+
+
+def test_a_whole_gpu_policy_is_refused_on_a_mixed_site_with_why_not_reported_as_a_failure(mixed):
+    """no-mig gives every job whole GPUs, a 7g on an H100 and a 4g on an A30: the simulator has no one size for a
+    job to ask for (simulate --db refuses it as well, bench leaves it out). The replay said "the replay failed:
+    ConfigError: ..." as if it had crashed; it now says why it is not replayed."""
+    from slurm_mig.ops.replay import replay_lines
+
+    r = replay_job(mixed, "a1", policy="no-mig", now=T + 500)
+    assert r == {"error": "policy no-mig is not replayed on a site of several GPU models: it gives every job whole "
+                          "GPUs (a 7g on H100-80GB, a 4g on A30-24GB), so no one size for a job to ask for"}, r
+    assert replay_lines(r) == [f"Replay: {r['error']}"]
+    assert "groups" in replay_job(mixed, "a1", policy="first-fit", now=T + 500)

@@ -176,6 +176,14 @@ def replay_job(store, job_id: str, *, policy: str = "first-fit", now: float | No
     wl = Workload(f"replay of job {job_id}", sim_jobs, model=model)
     try:
         pol = get_policy(policy)
+        if site_models is not None and getattr(pol, "whole_gpu", False):
+            # The simulator turns each request into whole GPUs of one size, which a site of several models has
+            # in more than one (simulate --db refuses it too, and bench leaves it out of a mixed site).
+            from slurm_mig.policies.static import whole_profile
+
+            sizes = ", ".join(f"a {whole_profile(m).kind} on {m.name}" for m in site_models)
+            return {"error": f"policy {pol.name} is not replayed on a site of several GPU models: it gives every job "
+                             f"whole GPUs ({sizes}), so no one size for a job to ask for"}
         # Only this job's waiting reason is shown: the policy is asked for no other.
         result = Simulator(wl, pol, spec, SimConfig(record=True, explain_jobs=frozenset({str(job_id)}))).run()
     except (SlurmMigError, Exception) as exc:  # noqa: BLE001 - report, do not crash explain
