@@ -230,3 +230,53 @@ def test_memo_decides_as_fresh_scoring_with_reservations_cpus_restrictions_and_m
         assert (a, ga) == (b, gb), seed
         assert got == want and got.extra == want.extra, seed
     assert reserved > 24
+
+
+def _array_state(nodes: int) -> ClusterState:
+    """``nodes`` x 8 H100s, some busy, and an array's tasks (one size, one time limit: one end) around a
+    job of 8 x 7g no node can start now, which takes a reservation between them."""
+    rng = random.Random(7)
+    now = 10_000.0
+    gpus = []
+    for n in range(nodes):
+        for i in range(8):
+            lay = rng.choice(LAYOUTS)
+            busy = frozenset(s for s in lay.slots if rng.random() < 0.4)
+            until = tuple((s, now + rng.choice([600.0, 3600.0, 86400.0])) for s in sorted(busy))
+            gpus.append(GpuState(f"n{n:03d}", i, H100, lay, busy, busy_until=until))
+    tasks = [PendingJob(f"9_{k}", "1g", 1, submit_time=now - 600, time_limit_s=3600.0) for k in range(300)]
+    big = PendingJob("8", "7g", 8, submit_time=now - 7200, time_limit_s=3600.0)
+    return ClusterState(now, tuple(gpus), tuple(tasks[:40] + [big] + tasks[40:]))
+
+
+@pytest.mark.parametrize("nodes", [2, 40])
+def test_an_arrays_tasks_get_the_places_scored_for_the_task_before_and_decide_as_fresh_scoring(nodes):
+    """frag-aware scored every GPU it considered afresh for each job (the end-time terms, each place's total),
+    though an array's next task has the same size and end as the last: on the first decision of `explain
+    --replay` at 1,024 GPUs, thousands of tasks, each scored on every GPU the decision had changed. The places
+    are kept now (_options), per size and end, until the GPU or its node gets a job or a reservation is taken;
+    the decision is the same as scoring afresh."""
+    calls = {"end_terms": 0}
+
+    class Counting(FragAwarePolicy):
+        def _end_terms(self, *a):
+            calls["end_terms"] += 1
+            return super()._end_terms(*a)
+
+    state = _array_state(nodes)
+    got, want = Counting().decide(state), FreshFragAware().decide(state)
+    check_decision(state, got)
+    assert got == want and got.extra == want.extra
+    assert got.extra["reservations"] and len(got.assignments) > 40  # tasks placed before and after it
+    scored = {"end_terms": 0}
+
+    class CountingFresh(FragAwarePolicy):
+        def _options(self, ctx, g, info, pi, end, node, out, conflicted, memo=True):
+            return super()._options(ctx, g, info, pi, end, node, out, conflicted, memo=False)
+
+        def _end_terms(self, *a):
+            scored["end_terms"] += 1
+            return super()._end_terms(*a)
+
+    assert CountingFresh().decide(state) == got
+    assert calls["end_terms"] * (10 if nodes > 2 else 1.5) < scored["end_terms"], (calls, scored)

@@ -77,6 +77,9 @@ from slurm_mig.policies._core import (
 from slurm_mig.policies.base import ClusterState, PendingJob
 
 SIZES = ("1g", "2g", "3g", "4g", "7g")
+# Tags _options' entries in ctx.gpu_memo[g], (pi, end, _PLACES): apart from _offers' (pi) and the rl policy's
+# (pi, start), whatever the numbers.
+_PLACES = "places"
 
 
 class FragAwarePolicy(DispatchPolicy):
@@ -367,22 +370,46 @@ class FragAwarePolicy(DispatchPolicy):
     def _options(self, ctx: Ctx, g: int, info: GpuInfo, pi: PInfo, end: float,
                  node: tuple[int, int, float, float], out: list, conflicted: list, memo: bool = True) -> None:
         """Append (score, GPU rank, 0 free / 1 carve, g, slot, CarveOption | None) for each place on g that
-        breaks no reservation; ``memo``: see _offers."""
+        breaks no reservation; ``memo``: see _offers.
+
+        With ``memo`` the places are also kept, in ``ctx.gpu_memo[g]`` by (pi, end, _PLACES), with the node's stats they
+        were scored with (the very tuple ctx.node_memo holds until a job is placed on that node) and the number
+        of reservations they were checked against (a decision only adds some): the next job of that size and
+        end, an array's next task, gets them back as long as neither changed. Nothing else they depend on changes
+        within a decision. The first decision of `explain --replay` on a large site places thousands of jobs,
+        each scored on every GPU the decision changed."""
+        per_gpu = memo_key = None
+        if memo:
+            per_gpu = ctx.gpu_memo.get(g)
+            memo_key = (pi, end, _PLACES)
+            if per_gpu is not None:
+                got = per_gpu.get(memo_key)
+                if got is not None and got[0] is node and got[1] == len(ctx.reservations):
+                    if got[3]:
+                        conflicted[0] = True
+                    out.extend(got[2])
+                    return
         big, offers = self._offers(ctx, g, info, pi, memo)
-        if not offers:
-            return
-        t_cost, n_cost, _, _ = self._end_terms(ctx, info, big, end, node)
-        if self._spare is not None:  # several models: the bigger model's charge, with the other GPU-wide terms
-            n_cost += self._model_cost(info.t, pi)
-        w_reconf = self.w_reconf
-        rank = ctx.idx.rank[g]
-        check = bool(ctx.reservations)
-        for mask, kind, slot, opt, loss, steps in offers:
-            if check and ctx.conflicts(g, mask, end):
-                conflicted[0] = True
-                continue
-            # score_terms' total, term for term (and the bigger model's charge)
-            out.append((loss + t_cost + n_cost + w_reconf * steps, rank, kind, g, slot, opt))
+        kept = []
+        hit = False
+        if offers:
+            t_cost, n_cost, _, _ = self._end_terms(ctx, info, big, end, node)
+            if self._spare is not None:  # several models: the bigger model's charge, with the other GPU-wide terms
+                n_cost += self._model_cost(info.t, pi)
+            w_reconf = self.w_reconf
+            rank = ctx.idx.rank[g]
+            check = bool(ctx.reservations)
+            for mask, kind, slot, opt, loss, steps in offers:
+                if check and ctx.conflicts(g, mask, end):
+                    hit = True
+                    continue
+                # score_terms' total, term for term (and the bigger model's charge)
+                kept.append((loss + t_cost + n_cost + w_reconf * steps, rank, kind, g, slot, opt))
+        if hit:
+            conflicted[0] = True
+        out.extend(kept)
+        if memo:
+            ctx.gpu_memo[g][memo_key] = (node, len(ctx.reservations), kept, hit)
 
     def _order_groups(self, idx, key: str, groups: dict) -> list[tuple[float, tuple]]:
         """(lower bound of any score in the group, sig), ascending: the fragmentation part alone."""
@@ -501,18 +528,39 @@ class FragAwarePolicy(DispatchPolicy):
         conflicted = [False]
         if job.count == 1:
             best = None
+            best0 = best12 = None  # best[0], best[1:3]
+            # _options' memo, looked up here first (one call fewer per GPU where it holds the places): the
+            # large-cluster walk and the exact one score tens to thousands of GPUs per job, mostly unchanged
+            gpu_memo, node_memo = ctx.gpu_memo, ctx.node_memo
+            memo_key = nres = None
 
             def consider(g: int, info: GpuInfo) -> bool:
                 """Score g's options; whether it had any (a GPU held by a reservation has none)."""
-                nonlocal best
+                nonlocal best, best0, best12, memo_key, nres
                 pi = info.t.resolve(key)
                 if pi is None or not info.avail or not ctx.allows(g):
                     return False
-                opts: list = []
-                self._options(ctx, g, info, pi, end, self._node(ctx, info.node), opts, conflicted)
+                node = node_memo.get(info.node)
+                if node is None:
+                    node = self._node(ctx, info.node)
+                per_gpu = gpu_memo.get(g)
+                got = None
+                if per_gpu is not None:
+                    if memo_key is None or memo_key[0] is not pi:
+                        memo_key, nres = (pi, end, _PLACES), len(ctx.reservations)
+                    got = per_gpu.get(memo_key)
+                if got is not None and got[0] is node and got[1] == nres:
+                    if got[3]:
+                        conflicted[0] = True
+                    opts = got[2]
+                else:
+                    opts = []
+                    self._options(ctx, g, info, pi, end, node, opts, conflicted)
+                # best: the least (score, rank, kind), the first of equals, as best[:3] compared
                 for o in opts:
-                    if best is None or o[:3] < best[:3]:
-                        best = o
+                    s = o[0]
+                    if best is None or s < best0 or (s == best0 and o[1:3] < best12):
+                        best, best0, best12 = o, s, o[1:3]
                 return bool(opts)
 
             ki = idx.key(key)
