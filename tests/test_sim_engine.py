@@ -253,3 +253,31 @@ def test_explaining_some_jobs_makes_the_same_decisions_with_their_reasons_alone(
     for a, b in zip(some_d, full_d):
         assert (a.changes, a.assignments, a.extra) == (b.changes, b.assignments, b.extra)
         assert a.waiting == tuple(x for x in b.waiting if x[0] in only)
+
+
+def test_the_policy_is_asked_for_no_reasons_once_the_explained_jobs_have_started():
+    """`explain --replay` asks for one job's reason, and the replay plays on to its end, thousands of decisions
+    at 1,024 GPUs after the job started: in each the policy looked for it in the rest of the queue (10,000
+    jobs), a tenth of the replay of a running job. Once every explained job has started it can wait no more, so
+    the policy is asked for none; the replay is the same, and the policy asks again afterwards."""
+    w = poisson_workload(300, gpus=8, load=1.4, seed=5, multi_gpu_share=0.1)
+    want = Simulator(w, get_policy("frag-aware"), ClusterSpec(1, 8), SimConfig(record=True)).run()
+    only = frozenset([j.job_id for j in w.jobs if j.job_id in want.waiting_reasons][:2])
+    pol = get_policy("frag-aware")
+    asked = []
+    real = pol.decide
+
+    def decide(state):
+        asked.append((bool(pol.explain_waiting), {j.job_id for j in state.pending} & only))
+        return real(state)
+    pol.decide = decide
+    sim = Simulator(w, pol, ClusterSpec(1, 8), SimConfig(record=True, explain_jobs=only))
+    got = sim.run()
+    last_start = max(r.start for r in got.jobs if r.job.job_id in only)
+    assert not any(pending for was_asked, pending in asked if not was_asked)  # never while one could wait
+    assert sum(1 for was_asked, _ in asked if not was_asked) > len(asked) // 3, len(asked)  # the rest: none
+    assert last_start < max(r.start for r in got.jobs)
+    assert pol.explain_waiting == only
+    assert _digest(got) == _digest(want)
+    assert got.waiting_reasons == {j: r for j, r in want.waiting_reasons.items() if j in only}
+    assert len(got.waiting_reasons) == 2

@@ -518,9 +518,23 @@ class Simulator:
         t0 = _time.perf_counter()
         state = self.reset()
         decide = self.policy.decide
-        while state is not None:
-            decision = decide(state)
-            state = self.step(decision)
+        # Reasons asked for a few jobs alone (SimConfig.explain_jobs: explain --replay): once every one of them
+        # has started it can wait no more, so the policy is asked for none; it looked for them in the rest of
+        # the queue (10,000 jobs) in each of the thousands of decisions after, to the replay's end.
+        asked = getattr(self.policy, "explain_waiting", None)
+        watch = None
+        if isinstance(asked, frozenset) and asked and self.config.explain_jobs is not None:
+            watch = [self.records[j] for j in asked if j in self.records]
+        try:
+            while state is not None:
+                decision = decide(state)
+                state = self.step(decision)
+                if watch is not None and all(r.start != INF for r in watch):
+                    self.policy.explain_waiting = frozenset()
+                    watch = None
+        finally:
+            if asked is not None:
+                self.policy.explain_waiting = asked
         return self.result(_time.perf_counter() - t0)
 
     def result(self, wall_s: float) -> SimResult:
