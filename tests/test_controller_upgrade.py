@@ -224,7 +224,7 @@ def test_a_node_whose_gpus_it_names_no_model_for_is_not_left_advertising_their_i
 # -- a known model, but a profile or placement its table here does not list -----------------------------------
 # A node running a newer slurm-mig may report, on a GPU of a model this controller knows, an instance its table
 # here lacks: a new driver's profile (a "+gfx" variant), a profile the newer table names otherwise (its memory
-# size corrected), or one at a start the table here does not allow. Until 2026-11-27 _v_observed refused such a
+# size corrected), or one at a start the table here does not allow. Until 2026-11-27 v_observed refused such a
 # report whole (400: "H100-80GB has no MIG profile '3g.40gb+gfx'", "the instances do not form a valid H100-80GB
 # layout: 2g.20gb cannot start at memory slice 6"), and with it every report, Prolog, /v1/bound, Epilog and
 # /v1/applied of the node: it ran unmanaged for the whole upgrade window. Now that GPU is kept as the unknown-model

@@ -168,7 +168,7 @@ def test_ticks_that_outlast_the_interval_never_overlap_and_are_said_in_our_words
     from apscheduler.schedulers.background import BackgroundScheduler
 
     from slurm_mig.controller.cli import schedule_ticks
-    from slurm_mig.controller.service import Metrics
+    from slurm_mig.controller.metrics import Metrics
 
     metrics, runs, busy = Metrics(), [], threading.Lock()
 
@@ -200,7 +200,7 @@ def test_ticks_that_catch_up_get_a_closing_line(caplog):
     from apscheduler.schedulers.background import BackgroundScheduler
 
     from slurm_mig.controller.cli import schedule_ticks
-    from slurm_mig.controller.service import Metrics
+    from slurm_mig.controller.metrics import Metrics
 
     metrics, slow = Metrics(), threading.Event()
     slow.set()
@@ -1348,10 +1348,10 @@ def test_a_waiting_jobs_prolog_after_its_user_was_renamed_binds_it_as_its_run(ri
     job."""
     from types import SimpleNamespace
 
-    import slurm_mig.controller.service as service
+    import slurm_mig.controller.runs as runs
 
     uids = {"alice.smith": 1001, "alice": 1001, "bob": 1002}
-    monkeypatch.setattr(service.pwd, "getpwnam", lambda name: SimpleNamespace(pw_uid=uids[name]))
+    monkeypatch.setattr(runs.pwd, "getpwnam", lambda name: SimpleNamespace(pw_uid=uids[name]))
     t = [float(int(time.time()))]
     rig.clock = lambda: t[0]
     submitted = int(t[0]) - 600
@@ -2046,9 +2046,9 @@ def test_a_lost_gpu_keeps_no_desired_layout_and_the_tools_say_it_is_lost(rig, ba
     ("alice", "1002", False),  # squeue --json gives the uid where it cannot look the name up: says nothing
     ("", "bob", False), ("alice", "nobody", False), ("alice", "(null)", False)])
 def test_users_are_compared_only_where_both_records_name_one_the_same_way(stored, listed, other):
-    from slurm_mig.controller.service import _other_user
+    from slurm_mig.controller.runs import users_differ
 
-    assert _other_user(stored, listed) is other
+    assert users_differ(stored, listed) is other
 
 
 @pytest.mark.parametrize("restarts, expect", [("1", "REQUEUED"), ("0", "COMPLETED")])

@@ -284,14 +284,14 @@ def test_a_table_check_that_fails_blocks_nothing_and_the_report_goes_on(tmp_path
 ])
 def test_a_report_with_malformed_table_errors_is_refused(bad, words):
     from slurm_mig.api.server import RequestRejected
-    from slurm_mig.controller.service import _v_observed
+    from slurm_mig.controller.payloads import v_observed
 
     gpu = {"index": 0, "uuid": "GPU-1", "name": "NVIDIA H100 80GB HBM3", "model": "H100-80GB",
            "mig_enabled": True, "lost": False, "instances": []}
-    assert _v_observed([{**gpu, "table_errors": ["2g.20gb: at most 2 instances, ours 3"]}])[0]["table_errors"] == [
+    assert v_observed([{**gpu, "table_errors": ["2g.20gb: at most 2 instances, ours 3"]}])[0]["table_errors"] == [
         "2g.20gb: at most 2 instances, ours 3"]
     with pytest.raises(RequestRejected, match=words.replace("[", r"\[").replace("]", r"\]")):
-        _v_observed([{**gpu, "table_errors": bad}])
+        v_observed([{**gpu, "table_errors": bad}])
 
 
 def test_a_report_asks_the_driver_version_and_reads_the_kept_verdicts_once(tmp_path, monkeypatch):

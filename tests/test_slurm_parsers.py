@@ -880,7 +880,7 @@ def test_parse_job_detail_on_literal_squeue_output(asked, expect):
 
 def test_parse_job_detail_reads_the_restart_count_a_requeue_makes():
     """squeue's RestartCnt (scontrol's Restarts): what tells job 7 requeued, with the new submit time Slurm gave
-    it, from another job with its id (service._requeued)."""
+    it, from another job with its id (controller.runs.was_requeued)."""
     from slurm_mig.slurm.parsers import parse_job_detail
 
     runs = [parse_job_detail(SQUEUE_DETAIL[k], "7") for k in ("7", "7 requeued", "7 again")]

@@ -125,7 +125,7 @@ def local_node_name(env: dict | None = None) -> str:
 def identified(payload: dict) -> dict:
     """``payload`` with an id of its own (``message_id``) and the node's time (``message_at``), added once:
     every delivery of a message (a retry, the outbox re-sending one whose answer was lost) carries the
-    same id, so the controller handles it once (controller.service._NodeMessage)."""
+    same id, so the controller handles it once (controller.node_api.NodeMessage)."""
     if "message_id" in payload:
         return payload
     return {**payload, "message_id": secrets.token_hex(16), "message_at": time.time()}

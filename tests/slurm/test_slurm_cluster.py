@@ -237,7 +237,7 @@ def test_a_requeued_job_is_held_back_for_cred_expire(slurm, job_dir, wait_for):
     d = wait_for(lambda: (d := slurm.scontrol_show_job(job_id)) and d.state == "PENDING" and d,
                  what="requeued job pending")
     assert d.fields["Reason"] == "BeginTime" and d.fields["Restarts"] == "1", d.fields
-    # What tells the job requeued from another job with its id in the Prolog (service._requeued): squeue -j's
+    # What tells the job requeued from another job with its id in the Prolog (controller.runs.was_requeued): squeue -j's
     # restart count, where the submit time is the requeue's.
     after = slurm.job_detail(job_id)
     assert after.fields["Restarts"] == "1" and after.fields["SubmitTime"] > before.fields["SubmitTime"], \
