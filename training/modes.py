@@ -36,7 +36,6 @@ import argparse
 import json
 import math
 import pickle
-import random
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -54,6 +53,7 @@ from training.args import parse_args as dataclass_args
 from training.evaluate import evaluate as evaluate_cases
 from training.evaluate import HEURISTICS, markdown, run_case, summarize
 from training.model import Scorer, load_weights
+from training.runlog import start_run
 from training.splits import TEST_FAMILIES, TEST_SEEDS, TRAIN_FAMILIES, Case, heldout_cases, train_case, validation_cases
 # The same argmax and cost window as placement training; importing it also registers the GpuModel pickler.
 from training.train import greedy, window_cost
@@ -361,24 +361,8 @@ def validate(model: Scorer, cases: list[Case], reference: dict[str, float], guar
 
 def train(args: Args, *, vcases: list[Case] | None = None, echo: bool = True) -> tuple[Scorer, dict]:
     """The whole run; writes model.pt and log.jsonl to args.out; returns the best model and a summary."""
-    t_start = time.time()
-    torch.set_num_threads(args.threads)
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
-    rng = random.Random(args.seed)
-    nprng = np.random.default_rng(args.seed)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    logf = (out / "log.jsonl").open("w")
+    rng, nprng, out, log = start_run(args, echo=echo)
     trace = Path(args.trace) if args.trace else None
-
-    def log(**kv) -> None:
-        kv["elapsed_s"] = round(time.time() - t_start, 1)
-        logf.write(json.dumps(kv) + "\n")
-        logf.flush()
-        if echo:
-            print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in kv.items()), flush=True)
 
     def new_case() -> Case:
         return train_case(rng, jobs=args.episode_jobs, trace=trace, families=args.families,
@@ -456,14 +440,14 @@ def train(args: Args, *, vcases: list[Case] | None = None, echo: bool = True) ->
 
 
     model.load_state_dict(best_state)
-    wall = time.time() - t_start
+    wall = time.time() - log.t_start
     summary = {"wall_time_s": round(wall, 1), "iterations": it, "choices_trained": steps, "best_iteration": best_iter,
                "validation_wait_ratio_vs_best_of_frag_aware_first_fit": best_score, "seed": args.seed,
                "args": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(args).items()}}
     torch.save({"state_dict": model.state_dict(), "n_features": N_FEATURES, "hidden": args.hidden,
                 "modes": list(MODES), "features": list(FEATURE_NAMES), "summary": summary}, out / "model.pt")
     log(phase="done", wall_s=wall, best_iteration=best_iter, validation_score=best_score, model=str(out / "model.pt"))
-    logf.close()
+    log.close()
     return model, summary
 
 

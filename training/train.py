@@ -39,11 +39,9 @@ frag-aware, not better; ``python -m training.probe`` shows why.
 from __future__ import annotations
 
 import copyreg
-import json
 import math
 import os
 import pickle
-import random
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -62,6 +60,7 @@ from training.evaluate import run_case
 from training.export import export_onnx
 from training.model import Scorer
 from training.ranges import feature_range, merge_ranges
+from training.runlog import start_run
 from training.splits import TRAIN_FAMILIES, Case, families_available, train_case, validation_cases
 
 
@@ -336,24 +335,8 @@ def train(args: Args, *, sample_case=None, init: dict | None = None, vcases: lis
     """The whole run; returns the best model and its card. training/retrain.py passes its own episode
     sampler (``sample_case(rng) -> Case``), the current model's weights (``init``: BC is skipped), its
     training range (``init_range``) and validation cases."""
-    t_start = time.time()
-    torch.set_num_threads(args.threads)
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
-    rng = random.Random(args.seed)
-    nprng = np.random.default_rng(args.seed)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    logf = (out / "log.jsonl").open("w")
+    rng, nprng, out, log = start_run(args, echo=echo)
     trace = Path(args.trace) if args.trace else None
-
-    def log(**kv) -> None:
-        kv["elapsed_s"] = round(time.time() - t_start, 1)
-        logf.write(json.dumps(kv) + "\n")
-        logf.flush()
-        if echo:
-            print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in kv.items()), flush=True)
 
     def new_case() -> Case:
         if sample_case is not None:
@@ -452,7 +435,7 @@ def train(args: Args, *, sample_case=None, init: dict | None = None, vcases: lis
 
     # -- 3. keep the best checkpoint, export -------------------------------------------
     model.load_state_dict(best_state)
-    wall = time.time() - t_start
+    wall = time.time() - log.t_start
     card = {
         "version": time.strftime("%Y%m%d-%H%M%S") + f"-s{args.seed}",
         "algorithm": "behaviour cloning of frag-aware + PPO with counterfactual advantages, training/train.py",
@@ -479,7 +462,7 @@ def train(args: Args, *, sample_case=None, init: dict | None = None, vcases: lis
     export_onnx(model, out / "model.onnx", card)
     log(phase="done", wall_s=wall, best_iteration=best_iter, validation_score=best_score,
         onnx=str(out / "model.onnx"))
-    logf.close()
+    log.close()
     return model, card
 
 
