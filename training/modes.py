@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import pickle
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -48,15 +47,15 @@ import torch
 from slurm_mig.policies._core import INF, Ctx
 from slurm_mig.policies.base import ClusterState, PendingJob
 from slurm_mig.policies.frag_aware import _SIZE, FragAwarePolicy, _kind
-from slurm_mig.sim.engine import SimConfig, Simulator
 from training.args import parse_args as dataclass_args
 from training.evaluate import evaluate as evaluate_cases
 from training.evaluate import HEURISTICS, markdown, run_case, summarize
 from training.model import Scorer, load_weights
 from training.runlog import start_run
 from training.splits import TEST_FAMILIES, TEST_SEEDS, TRAIN_FAMILIES, Case, heldout_cases, train_case, validation_cases
-# The same argmax and cost window as placement training; importing it also registers the GpuModel pickler.
-from training.train import greedy, window_cost
+# The same argmax, decision loop and cost window as placement training; importing it also registers the
+# GpuModel pickler.
+from training.train import greedy, play_decisions, window_cost
 
 MODES: tuple[str, ...] = ("reserve", "defer")
 
@@ -282,17 +281,8 @@ def run_greedy(case: Case, f, *, guard_s: float = 16 * 3600.0, snap_at=frozenset
     n_left, delays) and, with ``record``, every choice (decision, t, features, logits); ``snaps``
     maps decision index -> pickled simulator.
     """
-    if start is None:
-        pol = ModePolicy(explain_waiting=False, reserve_guard_s=guard_s)
-        sim = Simulator(case.workload, pol, case.spec, SimConfig(explain=False))
-        state, d = sim.reset(), 0
-    else:
-        sim, state, d = pickle.loads(start)
-        # A fresh policy: its index is keyed on object identities, which a copy does not keep;
-        # decide() is a pure function of the state, so a fresh one decides the same.
-        pol = sim.policy = ModePolicy(explain_waiting=False, reserve_guard_s=guard_s)
-    cost, timeline, points, snaps = 0.0, [], [], {}
-    where = [d]
+    points = []
+    where = [0]  # the decision
 
     def chooser(ch) -> int:
         if force is not None and ch.state_now < force[1]:
@@ -302,23 +292,12 @@ def run_greedy(case: Case, f, *, guard_s: float = 16 * 3600.0, snap_at=frozenset
             points.append((where[0], ch.state_now, np.asarray(ch.features, dtype=np.float32), z))
         return int(np.argmax(z))
 
-    while state is not None and state.now < t_end:
-        if d in snap_at:
-            sim.policy = None  # see above; and closures do not pickle
-            snaps[d] = pickle.dumps((sim, state, d), protocol=pickle.HIGHEST_PROTOCOL)
-            sim.policy = pol
-        pol.chooser = chooser
+    def begin(d: int) -> None:
         where[0] = d
-        decision = pol.decide(state)
-        t0 = state.now
-        n_left = len(state.pending) - len(decision.assignments)
-        state = sim.step(decision)
-        delays = sum(max(0.0, sim.records[a.job_id].start - t0) for a in decision.assignments)
-        t1 = min(sim.now, t_end) if state is not None else t0
-        cost += delays + n_left * (t1 - t0)
-        timeline.append((d, t0, t1, n_left, delays))
-        d += 1
-    return {"cost": cost, "timeline": timeline, "points": points, "snaps": snaps}
+
+    r = play_decisions(case, lambda: ModePolicy(explain_waiting=False, reserve_guard_s=guard_s), chooser, begin,
+                       snap_at=snap_at, start=start, t_end=t_end)
+    return {"cost": r["cost"], "timeline": r["timeline"], "points": points, "snaps": r["snaps"]}
 
 
 def branch_samples(case: Case, f, points_per_episode: int, hold_s: float, horizon_s: float,

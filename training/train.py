@@ -181,6 +181,46 @@ def soft_teacher(x: torch.Tensor, mask: torch.Tensor, tau: float) -> torch.Tenso
 copyreg.pickle(GpuModel, lambda m: (get_model, (m.name,)))  # snapshots keep the shared model objects
 
 
+def play_decisions(case: Case, new_policy, chooser, begin, *, snap_at=frozenset(), start: bytes | None = None,
+                   t_end: float = math.inf) -> dict:
+    """Play ``case`` (or continue a snapshot) decision by decision with ``new_policy()``, whose choices
+    ``chooser`` makes; ``begin(d)`` is called before decision ``d``. The loop of run_greedy here and in
+    training/modes.py.
+
+    Returns the waiting cost accrued before ``t_end`` (job-seconds: jobs pending x time, plus the delay
+    of jobs whose instances are still being created; see training/env.py), the per-decision timeline
+    (decision, t0, t1, n_left, delays) and ``snaps``, decision index -> pickled simulator for each
+    decision of ``snap_at``.
+    """
+    if start is None:
+        pol = new_policy()
+        sim = Simulator(case.workload, pol, case.spec, SimConfig(explain=False))
+        state, d = sim.reset(), 0
+    else:
+        sim, state, d = pickle.loads(start)
+        # A fresh policy: its index is keyed on object identities, which a copy does not keep;
+        # decide() is a pure function of the state, so a fresh one decides the same.
+        pol = sim.policy = new_policy()
+    cost, timeline, snaps = 0.0, [], {}
+    while state is not None and state.now < t_end:
+        if d in snap_at:
+            sim.policy = None  # see above; and closures do not pickle
+            snaps[d] = pickle.dumps((sim, state, d), protocol=pickle.HIGHEST_PROTOCOL)
+            sim.policy = pol
+        pol.chooser = chooser
+        begin(d)
+        decision = pol.decide(state)
+        t0 = state.now
+        n_left = len(state.pending) - len(decision.assignments)
+        state = sim.step(decision)
+        delays = sum(max(0.0, sim.records[a.job_id].start - t0) for a in decision.assignments)
+        t1 = min(sim.now, t_end) if state is not None else t0
+        cost += delays + n_left * (t1 - t0)
+        timeline.append((d, t0, t1, n_left, delays))
+        d += 1
+    return {"cost": cost, "timeline": timeline, "snaps": snaps}
+
+
 def run_greedy(case: Case, f, K: int, *, snap_at=frozenset(), start: bytes | None = None,
                forced: dict | None = None, t_end: float = math.inf, record: bool = False) -> dict:
     """Play ``case`` (or continue a snapshot) with argmax choices, except ``forced[(decision, position)]``.
@@ -189,17 +229,8 @@ def run_greedy(case: Case, f, K: int, *, snap_at=frozenset(), start: bytes | Non
     per-decision timeline (decision, t0, t1, n_left, delays) and, with ``record``, every choice
     point (decision, position, t, features, logits); ``snaps`` maps decision index -> pickled simulator.
     """
-    if start is None:
-        pol = RLPolicy(max_candidates=K, explain_waiting=False)
-        sim = Simulator(case.workload, pol, case.spec, SimConfig(explain=False))
-        state, d = sim.reset(), 0
-    else:
-        sim, state, d = pickle.loads(start)
-        # A fresh policy: its index is keyed on object identities, which a copy does not keep;
-        # decide() is a pure function of the state, so a fresh one decides the same.
-        pol = sim.policy = RLPolicy(max_candidates=K, explain_waiting=False)
-    cost, timeline, points, snaps = 0.0, [], [], {}
-    where = [d, 0]  # (decision, position of the choice within it)
+    points = []
+    where = [0, 0]  # (decision, position of the choice within it)
 
     def chooser(ch) -> int:
         z = f(ch.features)
@@ -210,23 +241,12 @@ def run_greedy(case: Case, f, K: int, *, snap_at=frozenset(), start: bytes | Non
         where[1] += 1
         return a
 
-    while state is not None and state.now < t_end:
-        if d in snap_at:
-            sim.policy = None  # see above; and closures do not pickle
-            snaps[d] = pickle.dumps((sim, state, d), protocol=pickle.HIGHEST_PROTOCOL)
-            sim.policy = pol
-        pol.chooser = chooser
+    def begin(d: int) -> None:
         where[0], where[1] = d, 0
-        decision = pol.decide(state)
-        t0 = state.now
-        n_left = len(state.pending) - len(decision.assignments)
-        state = sim.step(decision)
-        delays = sum(max(0.0, sim.records[a.job_id].start - t0) for a in decision.assignments)
-        t1 = min(sim.now, t_end) if state is not None else t0
-        cost += delays + n_left * (t1 - t0)
-        timeline.append((d, t0, t1, n_left, delays))
-        d += 1
-    return {"cost": cost, "timeline": timeline, "points": points, "snaps": snaps}
+
+    r = play_decisions(case, lambda: RLPolicy(max_candidates=K, explain_waiting=False), chooser, begin,
+                       snap_at=snap_at, start=start, t_end=t_end)
+    return {"cost": r["cost"], "timeline": r["timeline"], "points": points, "snaps": r["snaps"]}
 
 
 def window_cost(timeline: list, d0: int, t_end: float) -> float:
