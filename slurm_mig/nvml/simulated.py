@@ -284,6 +284,16 @@ class SimulatedBackend:
         if g["lost"]:
             raise GpuLost(f"GPU {gpu} has fallen off the bus (NVML_ERROR_GPU_IS_LOST)")
 
+    def _usable_gpu(self, state: dict, gpu: int, op: str | None) -> dict:
+        """GPU ``gpu``'s record for a call ``op``: InvalidArgument for no such GPU, then a fault injected for
+        ``op`` (None: no fault is taken), then GpuLost for a lost GPU."""
+        g = self._gpu(state, gpu)
+        err = self._take_fault(state, op, gpu) if op is not None else None
+        if err is not None:
+            raise err
+        self._check_usable(g, gpu)
+        return g
+
     def _layout(self, g: dict) -> Layout:
         return Layout(self._model(g), frozenset(Slot(i["start"], i["profile"]) for i in g["instances"]))
 
@@ -378,11 +388,7 @@ class SimulatedBackend:
             state["driver"] = str(driver)
 
     def _check_create(self, state: dict, gpu: int, slot: Slot, *, faults: bool = True) -> tuple[dict, Slot]:
-        g = self._gpu(state, gpu)
-        err = self._take_fault(state, "create", gpu) if faults else None
-        if err is not None:
-            raise err
-        self._check_usable(g, gpu)
+        g = self._usable_gpu(state, gpu, "create" if faults else None)
         if not g["mig_enabled"]:
             raise NotSupported(f"GPU {gpu}: MIG mode is disabled (NVML_ERROR_NOT_SUPPORTED)")
         model = self._model(g)
@@ -484,11 +490,7 @@ class SimulatedBackend:
         self._check_config_allowed(f"destroy {slot} on GPU {gpu}")
         with self._gpu_lock(gpu):
             with self._txn() as state:
-                g = self._gpu(state, gpu)
-                err = self._take_fault(state, "destroy", gpu)
-                if err is not None:
-                    raise err
-                self._check_usable(g, gpu)
+                g = self._usable_gpu(state, gpu, "destroy")
                 if not g["mig_enabled"]:
                     raise NotSupported(f"GPU {gpu}: MIG mode is disabled (NVML_ERROR_NOT_SUPPORTED)")
                 inst = self._find(g, gpu, slot)
@@ -524,11 +526,7 @@ class SimulatedBackend:
         cannot be destroyed (InUse). ``slot_or_uuid``: a Slot, "3g@0" or a MIG UUID.
         """
         with self._txn() as state:
-            g = self._gpu(state, gpu)
-            err = self._take_fault(state, "set_in_use", gpu)
-            if err is not None:
-                raise err
-            self._check_usable(g, gpu)
+            g = self._usable_gpu(state, gpu, "set_in_use")
             inst = self._find(g, gpu, slot_or_uuid)
             if owner is not None and not inst["uuid"]:
                 raise InvalidArgument(f"GPU {gpu}: {inst['profile']}@{inst['start']} has no compute instance; "
@@ -550,11 +548,7 @@ class SimulatedBackend:
         """
         self._check_config_allowed(f"set MIG mode on GPU {gpu}")
         with self._gpu_lock(gpu), self._txn() as state:
-            g = self._gpu(state, gpu)
-            err = self._take_fault(state, "set_mig_mode", gpu)
-            if err is not None:
-                raise err
-            self._check_usable(g, gpu)
+            g = self._usable_gpu(state, gpu, "set_mig_mode")
             if pending:
                 g["mig_pending"] = None if bool(enabled) == bool(g["mig_enabled"]) else bool(enabled)
                 return
