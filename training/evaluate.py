@@ -20,6 +20,8 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
 from slurm_mig.policies import get_policy
 from slurm_mig.sim.engine import SimConfig, simulate
 from slurm_mig.sim.metrics import _pct
@@ -73,6 +75,16 @@ def run_case(case: Case, policy, *, check: bool = False) -> dict:
         "jobs": len(recs), "unfinished": len(recs) - len(done),
         "reconfigurations": r.reconfigurations, "wall_s": time.perf_counter() - t0,
     }
+
+
+def wait_ratio(cases: list[Case], reference: dict[str, float], new_policy) -> float:
+    """Mean over ``cases`` of (``new_policy()``'s mean wait + 60 s) / (the reference's + 60 s), the reference
+    keyed by case name and seed: the validation score of training/train.py and training/modes.py."""
+    ratios = []
+    for c in cases:
+        m = run_case(c, new_policy())
+        ratios.append((m["mean_wait_s"] + 60.0) / (reference[c.name + str(c.seed)] + 60.0))
+    return float(np.mean(ratios))
 
 
 def evaluate(cases: list[Case], policies: dict[str, object], log=None) -> list[dict]:

@@ -49,7 +49,7 @@ from slurm_mig.policies.base import ClusterState, PendingJob
 from slurm_mig.policies.frag_aware import _SIZE, FragAwarePolicy, _kind
 from training.args import parse_args as dataclass_args
 from training.evaluate import evaluate as evaluate_cases
-from training.evaluate import HEURISTICS, markdown, run_case, summarize
+from training.evaluate import HEURISTICS, markdown, run_case, summarize, wait_ratio
 from training.model import Scorer, load_weights
 from training.runlog import start_run
 from training.splits import TEST_FAMILIES, TEST_SEEDS, TRAIN_FAMILIES, Case, heldout_cases, train_case, validation_cases
@@ -330,11 +330,8 @@ def branch_samples(case: Case, f, points_per_episode: int, hold_s: float, horizo
 def validate(model: Scorer, cases: list[Case], reference: dict[str, float], guard_s: float) -> float:
     """Mean over validation cases of (greedy policy's mean wait + 60 s) / (reference's + 60 s)."""
     f = model.numpy_forward()
-    ratios = []
-    for c in cases:
-        m = run_case(c, ModePolicy(chooser=greedy(f), explain_waiting=False, reserve_guard_s=guard_s))
-        ratios.append((m["mean_wait_s"] + 60.0) / (reference[c.name + str(c.seed)] + 60.0))
-    return float(np.mean(ratios))
+    return wait_ratio(cases, reference, lambda: ModePolicy(chooser=greedy(f), explain_waiting=False,
+                                                           reserve_guard_s=guard_s))
 
 
 

@@ -56,7 +56,7 @@ from slurm_mig.sim.bench import DEFAULT_TRACE
 from slurm_mig.sim.engine import SimConfig, Simulator
 from training.args import parse_args as dataclass_args
 from training.env import MigPlacementEnv
-from training.evaluate import run_case
+from training.evaluate import run_case, wait_ratio
 from training.export import export_onnx
 from training.model import Scorer
 from training.ranges import feature_range, merge_ranges
@@ -325,11 +325,7 @@ def counterfactual_batch(case: Case, f, K: int, points_per_episode: int, alterna
 def validate(model: Scorer, cases: list[Case], reference: dict[str, float], K: int) -> float:
     """Mean over validation cases of (greedy policy's mean wait + 60 s) / (frag-aware's + 60 s)."""
     f = model.numpy_forward()
-    ratios = []
-    for c in cases:
-        m = run_case(c, RLPolicy(chooser=greedy(f), max_candidates=K, explain_waiting=False))
-        ratios.append((m["mean_wait_s"] + 60.0) / (reference[c.name + str(c.seed)] + 60.0))
-    return float(np.mean(ratios))
+    return wait_ratio(cases, reference, lambda: RLPolicy(chooser=greedy(f), max_candidates=K, explain_waiting=False))
 
 
 # ---------------------------------------------------------------------------
