@@ -737,6 +737,34 @@ def test_a_lost_epilogs_job_ends_at_slurms_end_time(ctl):
     assert (job.state, job.end_time, ctl.store.outcome("3").end_time) == ("COMPLETED", end, end)
 
 
+def test_a_lost_epilogs_job_ends_at_squeues_end_time_when_scontrol_cannot_say(ctl):
+    """scontrol show job failed (timed out, slurmctld busy) when the tick first saw job 3 ended: squeue's record,
+    listed in the same answer, still says when it ended. The end was the tick's clock (``now``), as late as the
+    controller's outage was long."""
+    now = time.time()
+    ctl.store.upsert_job("3", profile="1g", submit_time=now - 4000, now=now - 4000)
+    ctl.store.set_job_state("3", "RUNNING", now=now - 3900, node="n1")
+    ctl.store.bind("3", "n1", [INST], now=now - 3900)
+    end = int(now - 3000)  # it ended while the controller was down
+    ctl.slurm.queue = [replace(_listed(3, "COMPLETED", end), start_time=int(now - 3900))]
+    t = [now]
+    ctl.clock = lambda: t[0]
+    ctl.tick()
+    t[0] += 3600
+    ctl.tick()
+    job = ctl.store.get_job("3")
+    assert (job.state, job.end_time, ctl.store.outcome("3").end_time) == ("COMPLETED", end, end)
+    assert ctl.store.outcome("3").exit_code is None  # scontrol's ExitCode is the only word on it
+
+
+def test_squeues_end_time_from_the_future_is_not_taken():
+    from slurm_mig.controller.runs import slurm_end
+
+    assert slurm_end(None, "COMPLETED", 1000.0, 30.0, listed_end=900.0) == ("COMPLETED", None, 900.0)
+    assert slurm_end(None, "COMPLETED", 1000.0, 30.0, listed_end=5000.0) == ("COMPLETED", None, 1000.0)
+    assert slurm_end(None, "COMPLETED", 1000.0, 30.0) == ("COMPLETED", None, 1000.0)
+
+
 def test_an_epilog_handled_between_the_ticks_squeue_and_its_sync_does_not_make_a_new_run(ctl):
     """Job 3 runs; the tick's squeue lists it RUNNING; its Epilog (the node's clock 30 s behind, within the
     clock margin) is handled before the tick syncs. The job ended after Slurm's answer, which is no sign that it

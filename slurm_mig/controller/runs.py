@@ -113,16 +113,20 @@ def array_task_of(detail) -> str | None:
     return job_id if JOB_ID.fullmatch(job_id) and "_" in job_id else None
 
 
-def slurm_end(detail, state: str, now: float, margin: float = 0.0) -> tuple[str, int | None, float]:
+def slurm_end(detail, state: str, now: float, margin: float = 0.0, *,
+              listed_end: float | None = None) -> tuple[str, int | None, float]:
     """(state, exit status as the Epilog reports it, end time) of an ended job from its Slurm record (job_detail);
-    squeue's state and an unknown exit status when scontrol could not answer. The record is read when a tick
-    first sees the job ended, moments after its end (or after the controller's outage): in the hour the clock
-    goes back, its local EndTime is the later of its two instants that is not after ``now`` (+ ``margin``, the
-    clocks' difference); mktime's guess could put the end an hour early, taking the hour off the run's time."""
+    squeue's state and end (``listed_end``, its epoch end_time) and an unknown exit status when scontrol could not
+    answer. The record is read when a tick first sees the job ended, moments after its end (or after the
+    controller's outage): in the hour the clock goes back, its local EndTime is the later of its two instants
+    that is not after ``now`` (+ ``margin``, the clocks' difference); mktime's guess could put the end an hour
+    early, taking the hour off the run's time. Neither record saying when (or squeue's end after ``now`` +
+    ``margin``): ``now``, which is later than the end by as long as the controller was down."""
+    fallback = now if listed_end is None or listed_end > now + margin else float(listed_end)
     if detail is None:
-        return state, None, now
+        return state, None, fallback
     end = local_epoch(detail.fields.get("EndTime", ""), not_after=now + margin)
-    return detail.state, wait_status(detail.fields.get("ExitCode")), now if end is None else end
+    return detail.state, wait_status(detail.fields.get("ExitCode")), fallback if end is None else end
 
 
 def kind_of_gres(gtype: str) -> str:

@@ -603,7 +603,7 @@ class Controller(NodeApi):
                 detail = self.slurm.job_detail(job.job_id)
                 if detail is not None and detail.state not in TERMINAL:
                     continue  # requeued meanwhile: the next ticks see it
-                record = slurm_end(detail, sj.state, now, self._clock_margin())
+                record = slurm_end(detail, sj.state, now, self._clock_margin(), listed_end=sj.end_time)
             self._ended_since[job.job_id] = (first, record)
             if now - first < grace:
                 continue
