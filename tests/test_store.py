@@ -1054,13 +1054,13 @@ def test_a_long_decision_history_is_pruned_in_steps_and_the_rest_left_for_the_ne
     in one transaction held the write lock, and the node requests waiting on it, for minutes. The oldest go a
     step per transaction, at most PRUNE_MAX_BYTES per prune; the controller prunes the rest next tick."""
     from slurm_mig.policies import Decision
-    from slurm_mig.store import db as dbmod
+    from slurm_mig.store import history  # where prune reads them
 
     ids = [db.record_decision(Decision(policy="p"), inputs={"pad": "x" * 1000}) for _ in range(10)]
     size = _sizes(db)[ids[0]]
     assert set(_sizes(db).values()) == {size}
-    monkeypatch.setattr(dbmod, "PRUNE_STEP_BYTES", 2 * size)
-    monkeypatch.setattr(dbmod, "PRUNE_MAX_BYTES", 5 * size)
+    monkeypatch.setattr(history, "PRUNE_STEP_BYTES", 2 * size)
+    monkeypatch.setattr(history, "PRUNE_MAX_BYTES", 5 * size)
     deletes = []
     db.db.conn.set_trace_callback(lambda sql: deletes.append(sql) if sql.startswith("DELETE FROM decisions ") else None)
     try:
