@@ -478,6 +478,23 @@ def test_the_epilog_of_a_job_that_ran_while_the_controller_was_down_is_not_taken
     assert _finished(ctl) == {state: 1.0}
 
 
+def test_the_epilog_of_a_job_that_ran_while_the_controller_was_down_gives_the_jobs_row_its_end(ctl):
+    """Found in review (4ffd7cf). As above: the tick marked job 3 CANCELLED (NOT_IN_QUEUE) when it came back,
+    stamping the jobs row's end with its own time; the Epilog from the outbox, 400 s earlier, replaced the state
+    but the end stayed the tick's (set_job_state stamps an end once), so `jobs` showed 800 s of run for 400 s,
+    and the reason "no longer in Slurm's queue" stayed on a COMPLETED job."""
+    t = [time.time()]
+    ctl.clock = lambda: t[0]
+    ctl.store.upsert_job("3", profile="1g", submit_time=t[0] - 900, now=t[0] - 900)
+    ctl.tick()  # Slurm lists nothing
+    assert ctl.store.get_job("3").end_time == t[0]
+    assert ctl.on_bound({"job_id": "3", "node": "n1", "local": True, "bound_at": t[0] - 800,
+                         "instances": [{**INST, "uuid": "MIG-1"}]}, None) == {"ok": True}
+    assert ctl.on_epilog(_old_runs_epilog(t[0] - 400), None)["recorded"]
+    job = ctl.store.get_job("3")
+    assert (job.state, job.start_time, job.end_time, job.reason) == ("COMPLETED", t[0] - 800, t[0] - 400, "")
+
+
 def test_a_node_made_binding_of_an_earlier_run_does_not_become_the_start_of_a_run_that_never_ran(ctl):
     """Found in review. Job 3's node could not reach the controller while run 1 ran: its Prolog bound the
     job alone and its binding and Epilog waited in the outbox. Slurm's record settled run 1 here, the id

@@ -750,7 +750,10 @@ class NodeApi:
         # status, which reads 0 for a job cancelled or timed out. It does not replace Slurm's word. The
         # tick's own CANCELLED for a waiting job Slurm no longer listed is no such word: this Epilog shows the
         # job ran (while the controller was down, then forgotten by Slurm), and its state is the better guess.
-        guessed = job.state == "CANCELLED" and job.reason == NOT_IN_QUEUE
+        # Its end, stamped when the tick looked (perhaps hours after the run ended), gives way to the Epilog's too:
+        # until 2026-11-27 the jobs row kept it, and the reason, on a job that completed.
+        guessed = job.state == "CANCELLED" and job.reason == NOT_IN_QUEUE and \
+            self.store.forget_guessed_cancel(job_id, NOT_IN_QUEUE)
         # Settled by the tick as FAILED without Slurm's record or this Epilog, which has the node's account (its
         # exit status and end): the tick's guess gives way, outcome and all. Until 2026-11-27 the Epilog was
         # dropped, the run left FAILED with no exit status and an end as late as the controller's return.
@@ -762,7 +765,7 @@ class NodeApi:
         if job.state not in TERMINAL or guessed:
             # Ended when the Epilog ran, not when its message arrived (it may have waited in the outbox for hours).
             self.store.set_job_state(job_id, state, now=now, exit_code=exit_code, end_time=end,
-                                     reason="" if replaced else None)
+                                     reason="" if guessed else None)
         self.store.release(job_id, node=node, starts=[(i["gpu"], i["start"]) for i in insts], now=now)
         if lingering:
             events.add("lingering", f"job {job_id} ended with processes left on {lingering}",

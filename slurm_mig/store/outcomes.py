@@ -42,6 +42,15 @@ class OutcomesMixin:
             self._x("UPDATE jobs SET end_time = NULL, exit_code = NULL WHERE job_id = ?", (job_id,))
             return True
 
+    def forget_guessed_cancel(self, job_id: str, reason: str) -> bool:
+        """The current run of ``job_id`` was marked CANCELLED by the controller's guess (``reason``: a waiting job
+        Slurm no longer listed) and its Epilog shows it ran: forget the end that guess stamped (when the tick
+        looked), for the Epilog's to be recorded in its place (set_job_state stamps an end once). True when it
+        did."""
+        with self.transaction():
+            return bool(self._x("UPDATE jobs SET end_time = NULL WHERE job_id = ? AND state = 'CANCELLED' "
+                                "AND reason = ?", (str(job_id), reason)).rowcount)
+
     def requeued_outcome(self, job_id: str, run: int) -> bool:
         """Run ``run`` of ``job_id`` was ended by a requeue, not by its exit: its outcome, recorded COMPLETED or
         FAILED from its Epilog's exit status, says REQUEUED. True when it changed."""
