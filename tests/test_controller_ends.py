@@ -856,3 +856,41 @@ def test_a_late_epilog_replaces_the_guess_made_for_a_job_slurm_had_forgotten(ctl
     assert _finished(ctl) == {"FAILED": 1.0}
     # Delivered again (its answer lost): handled once.
     assert ctl.on_epilog(_old_runs_epilog(now - 3600), None)["recorded"] is False
+
+
+# -- a run that began while the tick settled the lost Epilog of the one before ------------------------
+
+def test_a_lost_epilogs_settlement_does_not_end_a_run_that_began_after_the_tick_looked(ctl, monkeypatch):
+    """Found in review. Alice's job 3 ran on n1 and its Epilog was lost (the node crashed); Slurm listed it
+    COMPLETED and the grace period passed. The tick read that (_lost_epilogs, before its transaction: it may run
+    scontrol), and meanwhile bob's new job 3 (slurmctld lost its state) started: its Prolog made it run 2 and
+    bound it (on_prolog, _another_job_with_id). The tick's settlement then found job 3 RUNNING and ended it
+    with alice's record: bob's run was recorded COMPLETED and its instance released, free to be re-carved
+    under his job."""
+    t = [time.time()]
+    ctl.clock = lambda: t[0]
+    ctl.store.upsert_job("3", profile="1g", user="alice", uid=1000, submit_time=t[0] - 900, now=t[0] - 900)
+    ctl.store.set_job_state("3", "RUNNING", now=t[0] - 890, node="n1")
+    ctl.store.bind("3", "n1", [INST], now=t[0] - 890)
+    ctl.slurm.queue = [replace(_listed(3, "COMPLETED", t[0] - 10), user="alice", user_id=1000,
+                               submit_time=int(t[0] - 900))]
+    ctl.tick()  # sees it ended: the grace period begins
+    t[0] += ctl._grace() + 1
+    looked = ctl._lost_epilogs
+
+    def then_bobs_prolog(jobs, now):
+        lost = looked(jobs, now)
+        assert "3" in lost
+        ctl.store.release("3", now=now)  # on_prolog's _another_job_with_id, then its binding
+        ctl.store.restart_job("3", now=now, reason="another job with this id", submit_time=now - 5)
+        ctl.store.upsert_job("3", profile="1g", user="bob", uid=2000, now=now)
+        ctl.store.set_job_state("3", "RUNNING", now=now, node="n1")
+        ctl.store.bind("3", "n1", [INST], now=now)
+        return lost
+
+    monkeypatch.setattr(ctl, "_lost_epilogs", then_bobs_prolog)
+    ctl.tick()
+    job = ctl.store.get_job("3")
+    assert (job.run, job.state, job.uid) == (2, "RUNNING", 2000)
+    assert ctl.store.bound_instances("3")  # bob's instance stays his
+    assert [o.run for o in ctl.store.outcomes()] == []  # alice's run's end is left to its Epilog

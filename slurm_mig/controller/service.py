@@ -569,9 +569,11 @@ class Controller(NodeApi):
         """How long a node may take to report what it did (at least two health-check intervals)."""
         return max(EPILOG_GRACE_S, 2 * self.cfg.node.health_check_interval_s)
 
-    def _lost_epilogs(self, jobs, now: float) -> dict[str, tuple[str, int | None, float]]:
+    def _lost_epilogs(self, jobs, now: float) -> dict[str, tuple[str, int | None, float, int]]:
         """Jobs that ran on a MIG instance and ended in Slurm, but whose Epilog never reported (killed,
-        node lost) for longer than the grace period: ``{job_id: (state, exit_code, end_time)}`` from Slurm.
+        node lost) for longer than the grace period: ``{job_id: (state, exit_code, end_time, run)}`` from Slurm,
+        ``run`` the store's run of the job id that it ends (asked outside the tick's transaction: a Prolog may
+        make the id's next run meanwhile, which this record does not end).
 
         Without this a lost Epilog left the job RUNNING here forever, its binding held and its outcome
         never recorded. The grace period leaves a queued Epilog message time to arrive first (the node's
@@ -610,7 +612,7 @@ class Controller(NodeApi):
             # Unseen while Slurm still listed it (the controller was down): Slurm has forgotten the job
             # (squeue answered this tick) and with it the exit status. It ended by the time a tick first found
             # it gone (not a grace period later, when it is settled): a guess its Epilog replaces if it comes.
-            out[job.job_id] = record or ("FAILED", None, first)
+            out[job.job_id] = (*(record or ("FAILED", None, first)), job.run)
         for job_id in [j for j, (t, _r) in self._ended_since.items() if j not in listed and now - t > 3600]:
             del self._ended_since[job_id]
         return out
@@ -781,10 +783,16 @@ class Controller(NodeApi):
         """Record the outcome of jobs whose Epilog was lost; the states of those recorded, for the caller to
         count once its transaction has committed (a rolled-back tick settles them again)."""
         finished = []
-        for job_id, (state, exit_code, end) in lost.items():
+        for job_id, (state, exit_code, end, run) in lost.items():
             job = self.store.get_job(job_id)
             if job is None or job.state not in ("RUNNING", "COMPLETING", "SUSPENDED"):
                 continue  # the Epilog's report arrived meanwhile
+            if job.run != run:
+                # A Prolog made the id's next run after _lost_epilogs looked (another job with the id started:
+                # on_prolog's _another_job_with_id) and bound it: Slurm's record is the run before's, whose end
+                # is left to its Epilog as _another_job_with_id says. Until 2026-11-27 it ended the new run and
+                # released its instances under it.
+                continue
             # Without Slurm's record (it had forgotten the job): FAILED, no exit status, a guess (FORGOTTEN).
             guess = self._ended_since.get(job_id, (None, None))[1] is None
             recorded = self.store.record_outcome(job_id, state=state, exit_code=exit_code, end_time=end, now=now)
