@@ -242,7 +242,7 @@ def test_scontrol_failing_is_logged_and_counted_never_fatal(rig, caplog):
         i["in_use"] = True
     status, resp = post(rig, "/v1/prolog", {"job_id": "2", "node": "n1", "observed": obs, "bindings": {}})
     assert status == 200 and resp["action"] == "requeue" and resp["requeued"] is False, resp
-    # The node then requeues the job itself (hooks.prolog), so the job is not lost.
+    # The node then requeues the job itself (node/prolog.py), so the job is not lost.
 
 
 # -- the state database ------------------------------------------------------------------------

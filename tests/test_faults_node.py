@@ -23,12 +23,13 @@ from slurm_mig.api.server import ApiServer
 from slurm_mig.config import Config
 from slurm_mig.controller.service import Controller
 from slurm_mig.mig.layout import Slot
-from slurm_mig.node import hooks
+from slurm_mig.node import epilog, hooks, layoutcache, prolog, taskprolog
+from slurm_mig.node.healthcheck import healthcheck
 from slurm_mig.nvml.simulated import SimulatedBackend, init_state
 from slurm_mig.store import open_store
 
 LAYOUT = "3g@0,2g@4,1g@6"
-_JOB_REQUEST = hooks._job_request  # the real one; the rig answers for it
+_JOB_REQUEST = prolog._job_request  # the real one; the rig answers for it
 
 
 class StubSlurm:
@@ -116,7 +117,7 @@ level = "INFO"
 
         monkeypatch.setattr(SlurmClient, "run", run)
         # Without the controller, the Prolog reads the job's request from Slurm: answer for it.
-        monkeypatch.setattr(hooks, "_job_request", lambda node, job_id: self.requests.get(job_id))
+        monkeypatch.setattr(prolog, "_job_request", lambda node, job_id: self.requests.get(job_id))
         self.requests: dict[str, dict[str, int]] = {}
         self.monkeypatch = monkeypatch
         self.report()
@@ -182,7 +183,7 @@ def _run_job(rig: Rig, job_id: str, kind: str, *, exit_code: str = "0") -> None:
 
 
 class FakeClock:
-    """The hooks' ``time`` module with a clock that moves only when a hook sleeps: the Epilog's wait is
+    """The Epilog's ``time`` module with a clock that moves only when a hook sleeps: the Epilog's wait is
     measured in the seconds it would take, however fast this machine is. ``at(t, fn)`` runs ``fn`` once the
     clock reaches ``t`` (a job's leftover processes exiting); wall-clock time (end_time) stays real."""
 
@@ -422,7 +423,7 @@ def test_one_health_check_makes_the_mig_table_check_once(rig, monkeypatch):
     real_route = rig.srv.routes["/v1/applied"]
     monkeypatch.setitem(rig.srv.routes, "/v1/applied", lambda payload, who: applied.append(payload)
                         or real_route(payload, who))
-    assert hooks.healthcheck({}, node) == 0
+    assert healthcheck({}, node) == 0
     assert _sim_layout(rig, 0) == "7g@0" and len(applied) == 1
     assert (len(asked), sorted(readings), reads.count("tables.json")) == (1, [0, 1], 1)
     gpu1 = [g for g in applied[0]["observed"] if g["index"] == 1][0]
@@ -431,7 +432,7 @@ def test_one_health_check_makes_the_mig_table_check_once(rig, monkeypatch):
     asked.clear(), readings.clear(), reads.clear()
     rig.gpu.set_driver_profiles(1, {}, driver="590.2")
     monkeypatch.setitem(rig.srv.routes, "/v1/report", real_report)
-    assert hooks.healthcheck({}, node) == 0
+    assert healthcheck({}, node) == 0
     assert (len(asked), sorted(readings), reads.count("tables.json")) == (1, [0, 1], 1)
     assert all(g.blocked is None for g in rig.store.observed_gpus("n1"))
 
@@ -682,7 +683,7 @@ def test_gpu_falls_off_the_bus_with_a_job_on_it(rig, caplog):
 def test_an_epilog_that_cannot_read_the_gpu_keeps_the_binding(rig, monkeypatch):
     """The GPU cannot be read at the job's end (lost, driver gone): nothing says its processes are gone, so
     the binding stays (no layout change may destroy the instance) while the outcome still goes out."""
-    monkeypatch.setattr(hooks, "time", FakeClock())  # the Epilog would wait for processes to exit
+    monkeypatch.setattr(epilog, "time", FakeClock())  # the Epilog would wait for processes to exit
     rig.job("7", "3g")
     assert rig.hook("prolog", "7") == 0
     gpu = json.loads(rig.record_file("7").read_text())["instances"][0]["gpu"]
@@ -1080,7 +1081,7 @@ def test_an_epilog_keeps_the_binding_of_an_instance_that_still_runs_processes(ri
     the binding, so no layout change destroys its instance; the outcome is recorded all the same. The Epilog
     used to clear every mark on the job's instances before its busy check, so on the simulated GPU it never
     found one still in use and dropped the binding."""
-    monkeypatch.setattr(hooks, "time", FakeClock())  # the Epilog's wait for processes to exit
+    monkeypatch.setattr(epilog, "time", FakeClock())  # the Epilog's wait for processes to exit
     rig.job("32", "3g")
     assert rig.hook("prolog", "32") == 0
     (b,) = json.loads(rig.record_file("32").read_text())["instances"]
@@ -1137,7 +1138,7 @@ def test_an_epilog_waits_one_bound_for_all_of_a_jobs_lingering_instances(rig, mo
     bound = _job_with_leftover_processes(rig, "40", kind, count)
     gpus = {b["gpu"] for b in bound}
     clock = FakeClock()
-    monkeypatch.setattr(hooks, "time", clock)
+    monkeypatch.setattr(epilog, "time", clock)
     listings = _count_listings(monkeypatch)
     with caplog.at_level(logging.ERROR):
         assert rig.hook("epilog", "40", SLURM_JOB_EXIT_CODE="0") == 0
@@ -1149,7 +1150,7 @@ def test_an_epilog_waits_one_bound_for_all_of_a_jobs_lingering_instances(rig, mo
     assert rig.record_file("40").exists() and rig.binding_file("40").exists()
     lingering = [r.getMessage() for r in caplog.records if "still run processes" in r.getMessage()]
     assert len(lingering) == 1 and all(b["uuid"] in lingering[0] for b in bound)
-    monkeypatch.setattr(hooks, "time", time)  # the real clock again for the health check
+    monkeypatch.setattr(epilog, "time", time)  # the real clock again for the health check
     _answer_reports_with(rig, monkeypatch, desired={str(g): "7g@0" if kind != "7g" else "1g@0" for g in gpus})
     assert rig.report() == 0
     for b in bound:
@@ -1163,7 +1164,7 @@ def test_an_epilog_releases_instances_whose_processes_exit_within_the_bound(rig,
     clock = FakeClock()
     for k, b in enumerate(bound):
         clock.at(0.5 * (k + 1), lambda b=b: rig.gpu.set_in_use(b["gpu"], b["uuid"], None))
-    monkeypatch.setattr(hooks, "time", clock)
+    monkeypatch.setattr(epilog, "time", clock)
     assert rig.hook("epilog", "41", SLURM_JOB_EXIT_CODE="0") == 0
     assert 3.5 <= clock.slept <= 4.0
     assert not rig.record_file("41").exists() and not rig.binding_file("41").exists()
@@ -1198,7 +1199,7 @@ def test_a_binding_file_an_earlier_run_left_is_not_adopted_for_the_run_after_it(
     from slurm_mig.slurm.parsers import SlurmJob
 
     _job_with_leftover_processes(rig, "42", "3g", 1)
-    monkeypatch.setattr(hooks, "time", FakeClock())
+    monkeypatch.setattr(epilog, "time", FakeClock())
     assert rig.hook("epilog", "42", SLURM_JOB_EXIT_CODE="0") == 0
     assert rig.record_file("42").exists() and rig.live("42") == ()
     later = time.time() + 300
@@ -1226,9 +1227,9 @@ def _records(rig) -> dict[str, set[str]]:
 def _run_one_left_processes(rig, monkeypatch, job_id: str) -> dict:
     """Run 1 of ``job_id`` (a 3g) ends with a process left on its instance: its Epilog keeps the record."""
     (old,) = _job_with_leftover_processes(rig, job_id, "3g", 1)
-    monkeypatch.setattr(hooks, "time", FakeClock())
+    monkeypatch.setattr(epilog, "time", FakeClock())
     assert rig.hook("epilog", job_id, SLURM_JOB_EXIT_CODE="0") == 0
-    monkeypatch.setattr(hooks, "time", time)
+    monkeypatch.setattr(epilog, "time", time)
     assert rig.record_file(job_id).exists()
     return old
 
@@ -1459,7 +1460,7 @@ def test_without_the_controller_a_mixed_request_gets_all_of_it_or_is_requeued(ri
     from slurm_mig.slurm.parsers import JobDetail
     from slurm_mig.slurm.runner import SlurmClient
 
-    monkeypatch.setattr(hooks, "_job_request", _JOB_REQUEST)
+    monkeypatch.setattr(prolog, "_job_request", _JOB_REQUEST)
     monkeypatch.setattr(SlurmClient, "job_detail", lambda self, job_id: JobDetail(job_id=50, mig=request_))
     rig.srv.stop()
     assert rig.hook("prolog", "50") == 0
@@ -1589,7 +1590,7 @@ def test_a_health_check_report_older_than_a_prologs_recarve_keeps_the_prologs_ta
         if not getattr(report_while_a_prolog_recarves, "done", False):
             report_while_a_prolog_recarves.done = True
             apply_layout(rig.gpu, 0, parse_layout(newer, get_model("H100-80GB")))
-            hooks._remember_targets(SimpleNamespace(state=SimpleNamespace(root=rig.tmp / "node" / "n1")),
+            layoutcache.remember_targets(SimpleNamespace(state=SimpleNamespace(root=rig.tmp / "node" / "n1")),
                                     {"0": newer})
         return real(payload, who)
 
@@ -1629,7 +1630,8 @@ def test_hook_wrappers_do_not_import_code_from_the_current_folder(rig, tmp_path)
 
     evil = tmp_path / "cwd"
     (evil / "slurm_mig" / "node").mkdir(parents=True)
-    for init in ("slurm_mig/__init__.py", "slurm_mig/node/__init__.py", "slurm_mig/node/hooks.py"):
+    for init in ("slurm_mig/__init__.py", "slurm_mig/node/__init__.py", "slurm_mig/node/hooks.py",
+                 "slurm_mig/node/context.py", "slurm_mig/node/taskprolog.py"):
         (evil / init).write_text("print('export PLANTED=1')\n")
     repo = Path(__file__).resolve().parents[1]
     env = {"SLURM_MIG_PYTHON": sys.executable, "SLURM_MIG_CONFIG": str(rig.config), "SLURM_JOB_ID": "23",
@@ -1833,8 +1835,6 @@ def test_a_step_is_not_shown_the_instance_a_running_step_of_its_job_was_shown(ri
     the first instance again, beside step 0, while the second idled. The job's running steps are read from their
     tasks' environments; the batch shell and srun (no step id, every instance), another job's tasks and special
     steps do not count."""
-    from slurm_mig.node import hooks
-
     _bind_two(rig, "73")
     _scontrol_steps(monkeypatch, {f"73.{s}": "gres:mig:1g:1" for s in range(6)})
     both = "MIG-73a,MIG-73b"
@@ -1845,7 +1845,7 @@ def test_a_step_is_not_shown_the_instance_a_running_step_of_its_job_was_shown(ri
         13: {"SLURM_JOB_ID": "730", "SLURM_STEP_ID": "5", "CUDA_VISIBLE_DEVICES": "MIG-73b"},  # another job
         14: {"SLURM_JOB_ID": "73", "SLURM_STEP_ID": "4294967294", "CUDA_VISIBLE_DEVICES": "MIG-73b"},  # batch step
     })
-    monkeypatch.setattr(hooks, "PROC_ROOT", str(tmp_path / "proc"))
+    monkeypatch.setattr(taskprolog, "PROC_ROOT", str(tmp_path / "proc"))
     seen = {}
     for step in ("2", "3", "0"):
         capsys.readouterr()
@@ -2127,7 +2127,8 @@ def test_the_first_prolog_after_a_long_outage_delivers_a_bounded_share_of_the_ou
     long controller outage, with hundreds of messages queued and a slow controller, could run past
     PrologEpilogTimeout on that alone, and Slurm drains a node whose Prolog it kills. It now starts no queued
     message after HOOK_FLUSH_BUDGET_S (the Epilog likewise); the health check delivers the rest, in order."""
-    monkeypatch.setattr(hooks, "HOOK_FLUSH_BUDGET_S", 0.5, raising=False)
+    for module in (prolog, epilog):
+        monkeypatch.setattr(module, "HOOK_FLUSH_BUDGET_S", 0.5)
     seen = _backlog(rig, monkeypatch, 20, per_message_s=0.2)  # 4 s to deliver it all
     rig.job("71", "3g")
     t0 = time.monotonic()
@@ -2154,7 +2155,7 @@ def test_a_prolog_never_overtakes_an_older_message_about_its_job_left_in_the_out
     queued: the controller takes an Epilog within its clock margin of a run's start for that run's, so delivered
     after this run's Prolog it would end this run. The Prolog then asks the controller nothing: it binds a free
     instance that exists, as without the controller, and queues its /v1/bound behind that Epilog."""
-    monkeypatch.setattr(hooks, "HOOK_FLUSH_BUDGET_S", 0.3, raising=False)
+    monkeypatch.setattr(prolog, "HOOK_FLUSH_BUDGET_S", 0.3)
     seen = _backlog(rig, monkeypatch, 10, per_message_s=0.2, about="72")
     rig.job("72", "3g")
     assert rig.hook("prolog", "72") == 0

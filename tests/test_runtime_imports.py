@@ -38,6 +38,7 @@ def test_hook_process_imports_stay_light():
     code = (
         "import sys\n"
         "import slurm_mig.node.hooks, slurm_mig.node.localstate, slurm_mig.api.client, slurm_mig.api.auth\n"
+        "import slurm_mig.node.prolog, slurm_mig.node.taskprolog, slurm_mig.node.epilog, slurm_mig.node.healthcheck\n"
         "import slurm_mig.config, slurm_mig.nvml, slurm_mig.nvml.simulated, slurm_mig.nvml.real, slurm_mig.nvml.apply\n"
         "import slurm_mig.mig.transitions, slurm_mig.slurm.runner, slurm_mig.slurm.gres, slurm_mig.slurm.parsers\n"
         "print(' '.join(sorted({m.split('.')[0] for m in sys.modules})))\n"

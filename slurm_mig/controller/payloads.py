@@ -123,7 +123,7 @@ def v_instances(value, what: str) -> list[dict]:
 
 
 def v_observed(value) -> list[dict] | None:
-    """A node's GPU report (hooks.Node.observe()); None when the request carries none."""
+    """A node's GPU report (node/context.py Node.observe()); None when the request carries none."""
     if value is None:
         return None
     out, seen = [], set()

@@ -27,7 +27,7 @@ BLOCKED_REASONS = {
     "JobHeldAdmin": "held by an admin",
     "Dependency": "waiting on a dependency",
     "DependencyNeverSatisfied": "its dependency can never be satisfied",
-    # slurm-mig sets it too: a requeued job waits out Slurm's credential cache (node/hooks.py _hold_back).
+    # slurm-mig sets it too: a requeued job waits out Slurm's credential cache (node/epilog.py _hold_back).
     "BeginTime": "its start time has not come (its --begin, or the hold after a requeue)",
     "JobArrayTaskLimit": "its array runs as many tasks as its limit allows",
     "PartitionDown": "its partition is down",

@@ -175,7 +175,8 @@ def _install(args: argparse.Namespace) -> int:
 
 
 def _sync(args: argparse.Namespace) -> int:
-    from slurm_mig.node.hooks import Node, NodeSettings, _setup_logging, healthcheck
+    from slurm_mig.node.healthcheck import healthcheck
+    from slurm_mig.node.hooks import Node, NodeSettings, _setup_logging
 
     if args.config:
         os.environ["SLURM_MIG_CONFIG"] = args.config

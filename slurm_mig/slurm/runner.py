@@ -359,7 +359,7 @@ class SlurmClient:
         cred_expire after the requeue (120 s by default). Do not shorten that with
         ``StartTime=now``: restarted at once on the node that still caches its
         credential, the job fails at launch (RunTime 0, seen on the local cluster
-        in 2 of 6 runs); the hooks hold it back longer instead (hooks._hold_back).
+        in 2 of 6 runs); the hooks hold it back longer instead (node/epilog.py _hold_back).
         Also, ``scontrol requeue`` of a job that already COMPLETED exits 0 and runs
         it again, so only requeue jobs you know are running.
         """
