@@ -46,32 +46,29 @@ def main(argv: list[str] | None = None) -> int:
     kind = argv[0] if argv else ""
     from slurm_mig.node.localstate import local_node_name
 
+    # Each hook's module is imported when it runs (a TaskProlog, run for every task, loads none of the others),
+    # and outside the try below: a broken install fails here, as it did in one module, and the wrapper requeues
+    # the job and holds it back (Python may die before a hook could note the attempt).
+    if kind == "taskprolog":
+        from slurm_mig.node.taskprolog import taskprolog as hook
+    elif kind == "prolog":
+        from slurm_mig.node.prolog import prolog as hook
+    elif kind == "epilog":
+        from slurm_mig.node.epilog import epilog as hook
+    elif kind == "healthcheck":
+        from slurm_mig.node.healthcheck import healthcheck as hook
+    else:
+        print(f"usage: {sys.argv[0]} prolog|taskprolog|epilog|healthcheck", file=sys.stderr)
+        return 2
     env = dict(os.environ)
     node_name = local_node_name(env)
     settings = None
     try:
         settings = NodeSettings.load()
         _setup_logging(settings)
-        # Each hook's module is imported when it runs: a TaskProlog (every task) loads none of the others.
         if kind == "taskprolog":
-            from slurm_mig.node.taskprolog import taskprolog
-
-            return taskprolog(env, node_name, settings.state_root, settings.slurm_conf)
-        node = Node(node_name, settings)
-        if kind == "prolog":
-            from slurm_mig.node.prolog import prolog
-
-            return prolog(env, node)
-        if kind == "epilog":
-            from slurm_mig.node.epilog import epilog
-
-            return epilog(env, node)
-        if kind == "healthcheck":
-            from slurm_mig.node.healthcheck import healthcheck
-
-            return healthcheck(env, node)
-        print(f"usage: {sys.argv[0]} prolog|taskprolog|epilog|healthcheck", file=sys.stderr)
-        return 2
+            return hook(env, node_name, settings.state_root, settings.slurm_conf)
+        return hook(env, Node(node_name, settings))
     except Exception as exc:  # noqa: BLE001 - a hook crash must not drain a healthy node
         if kind == "taskprolog":
             # Said first (stdout is what Slurm reads): a task whose binding we could not read sees no GPU
