@@ -265,6 +265,21 @@ local function asks_mig(tres)
     return false
 end
 
+-- The MIG size (type) a rewritten or stored tres_per_node value asks for, or nil: one per job.
+local function mig_size(tres)
+    if tres == nil then
+        return nil
+    end
+    for _, raw in ipairs(split(tres, ",")) do
+        local body = string.gsub(string.gsub(trim(raw), "^gres[:/]", ""), "^gres/", "")
+        local parts = split(body, ":")
+        if string.lower(parts[1] or "") == "mig" and parts[2] ~= nil then
+            return resolve_type(parts[2]) or string.lower(parts[2])
+        end
+    end
+    return nil
+end
+
 -- GRES whose own Slurm plugins set CUDA_VISIBLE_DEVICES in the job (gres/gpu, gres/mps, gres/shard). The
 -- TaskProlog sets it to the job's MIG instances, so a job holding one of these beside mig would not see
 -- the GPU Slurm gave it; the two cannot be merged either (Slurm's value is a device index, and a CUDA
@@ -312,6 +327,20 @@ local function check_desc(job_desc, job_rec)
     local new, err = rewrite_tres(job_desc.tres_per_node)
     if err ~= nil then
         return err
+    end
+    -- Slurm 22.05 keeps a queued job's old GRES type beside the one an update names (measured on the local
+    -- cluster: a mig:1g job updated to Gres=mig:2g showed TresPerNode=gres:mig:2g:1 but was allocated
+    -- JOB_GRES=mig:1g:1,mig:2g:1; updated to mig:3g, or Gres= cleared, it waited for ever, "node n1 lacks
+    -- GRES", beside an idle 3g). The controller reads only the new size, so no node is carved for both.
+    -- A new count of the same size replaces the old (mig:2g to mig:2g:2 ran on two 2g).
+    if job_rec ~= nil and job_desc.tres_per_node ~= nil then
+        local was, now = mig_size(job_rec.tres_per_node), mig_size(new)
+        if was ~= nil and now ~= was then
+            return string.format("a queued job's MIG size cannot be changed (mig:%s to %s): Slurm would keep " ..
+                "its mig:%s beside the new request and the job would wait for a node with both; cancel it and " ..
+                "submit it again (its instance count can be changed: Gres=mig:%s:<count>)", was,
+                now and ("mig:" .. now) or "no MIG instance", was, was)
+        end
     end
     local nodes = node_count(job_desc.min_nodes)
     local most = node_count(job_desc.max_nodes)

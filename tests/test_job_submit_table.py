@@ -416,7 +416,7 @@ MODIFY_MAX_NODES_CASES = [
     # NumTasks=16 on a MIG job queued before the script (no maximum)
     ("num_tasks=16", "tres_per_node=gres:mig:1g:1;min_nodes=1;max_nodes=0", "0", "1"),
     # already pinned: nothing carried
-    ("tres_per_node=gres:mig:3g:2", "tres_per_node=gres:mig:1g:1;min_nodes=1;max_nodes=1", "0", "nil"),
+    ("tres_per_node=gres:mig:3g:2", "tres_per_node=gres:mig:3g:1;min_nodes=1;max_nodes=1", "0", "nil"),
     ("num_tasks=2", "tres_per_node=gres:mig:1g:1;min_nodes=1;max_nodes=1", "0", "nil"),
     # NumNodes=1-1 says it already
     ("tres_per_node=gres:mig:1g;min_nodes=1;max_nodes=1", "min_nodes=1;max_nodes=0", "0", "1"),
@@ -483,8 +483,10 @@ CUDA_GRES_MODIFY_CASES = [
      "gpu:1 from --gres"),
     ("tres_per_job=gres:gpu:1", "tres_per_node=gres:mig:1g:1;min_nodes=1;max_nodes=1", -1, "gpu:1 from --gpus"),
     ("tres_per_node=gres:mig:1g", "tres_per_job=gres:gpu:1;min_nodes=1;max_nodes=0", -1, "gpu:1 from --gpus"),
-    # the job leaves MIG for a whole GPU: fine
-    ("tres_per_node=gres:gpu:1", "tres_per_node=gres:mig:1g:1;min_nodes=1;max_nodes=1", 0, ""),
+    # the job leaves MIG for a whole GPU: refused, as Slurm would keep its mig:1g beside the gpu:1
+    # (test_lua_modify_refuses_a_new_mig_size_of_a_queued_job)
+    ("tres_per_node=gres:gpu:1", "tres_per_node=gres:mig:1g:1;min_nodes=1;max_nodes=1", -1,
+     "MIG size cannot be changed (mig:1g to no MIG instance)"),
     ("tres_per_job=gres:gpu:1", "tres_per_node=gres:foo:1;min_nodes=1;max_nodes=0", 0, ""),
     # no whole GPU asked for (a count of 0)
     ("tres_per_job=gres:gpu:0", "tres_per_node=gres:mig:1g:1;min_nodes=1;max_nodes=1", 0, ""),
@@ -494,3 +496,37 @@ CUDA_GRES_MODIFY_CASES = [
 
 def test_lua_modify_refuses_mig_beside_slurms_gpu_gres(lua51, tmp_path):
     _run_desc_cases(lua51, tmp_path, CUDA_GRES_MODIFY_CASES, "modify")
+
+
+# A queued job's MIG size changed by an update. Measured on the local 22.05 cluster (demo cluster, 1 H100): Slurm
+# keeps the record's old type beside the new one. A held mig:1g job updated to Gres=mig:2g (TresPerNode
+# gres:mig:2g:1, what squeue shows and the controller reads) was allocated "JOB_GRES=mig:1g:1,mig:2g:1"; mig:1g
+# updated to mig:3g (by its user, by root, as Gres=mig:3g:1 or TresPerNode=gres:mig:3g:1), and mig:2g to mig:3g,
+# waited for ever beside an idle 3g ("node n1 lacks GRES" in slurmctld's log), as did a mig:1g job whose Gres was
+# cleared (Gres=: TresPerNode "gres:"), which slurm-mig no longer saw as a MIG job. A new count of the same size
+# replaces the old (mig:2g to Gres=mig:2g:2 ran with JOB_GRES=mig:2g:2), and a job without GRES made a MIG job
+# (Gres=mig:3g) ran on its 3g.
+MODIFY_SIZE_CASES = [
+    ("tres_per_node=gres:mig:3g", "tres_per_node=gres:mig:1g:1;min_nodes=1;max_nodes=1", -1,
+     "MIG size cannot be changed (mig:1g to mig:3g)"),
+    ("tres_per_node=gres:mig:3g:1", "tres_per_node=gres:mig:1g:1;min_nodes=1;max_nodes=1", -1, "mig:1g to mig:3g"),
+    ("tres_per_node=gres:mig:2g.20gb", "tres_per_node=gres:mig:3g:1;min_nodes=1;max_nodes=1", -1,
+     "mig:3g to mig:2g"),
+    ("tres_per_node=gres:", "tres_per_node=gres:mig:1g:1;min_nodes=1;max_nodes=1", -1,
+     "(mig:1g to no MIG instance)"),
+    ("tres_per_node=gres:gres/mig:3g", "tres_per_node=gres:mig:1g:2;min_nodes=1;max_nodes=1", -1,
+     "Gres=mig:1g:<count>"),
+    # the same size: a new count, or said another way
+    ("tres_per_node=gres:mig:2g:2", "tres_per_node=gres:mig:2g:1;min_nodes=1;max_nodes=1", 0, ""),
+    ("tres_per_node=gres:mig:3g", "tres_per_node=gres:mig:3g:1;min_nodes=1;max_nodes=1", 0, ""),
+    ("tres_per_node=gres:mig:3g.40gb:1", "tres_per_node=gres:mig:3g:1;min_nodes=1;max_nodes=1", 0, ""),
+    # a job without MIG made one, and updates that leave GRES alone
+    ("tres_per_node=gres:mig:3g", "min_nodes=1;max_nodes=0", 0, ""),
+    ("time_limit=10", "tres_per_node=gres:mig:1g:1;min_nodes=1;max_nodes=1", 0, ""),
+    # refused for what it asks, as before
+    ("tres_per_node=gres:mig:9g", "tres_per_node=gres:mig:1g:1;min_nodes=1;max_nodes=1", -1, "unknown MIG size '9g'"),
+]
+
+
+def test_lua_modify_refuses_a_new_mig_size_of_a_queued_job(lua51, tmp_path):
+    _run_desc_cases(lua51, tmp_path, MODIFY_SIZE_CASES, "modify")
