@@ -191,6 +191,25 @@ def test_the_policy_does_not_carve_for_jobs_slurm_will_not_start(ctl):
     assert ctl.store.get_job("3").blocked is None
 
 
+def test_a_queued_job_whose_request_became_unservable_is_no_longer_carved_for(ctl):
+    """Job 3 asked for a 7g and was carved for; then its request changed to one slurm-mig cannot serve (an
+    `scontrol update` job_submit.lua did not check: it was installed later, or bypassed): squeue shows
+    gres:mig:7g:0. The store kept the 7g request and the policy went on carving and reserving a GPU for a job
+    Slurm would start on none. It is kept, blocked, with the reason, until Slurm lists a request it can serve."""
+    row = [3, 0, None, "", 0, "PENDING", "Resources", 50, "gres:mig:7g:1", "", "debug", 1, 60, "a", "u", "", 1]
+    ctl.slurm.queue = squeue([row])
+    ctl.tick()
+    assert "7g" in _desired(ctl) and [j.job_id for j in ctl.store.pending_jobs()] == ["3"]
+    ctl.slurm.queue = squeue([row[:8] + ["gres:mig:7g:0"] + row[9:]])
+    ctl.tick()
+    assert [j.job_id for j in ctl.store.pending_jobs()] == []
+    job = ctl.store.get_job("3")
+    assert job.state == "PENDING" and "count must be at least 1" in job.reason, job
+    ctl.slurm.queue = squeue([row])  # served again
+    ctl.tick()
+    assert [j.job_id for j in ctl.store.pending_jobs()] == ["3"] and ctl.store.get_job("3").blocked is None
+
+
 def test_an_array_is_carved_for_task_by_task_and_a_started_task_replaces_its_row(ctl):
     array = [4, 4, None, "1-7", 0, "PENDING", "Resources", 50, "gres:mig:1g:1", "", "debug", 1, 60, "a", "u", "", 1]
     ctl.slurm.queue = squeue([array])

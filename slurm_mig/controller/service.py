@@ -352,6 +352,15 @@ class Controller(NodeApi):
             except ValueError as exc:
                 # One such job must not stop the tick (it used to raise inside it, every tick).
                 self._note_unservable(job_id, str(exc), now)
+                stored = self.store.get_job(job_id)
+                if stored is not None and stored.state == "PENDING" and stored.profile:
+                    # Its request changed since it was stored (an update job_submit.lua did not check): kept
+                    # with the old request, it was carved and reserved for while Slurm would start it nowhere.
+                    self.store.upsert_job(job_id, profile=stored.profile, count=stored.count, user=j.user,
+                                          uid=j.user_id, name=j.name, partition=j.partition,
+                                          time_limit_s=None if j.time_limit_min is None else j.time_limit_min * 60.0,
+                                          submit_time=j.submit_time, now=now,
+                                          blocked=f"{exc}; not managed until it asks for one MIG size")
                 continue
             state = j.state if j.state in ("PENDING", "RUNNING", "COMPLETING", "SUSPENDED") else None
             self.store.upsert_job(job_id, profile=kind, count=count, user=j.user, uid=j.user_id, name=j.name,
