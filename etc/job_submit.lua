@@ -250,15 +250,23 @@ local function node_count(v)
     return n
 end
 
+-- Each item of a tres_per_* value: its text without the "gres:" (or "gres/") prefix, and its ":" parts.
+local function tres_items(tres)
+    local items = {}
+    if tres ~= nil then
+        for _, raw in ipairs(split(tres, ",")) do
+            local body = string.gsub(string.gsub(trim(raw), "^gres[:/]", ""), "^gres/", "")
+            table.insert(items, { body = body, parts = split(body, ":") })
+        end
+    end
+    return items
+end
+
 -- Does a (rewritten or stored) tres_per_node value ask for mig? Item by item, so that another
 -- GRES whose name merely contains "mig" (gres:amig:1) is not taken for one.
 local function asks_mig(tres)
-    if tres == nil then
-        return false
-    end
-    for _, raw in ipairs(split(tres, ",")) do
-        local body = string.gsub(string.gsub(trim(raw), "^gres[:/]", ""), "^gres/", "")
-        if string.lower(split(body, ":")[1] or "") == "mig" then
+    for _, item in ipairs(tres_items(tres)) do
+        if string.lower(item.parts[1] or "") == "mig" then
             return true
         end
     end
@@ -267,12 +275,8 @@ end
 
 -- The MIG size (type) a rewritten or stored tres_per_node value asks for, or nil: one per job.
 local function mig_size(tres)
-    if tres == nil then
-        return nil
-    end
-    for _, raw in ipairs(split(tres, ",")) do
-        local body = string.gsub(string.gsub(trim(raw), "^gres[:/]", ""), "^gres/", "")
-        local parts = split(body, ":")
+    for _, item in ipairs(tres_items(tres)) do
+        local parts = item.parts
         if string.lower(parts[1] or "") == "mig" and parts[2] ~= nil then
             return resolve_type(parts[2]) or string.lower(parts[2])
         end
@@ -296,14 +300,10 @@ local TRES_OPTION = { tres_per_node = "--gres", tres_per_job = "--gpus", tres_pe
 -- "gres:gpu:0", measured on the local cluster) allocates nothing, so hides nothing: a site's wrapper or
 -- form that says "no whole GPU" that way beside --gres=mig:1g is not refused.
 local function cuda_gres_item(tres)
-    if tres == nil then
-        return nil
-    end
-    for _, raw in ipairs(split(tres, ",")) do
-        local body = string.gsub(string.gsub(trim(raw), "^gres[:/]", ""), "^gres/", "")
-        local parts = split(body, ":")
+    for _, item in ipairs(tres_items(tres)) do
+        local parts = item.parts
         if CUDA_GRES[string.lower(parts[1] or "")] and not (#parts >= 2 and string.match(parts[#parts], "^0+$")) then
-            return body
+            return item.body
         end
     end
     return nil
