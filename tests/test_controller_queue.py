@@ -329,10 +329,10 @@ def test_a_node_without_a_free_cpu_is_not_carved_for(cpu_full):
 
 def test_explain_says_a_node_without_a_free_cpu_is_why_its_gpus_were_left_out(cpu_full):
     # Its GPUs reach the policy as unavailable; explain called the up node "down, drained, stale or MIG off".
-    from slurm_mig.ops import views as V
+    from slurm_mig.ops.explain import explain_view
 
     store = cpu_full().store
-    options = {o["gpu"]: o for saw in V.explain_view(store, "5")["policy_saw"] for o in saw["options"]}
+    options = {o["gpu"]: o for saw in explain_view(store, "5")["policy_saw"] for o in saw["options"]}
     assert options["n1/0"]["verdict"] == "unavailable" and "CPU" in options["n1/0"]["why"], options["n1/0"]
 
 
@@ -439,9 +439,9 @@ def test_jobs_are_carved_for_only_where_slurm_may_start_them(tmp_path):
         assert store.desired("n3")[0].spec.count("2g") == 3 and "1g" in store.desired("n2")[0].spec
         assert not store.desired("n1")
         # explain shows why n1 and n2 were not its options
-        from slurm_mig.ops import views as V
+        from slurm_mig.ops.explain import explain_view
 
-        options = {o["gpu"]: o for saw in V.explain_view(store, "1")["policy_saw"] for o in saw["options"]}
+        options = {o["gpu"]: o for saw in explain_view(store, "1")["policy_saw"] for o in saw["options"]}
         assert options["n1/0"]["verdict"] == options["n2/0"]["verdict"] == "not-its-node", options
         assert options["n3/0"]["verdict"] != "not-its-node"
         # scontrol show reservation fails: the maintenance window is still kept clear, not forgotten.
@@ -548,33 +548,33 @@ def test_a_site_that_oversubscribes_cpus_places_both_jobs_on_one_node(tmp_path):
 def test_explain_says_cpus_can_be_why_a_node_is_not_the_jobs(cpu_ticked):
     # The -c 4 job (2) is kept off n1 for its CPUs (2 of 8 free): explain called n1 not its node for "its
     # partition, --nodelist, --exclude, --constraint or a reservation", none of which the job has.
-    from slurm_mig.ops import views as V
+    from slurm_mig.ops.explain import explain_view
 
-    options = {o["gpu"]: o for saw in V.explain_view(cpu_ticked, "2")["policy_saw"] for o in saw["options"]}
+    options = {o["gpu"]: o for saw in explain_view(cpu_ticked, "2")["policy_saw"] for o in saw["options"]}
     assert options["n1/0"]["verdict"] == "not-its-node" and "CPU" in options["n1/0"]["why"], options["n1/0"]
 
 
 def test_explain_shows_a_node_whose_free_cpus_this_decision_promised_to_jobs_before_it(cpu_ticked):
     # Job 3 (-n 2 -c 3) and the --exclusive job 4 waited because job 2 (-c 4), placed before them, took
     # n2's CPUs in the decision; explain showed n2/0 as "free-slices", a GPU they could have gone to.
-    from slurm_mig.ops import views as V
+    from slurm_mig.ops.explain import explain_view
 
     for job in ("3", "4"):
-        saw = V.explain_view(cpu_ticked, job)["policy_saw"]
+        saw = explain_view(cpu_ticked, job)["policy_saw"]
         options = {o["gpu"]: o for s in saw for o in s["options"]}
         assert options["n2/0"]["verdict"] == "cpus-promised", options["n2/0"]
         assert "job 2" in options["n2/0"]["why"] and "CPU" in options["n2/0"]["why"], options["n2/0"]
         assert saw[0]["verdicts"] == {"cpus-promised": 1, "not-its-node": 1}, saw[0]["verdicts"]
-    assert "4 of its 8 free CPUs" in V.explain_view(cpu_ticked, "3")["policy_saw"][0]["options"][1]["why"]
+    assert "4 of its 8 free CPUs" in explain_view(cpu_ticked, "3")["policy_saw"][0]["options"][1]["why"]
     # job 2, placed first, was promised nothing before it: its view is as before
-    options = {o["gpu"]: o for s in V.explain_view(cpu_ticked, "2")["policy_saw"] for o in s["options"]}
+    options = {o["gpu"]: o for s in explain_view(cpu_ticked, "2")["policy_saw"] for o in s["options"]}
     assert options["n2/0"]["verdict"] == "free-slices" and options["n2/0"]["chosen"], options["n2/0"]
 
 
 def test_explain_shows_cpus_promised_on_a_node_slurm_may_start_the_job_on(tmp_path):
     # Both -c 3 jobs may start on n1 (4 CPUs free) or n2; job 31 took n1's CPUs, so job 32 went to n2,
     # and explain showed n1/0's idle 1g instance as its own for the taking.
-    from slurm_mig.ops import views as V
+    from slurm_mig.ops.explain import explain_view
 
     store = open_store(tmp_path / "state.db")
     try:
@@ -583,10 +583,10 @@ def test_explain_shows_cpus_promised_on_a_node_slurm_may_start_the_job_on(tmp_pa
             [31, 0, None, "", 0, "PENDING", "Resources", 50, "gres:mig:1g:1", "", "debug", 1, 60, "a", "u", "", 1],
             [32, 0, None, "", 0, "PENDING", "Resources", 49, "gres:mig:1g:1", "", "debug", 2, 60, "b", "u", "", 1],
         ))).tick()
-        options = {o["gpu"]: o for s in V.explain_view(store, "32")["policy_saw"] for o in s["options"]}
+        options = {o["gpu"]: o for s in explain_view(store, "32")["policy_saw"] for o in s["options"]}
         assert options["n2/0"]["chosen"], options
         assert options["n1/0"]["verdict"] == "cpus-promised" and "job 31" in options["n1/0"]["why"], options
-        options = {o["gpu"]: o for s in V.explain_view(store, "31")["policy_saw"] for o in s["options"]}
+        options = {o["gpu"]: o for s in explain_view(store, "31")["policy_saw"] for o in s["options"]}
         assert options["n1/0"]["verdict"] == "idle-instance" and options["n1/0"]["chosen"], options
     finally:
         store.close()

@@ -1959,7 +1959,7 @@ def test_a_job_back_in_an_emptied_queue_is_recorded_again(rig):
     still ran one span across the hold. The quiet tick's decision is now recorded, once: it ends the span."""
     from dataclasses import replace
 
-    from slurm_mig.ops.views import explain_view
+    from slurm_mig.ops.explain import explain_view
 
     count = lambda: rig.store._q("SELECT COUNT(*) AS n FROM decisions")[0]["n"]  # noqa: E731
     # (more than the node holds: its reason stays the same, with no re-carve or reservation to change it)

@@ -14,6 +14,7 @@ import sqlite3
 import pytest
 
 from slurm_mig.cli import main
+from slurm_mig.ops import fmt as F
 from slurm_mig.ops import render as R
 from slurm_mig.ops import views as V
 from slurm_mig.store import open_store
@@ -146,13 +147,13 @@ def test_every_view_shows_a_database_with_odd_times_here_and_there(base, tmp_pat
 
 
 def test_the_formatters_show_what_is_not_a_time_as_such():
-    assert V.fmt_clock(1e300) == "?1e+300" and V.fmt_when(float("inf"), NOW) == "?inf"
-    assert V.fmt_when(float("nan"), NOW) == "?nan" and V.fmt_clock(2 ** 62) == "?4.612e+18"
-    assert V.fmt_when(NOW, 1e300) == V.fmt_when(NOW, NOW + 86400 * 400)  # a date when today is unknown
-    assert V.fmt_duration(float("inf")) == "?inf" and V.fmt_duration(1e300) == "?1e+300"
-    assert V.fmt_duration(-1e300) == "0s" and V.fmt_duration(float("nan")) == "?nan"
-    assert V.fmt_duration(86400 * 99_999) == "99999d00h" and V.fmt_duration(None) == "-"
-    assert V.fmt_duration("x") == "?x"
+    assert F.fmt_clock(1e300) == "?1e+300" and F.fmt_when(float("inf"), NOW) == "?inf"
+    assert F.fmt_when(float("nan"), NOW) == "?nan" and F.fmt_clock(2 ** 62) == "?4.612e+18"
+    assert F.fmt_when(NOW, 1e300) == F.fmt_when(NOW, NOW + 86400 * 400)  # a date when today is unknown
+    assert F.fmt_duration(float("inf")) == "?inf" and F.fmt_duration(1e300) == "?1e+300"
+    assert F.fmt_duration(-1e300) == "0s" and F.fmt_duration(float("nan")) == "?nan"
+    assert F.fmt_duration(86400 * 99_999) == "99999d00h" and F.fmt_duration(None) == "-"
+    assert F.fmt_duration("x") == "?x"
     assert R.render_timeline([], 1e300, 1e300, 60) == ["no timeline: its times (?1e+300 .. ?1e+300) are not usable"]
     seg = {"gpu": "n1/0", "kind": "job", "slot": "3g@0", "t0": float("-inf"), "t1": float("inf"), "job_id": "7"}
     lines = R.render_timeline([seg], 0.0, 100.0, 40, job_id="7", submit=float("nan"), start=-1e300)

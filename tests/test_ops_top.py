@@ -213,7 +213,7 @@ def test_table_crops_the_flexible_column():
 
 
 def test_render_timeline_draws_the_simulators_segments():
-    from slurm_mig.ops.views import Segment
+    from slurm_mig.ops.explain import Segment
 
     segs = [Segment("n1/0", "instance", Slot(0, "3g.40gb"), 0, 10),
             Segment("n1/0", "destroy", Slot(0, "3g.40gb"), 10, 12),

@@ -11,6 +11,8 @@ import pytest
 from slurm_mig.errors import StoreError
 from slurm_mig.mig.layout import Slot, parse_layout
 from slurm_mig.mig.profiles import get_model
+from slurm_mig.ops import explain as E
+from slurm_mig.ops import fmt as F
 from slurm_mig.ops import views as V
 from slurm_mig.ops.cli import explain_lines
 from slurm_mig.policies.base import Assignment, Decision, LayoutChange
@@ -328,7 +330,7 @@ def test_recent_activity_has_reasons(ro):
 # -- explain -------------------------------------------------------------------------------------
 
 def test_explain_a_job_that_waited_then_was_placed_with_a_recarve(ro):
-    ex = V.explain_view(ro, "201", now=NOW)
+    ex = E.explain_view(ro, "201", now=NOW)
     assert ex["job"]["profile"] == "7g" and ex["job"]["state"] == "PENDING"
     spans = ex["decisions"]["spans"]
     assert [(s["what"], s["decisions"]) for s in spans] == [("waiting", 2), ("assigned", 1)]
@@ -351,7 +353,7 @@ def test_explain_a_job_that_waited_then_was_placed_with_a_recarve(ro):
 
 
 def test_explain_a_running_job_has_its_reconfiguration_and_timeline(ro):
-    ex = V.explain_view(ro, "103", now=NOW)
+    ex = E.explain_view(ro, "103", now=NOW)
     assert ex["job"]["node"] == "gpu01" and ex["job"]["state"] == "RUNNING"
     assert [r["to"] for r in ex["reconfigurations"]] == ["7g@0"]
     assert ex["reconfigurations"][0]["duration_s"] == pytest.approx(1.0)
@@ -364,7 +366,7 @@ def test_explain_a_running_job_has_its_reconfiguration_and_timeline(ro):
 
 def test_explain_unknown_job(ro):
     with pytest.raises(StoreError, match="no record of job 4242"):
-        V.explain_view(ro, "4242")
+        E.explain_view(ro, "4242")
 
 
 def test_status_counts_jobs_slurm_will_not_start_apart_from_the_queue(state_db):
@@ -388,7 +390,7 @@ def test_explain_a_job_slurm_will_not_start_says_why_not_that_the_controller_is_
                          blocked="waiting on a dependency (Slurm: Dependency)")
     ro = V.open_readonly(tmp_path / "state.db")
     try:
-        out = V.explain_view(ro, "7", now=130.0)
+        out = E.explain_view(ro, "7", now=130.0)
     finally:
         ro.close()
     assert "Slurm will not start it now: waiting on a dependency" in out["verdict"]
@@ -399,19 +401,19 @@ def test_explain_a_job_slurm_will_not_start_says_why_not_that_the_controller_is_
 @pytest.mark.parametrize("status, shown", [(0, "0:0"), (768, "3:0"), (9, "0:9"), (15, "0:15"), (None, "unknown")])
 def test_an_exit_status_is_shown_as_slurm_prints_it(status, shown):
     # The store keeps the wait status (SLURM_JOB_EXIT_CODE): 768 is `exit 3`, which sacct prints 3:0.
-    assert V.fmt_exit(status) == shown
+    assert F.fmt_exit(status) == shown
 
 
 def test_gpu_option_verdicts():
     base = {"node": "n1", "gpu": 0, "model": "H100-80GB", "available": True}
-    assert V.gpu_option({**base, "layout": "3g@0,3g@4", "busy": []}, "3g")["verdict"] == "idle-instance"
-    assert V.gpu_option({**base, "layout": "3g@0", "busy": ["3g.40gb@0"]}, "3g")["verdict"] == "free-slices"
-    o = V.gpu_option({**base, "layout": "1g@0,1g@1,1g@2,1g@3,3g@4", "busy": ["3g.40gb@4"]}, "4g")
+    assert E.gpu_option({**base, "layout": "3g@0,3g@4", "busy": []}, "3g")["verdict"] == "idle-instance"
+    assert E.gpu_option({**base, "layout": "3g@0", "busy": ["3g.40gb@0"]}, "3g")["verdict"] == "free-slices"
+    o = E.gpu_option({**base, "layout": "1g@0,1g@1,1g@2,1g@3,3g@4", "busy": ["3g.40gb@4"]}, "4g")
     assert o["verdict"] == "re-carve" and "1g.10gb@0" in o["why"]
-    o = V.gpu_option({**base, "layout": "3g@0,3g@4", "busy": ["3g.40gb@0"], "reconfiguring": ["3g.40gb@4"]}, "7g")
+    o = E.gpu_option({**base, "layout": "3g@0,3g@4", "busy": ["3g.40gb@0"], "reconfiguring": ["3g.40gb@4"]}, "7g")
     assert o["verdict"] == "blocked" and "busy 3g.40gb@0" in o["why"] and "reconfiguring 3g.40gb@4" in o["why"]
-    assert V.gpu_option({**base, "available": False, "layout": ""}, "1g")["verdict"] == "unavailable"
-    assert V.gpu_option({**base, "layout": "empty"}, "5g")["verdict"] == "no-profile"
+    assert E.gpu_option({**base, "available": False, "layout": ""}, "1g")["verdict"] == "unavailable"
+    assert E.gpu_option({**base, "layout": "empty"}, "5g")["verdict"] == "no-profile"
 
 
 def test_gpu_option_says_where_the_cpus_the_decision_counted_kept_a_job_off():
@@ -421,42 +423,42 @@ def test_gpu_option_says_where_the_cpus_the_decision_counted_kept_a_job_off():
                           {"job_id": "x", "cpus": 1, "exclusive": True}, {"job_id": "u"}]}
     made = [{"job_id": "a", "node": "n1"}, {"job_id": "b", "node": "n2"}]
     base = {"gpu": 0, "model": "H100-80GB", "available": True, "layout": "empty"}
-    c = V._cpu_view(inputs, 2, made)
-    got = {n: V.gpu_option({**base, "node": n}, "1g", cpus=c) for n in ("n1", "n2", "n3", "n4")}
+    c = E._cpu_view(inputs, 2, made)
+    got = {n: E.gpu_option({**base, "node": n}, "1g", cpus=c) for n in ("n1", "n2", "n3", "n4")}
     assert got["n1"]["verdict"] == "cpus-promised" and "3 of its 4 free CPUs promised to job a" in got["n1"]["why"]
     assert got["n2"]["verdict"] == "cpus-promised", got["n2"]
     assert got["n3"]["verdict"] == "few-cpus" and "1 free CPU(s), it asks for 2" in got["n3"]["why"]
     assert got["n4"]["verdict"] == "free-slices"  # not counted there
     # --exclusive: no node with a job placed on it, whatever is left there
-    x = V._cpu_view({**inputs, "free_cpus": {"n1": 64, "n2": 2, "n3": 1}}, 3, made)
-    assert V.gpu_option({**base, "node": "n1"}, "1g", cpus=x)["verdict"] == "cpus-promised"
-    assert V.gpu_option({**base, "node": "n3"}, "1g", cpus=x)["verdict"] == "free-slices"
+    x = E._cpu_view({**inputs, "free_cpus": {"n1": 64, "n2": 2, "n3": 1}}, 3, made)
+    assert E.gpu_option({**base, "node": "n1"}, "1g", cpus=x)["verdict"] == "cpus-promised"
+    assert E.gpu_option({**base, "node": "n3"}, "1g", cpus=x)["verdict"] == "free-slices"
     # a job that gave no CPUs, or a decision that counted none: nothing to say
-    assert V._cpu_view(inputs, 4, made) is None
-    assert V._cpu_view({"pending": inputs["pending"]}, 2, made) is None
+    assert E._cpu_view(inputs, 4, made) is None
+    assert E._cpu_view({"pending": inputs["pending"]}, 2, made) is None
 
 
 def test_history_segments_window(ro):
-    segs = V.history_segments(ro, "gpu01", [0, 1], NOW - 1000, NOW)
+    segs = E.history_segments(ro, "gpu01", [0, 1], NOW - 1000, NOW)
     jobs = sorted(s.job_id for s in segs if s.kind == "job")
     assert jobs == ["101", "102", "103"]
     assert all(s.t1 == NOW for s in segs if s.kind == "job")  # still running
 
 
 def test_formatting():
-    assert V.fmt_duration(None) == "-"
-    assert V.fmt_duration(5.4) == "5s"
-    assert V.fmt_duration(185) == "3m05s"
-    assert V.fmt_duration(3720) == "1h02m"
-    assert V.fmt_duration(2 * 86400 + 3 * 3600) == "2d03h"
+    assert F.fmt_duration(None) == "-"
+    assert F.fmt_duration(5.4) == "5s"
+    assert F.fmt_duration(185) == "3m05s"
+    assert F.fmt_duration(3720) == "1h02m"
+    assert F.fmt_duration(2 * 86400 + 3 * 3600) == "2d03h"
     assert V.kind_sort_key("1g") < V.kind_sort_key("1g.dm") < V.kind_sort_key("2g") < V.kind_sort_key("7g")
     t = time.time()
-    assert V.fmt_when(t, t) == V.fmt_clock(t)
-    assert "-" in V.fmt_when(t - 3 * 86400, t)
+    assert F.fmt_when(t, t) == F.fmt_clock(t)
+    assert "-" in F.fmt_when(t - 3 * 86400, t)
 
 
 def test_explain_a_pending_job_shows_the_reconfiguration_it_waits_for(ro):
-    ex = V.explain_view(ro, "201", now=NOW)
+    ex = E.explain_view(ro, "201", now=NOW)
     assert [(r["node"], r["gpu"], r["to"], r["state"]) for r in ex["reconfigurations"]] == \
         [("gpu02", 0, "7g@0", "in_progress")]
     assert ex["timeline"]["node"] == "gpu02"
@@ -487,7 +489,7 @@ def _waits_store(path, submit: float, decisions, *, started: float | None = None
 def _explain(path, now):
     ro = V.open_readonly(path)
     try:
-        return V.explain_view(ro, "301", now=now)
+        return E.explain_view(ro, "301", now=now)
     finally:
         ro.close()
 
@@ -509,7 +511,7 @@ def test_explain_a_wait_under_one_unchanged_reason_lasts_until_the_job_started(t
     assert span["ended_by"] == "start"
     assert span["last_time"] == t0 + 5 and span["decisions"] == 1
     text = "\n".join(explain_lines(ex, 200, now=NOW))
-    assert f"..{V.fmt_clock(t0 + 5 * H)} (4h59m, until it started)  #1 (1 decision, frag-aware 1) waiting: " \
+    assert f"..{F.fmt_clock(t0 + 5 * H)} (4h59m, until it started)  #1 (1 decision, frag-aware 1) waiting: " \
            + BEHIND in text
     json.dumps(ex)
 
@@ -593,13 +595,13 @@ def test_explain_reads_only_the_jobs_own_entries_of_a_long_decision_history(tmp_
     try:
         for job in ("301", "301_1", "3010"):
             parsed.clear()
-            ex = V.explain_view(ro, job, now=NOW)
+            ex = E.explain_view(ro, job, now=NOW)
             during = list(parsed)
             old = V._decision_rows(ro, limit=100_000, include_noop=False, job_id=job, since=NOW - H - 2,
                                    until=NOW + 2, newest_first=False)
             recorded = [(d["id"], d["time"]) for d in V._decision_rows(ro, limit=100, include_noop=True)][::-1]
             assert ex["decisions"]["count"] == len(old)
-            assert ex["decisions"]["spans"] == V._spans(old, job, recorded=recorded, stop=NOW, stopped_by="now")
+            assert ex["decisions"]["spans"] == E._spans(old, job, recorded=recorded, stop=NOW, stopped_by="now")
             if job == "301":
                 assert max(during) < 20 * len(others) < 9000  # was each of the 40 reasons columns, 9,000 characters
                 assert [(s["what"], s["decisions"]) for s in ex["decisions"]["spans"]] == \

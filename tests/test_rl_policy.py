@@ -329,7 +329,7 @@ def test_a_fallback_deciding_as_the_policy_did_is_recorded_as_the_fallbacks_deci
     # Its waits and placements are rl's the tick before: only the policy that decided differs.
     assert (now.action["assignments"], now.reasons) == (last.action["assignments"], last.reasons)
     # explain says which policy held a job waiting when: a span of the same reason ends where the policy changed.
-    from slurm_mig.ops.views import explain_view
+    from slurm_mig.ops.explain import explain_view
 
     [waiting] = {j for j, _why in now.reasons}
     spans = [s for s in explain_view(store, waiting)["decisions"]["spans"] if s["what"] == "waiting"]

@@ -648,6 +648,7 @@ def test_outcomes_of_a_version_3_database_read_without_migrating_it(tmp_path):
     # The read-only views (`slurm-mig explain`) open the database without migrating it: before the
     # controller is restarted on the new version it has no run column.
     from slurm_mig.ops import views as V
+    from slurm_mig.ops.explain import explain_view
 
     path = tmp_path / "state.db"
     _version_3_store(path)
@@ -656,7 +657,7 @@ def test_outcomes_of_a_version_3_database_read_without_migrating_it(tmp_path):
     assert ro.schema_version == 3
     assert (ro.outcome("42").run, ro.outcome("42").end_time) == (1, 90.0)
     assert [o.job_id for o in ro.outcomes()] == ["99", "43", "41", "42"]
-    assert V.explain_view(ro, "42", now=100.0)["outcome"]["run"] == 1
+    assert explain_view(ro, "42", now=100.0)["outcome"]["run"] == 1
     ro.close()
 
 

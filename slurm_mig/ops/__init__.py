@@ -1,7 +1,9 @@
 """Operator tools: the data behind `slurm-mig status|jobs|nodes|decisions|explain` and the `top` dashboard.
 
 * :mod:`slurm_mig.ops.views`: pure functions that read the controller's state database and build
-  plain, JSON-ready dicts (what every command prints with ``--json``);
+  plain, JSON-ready dicts (what status, jobs, nodes and decisions print with ``--json``);
+* :mod:`slurm_mig.ops.explain`: the same for ``explain`` (a job's decisions, options, timeline, verdict);
+* :mod:`slurm_mig.ops.fmt`: the values' formatting (durations, clock times, exit statuses, ``--json``);
 * :mod:`slurm_mig.ops.render`: text rendering of those views (GPU slice bars, tables, the timeline);
 * :mod:`slurm_mig.ops.top`: the rich Live dashboard;
 * :mod:`slurm_mig.ops.cli`: the subcommands.

@@ -3,7 +3,7 @@
 All of them read the controller's state database (``[controller].db_path`` of the config chosen
 with ``--config`` / ``$SLURM_MIG_CONFIG``; ``--db PATH`` reads another file, e.g. a copy taken for
 a post-mortem) read-only, and print text for people or, with ``--json``, the data of
-:mod:`slurm_mig.ops.views` for scripts.
+:mod:`slurm_mig.ops.views` and :mod:`slurm_mig.ops.explain` for scripts.
 """
 
 from __future__ import annotations
@@ -135,7 +135,7 @@ def _note_if_stale(cfg, store, snap=None) -> None:
 
 
 def _print_json(value) -> None:
-    from slurm_mig.ops.views import to_json
+    from slurm_mig.ops.fmt import to_json
 
     print(to_json(value))
 
@@ -152,6 +152,7 @@ def _partition_nodes(cfg, partition: str | None):
 
 def _status(args) -> int:
     from slurm_mig.ops import render as R
+    from slurm_mig.ops import fmt as F
     from slurm_mig.ops import views as V
     from slurm_mig.ops.top import probe_healthz
 
@@ -174,7 +175,7 @@ def _status(args) -> int:
         line += "; /healthz ok"
     line += ")"
     if last:
-        lat = f", {V.fmt_num(last['latency_ms'])} ms" if last.get("latency_ms") is not None else ""
+        lat = f", {F.fmt_num(last['latency_ms'])} ms" if last.get("latency_ms") is not None else ""
         line += f"  policy {last['policy']} {last['version']}".rstrip() + f" (decision #{last['id']}{lat})"
     print(line)
     n = st["nodes"]
@@ -196,7 +197,7 @@ def _status(args) -> int:
         q += f", {j['blocked']} that Slurm will not start yet (held, dependency, ...: see `slurm-mig jobs`)"
     if j["oldest_pending"]:
         o = j["oldest_pending"]
-        q += f"; oldest pending: job {o['job_id']} ({o['count']} x {o['profile']}) for {V.fmt_duration(o['wait_s'])}"
+        q += f"; oldest pending: job {o['job_id']} ({o['count']} x {o['profile']}) for {F.fmt_duration(o['wait_s'])}"
     print(q)
     print()
     for line in R.table(R.profile_table_rows(st["profiles"]),
@@ -211,7 +212,7 @@ def _status(args) -> int:
         recs = st["reconfigurations"]
         for r in recs[:DECISION_LINES]:
             print(f"  #{r['id']} {r['node']}/{r['gpu']} {r['from']} -> {r['to']} {r['state']} "
-                  f"({r['progress']}/{len(r['steps'])} steps, {V.fmt_duration(r['duration_s'])})")
+                  f"({r['progress']}/{len(r['steps'])} steps, {F.fmt_duration(r['duration_s'])})")
         if len(recs) > DECISION_LINES:
             print(f"  ... {len(recs) - DECISION_LINES} more (`slurm-mig nodes` shows each GPU's; --json lists "
                   f"every one)")
@@ -222,6 +223,7 @@ def _status(args) -> int:
 
 def _jobs(args) -> int:
     from slurm_mig.ops import render as R
+    from slurm_mig.ops import fmt as F
     from slurm_mig.ops import views as V
     from slurm_mig.store import JOB_STATES
 
@@ -259,7 +261,7 @@ def _jobs(args) -> int:
             where = "(" + str(j["reserved"].get("node")) + ")"
         rows.append([j["job_id"], j["user"] or "-", j["partition"] or "-",
                      f"{j['count']}x{j['profile']}" if j["count"] != 1 else j["profile"], j["state"],
-                     V.fmt_duration(j["wait_s"]), V.fmt_duration(j["run_s"]) if j["run_s"] is not None else "-",
+                     F.fmt_duration(j["wait_s"]), F.fmt_duration(j["run_s"]) if j["run_s"] is not None else "-",
                      where or "-", j["reason"] or "-"])
     for line in R.table(rows, ["JOB", "USER", "PARTITION", "WANTS", "STATE", "WAIT", "RUN", "WHERE", "WHY"],
                         _width(args, 120), align="lllllrrll"):
@@ -273,6 +275,7 @@ def _nodes(args) -> int:
     from rich.text import Text
 
     from slurm_mig.ops import render as R
+    from slurm_mig.ops import fmt as F
     from slurm_mig.ops import views as V
 
     cfg, store = _open(args)
@@ -295,7 +298,7 @@ def _nodes(args) -> int:
         head.append(n["name"], style="bold")
         head.append("  ")
         head.append_text(R.node_state_text(n))
-        seen = V.fmt_duration(n["seen_ago_s"]) + " ago" if n["seen_ago_s"] is not None else "never"
+        seen = F.fmt_duration(n["seen_ago_s"]) + " ago" if n["seen_ago_s"] is not None else "never"
         head.append(f"  seen {seen}  health {n['health']}", style=R.STYLE["dim"])
         if n["agent_version"]:
             head.append(f"  agent {n['agent_version']}", style=R.STYLE["dim"])
@@ -333,6 +336,7 @@ DECISION_LINES = 20
 
 def _decisions(args) -> int:
     from slurm_mig.ops import render as R
+    from slurm_mig.ops import fmt as F
     from slurm_mig.ops import views as V
 
     cfg, store = _open(args)
@@ -348,8 +352,8 @@ def _decisions(args) -> int:
         return 0
     width = _width(args)
     for d in R.safe_tree(ds):
-        lat = f" {V.fmt_num(d['latency_ms'])} ms" if d["latency_ms"] is not None else ""
-        print(f"#{d['id']} {V.fmt_when(d['time'], d['time'])} {d['policy']} {d['version']}{lat}: {d['summary']}"[:width])
+        lat = f" {F.fmt_num(d['latency_ms'])} ms" if d["latency_ms"] is not None else ""
+        print(f"#{d['id']} {F.fmt_when(d['time'], d['time'])} {d['policy']} {d['version']}{lat}: {d['summary']}"[:width])
         # At most DECISION_LINES of each list a decision: one at a large site placed hundreds of jobs, and
         # `decisions` (10 of them by default) printed thousands of lines. --json lists every one.
         changes = d["changes"]
@@ -379,7 +383,7 @@ def explain_lines(ex: dict, width: int = 100, now: float | None = None) -> list[
     import time
 
     from slurm_mig.ops import render as R
-    from slurm_mig.ops import views as V
+    from slurm_mig.ops import fmt as F
 
     now = time.time() if now is None else now
     j = ex["job"]
@@ -394,21 +398,21 @@ def explain_lines(ex: dict, width: int = 100, now: float | None = None) -> list[
         head += " on " + j["node"] + " " + ", ".join(f"GPU {i['gpu']} {i['profile']}@{i['start']}"
                                                      for i in j["instances"])
     add(head)
-    times = f"  submitted {V.fmt_when(j['submit_time'], now)}"
+    times = f"  submitted {F.fmt_when(j['submit_time'], now)}"
     if j["start_time"] is not None:
-        times += f", started {V.fmt_when(j['start_time'], now)} after waiting {V.fmt_duration(j['wait_s'])}"
+        times += f", started {F.fmt_when(j['start_time'], now)} after waiting {F.fmt_duration(j['wait_s'])}"
     elif j["state"] in ("PENDING", "REQUEUED"):
-        times += f", waiting for {V.fmt_duration(j['wait_s'])}"
+        times += f", waiting for {F.fmt_duration(j['wait_s'])}"
     if j["end_time"] is not None:
-        times += f", ended {V.fmt_when(j['end_time'], now)} (ran {V.fmt_duration(j['run_s'])})"
+        times += f", ended {F.fmt_when(j['end_time'], now)} (ran {F.fmt_duration(j['run_s'])})"
     elif j["run_s"] is not None:
-        times += f", running for {V.fmt_duration(j['run_s'])}"
+        times += f", running for {F.fmt_duration(j['run_s'])}"
     add(times)
     if ex["outcome"]:
         o = ex["outcome"]
         which = (f" of an earlier run of this id (run {o['run']})" if o.get("earlier_run")
                  else f" (run {o['run']} of this id)" if o.get("run", 1) > 1 else "")
-        add(f"  outcome{which}: {o['state']}, exit code {V.fmt_exit(o['exit_code'])} "
+        add(f"  outcome{which}: {o['state']}, exit code {F.fmt_exit(o['exit_code'])} "
             "(exit:signal, as sacct prints it)")
     add("")
     add("In short: " + ex["verdict"])
@@ -421,8 +425,8 @@ def explain_lines(ex: dict, width: int = 100, now: float | None = None) -> list[
         # From its first decision to what ended it: the next decision recorded, the job's start or end, or now.
         ended = {"decision": f"until #{s['next_decision']}", "start": "until it started", "end": "until it ended",
                  "now": "still waiting" if s["what"] == "waiting" else "not started yet"}.get(s["ended_by"], "")
-        when = (f"{V.fmt_when(s['since'], now)}..{'now' if s['ended_by'] == 'now' else V.fmt_clock(s['until'])}"
-                f" ({V.fmt_duration(s['duration_s'])}, {ended})")
+        when = (f"{F.fmt_when(s['since'], now)}..{'now' if s['ended_by'] == 'now' else F.fmt_clock(s['until'])}"
+                f" ({F.fmt_duration(s['duration_s'])}, {ended})")
         ids = f"#{s['first']}" + (f"..#{s['last']}" if s["last"] != s["first"] else "")
         if s["what"] == "waiting":
             n = f"{s['decisions']} decision{'s' if s['decisions'] != 1 else ''}"
@@ -439,7 +443,7 @@ def explain_lines(ex: dict, width: int = 100, now: float | None = None) -> list[
             add(f"        reserved for it: {', '.join(r[2]) if len(r) > 2 else r}")
     for saw in ex["policy_saw"]:
         add("")
-        add(f"What the policy saw at decision #{saw['decision']} ({saw['label']}, {V.fmt_when(saw['time'], now)}):")
+        add(f"What the policy saw at decision #{saw['decision']} ({saw['label']}, {F.fmt_when(saw['time'], now)}):")
         pos = saw["queue_position"]
         ahead = ", ".join(f"{v} x {k}" for k, v in saw["ahead_by_profile"].items())
         add(f"  {saw['gpus']} GPUs ({saw['available']} available), {saw['pending']} pending jobs; this job was "
@@ -459,10 +463,10 @@ def explain_lines(ex: dict, width: int = 100, now: float | None = None) -> list[
     if ex["reconfigurations"]:
         add("Reconfigurations on its GPU(s) while it waited:")
         for r in ex["reconfigurations"]:
-            dur = f" in {V.fmt_num(r['duration_s'], 2)}s" if r["duration_s"] is not None else ""
+            dur = f" in {F.fmt_num(r['duration_s'], 2)}s" if r["duration_s"] is not None else ""
             how = r["error"] or ("" if str(r["outcome"] or "").startswith("[") else r["outcome"]) or ""
             src = f"decision #{r['decision_id']}" if r["decision_id"] else "the Prolog's binding"
-            add(f"  #{r['id']} {V.fmt_when(r['created_at'], now)} {r['node']}/{r['gpu']} {r['from']} -> {r['to']}: "
+            add(f"  #{r['id']} {F.fmt_when(r['created_at'], now)} {r['node']}/{r['gpu']} {r['from']} -> {r['to']}: "
                 f"{r['state']}{dur} (from {src}{'; ' + how if how else ''})")
             add(f"      steps: {', '.join(r['steps'])}"[:width])
     else:
@@ -471,7 +475,7 @@ def explain_lines(ex: dict, width: int = 100, now: float | None = None) -> list[
         add("")
         add("Events:")
         for e in ex["events"]:
-            add(f"  {V.fmt_when(e['time'], now)} {e['kind']:<8} {e['message']}"[:width])
+            add(f"  {F.fmt_when(e['time'], now)} {e['kind']:<8} {e['message']}"[:width])
     tl = ex.get("timeline")
     if tl and tl["segments"]:
         add("")
@@ -485,10 +489,11 @@ def explain_lines(ex: dict, width: int = 100, now: float | None = None) -> list[
 def _explain(args) -> int:
     from slurm_mig.ops import render as R
     from slurm_mig.ops import views as V
+    from slurm_mig.ops.explain import explain_view
 
     cfg, store = _open(args)
     with store:
-        ex = V.explain_view(store, args.job_id)
+        ex = explain_view(store, args.job_id)
         if ex["job"]["state"] in V.LIVE_JOB_STATES:
             _note_if_stale(cfg, store)
         per_node: dict[str, int] = {}

@@ -15,7 +15,8 @@ from rich.text import Text
 
 from slurm_mig.controlchars import visible
 
-from slurm_mig.ops.views import _is_number, fmt_clock, fmt_duration, kind_sort_key
+from slurm_mig.ops.fmt import fmt_clock, fmt_duration, is_number
+from slurm_mig.ops.views import kind_sort_key
 
 STYLE = {
     "busy": "bold white on red3",
@@ -331,15 +332,15 @@ def render_timeline(segments: Iterable, t0: float, t1: float, width: int, *, job
     ``w`` while the job waited (from ``submit`` to ``start``).
     """
     g = g or Glyphs()
-    if not (_is_number(t0) and _is_number(t1)):  # text or a blob where a time was stored
+    if not (is_number(t0) and is_number(t1)):  # text or a blob where a time was stored
         return [f"no timeline: its times ({fmt_clock(t0)} .. {fmt_clock(t1)}) are not usable"]
     segs = [s if isinstance(s, dict) else {"gpu": s.gpu, "kind": s.kind, "slot": None if s.slot is None else str(s.slot),
                                            "t0": s.t0, "t1": s.t1, "job_id": getattr(s, "job_id", "")}
             for s in segments]
     # A span whose ends are not numbers (text, a blob) has no place on it; nor has a wait from or to such a time.
-    segs = [s for s in segs if _is_number(s["t0"]) and _is_number(s["t1"])]
-    submit = submit if _is_number(submit) else None
-    start = start if _is_number(start) else None
+    segs = [s for s in segs if is_number(s["t0"]) and is_number(s["t1"])]
+    submit = submit if is_number(submit) else None
+    start = start if is_number(start) else None
     t1 = max(t1, t0 + 1e-6)
     label_w = max([len(f"{s['gpu']} {s['slot']}") for s in segs] + [len("queue")])
     cols = max(10, width - label_w - 2)

@@ -31,10 +31,10 @@ REPLAY_MAX_S = 366 * 86400.0
 def _usable(*times) -> bool:
     """Every one of ``times`` (None: not known) a finite number within the replay's reach of the others (not
     text or a blob, which SQLite keeps in a time column as given)."""
-    from slurm_mig.ops.views import _is_number
+    from slurm_mig.ops.fmt import is_number
 
     known = [t for t in times if t is not None]
-    return all(_is_number(t) and math.isfinite(t) for t in known) and (
+    return all(is_number(t) and math.isfinite(t) for t in known) and (
         not known or max(known) - min(known) <= 10 * REPLAY_MAX_S)
 
 
@@ -103,7 +103,7 @@ def replay_job(store, job_id: str, *, policy: str = "first-fit", now: float | No
     t_lo = job.submit_time
     t_hi = job.start_time if job.start_time is not None else now
     if not _usable(t_lo, t_hi) or t_hi - t_lo > REPLAY_MAX_S:
-        from slurm_mig.ops.views import fmt_when
+        from slurm_mig.ops.fmt import fmt_when
 
         started = f"started {fmt_when(t_hi, now)}" if job.start_time is not None else "not started"
         return {"error": f"job {job_id} (submitted {fmt_when(t_lo, now)}, {started}): not times a replay can use "
@@ -221,7 +221,7 @@ def replay_job(store, job_id: str, *, policy: str = "first-fit", now: float | No
 
 def replay_lines(rep: dict, width: int = 100) -> list[str]:
     from slurm_mig.ops import render as R
-    from slurm_mig.ops.views import fmt_duration
+    from slurm_mig.ops.fmt import fmt_duration
 
     if rep.get("error"):
         return [f"Replay: {rep['error']}"]

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 from rich.text import Text
 
+from slurm_mig.ops import fmt as F
 from slurm_mig.ops import render as R
 from slurm_mig.ops import views as V
 
@@ -66,11 +67,11 @@ def _header(snap: V.Snapshot, status: dict, nodes: list[dict], opts: TopOptions,
     c = status["controller"]
     t = Text()
     t.append("slurm-mig top", style="bold")
-    t.append(f" {V.fmt_clock(snap.now)}  controller ")
+    t.append(f" {F.fmt_clock(snap.now)}  controller ")
     style = {"ok": "green", "stale": "bold yellow", "unknown": "grey62"}.get(c["state"], "bold red")
     t.append(c["state"], style=style)
     if c["tick_age_s"] is not None:
-        t.append(f", tick {V.fmt_duration(c['tick_age_s'])} ago", style=style if c["state"] != "ok" else "")
+        t.append(f", tick {F.fmt_duration(c['tick_age_s'])} ago", style=style if c["state"] != "ok" else "")
     if c["healthz"] is False:
         t.append(", API DOWN", style=R.STYLE["bad"])
     if c["open_reconfigurations"]:
@@ -79,7 +80,7 @@ def _header(snap: V.Snapshot, status: dict, nodes: list[dict], opts: TopOptions,
     if last:
         t.append(f"  {last['policy']}", style=R.STYLE["dim"])
         if last.get("latency_ms") is not None:
-            t.append(f" {V.fmt_num(last['latency_ms'])}ms", style=R.STYLE["dim"])
+            t.append(f" {F.fmt_num(last['latency_ms'])}ms", style=R.STYLE["dim"])
 
     s = Text()
     gp = status["gpus"]
@@ -121,7 +122,7 @@ def _pending_rows(pending: list[dict], rows: int, width: int, now: float, g: R.G
                 why = f"placed on {where}" + (f"; {why}" if why else "")
         if j["state"] == "REQUEUED":
             why = "requeued: " + why
-        table_rows.append([j["job_id"], j["user"] or "-", _wants(j), V.fmt_duration(j["wait_s"]), why or "-"])
+        table_rows.append([j["job_id"], j["user"] or "-", _wants(j), F.fmt_duration(j["wait_s"]), why or "-"])
     lines = [Text(x) for x in R.table(table_rows, ["JOB", "USER", "WANTS", "WAIT", "WHY"], width, align="lllrl",
                                       ascii_only=g.ascii)]
     lines[0].stylize("bold")
@@ -134,7 +135,7 @@ def _recent_rows(items: list[dict], rows: int, width: int, now: float, g: R.Glyp
     out = []
     for it in items[: max(0, rows)]:
         t = Text()
-        t.append(V.fmt_when(it["time"], now), style=R.STYLE["dim"])
+        t.append(F.fmt_when(it["time"], now), style=R.STYLE["dim"])
         style = {"reconfig": "yellow", "decision": "cyan", "requeue": "bold red", "bind-failed": "bold red",
                  "policy": "bold red", "conflict": "bold red", "gres": "magenta"}.get(it["kind"], "")
         t.append(f" {it['kind'][:8]:<8} ", style=style)
@@ -251,7 +252,7 @@ def build_frame(snap: V.Snapshot, opts: TopOptions, *, partition_nodes: set[str]
     # a job held for a week is not its profile's oldest wait.
     queued = [j for j in pending if not j["blocked"]]
     by_prof = V.pending_by_profile(queued)
-    right = "  ".join(f"{p['profile']}x{p['jobs']} {V.fmt_duration(p['oldest_wait_s'])}" for p in by_prof)
+    right = "  ".join(f"{p['profile']}x{p['jobs']} {F.fmt_duration(p['oldest_wait_s'])}" for p in by_prof)
     held = f" (+{P - len(queued)} Slurm will not start yet)" if P > len(queued) else ""
     body.append(R.rule(f"Pending {len(queued)}{held}", W, g, right if P else "queue empty"))
     pend_rows = min(P, 3 + max(0, spare)) if P else 0
