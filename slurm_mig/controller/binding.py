@@ -92,9 +92,23 @@ def intended_layout(g: NodeGpu) -> Layout:
     return g.desired
 
 
+def overlaps(model, slot: Slot, mask: int) -> bool:
+    """Whether ``slot`` uses a memory slice of ``mask``."""
+    return bool(mask and model.profile(slot.profile).mask(slot.start) & mask)
+
+
 def choose_binding(gpus: list[NodeGpu], profile: str, count: int,
-                   reserved: tuple[tuple[int, Slot], ...] = ()) -> BindPlan | None:
-    """Pick ``count`` instances of ``profile`` (kind or full name) on one node, or None if impossible now."""
+                   reserved: tuple[tuple[int, Slot], ...] = (),
+                   keep_off: Mapping[int, int] | None = None,
+                   started: Mapping[int, Iterable[Slot]] | None = None) -> BindPlan | None:
+    """Pick ``count`` instances of ``profile`` (kind or full name) on one node, or None if impossible now.
+
+    ``keep_off``: GPU index -> memory-slice mask the policy reserved for another waiting job: no instance
+    there is taken or carved, except one in ``reserved`` (the policy assigned it to this job: its backfill) or
+    in ``started`` (GPU index -> instances the decision counted as held by jobs Slurm had started whose Prologs
+    had not bound them: one of those jobs is binding now)."""
+    keep_off = keep_off or {}
+    started = {gi: set(v) for gi, v in (started or {}).items()}
     plans = {g.index: intended_layout(g) for g in gpus}
     taken = {g.index: set(g.bound) for g in gpus}
     by_index = {g.index: g for g in gpus}
@@ -125,7 +139,9 @@ def choose_binding(gpus: list[NodeGpu], profile: str, count: int,
             for slot in sorted(plans[g.index].slots):
                 if len(picked) >= count:
                     break
-                if slot.profile != name or slot in taken[g.index]:
+                if slot.profile != name or slot in taken[g.index] or (
+                        overlaps(g.observed.model, slot, keep_off.get(g.index, 0))
+                        and slot not in started.get(g.index, ())):
                     continue
                 exists = slot in g.observed.slots
                 if (stage == "exists") == exists:
@@ -136,7 +152,7 @@ def choose_binding(gpus: list[NodeGpu], profile: str, count: int,
     while len(picked) < count:
         best = None
         for spare_promised in (True, False):
-            best = _best_carve(gpus, plans, taken, promised if spare_promised else {}, resolve)
+            best = _best_carve(gpus, plans, taken, promised if spare_promised else {}, resolve, keep_off)
             if best is not None:
                 break
         if best is None:
@@ -149,8 +165,9 @@ def choose_binding(gpus: list[NodeGpu], profile: str, count: int,
     return BindPlan(tuple(picked), targets, "; ".join(how))
 
 
-def _best_carve(gpus, plans, taken, promised, resolve):
-    """The cheapest carve over the node's GPUs that keeps ``taken`` and ``promised`` instances."""
+def _best_carve(gpus, plans, taken, promised, resolve, keep_off):
+    """The cheapest carve over the node's GPUs that keeps ``taken`` and ``promised`` instances and stays out of
+    the ``keep_off`` slices."""
     best = None
     for g in gpus:
         name = resolve(g)
@@ -159,6 +176,8 @@ def _best_carve(gpus, plans, taken, promised, resolve):
         opts = carve_options(plans[g.index], name, taken[g.index] | promised.get(g.index, set()))
         # Carving must also be reachable from what physically exists now.
         for opt in opts:
+            if overlaps(g.observed.model, opt.slot, keep_off.get(g.index, 0)):
+                continue
             try:
                 plan_transition(g.observed, opt.target, g.bound)
             except SlurmMigError:

@@ -433,9 +433,16 @@ class NodeApi:
                 self._taken_tasks[task] = now
             gpus = self._node_gpus(node, node_bindings, exclude_job=job_id)
             reserved = self._reservation(job_id, node) or (self._reservation(task, node) if task else ())
-            plan = choose_binding(gpus, kind, count, reserved) if gpus else None
+            # Kept out of regions the policy holds for other waiting jobs, but for the instances it assigned this
+            # job and those the decision counted as held by jobs Slurm had started before it (the regions were
+            # drawn around those: binding.choose_binding's keep_off and started).
+            keep_off, started, holders = self._keep_off(node, {job_id, task} - {None})
+            plan = choose_binding(gpus, kind, count, reserved, keep_off, started) if gpus else None
             if plan is None:
                 requeue_reason = f"no {count} x {kind} MIG instance can be made on {node} now (slices in use)"
+                if keep_off and choose_binding(gpus, kind, count, reserved) is not None:
+                    requeue_reason = (f"no {count} x {kind} MIG instance on {node} now outside the slices held "
+                                      f"for waiting job(s) {', '.join(holders)} (the policy's reservation)")
                 self.store.set_job_state(job_id, "REQUEUED", now=now, reason=requeue_reason)
                 self.store.add_event("requeue", f"job {job_id}: {requeue_reason}", node=node, job_id=job_id, now=now)
             else:
@@ -525,14 +532,43 @@ class NodeApi:
         return held
 
     def _prolog_choice(self, job_id: str, node: str, profile: str, count: int, gpus: list[dict], *,
-                       reservations: dict) -> tuple[tuple[int, Slot], ...]:
+                       reservations: dict, held: dict | None = None) -> tuple[tuple[int, Slot], ...] | None:
         """The instances the Prolog of ``job_id``, which Slurm started on ``node`` and which is not bound yet,
         would bind now on ``gpus`` (Store.cluster_state's view of the node's GPUs): as on_prolog chooses, with
-        the same builder (binding.node_gpus) and its reservation in ``reservations`` (the meta row)."""
+        the same builder (binding.node_gpus), its reservation in ``reservations`` and the regions held for other
+        waiting jobs in ``held`` (the meta rows). None where only those regions keep it from an instance: its
+        Prolog will requeue it, so it holds none (counted as holding one there, the region's count stayed up)."""
         rows = [GpuRow(g["index"], g["observed"], g["mig_enabled"], g["blocked"], g["desired"]) for g in gpus]
         choice = node_gpus(rows, {g["index"]: g["bound"] for g in gpus})
-        plan = choose_binding(choice, profile, count, self._reservation(job_id, node, reservations)) if choice else None
+        keep_off, started, _holders = self._keep_off(node, {job_id}, held or {})
+        reserved = self._reservation(job_id, node, reservations)
+        plan = choose_binding(choice, profile, count, reserved, keep_off, started) if choice else None
+        if plan is None and keep_off and choice and choose_binding(choice, profile, count, reserved) is not None:
+            return None
         return plan.instances if plan is not None else ()
+
+    def _keep_off(self, node: str, jobs: set, held: dict | None = None
+                  ) -> tuple[dict[int, int], dict[int, set[Slot]], list[str]]:
+        """GPU index -> the memory slices of ``node`` the policy's last tick reserved for waiting jobs other than
+        ``jobs`` (the meta row "held", or ``held`` when the caller read it); GPU index -> the instances there the
+        decision counted as held by jobs Slurm had started whose Prologs had not bound them; and the waiting
+        jobs. A Prolog of another job takes and carves nothing in those slices but those instances and what
+        the decision assigned to it (its backfill)."""
+        held = self.store.get_meta("held") if held is None else held
+        out: dict[int, int] = {}
+        started: dict[int, set[Slot]] = {}
+        holders = []
+        for jid, regions in sorted((held or {}).items()):
+            if jid in jobs:
+                continue
+            for n, gi, mask, *rest in regions:
+                if n == node and mask:
+                    out[int(gi)] = out.get(int(gi), 0) | int(mask)
+                    if len(rest) > 1:
+                        started.setdefault(int(gi), set()).update(Slot(int(st), str(p)) for p, st in rest[1])
+                    if jid not in holders:
+                        holders.append(jid)
+        return out, started, holders
 
     def _reservation(self, job_id: str, node: str, reservations: dict | None = None) -> tuple:
         """The policy's last-tick reservation for ``job_id`` on ``node`` (from ``reservations``, the meta row,

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 
 from slurm_mig.api.loglimit import LogLimiter
 from slurm_mig.api.origin import NodeOrigins
-from slurm_mig.controller.binding import intended_layout, node_gpus
+from slurm_mig.controller.binding import intended_layout, node_gpus, overlaps
 from slurm_mig.controller.eligibility import eligible_nodes
 from slurm_mig.controller.metrics import Metrics
 from slurm_mig.controller.node_api import NodeApi
@@ -858,9 +858,10 @@ class Controller(NodeApi):
         # A started job the Prolog has not bound holds, in the policy's view, the instance its Prolog will
         # choose: its reservation from the last tick when that is free (store.cluster_state, _prolog_choice).
         reservations = self.store.get_meta("reservations") or {}
+        held = self.store.get_meta("held") or {}
         state = self.store.cluster_state(
             now, stale_after_s=self.cfg.controller.node_stale_after_s,
-            prolog_choice=lambda *job: self._prolog_choice(*job, reservations=reservations))
+            prolog_choice=lambda *job: self._prolog_choice(*job, reservations=reservations, held=held))
         if self._no_free_cpu:
             # Slurm starts nothing on a node without a free CPU, whatever its slices: carved for there, jobs
             # waited while other nodes' GPUs sat idle (seen with 8-CPU nodes and 14 1g slices each).
@@ -942,6 +943,7 @@ class Controller(NodeApi):
             # Nothing to place (an idle queue, one whose jobs Slurm will not start, or a cluster whose nodes
             # have not reported a GPU yet). The reservations row is still the tick `status` reads.
             self.store.set_meta("reservations", {}, now=now)
+            self.store.set_meta("held", {}, now=now)
             if decision is None:
                 self._last_signature = None  # the next decision is recorded, whatever it says
                 return {"pending": len(state.pending), "changes": 0}
@@ -981,6 +983,7 @@ class Controller(NodeApi):
         self.store.set_meta("reservations", {a.job_id: {"node": a.node, "instances": [[gi, s.profile, s.start]
                                                                                        for gi, s in a.instances]}
                                              for a in decision.assignments}, now=now)
+        self.store.set_meta("held", self._held_regions(decision, state), now=now)
         if self.shadow is not None:
             self._shadow_state = state  # decided by tick() after this transaction (_run_shadow)
         return {"pending": len(state.pending), "changes": applied, "assignments": len(decision.assignments),
@@ -1064,8 +1067,9 @@ class Controller(NodeApi):
         """
         by_name = {n.name: n for n in nodes}
         held_back: set[str] = set()
+        used = {n.name: n.gres_used or {} for n in nodes}
         for rounds in range(1, WITHDRAW_ROUNDS + 1):
-            shrinking = self._shrinking(plan, gres_now)
+            shrinking = self._shrinking(plan, gres_now, used)
             if not shrinking:
                 return plan, jobs, now, held_back
             held_back = set()
@@ -1127,33 +1131,70 @@ class Controller(NodeApi):
                         ", ".join(sorted(held)))
         return held
 
-    def _shrinking(self, plan: "_Plan", gres_now: dict) -> dict[str, dict[str, int]]:
+    def _shrinking(self, plan: "_Plan", gres_now: dict, used: dict | None = None) -> dict[str, dict[str, int]]:
         """Nodes whose Slurm counts the plan lowers: node -> per type the lower of now and after the plan.
+        The plan lowers them by re-carving, or by holding idle instances back for a reservation (its decision's
+        held regions, as _commit records them): those are never taken below what Slurm says jobs hold there.
 
-        ``gres_now``: node -> the counts Slurm has; nodes not in it are left out."""
+        ``gres_now``: node -> the counts Slurm has; nodes not in it are left out. ``used``: node -> what
+        Slurm says jobs hold (n.gres_used), when it was read."""
         targets: dict[str, dict[int, Layout]] = {}
         for ch, _layout, _steps in plan.changes:
             targets.setdefault(ch.node, {})[ch.gpu] = ch.target
+        held = self._held_regions(plan.decision, plan.state) if plan.decision is not None else {}
+        assigned = _assigned(plan.decision) if plan.decision is not None else {}
+        for regions in held.values():
+            for n, *_rest in regions:
+                targets.setdefault(n, {})
         out = {}
         for node, changed in targets.items():
             if node not in gres_now:
                 continue
-            layouts = self.intended_layouts(node)
+            layouts = self.intended_layouts(node, held=held, assigned=assigned)
             layouts.update({gi: lay for gi, lay in changed.items() if gi in layouts})
             after = _gres_counts(layouts)
             if after is None:
                 continue
+            if used is not None and node in used:
+                plain = self.intended_layouts(node, held={})
+                plain.update({gi: lay for gi, lay in changed.items() if gi in plain})
+                after = _floor_held(after, _gres_counts(plain), used[node])
             cur = {t: gres_now[node].get(t, 0) for t in GRES_TYPES}
             low = {t: min(cur[t], after.get(t, 0)) for t in GRES_TYPES}
             if low != cur:
                 out[node] = low
         return out
 
-    def intended_layouts(self, node: str) -> dict[int, Layout]:
+    def _held_regions(self, decision, state) -> dict[str, list[list]]:
+        """The decision's held regions as the meta row "held" keeps them (_held_regions_of)."""
+        def bound(node: str, gpu: int) -> set[Slot]:
+            return {Slot(b.start, b.profile) for _jid, _n, b in self.store.live_bindings(node) if b.gpu == gpu}
+        return _held_regions_of(decision, state, bound, set(self.store.get_meta("held") or {}))
+
+    def intended_layouts(self, node: str, *, held: dict | None = None, assigned: set | None = None
+                         ) -> dict[int, Layout]:
         """Each GPU's layout that exists or is about to exist: the desired one when set and reachable from
         what exists without destroying a busy instance (as a Prolog binds, binding.intended_layout), else
-        observed. Told the unreachable one, Slurm started jobs on instances nobody could make."""
+        observed. Told the unreachable one, Slurm started jobs on instances nobody could make.
+
+        Less the idle instances the policy holds back for a waiting job (``held``: job id -> [[node, gpu, mask,
+        the region's instances idle in the decision's view], ...], the last decision's, the meta row "held" when
+        not given): one of those still idle (no live job bound to it, none reporting it in use), not part of the
+        GPU's desired re-carve and not named by an assignment (``assigned``: (node, gpu, slot) of the decision's
+        assignments, the meta row "reservations" when not given). Slurm is not told of it, so the region drains
+        for the reserved job (a Prolog does not hand it out either: binding.choose_binding's keep_off). An
+        instance the decision saw promised to a job Slurm started whose Prolog has not bound it is not idle
+        there, so stays counted."""
         out = {}
+        listed: dict[int, set[Slot]] = {}
+        for regions in ((self.store.get_meta("held") if held is None else held) or {}).values():
+            for r in regions:
+                if r[0] == node and len(r) > 3:
+                    listed.setdefault(int(r[1]), set()).update(Slot(int(st), str(p)) for p, st in r[3])
+        if listed and assigned is None:
+            assigned = {(r.get("node"), int(gi), Slot(int(start), profile))
+                        for r in (self.store.get_meta("reservations") or {}).values()
+                        for gi, profile, start in r.get("instances", ())}
         rows = self._gpu_rows(node)
         bindable = None
         for g in rows:
@@ -1172,7 +1213,15 @@ class Controller(NodeApi):
                     bindable = {x.index: x for x in node_gpus(rows, self._held(node, {}, exclude_job=""))}
                 if g.index in bindable:
                     lay = intended_layout(bindable[g.index])
-            out[g.index] = lay if lay is not None else obs
+            lay = lay if lay is not None else obs
+            hold = listed.get(g.index)
+            if hold:
+                busy = self._busy_starts(node, g.index)
+                planned = g.desired.slots if g.desired is not None and g.desired.slots != obs.slots else frozenset()
+                lay = lay.without(s for s in lay.slots
+                                  if s in hold and s in obs.slots and s.start not in busy and s not in planned
+                                  and (node, g.index, s) not in assigned)
+            out[g.index] = lay
         return out
 
     def _busy_starts(self, node: str, gpu: int) -> set[int]:
@@ -1210,9 +1259,15 @@ class Controller(NodeApi):
         """
         updates = 0
         pending_types = {t for j in jobs if j.pending and j.wants_mig for t in j.mig}
+        held = self.store.get_meta("held") or {}
         for n in nodes:
-            layouts = self.intended_layouts(n.name)
+            layouts = self.intended_layouts(n.name, held=held)
             expected = _gres_counts(layouts)
+            if expected is not None and any(r[0] == n.name for regions in held.values() for r in regions):
+                # Held back for a reservation, never below what Slurm says jobs hold (a job it started there
+                # before this tick lowered the count: the Prolog requeues it, or it is the reserved job).
+                expected = _floor_held(expected, _gres_counts(self.intended_layouts(n.name, held={})),
+                                       n.gres_used or {})
             gpus = self._pad_gpus(n.name, layouts)
             if expected is None:
                 if not gpus:
@@ -1343,6 +1398,62 @@ class _Plan:
     used: object = None
     latency: float = 0.0
     changes: list = field(default_factory=list)  # (LayoutChange, layout now, steps) that change something
+
+
+def _held_regions_of(decision, state, bound, holders=frozenset()) -> dict[str, list[list]]:
+    """The regions the decision's reservations hold: job id -> [[node, gpu index, memory-slice mask, [[profile,
+    start] of each instance there idle in ``state``], [[profile, start] of each busy there but not in
+    ``bound``(node, gpu)]], ...] (from ``Decision.extra["held"]``, GPU key -> mask; a GPU the state does not list
+    is left out). Idle as the policy saw it: an instance it counted as held by a job Slurm started whose Prolog
+    has not bound it is busy (the last list: that Prolog may bind it), and is not held back from Slurm's count.
+
+    A job of ``holders`` (held a region at the last tick) that the decision now assigns instances still to be
+    carved keeps holding their slices until its Prolog binds them: the tick the region drained, a 1g job Slurm
+    started while the counts were being changed had its Prolog carve a 1g out of the 7g just planned, and the
+    7g job, started on the new count, was requeued (seen on the demo cluster)."""
+    out: dict[str, list[list]] = {}
+    regions_of = {str(j): dict(r) for j, r in ((decision.extra or {}).get("held") or {}).items()}
+    for a in decision.assignments:
+        if a.job_id not in holders or a.job_id in regions_of:
+            continue
+        for gi, slot in a.instances:
+            key = f"{a.node}/{gi}"
+            try:
+                g = state.gpu(key)
+            except (KeyError, LookupError, SlurmMigError):
+                continue
+            if slot not in g.layout.slots:
+                mine = regions_of.setdefault(a.job_id, {})
+                mine[key] = mine.get(key, 0) | g.model.profile(slot.profile).mask(slot.start)
+    for jid, regions in regions_of.items():
+        rows = []
+        for key, mask in sorted(regions.items()):
+            try:
+                g = state.gpu(key)
+            except (KeyError, LookupError, SlurmMigError):
+                continue
+            if g is not None and mask:
+                idle = sorted((s.profile, s.start) for s in g.idle if overlaps(g.model, s, int(mask)))
+                have = bound(g.node, g.index)
+                started = sorted((s.profile, s.start) for s in g.busy
+                                 if s not in have and overlaps(g.model, s, int(mask)))
+                rows.append([g.node, g.index, int(mask), [list(x) for x in idle], [list(x) for x in started]])
+        if rows:
+            out[str(jid)] = rows
+    return out
+
+
+def _assigned(decision) -> set:
+    """(node, gpu, slot) of every instance the decision's assignments name."""
+    return {(a.node, gi, s) for a in decision.assignments for gi, s in a.instances}
+
+
+def _floor_held(held: dict[str, int], plain: dict[str, int] | None, used: dict[str, int]) -> dict[str, int]:
+    """Counts with instances held back for a reservation (``held``), but per type never below what Slurm says
+    jobs hold (``used``), up to the counts without the hold (``plain``): a count under the allocated instances
+    is what Slurm drains a node for."""
+    plain = plain or held
+    return {t: max(held.get(t, 0), min(plain.get(t, 0), used.get(t, 0))) for t in set(held) | set(plain)}
 
 
 def _load_ended(store) -> dict[str, tuple[float, tuple | None]]:

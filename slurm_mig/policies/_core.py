@@ -596,8 +596,12 @@ class Reservation:
         self.job_id, self.t, self.regions, self.node = job_id, t, regions, node
 
     def conflicts(self, gidx: int, mask: int, end: float) -> bool:
+        """Whether a job ending at ``end`` on ``mask`` of GPU ``gidx`` would delay this reservation. A job with
+        no known end (no time limit) always would: with the reservation's start unknown too ("when running
+        jobs end", INF), INF > INF let every such job backfill into the region, so a stream of them kept the
+        reserved job waiting (seen on the demo cluster)."""
         r = self.regions.get(gidx)
-        return bool(r is not None and r & mask and end > self.t)
+        return bool(r is not None and r & mask and (end > self.t or end == INF))
 
 
 class Ctx:
@@ -1141,6 +1145,11 @@ class DispatchPolicy:
         changes = self.finish(ctx, state)
         extra = {"reservations": [(r.job_id, r.t, sorted(idx.gpus[g].key for g in r.regions))
                                   for r in ctx.reservations],
+                 # What each reservation holds: job id -> GPU key -> memory-slice mask. The controller keeps
+                 # the idle instances there away from Slurm and from other jobs' Prologs, unless an assignment
+                 # of this decision names them (its backfill), so the region drains for the job.
+                 "held": {r.job_id: {idx.gpus[g].key: m for g, m in sorted(r.regions.items())}
+                          for r in ctx.reservations},
                  "examined": i}
         return Decision(tuple(changes), tuple(assignments), tuple(waiting), self.name, self.version, extra)
 

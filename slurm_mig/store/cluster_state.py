@@ -155,7 +155,10 @@ class ClusterStateMixin:
         for j in unbound:
             count = max(1, int(j["count"] or 1))
             on_node = [g for g in gpus if g["node"] == j["node"]]
-            for gi, slot in self._prolog_choice(j, on_node, count, desired, flags, prolog_choice):
+            picks = self._prolog_choice(j, on_node, count, desired, flags, prolog_choice)
+            if picks is None:
+                continue  # its Prolog will be refused (kept out of slices held for another job): holds nothing
+            for gi, slot in picks:
                 next(g for g in on_node if g["index"] == gi)["busy"].add(slot)
                 count -= 1
             for _ in range(count):
@@ -177,9 +180,10 @@ class ClusterStateMixin:
     @staticmethod
     def _prolog_choice(job: dict, on_node: list[dict], count: int, desired: dict, flags: dict,
                        prolog_choice: Callable[[str, str, str, int, list[dict]], Iterable[tuple[int, Slot]]] | None
-                       ) -> list[tuple[int, Slot]]:
+                       ) -> list[tuple[int, Slot]] | None:
         """The idle existing instances the Prolog of started, unbound ``job`` would bind now (``prolog_choice``
-        on its node's GPUs as the policy sees them). Picks it would create are left out."""
+        on its node's GPUs as the policy sees them). Picks it would create are left out. None where
+        ``prolog_choice`` says None: the Prolog will refuse the job."""
         if prolog_choice is None or not on_node:
             return []
         gpus = []
@@ -195,7 +199,10 @@ class ClusterStateMixin:
             gpus.append(dict(index=g["index"], observed=g["layout"], mig_enabled=mig_enabled, blocked=blocked,
                              desired=want, bound=frozenset(g["busy"])))
         try:
-            plan = list(prolog_choice(str(job["job_id"]), job["node"], job["profile"], count, gpus))
+            plan = prolog_choice(str(job["job_id"]), job["node"], job["profile"], count, gpus)
+            if plan is None:
+                return None
+            plan = list(plan)
         except (ValueError, KeyError, TypeError, SlurmMigError) as exc:
             log.warning("could not tell which instance job %s's Prolog will take: %s", job["job_id"], exc)
             return []
