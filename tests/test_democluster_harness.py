@@ -13,6 +13,18 @@ from slurm_mig.democluster import DemoCluster
 
 
 @pytest.fixture
+def ctrl_c_raises():
+    """SIGINT as an interactive run has it (KeyboardInterrupt). A process started in the background by a
+    non-interactive shell (`make test &`, nohup) inherits SIGINT ignored, and an ignored signal stays ignored
+    (signals_deferred leaves it): the tests of what a Ctrl-C does then saw none."""
+    import signal
+
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
+@pytest.fixture
 def short_dir():
     """A short directory: slurmd's socket paths under the demo's state dir must fit in 107 bytes."""
     d = Path(tempfile.mkdtemp(prefix="smh", dir="/tmp"))
@@ -202,7 +214,7 @@ def _fake_daemon(state_dir):
                             start_new_session=True)
 
 
-def test_a_ctrl_c_during_a_cluster_stop_does_not_cut_it_short(short_dir, monkeypatch):
+def test_a_ctrl_c_during_a_cluster_stop_does_not_cut_it_short(short_dir, monkeypatch, ctrl_c_raises):
     """A second Ctrl-C (or a CI timeout's SIGTERM) while stop() waited for the slurmds ended it there: munged
     kept running and its pid file stayed, so it was found again only by luck. The interrupt now comes after."""
     import signal
@@ -234,7 +246,7 @@ def test_a_ctrl_c_during_a_cluster_stop_does_not_cut_it_short(short_dir, monkeyp
             p.wait()
 
 
-def test_a_ctrl_c_while_the_demo_stops_its_controller_still_stops_its_cluster(short_dir, monkeypatch):
+def test_a_ctrl_c_while_the_demo_stops_its_controller_still_stops_its_cluster(short_dir, monkeypatch, ctrl_c_raises):
     import signal
 
     dc = DemoCluster(short_dir / "demo")
