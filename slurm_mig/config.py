@@ -71,6 +71,8 @@ class ControllerConfig:
     keep_journal_days: float = 30.0
     # Slurm starts nothing on a node whose every CPU is allocated, unless the partition oversubscribes CPUs
     cpu_full_nodes_wait: bool = True
+    # the idle instances of a region the policy reserved for a waiting job are kept from Slurm and other jobs
+    hold_reserved: bool = True
 
 
 @dataclass(frozen=True)
@@ -359,6 +361,7 @@ RULES: dict[str, dict[str, Callable]] = {
         "keep_events": _integer(1),
         "keep_journal_days": _number(0),
         "cpu_full_nodes_wait": _boolean,
+        "hold_reserved": _boolean,
     },
     "node": {
         "controller_url": _url,

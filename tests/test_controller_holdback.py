@@ -182,3 +182,21 @@ def test_a_job_without_a_time_limit_is_not_backfilled_into_a_region_reserved_unt
     rig.tick()
     assert "9" not in (rig.store.get_meta("reservations") or {}), rig.store.get_meta("reservations")
     assert _gres(rig).get("1g") == 6, rig.fake.calls
+
+
+def test_a_site_can_turn_the_hold_back_off(rig):
+    """``[controller] hold_reserved = false``: Slurm is told of every idle instance and a later 1g job's Prolog
+    binds the one job 1 freed, as before the hold-back (no requeues; the 7g may wait behind a stream of 1g)."""
+    from dataclasses import replace
+
+    rig.cfg = replace(rig.cfg, controller=replace(rig.cfg.controller, hold_reserved=False))
+    t, jobs, node = _seven_busy_1g(rig)
+    busy = set(range(7))
+    _end(rig, t, jobs, node, 1, busy)
+    jobs[9] = SlurmJob(**{**jobs[9].__dict__, "state": "RUNNING", "nodes": ["n1"], "start_time": int(t[0])})
+    node["used"] = {"1g": 7}
+    status, resp = post(rig, "/v1/prolog", {"job_id": "9", "node": "n1", "observed": _observed(busy),
+                                            "bindings": {}})
+    assert status == 200 and resp["action"] == "bind", resp
+    assert resp["instances"] == [{"gpu": 0, "profile": "1g.10gb", "start": 0}], resp
+    assert (rig.store.get_meta("held") or {}) == {}

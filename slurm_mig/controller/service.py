@@ -1166,7 +1166,11 @@ class Controller(NodeApi):
         return out
 
     def _held_regions(self, decision, state) -> dict[str, list[list]]:
-        """The decision's held regions as the meta row "held" keeps them (_held_regions_of)."""
+        """The decision's held regions as the meta row "held" keeps them (_held_regions_of); none with
+        ``[controller] hold_reserved = false`` (Slurm is told of every instance, and another job may take one
+        in a reserved region: no requeues of such jobs, but a large job may wait behind a stream of small ones)."""
+        if not self.cfg.controller.hold_reserved:
+            return {}
         def bound(node: str, gpu: int) -> set[Slot]:
             return {Slot(b.start, b.profile) for _jid, _n, b in self.store.live_bindings(node) if b.gpu == gpu}
         return _held_regions_of(decision, state, bound, set(self.store.get_meta("held") or {}))
