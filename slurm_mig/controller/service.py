@@ -1150,13 +1150,12 @@ class Controller(NodeApi):
         for node, changed in targets.items():
             if node not in gres_now:
                 continue
-            layouts = self.intended_layouts(node, held=held, assigned=assigned)
+            layouts, plain = self._intended_and_plain(node, held=held, assigned=assigned)
             layouts.update({gi: lay for gi, lay in changed.items() if gi in layouts})
             after = _gres_counts(layouts)
             if after is None:
                 continue
             if used is not None and node in used:
-                plain = self.intended_layouts(node, held={})
                 plain.update({gi: lay for gi, lay in changed.items() if gi in plain})
                 after = _floor_held(after, _gres_counts(plain), used[node])
             cur = {t: gres_now[node].get(t, 0) for t in GRES_TYPES}
@@ -1177,6 +1176,12 @@ class Controller(NodeApi):
 
     def intended_layouts(self, node: str, *, held: dict | None = None, assigned: set | None = None
                          ) -> dict[int, Layout]:
+        """Each GPU's layout that exists or is about to exist, less the idle instances held back for a waiting
+        job (_intended_and_plain's first)."""
+        return self._intended_and_plain(node, held=held, assigned=assigned)[0]
+
+    def _intended_and_plain(self, node: str, *, held: dict | None = None, assigned: set | None = None
+                            ) -> tuple[dict[int, Layout], dict[int, Layout]]:
         """Each GPU's layout that exists or is about to exist: the desired one when set and reachable from
         what exists without destroying a busy instance (as a Prolog binds, binding.intended_layout), else
         observed. Told the unreachable one, Slurm started jobs on instances nobody could make.
@@ -1188,8 +1193,9 @@ class Controller(NodeApi):
         assignments, the meta row "reservations" when not given). Slurm is not told of it, so the region drains
         for the reserved job (a Prolog does not hand it out either: binding.choose_binding's keep_off). An
         instance the decision saw promised to a job Slurm started whose Prolog has not bound it is not idle
-        there, so stays counted."""
-        out = {}
+        there, so stays counted. And the same layouts without that hold-back (the plain ones, which Slurm's
+        counts may not go below where jobs hold instances: _floor_held), from the same reads."""
+        out, plain = {}, {}
         listed: dict[int, set[Slot]] = {}
         for regions in ((self.store.get_meta("held") if held is None else held) or {}).values():
             for r in regions:
@@ -1209,7 +1215,7 @@ class Controller(NodeApi):
                 # Left as it is, and no new job goes there: Slurm is told of the instances jobs hold, not of
                 # the idle ones (it would start jobs there that could only be requeued).
                 busy = self._busy_starts(node, g.index)
-                out[g.index] = obs.without(s for s in obs.slots if s.start not in busy)
+                out[g.index] = plain[g.index] = obs.without(s for s in obs.slots if s.start not in busy)
                 continue
             lay = g.desired
             if lay is not None and lay.slots != obs.slots:
@@ -1217,7 +1223,7 @@ class Controller(NodeApi):
                     bindable = {x.index: x for x in node_gpus(rows, self._held(node, {}, exclude_job=""))}
                 if g.index in bindable:
                     lay = intended_layout(bindable[g.index])
-            lay = lay if lay is not None else obs
+            lay = plain[g.index] = lay if lay is not None else obs
             hold = listed.get(g.index)
             if hold:
                 busy = self._busy_starts(node, g.index)
@@ -1226,7 +1232,7 @@ class Controller(NodeApi):
                                   if s in hold and s in obs.slots and s.start not in busy and s not in planned
                                   and (node, g.index, s) not in assigned)
             out[g.index] = lay
-        return out
+        return out, plain
 
     def _busy_starts(self, node: str, gpu: int) -> set[int]:
         """Where the instances of ``node``'s GPU ``gpu`` that are in use or bound to a live job start."""
@@ -1265,13 +1271,13 @@ class Controller(NodeApi):
         pending_types = {t for j in jobs if j.pending and j.wants_mig for t in j.mig}
         held = self.store.get_meta("held") or {}
         for n in nodes:
-            layouts = self.intended_layouts(n.name, held=held)
+            layouts, plain = self._intended_and_plain(n.name, held=held)
             expected = _gres_counts(layouts)
-            if expected is not None and any(r[0] == n.name for regions in held.values() for r in regions):
+            if expected is not None:
                 # Held back for a reservation, never below what Slurm says jobs hold (a job it started there
-                # before this tick lowered the count: the Prolog requeues it, or it is the reserved job).
-                expected = _floor_held(expected, _gres_counts(self.intended_layouts(n.name, held={})),
-                                       n.gres_used or {})
+                # before this tick lowered the count: the Prolog requeues it, or it is the reserved job). Where
+                # nothing is held back the plain layouts are these, and the floor changes nothing.
+                expected = _floor_held(expected, _gres_counts(plain), n.gres_used or {})
             gpus = self._pad_gpus(n.name, layouts)
             if expected is None:
                 if not gpus:
@@ -1457,7 +1463,8 @@ def _floor_held(held: dict[str, int], plain: dict[str, int] | None, used: dict[s
     jobs hold (``used``), up to the counts without the hold (``plain``): a count under the allocated instances
     is what Slurm drains a node for."""
     plain = plain or held
-    return {t: max(held.get(t, 0), min(plain.get(t, 0), used.get(t, 0))) for t in set(held) | set(plain)}
+    types = list(held) + [t for t in plain if t not in held]  # held's order (GRES_TYPES'), as Slurm is told
+    return {t: max(held.get(t, 0), min(plain.get(t, 0), used.get(t, 0))) for t in types}
 
 
 def _load_ended(store) -> dict[str, tuple[float, tuple | None]]:
