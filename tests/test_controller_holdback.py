@@ -79,19 +79,25 @@ def _end(rig, t, jobs, node, i, busy):
     rig.fake.queue = list(jobs.values())
 
 
-def _gres(rig) -> dict:
-    return [c[2] for c in rig.fake.calls if c[0] == "gres"][-1]
-
-
-def test_a_region_reserved_for_a_7g_drains_and_later_1g_jobs_do_not_take_it(rig):
+def _job_9_started_on_job_1s_instance(rig):
+    """``_seven_busy_1g``, then job 1 ends and Slurm, counting the instance it held, starts job 9 on it at once
+    (before any tick); job 9's Prolog asks. Returns the clock, jobs, node, the busy starts and the answer."""
     t, jobs, node = _seven_busy_1g(rig)
-    # Job 1 ends; Slurm, counting the instance it held, starts job 9 on it at once (before any tick).
     busy = set(range(7))
     _end(rig, t, jobs, node, 1, busy)
     jobs[9] = SlurmJob(**{**jobs[9].__dict__, "state": "RUNNING", "nodes": ["n1"], "start_time": int(t[0])})
     node["used"] = {"1g": 7}
     status, resp = post(rig, "/v1/prolog", {"job_id": "9", "node": "n1", "observed": _observed(busy),
                                             "bindings": {}})
+    return t, jobs, node, busy, status, resp
+
+
+def _gres(rig) -> dict:
+    return [c[2] for c in rig.fake.calls if c[0] == "gres"][-1]
+
+
+def test_a_region_reserved_for_a_7g_drains_and_later_1g_jobs_do_not_take_it(rig):
+    t, jobs, node, busy, status, resp = _job_9_started_on_job_1s_instance(rig)
     assert status == 200 and resp["action"] == "requeue", resp  # without the fix: bound to 1g@0
     assert "held for waiting job(s) 8" in resp["reason"], resp
     assert ("requeue", "9") in rig.fake.calls
@@ -190,13 +196,7 @@ def test_a_site_can_turn_the_hold_back_off(rig):
     from dataclasses import replace
 
     rig.cfg = replace(rig.cfg, controller=replace(rig.cfg.controller, hold_reserved=False))
-    t, jobs, node = _seven_busy_1g(rig)
-    busy = set(range(7))
-    _end(rig, t, jobs, node, 1, busy)
-    jobs[9] = SlurmJob(**{**jobs[9].__dict__, "state": "RUNNING", "nodes": ["n1"], "start_time": int(t[0])})
-    node["used"] = {"1g": 7}
-    status, resp = post(rig, "/v1/prolog", {"job_id": "9", "node": "n1", "observed": _observed(busy),
-                                            "bindings": {}})
+    t, jobs, node, busy, status, resp = _job_9_started_on_job_1s_instance(rig)
     assert status == 200 and resp["action"] == "bind", resp
     assert resp["instances"] == [{"gpu": 0, "profile": "1g.10gb", "start": 0}], resp
     assert (rig.store.get_meta("held") or {}) == {}
