@@ -42,7 +42,7 @@ db_path = "{state}/state.db"
 tick_interval_s = {tick}
 node_stale_after_s = 30.0
 slurm_conf = "{slurm_conf}"
-
+{controller_options}
 [node]
 controller_url = "http://127.0.0.1:{port}"
 request_timeout_s = 5.0
@@ -78,7 +78,8 @@ class DemoCluster:
 
     def __init__(self, state_dir: str | os.PathLike | None = None, *, nodes: int = 3, gpus_per_node: int = 2,
                  model: str = "H100-80GB", initial_layout: str = "3g@0,2g@4,1g@6", tick_s: float = 1.0,
-                 agent_s: float = 1.0, delay_scale: float = 0.25, policy: str = "frag-aware"):
+                 agent_s: float = 1.0, delay_scale: float = 0.25, policy: str = "frag-aware",
+                 controller_options: dict | None = None):
         self.state = Path(state_dir or REPO_ROOT / ".run" / "demo").resolve()
         self.nodes = [f"n{i}" for i in range(1, nodes + 1)]
         self.gpus_per_node = gpus_per_node
@@ -88,6 +89,8 @@ class DemoCluster:
         self.agent_s = agent_s
         self.delay_scale = delay_scale
         self.policy = policy
+        # More [controller] settings (name -> bool, number or string), for benchmarks that compare them.
+        self.controller_options = dict(controller_options or {})
         self.config_path = self.state / "slurm-mig.toml"
         counts: dict[str, int] = {}
         for s in self.initial.slots:
@@ -201,7 +204,8 @@ class DemoCluster:
         self.config_path.write_text(CONFIG_TEMPLATE.format(
             port=self.port, state=self.state, tick=self.tick_s, slurm_conf=self.cluster.slurm_conf,
             model=self.model.name, gpus=self.gpus_per_node, delay=self.delay_scale, agent=self.agent_s,
-            munge=self.cluster.munge_socket, policy=self.policy))
+            munge=self.cluster.munge_socket, policy=self.policy,
+            controller_options="".join(f"{k} = {json.dumps(v)}\n" for k, v in self.controller_options.items())))
         os.chmod(self.config_path, 0o644)
         self.reset_gpus()
         self.cluster.start(timeout=timeout)

@@ -639,13 +639,15 @@ def test_a_job_slurm_starts_under_the_old_counts_keeps_its_instance(rig):
     """Seen on the demo cluster: Slurm's backfill started 14 jobs 20-500 ms after the controller's squeue,
     under the old counts, and the re-carve decided without them destroyed their instances: 2-5 of 24
     jobs requeued. Now the tick sees the 3g job after withdrawing, decides again with it, and the 3g it
-    was given survives: no 7g@0, Slurm keeps advertising a 3g, the job's Prolog binds an existing one."""
+    was given survives: no 7g@0, the job's Prolog binds an existing one. Slurm is told of no 3g: the GPU is
+    held for the 7g, which waits for job 3, and no 3g is idle outside that region (intended_layouts)."""
     _race_rig(rig, slip=True)
     rig.tick()
     desired = rig.store.desired("n1").get(0)
     assert desired is None or "3g@" in desired.spec, desired
     last = [c[2] for c in rig.fake.calls if c[0] == "gres"][-1]
-    assert last.get("3g", 0) >= 1 and last.get("7g", 0) == 0, rig.fake.calls
+    assert last.get("3g", 0) == 0 and last.get("7g", 0) == 0, rig.fake.calls
+    assert [r[:3] for r in rig.store.get_meta("held")["2"]] == [["n1", 0, 0xFF]], rig.store.get_meta("held")
     assert rig.metrics.counters[("slurm_mig_gres_races_total", ())] == 1
     assert any("job(s) 3 on n1" in e.message for e in rig.store.recent_events(20, kind="gres"))
     status, resp = post(rig, "/v1/prolog", {"job_id": "3", "node": "n1", "observed": OBSERVED, "bindings": {}})
@@ -844,7 +846,11 @@ def test_slurm_is_not_told_of_a_desired_layout_a_busy_instance_blocks(rig):
     assert {str(s) for s in rig.intended_layouts("n1")[0].slots} == {"3g.40gb@0", "3g.40gb@4"}
     rig.tick()
     last = [c[2] for c in rig.fake.calls if c[0] == "gres"][-1]
-    assert last.get("7g", 0) == 0 and last.get("3g") == 2, rig.fake.calls
+    # No 7g. And no 3g either: job 2 waits for the busy 3g@0, so the policy holds the GPU for it, and Slurm is
+    # told of neither the idle 3g@4 there nor the busy one (no 3g is idle outside: intended_layouts).
+    assert last.get("7g", 0) == 0 and last.get("3g", 0) == 0, rig.fake.calls
+    assert [r[:3] for r in rig.store.get_meta("held")["2"]] == [["n1", 0, 0xFF]], rig.store.get_meta("held")
+    assert {str(s) for s in rig.intended_layouts("n1", held={})[0].slots} == {"3g.40gb@0", "3g.40gb@4"}
     status, resp = post(rig, "/v1/report", {"node": "n1", "observed": OBSERVED, "bindings": {}})
     assert str(rig.intended_layouts("n1")[0]) == "7g@0"  # reachable again: what is about to exist
 
@@ -2022,9 +2028,11 @@ def test_a_lost_gpu_keeps_no_desired_layout_and_the_tools_say_it_is_lost(rig, ba
     rig.tick()
     assert 0 not in rig.store.desired("n1"), rig.store.desired("n1")
     assert not [e for e in rig.store.open_journal_entries("n1") if e.gpu == 0]
-    # The policy's view: GPU 0 may be neither re-carved nor placed on; Slurm is told of GPU 1's 1g's alone.
+    # The policy's view: GPU 0 may be neither re-carved nor placed on; Slurm is told of GPU 1's 1g's alone (those
+    # outside the region the policy now holds there for job 1, as no 1g is idle: intended_layouts).
     assert not any(g.available for g in rig.store.cluster_state(time.time()).gpus if g.index == 0)
-    assert writes[-1]["1g"] == 7 and not writes[-1]["3g"], writes[-1]
+    assert rig.intended_layouts("n1", held={}).keys() == {1} and len(rig.intended_layouts("n1", held={})[1].slots) == 7
+    assert writes[-1]["1g"] == len(rig.intended_layouts("n1")[1].slots) and not writes[-1]["3g"], writes[-1]
     assert post(rig, "/v1/report", {"node": "n1", "observed": observed, "bindings": {}})[1]["desired"] == {}
     snap = V.load_snapshot(rig.store)
     (g0,) = [g for n in V.node_views(snap) for g in n["gpus"] if g["gpu"] == 0]

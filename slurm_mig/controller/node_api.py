@@ -356,7 +356,7 @@ class NodeApi:
         observed, node_bindings = v_observed(payload.get("observed")), v_bindings(payload.get("bindings"))
         observed_at = v_time(payload.get("observed_at"), "observed_at")
         now = self.clock()
-        requeue_reason = None
+        requeue_reason, held_off = None, False
         # Asked even for a job the store knows: its request may have been updated since the tick (_job_request).
         detail = self._slurm_detail(job_id, known_too=True)
         if detail is None and not self._known_request(job_id):
@@ -441,6 +441,7 @@ class NodeApi:
             if plan is None:
                 requeue_reason = f"no {count} x {kind} MIG instance can be made on {node} now (slices in use)"
                 if keep_off and choose_binding(gpus, kind, count, reserved) is not None:
+                    held_off = True
                     requeue_reason = (f"no {count} x {kind} MIG instance on {node} now outside the slices held "
                                       f"for waiting job(s) {', '.join(holders)} (the policy's reservation)")
                 self.store.set_job_state(job_id, "REQUEUED", now=now, reason=requeue_reason)
@@ -482,6 +483,8 @@ class NodeApi:
             self._prolog_entries[(node, job_id)] = carried
         if requeue_reason is not None:
             self.metrics.inc("slurm_mig_requeues_total", (("reason", "no_instance"),))
+            if held_off:
+                self.lower_held_counts(node, now)
             try:
                 self.slurm.scontrol_requeue(job_id)
                 requeued = True

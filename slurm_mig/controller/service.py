@@ -34,12 +34,14 @@ from slurm_mig.controller.runs import (
     FORGOTTEN, NOT_IN_QUEUE, TERMINAL, UNCOUNTED, another_job, kind_of_gres, mig_size_request, same_run, size_hold,
     slurm_end, uncounted_key, users_differ,
 )
-from slurm_mig.errors import SlurmMigError
+from slurm_mig.errors import GeometryError, SlurmMigError
 from slurm_mig.mig.layout import Layout, Slot
 from slurm_mig.mig.transitions import plan_transition
 from slurm_mig.policies import check_decision, get_policy
 from slurm_mig.policies.base import PendingJob
-from slurm_mig.slurm.gres import GRES_TYPES, PAD_TYPE, gres_type_for_kind, mig_total, padded_total
+from slurm_mig.slurm.gres import (
+    GRES_TYPES, PAD_TYPE, gres_type_for_kind, gres_type_for_profile, mig_total, padded_total,
+)
 from slurm_mig.slurm.parsers import format_exit_status
 from slurm_mig.store.schema import JOB_STATES
 
@@ -130,6 +132,8 @@ class Controller(NodeApi):
         self._gres_set: dict[str, tuple[str, float]] = {}  # node -> (value, when) last written
         # node -> (counts, when): what Slurm last held as slurm-mig set it (written, or read back so)
         self._gres_held: dict[str, tuple[dict[str, int], float]] = {}
+        self._pad_to: dict[str, int | None] = {}  # node -> the mig total its counts are padded to, as last set
+        self._gres_now: dict[str, dict[str, int]] = {}  # node -> its counts as last read or written
         # node -> when (node's clock) the freshest GPU report stored was observed: an older one arriving
         # later (a Prolog that looked before another re-carved, an outbox message) must not undo it.
         self._observed_at: dict[str, float] = {}
@@ -1067,9 +1071,8 @@ class Controller(NodeApi):
         """
         by_name = {n.name: n for n in nodes}
         held_back: set[str] = set()
-        used = {n.name: n.gres_used or {} for n in nodes}
         for rounds in range(1, WITHDRAW_ROUNDS + 1):
-            shrinking = self._shrinking(plan, gres_now, used)
+            shrinking = self._shrinking(plan, gres_now)
             if not shrinking:
                 return plan, jobs, now, held_back
             held_back = set()
@@ -1131,13 +1134,12 @@ class Controller(NodeApi):
                         ", ".join(sorted(held)))
         return held
 
-    def _shrinking(self, plan: "_Plan", gres_now: dict, used: dict | None = None) -> dict[str, dict[str, int]]:
+    def _shrinking(self, plan: "_Plan", gres_now: dict) -> dict[str, dict[str, int]]:
         """Nodes whose Slurm counts the plan lowers: node -> per type the lower of now and after the plan.
-        The plan lowers them by re-carving, or by holding idle instances back for a reservation (its decision's
-        held regions, as _commit records them): those are never taken below what Slurm says jobs hold there.
+        The plan lowers them by re-carving, or by holding instances back for a reservation (its decision's
+        held regions, as _commit records them; intended_layouts).
 
-        ``gres_now``: node -> the counts Slurm has; nodes not in it are left out. ``used``: node -> what
-        Slurm says jobs hold (n.gres_used), when it was read."""
+        ``gres_now``: node -> the counts Slurm has; nodes not in it are left out."""
         targets: dict[str, dict[int, Layout]] = {}
         for ch, _layout, _steps in plan.changes:
             targets.setdefault(ch.node, {})[ch.gpu] = ch.target
@@ -1150,14 +1152,11 @@ class Controller(NodeApi):
         for node, changed in targets.items():
             if node not in gres_now:
                 continue
-            layouts, plain = self._intended_and_plain(node, held=held, assigned=assigned)
+            layouts = self.intended_layouts(node, held=held, assigned=assigned)
             layouts.update({gi: lay for gi, lay in changed.items() if gi in layouts})
             after = _gres_counts(layouts)
             if after is None:
                 continue
-            if used is not None and node in used:
-                plain.update({gi: lay for gi, lay in changed.items() if gi in plain})
-                after = _floor_held(after, _gres_counts(plain), used[node])
             cur = {t: gres_now[node].get(t, 0) for t in GRES_TYPES}
             low = {t: min(cur[t], after.get(t, 0)) for t in GRES_TYPES}
             if low != cur:
@@ -1176,35 +1175,48 @@ class Controller(NodeApi):
 
     def intended_layouts(self, node: str, *, held: dict | None = None, assigned: set | None = None
                          ) -> dict[int, Layout]:
-        """Each GPU's layout that exists or is about to exist, less the idle instances held back for a waiting
-        job (_intended_and_plain's first)."""
-        return self._intended_and_plain(node, held=held, assigned=assigned)[0]
-
-    def _intended_and_plain(self, node: str, *, held: dict | None = None, assigned: set | None = None
-                            ) -> tuple[dict[int, Layout], dict[int, Layout]]:
         """Each GPU's layout that exists or is about to exist: the desired one when set and reachable from
         what exists without destroying a busy instance (as a Prolog binds, binding.intended_layout), else
-        observed. Told the unreachable one, Slurm started jobs on instances nobody could make.
+        observed. Told the unreachable one, Slurm started jobs on instances nobody could make. These are the
+        counts Slurm is told.
 
-        Less the idle instances the policy holds back for a waiting job (``held``: job id -> [[node, gpu, mask,
-        the region's instances idle in the decision's view], ...], the last decision's, the meta row "held" when
-        not given): one of those still idle (no live job bound to it, none reporting it in use), not part of the
-        GPU's desired re-carve and not named by an assignment (``assigned``: (node, gpu, slot) of the decision's
-        assignments, the meta row "reservations" when not given). Slurm is not told of it, so the region drains
-        for the reserved job (a Prolog does not hand it out either: binding.choose_binding's keep_off). An
-        instance the decision saw promised to a job Slurm started whose Prolog has not bound it is not idle
-        there, so stays counted. And the same layouts without that hold-back (the plain ones, which Slurm's
-        counts may not go below where jobs hold instances: _floor_held), from the same reads."""
-        out, plain = {}, {}
-        listed: dict[int, set[Slot]] = {}
-        for regions in ((self.store.get_meta("held") if held is None else held) or {}).values():
+        Less what the regions the policy holds for waiting jobs keep from Slurm (``held``: job id -> [[node, gpu,
+        mask, the region's instances idle in the decision's view, those promised to started jobs], ...], the
+        last decision's, the meta row "held" when not given), so that a region drains for its reserved job (a
+        Prolog does not hand out its instances either: binding.choose_binding's keep_off):
+
+        * an idle instance there (no live job bound to it, none reporting it in use), unless it is part of the
+          GPU's desired re-carve, named by an assignment (``assigned``: (node, gpu, slot) of the decision's
+          assignments, the meta row "reservations" when not given; the reserved job's own, or the policy's
+          backfill) or promised to a job Slurm started whose Prolog has not bound it;
+        * and a busy one there, of a type the node has no idle instance of outside such regions and that no
+          job holding a region there waits for: Slurm frees a job's GRES the moment it ends and starts the next
+          job of that size at once, before any tick (0.13 s after on the demo cluster), so counted, each end
+          let a later job start on the freed instance, only for its Prolog to requeue it, and the next, each
+          requeue freeing the count again. Left out, Slurm's count of that type is below what its jobs hold,
+          and it starts none there (measured on the local 22.05 cluster: no drain, no job started, jobs running
+          on; section 5b of docs/reliability.md). The cost: a job of that type ending outside the regions frees
+          nothing in Slurm either, until the next tick counts its idle instance (and the busy ones with it).
+          Where the node has an idle instance of that type outside, the busy ones stay counted, or Slurm would
+          not start a job there either; so they do for the type a holder waits for (Slurm starts the highest
+          of its order there, the holder, whose Prolog binds it)."""
+        listed: dict[int, int] = {}
+        promised: dict[int, set[Slot]] = {}
+        holders = set()
+        for jid, regions in ((self.store.get_meta("held") if held is None else held) or {}).items():
             for r in regions:
-                if r[0] == node and len(r) > 3:
-                    listed.setdefault(int(r[1]), set()).update(Slot(int(st), str(p)) for p, st in r[3])
+                if r[0] == node and len(r) > 2 and r[2]:
+                    holders.add(str(jid))
+                    listed[int(r[1])] = listed.get(int(r[1]), 0) | int(r[2])
+                    if len(r) > 4:
+                        promised.setdefault(int(r[1]), set()).update(Slot(int(st), str(p)) for p, st in r[4])
         if listed and assigned is None:
             assigned = {(r.get("node"), int(gi), Slot(int(start), profile))
                         for r in (self.store.get_meta("reservations") or {}).values()
                         for gi, profile, start in r.get("instances", ())}
+        out: dict[int, Layout] = {}
+        inside: dict[int, list[Slot]] = {}  # GPU -> busy instances in a held region, counted unless absorbed
+        idle_types: set[str] = set()  # the types of the idle instances Slurm is told of
         rows = self._gpu_rows(node)
         bindable = None
         for g in rows:
@@ -1215,7 +1227,7 @@ class Controller(NodeApi):
                 # Left as it is, and no new job goes there: Slurm is told of the instances jobs hold, not of
                 # the idle ones (it would start jobs there that could only be requeued).
                 busy = self._busy_starts(node, g.index)
-                out[g.index] = plain[g.index] = obs.without(s for s in obs.slots if s.start not in busy)
+                out[g.index] = obs.without(s for s in obs.slots if s.start not in busy)
                 continue
             lay = g.desired
             if lay is not None and lay.slots != obs.slots:
@@ -1223,16 +1235,45 @@ class Controller(NodeApi):
                     bindable = {x.index: x for x in node_gpus(rows, self._held(node, {}, exclude_job=""))}
                 if g.index in bindable:
                     lay = intended_layout(bindable[g.index])
-            lay = plain[g.index] = lay if lay is not None else obs
-            hold = listed.get(g.index)
-            if hold:
-                busy = self._busy_starts(node, g.index)
-                planned = g.desired.slots if g.desired is not None and g.desired.slots != obs.slots else frozenset()
-                lay = lay.without(s for s in lay.slots
-                                  if s in hold and s in obs.slots and s.start not in busy and s not in planned
-                                  and (node, g.index, s) not in assigned)
-            out[g.index] = lay
-        return out, plain
+            lay = lay if lay is not None else obs
+            if not listed:
+                out[g.index] = lay
+                continue
+            mask, mine = listed.get(g.index, 0), promised.get(g.index, set())
+            busy = self._busy_starts(node, g.index)
+            planned = g.desired.slots if g.desired is not None and g.desired.slots != obs.slots else frozenset()
+            drop = []
+            for s in lay.slots:
+                taken = s.start in busy or s in mine
+                if not (overlaps(lay.model, s, mask) and s in obs.slots and s not in planned
+                        and (node, g.index, s) not in assigned):
+                    if not taken:
+                        idle_types.add(gres_type_for_kind(lay.model.profile(s.profile).kind))
+                elif taken:
+                    inside.setdefault(g.index, []).append(s)
+                else:
+                    drop.append(s)
+            out[g.index] = lay.without(drop) if drop else lay
+        if inside:
+            idle_types |= self._sizes_of(holders)
+        for gi, slots in inside.items():
+            lay = out[gi]
+            absorbed = [s for s in slots if gres_type_for_kind(lay.model.profile(s.profile).kind) not in idle_types]
+            if absorbed:
+                out[gi] = lay.without(absorbed)
+        return out
+
+    def _sizes_of(self, jobs) -> set[str]:
+        """The GRES types the stored ``jobs`` ask for (one each; none for a job the store does not hold)."""
+        out = set()
+        for jid in jobs:
+            job = self.store.get_job(jid)
+            if job is not None:
+                try:
+                    out.add(gres_type_for_profile(job.profile))
+                except GeometryError:
+                    pass
+        return out
 
     def _busy_starts(self, node: str, gpu: int) -> set[int]:
         """Where the instances of ``node``'s GPU ``gpu`` that are in use or bound to a live job start."""
@@ -1271,13 +1312,8 @@ class Controller(NodeApi):
         pending_types = {t for j in jobs if j.pending and j.wants_mig for t in j.mig}
         held = self.store.get_meta("held") or {}
         for n in nodes:
-            layouts, plain = self._intended_and_plain(n.name, held=held)
+            layouts = self.intended_layouts(n.name, held=held)
             expected = _gres_counts(layouts)
-            if expected is not None:
-                # Held back for a reservation, never below what Slurm says jobs hold (a job it started there
-                # before this tick lowered the count: the Prolog requeues it, or it is the reserved job). Where
-                # nothing is held back the plain layouts are these, and the floor changes nothing.
-                expected = _floor_held(expected, _gres_counts(plain), n.gres_used or {})
             gpus = self._pad_gpus(n.name, layouts)
             if expected is None:
                 if not gpus:
@@ -1285,8 +1321,9 @@ class Controller(NodeApi):
                 # The node reports GPUs but none holds MIG instances any more: Slurm must not keep
                 # advertising the instances that were there, or it starts jobs on slices that do not exist.
                 expected = {t: 0 for t in GRES_TYPES}
-            current = {t: (gres_now or {}).get(n.name, n.gres).get(t, 0) for t in GRES_TYPES}
-            pad_to = self._pad_total(n, expected, gpus, now)
+            told = (gres_now or {}).get(n.name, n.gres)
+            current = self._gres_now[n.name] = {t: told.get(t, 0) for t in GRES_TYPES}
+            pad_to = self._pad_to[n.name] = self._pad_total(n, expected, gpus, now)
             last = self._gres_set.get(n.name)
             stale = current != expected or (pad_to is not None and n.gres.get(PAD_TYPE) != pad_to - sum(expected.values()))
             # FACTS §4: Slurm does not reconsider a pending job whose type came back until another Gres
@@ -1305,6 +1342,31 @@ class Controller(NodeApi):
                 self.store.add_event("gres", f"{n.name}: Slurm had {_fmt(current)}, set {_fmt(expected)}{why}",
                                      node=n.name, now=now if read_at is None else read_at)
         return updates
+
+    def lower_held_counts(self, node: str, now: float) -> bool:
+        """Lower ``node``'s counts in Slurm, now, to what its layouts hold less the regions held for waiting jobs
+        (intended_layouts), where they are above it; never raised (that is the tick's, after its checks). True
+        when a count was lowered.
+
+        For a Prolog refusing its job the instances such a region holds: Slurm started the job on an instance
+        freed since the last tick, and once its requeue frees the count again it starts the next job of that
+        size there at once, and the next (three requeues within 0.9 s for each instance freed on the demo
+        cluster, until the tick set the count). Lowered first, the requeue leaves nothing free."""
+        known, pad_to = self._gres_now.get(node), self._pad_to.get(node, False)
+        if known is None or pad_to is False:
+            return False  # no tick has set or read this node's counts yet
+        expected = _gres_counts(self.intended_layouts(node))
+        if expected is None:
+            return False
+        low = {t: min(known.get(t, 0), expected.get(t, 0)) for t in GRES_TYPES}
+        if low == known:
+            return False
+        if pad_to is not None:
+            pad_to = max(pad_to, sum(low.values()))
+        if not self._write_gres(node, low, pad_to, now, "; a requeue may start the next job there"):
+            return False
+        self.metrics.inc("slurm_mig_gres_held_lowered_total", (("node", node),))
+        return True
 
     def _note_gres_held(self, node: str, counts: dict[str, int], at: float) -> None:
         """Remember that Slurm held ``counts`` (every type) for ``node`` at ``at``: as set, or as read back."""
@@ -1346,6 +1408,7 @@ class Controller(NodeApi):
             log.warning("GRES update of %s failed: %s%s", node, exc, why)
             return False
         self._gres_set[node] = (value, now)
+        self._gres_now[node] = {t: counts.get(t, 0) for t in GRES_TYPES}
         self._note_gres_held(node, counts, now)
         return True
 
@@ -1456,15 +1519,6 @@ def _held_regions_of(decision, state, bound, holders=frozenset()) -> dict[str, l
 def _assigned(decision) -> set:
     """(node, gpu, slot) of every instance the decision's assignments name."""
     return {(a.node, gi, s) for a in decision.assignments for gi, s in a.instances}
-
-
-def _floor_held(held: dict[str, int], plain: dict[str, int] | None, used: dict[str, int]) -> dict[str, int]:
-    """Counts with instances held back for a reservation (``held``), but per type never below what Slurm says
-    jobs hold (``used``), up to the counts without the hold (``plain``): a count under the allocated instances
-    is what Slurm drains a node for."""
-    plain = plain or held
-    types = list(held) + [t for t in plain if t not in held]  # held's order (GRES_TYPES'), as Slurm is told
-    return {t: max(held.get(t, 0), min(plain.get(t, 0), used.get(t, 0))) for t in types}
 
 
 def _load_ended(store) -> dict[str, tuple[float, tuple | None]]:
