@@ -1079,7 +1079,7 @@ class Controller(NodeApi):
             for node, low in shrinking.items():
                 pad_to = self._pad_total(by_name[node], low, self._pad_gpus(node, self.intended_layouts(node)), now)
                 if self._write_gres(node, low, pad_to, now, "; its re-carve waits"):
-                    gres_now[node] = low
+                    gres_now[node] = low if pad_to is None else {**low, PAD_TYPE: pad_to - sum(low.values())}
                 else:
                     held_back.add(node)
             # The clock before the query: a job bound while squeue runs is listed PENDING in its answer,
@@ -1321,11 +1321,11 @@ class Controller(NodeApi):
                 # The node reports GPUs but none holds MIG instances any more: Slurm must not keep
                 # advertising the instances that were there, or it starts jobs on slices that do not exist.
                 expected = {t: 0 for t in GRES_TYPES}
-            told = (gres_now or {}).get(n.name, n.gres)
+            told = (gres_now or {}).get(n.name, n.gres)  # as read, or as the withdrawal step set it since
             current = self._gres_now[n.name] = {t: told.get(t, 0) for t in GRES_TYPES}
             pad_to = self._pad_to[n.name] = self._pad_total(n, expected, gpus, now)
             last = self._gres_set.get(n.name)
-            stale = current != expected or (pad_to is not None and n.gres.get(PAD_TYPE) != pad_to - sum(expected.values()))
+            stale = current != expected or (pad_to is not None and told.get(PAD_TYPE) != pad_to - sum(expected.values()))
             # FACTS §4: Slurm does not reconsider a pending job whose type came back until another Gres
             # update; re-issuing the same value un-sticks it. Rate-limited per node.
             could_help = any(expected.get(t, 0) > (n.gres_used or {}).get(t, 0) for t in pending_types)
