@@ -1218,7 +1218,7 @@ class Controller(NodeApi):
         inside: dict[int, list[Slot]] = {}  # GPU -> busy instances in a held region, counted unless absorbed
         idle_types: set[str] = set()  # the types of the idle instances Slurm is told of
         rows = self._gpu_rows(node)
-        bindable = None
+        bindable = busy_of = None
         for g in rows:
             obs = g.observed
             if obs is None or not g.mig_enabled:
@@ -1226,7 +1226,9 @@ class Controller(NodeApi):
             if g.blocked:
                 # Left as it is, and no new job goes there: Slurm is told of the instances jobs hold, not of
                 # the idle ones (it would start jobs there that could only be requeued).
-                busy = self._busy_starts(node, g.index)
+                if busy_of is None:
+                    busy_of = self._busy_starts(node)
+                busy = busy_of.get(g.index, set())
                 out[g.index] = obs.without(s for s in obs.slots if s.start not in busy)
                 continue
             lay = g.desired
@@ -1240,7 +1242,9 @@ class Controller(NodeApi):
                 out[g.index] = lay
                 continue
             mask, mine = listed.get(g.index, 0), promised.get(g.index, set())
-            busy = self._busy_starts(node, g.index)
+            if busy_of is None:
+                busy_of = self._busy_starts(node)
+            busy = busy_of.get(g.index, set())
             planned = g.desired.slots if g.desired is not None and g.desired.slots != obs.slots else frozenset()
             drop = []
             for s in lay.slots:
@@ -1275,10 +1279,16 @@ class Controller(NodeApi):
                     pass
         return out
 
-    def _busy_starts(self, node: str, gpu: int) -> set[int]:
-        """Where the instances of ``node``'s GPU ``gpu`` that are in use or bound to a live job start."""
-        busy = {i.start for i in self.store.observed_instances(node, gpu) if i.in_use}
-        return busy | {b.start for _jid, _node, b in self.store.live_bindings(node) if b.gpu == gpu}
+    def _busy_starts(self, node: str) -> dict[int, set[int]]:
+        """GPU index -> where the instances of ``node``'s GPU that are in use or bound to a live job start (two
+        reads for the node, not two per GPU)."""
+        busy: dict[int, set[int]] = {}
+        for i in self.store.observed_instances(node):
+            if i.in_use:
+                busy.setdefault(i.gpu, set()).add(i.start)
+        for _jid, _node, b in self.store.live_bindings(node):
+            busy.setdefault(b.gpu, set()).add(b.start)
+        return busy
 
     def _pad_gpus(self, node: str, layouts: dict) -> int:
         """How many GPUs node ``node``'s padded mig total counts (7 each): every GPU it reports, usable or not
