@@ -100,6 +100,27 @@ def test_nodes(cfg, capsys):
     assert [n["name"] for n in nodes] == ["gpu02"] and len(nodes[0]["gpus"]) == 2
 
 
+def test_nodes_and_top_name_the_jobs_a_gpu_is_held_for(cfg, capsys, tmp_path):
+    """A region the policy holds for a waiting job keeps its instances from Slurm's counts, busy ones too where
+    no instance of their size is idle elsewhere on the node: `scontrol show node` then shows fewer of a size
+    than GresUsed. `nodes` and `top` say which job the GPU is held for."""
+    from slurm_mig.ops import render as R
+    from slurm_mig.ops import views as V
+
+    with open_store(tmp_path / "state.db") as s:
+        s.set_meta("held", {"203": [["gpu01", 0, 0x0F, [], []]], "202": [["gpu02", 1, 0xFF, [], []]]})
+    rc, out, _ = run(capsys, "--config", cfg, "nodes", "--node", "gpu01", "--width", "140")
+    assert rc == 0 and "held for job 203" in out, out
+    rc, out, _ = run(capsys, "--config", cfg, "nodes", "--json")
+    held = {(n["name"], g["gpu"]): g["held_for"] for n in json.loads(out) for g in n["gpus"]}
+    assert held[("gpu01", 0)] == ["203"] and held[("gpu02", 1)] == ["202"], held
+    assert not held[("gpu01", 1)]
+    with open_store(tmp_path / "state.db") as s:
+        snap = V.load_snapshot(s, now=NOW)
+    lines = [str(t) for t in R.gpu_lines(V.node_views(snap, nodes="gpu01"), 100, R.Glyphs(ascii_only=True))]
+    assert lines[0].endswith(" held:203") and "held" not in lines[1], lines
+
+
 def test_decisions(cfg, capsys):
     rc, out, _ = run(capsys, "--config", cfg, "decisions")
     assert rc == 0 and out.startswith("#4 ")

@@ -313,6 +313,8 @@ def _nodes(args) -> int:
             if rc:
                 t.append(f"  reconfiguration #{rc['id']} {rc['state']} {rc['progress']}/{rc['steps']} steps "
                          f"-> {rc['to']}", style=R.STYLE["warn"])
+            if gpu.get("held_for"):
+                t.append(f"  held for job {', '.join(gpu['held_for'])}", style=R.STYLE["warn"])
             if gpu["mig_enabled"] and not gpu["geometry_known"]:
                 t.append("  slices not counted", style=R.STYLE["dim"])
             else:

@@ -253,6 +253,8 @@ def gpu_lines(nodes: list[dict], width: int, g: Glyphs, *, name_width: int | Non
             marker = ""
             if rc:
                 marker = f" {g.arrow}{rc['to']}" if rc["state"] == "in_progress" else f" plan{g.arrow}{rc['to']}"
+            elif gpu.get("held_for"):
+                marker = f" held:{','.join(gpu['held_for'])}"
             slices = gpu.get("slices") or 8
             bar_w = rest
             if marker and rest - len(marker) >= slices * 3:

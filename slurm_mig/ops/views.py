@@ -187,6 +187,7 @@ class Snapshot:
     last_tick: float | None = None
     events: list = field(default_factory=list)  # store.Event, newest first
     reservations: dict = field(default_factory=dict)  # job_id -> {"node", "instances"}
+    held: dict = field(default_factory=dict)  # job_id -> [[node, gpu, mask, ...], ...]: regions held for it
     counts: dict = field(default_factory=dict)  # decisions/journal/events totals
     _index: dict | None = field(default=None, repr=False)
 
@@ -238,10 +239,14 @@ def load_tick(store, snap: Snapshot) -> Snapshot:
     with store.snapshot():
         last = _decision_rows(store, limit=1, include_noop=True)
         snap.last_decision = last[0] if last else None
-        meta = store._q("SELECT key, value, updated_at FROM meta WHERE key = 'reservations'")
-    if meta:
-        snap.last_tick = meta[0]["updated_at"]
-        snap.reservations = loads(meta[0]["value"], {}) or {}
+        meta = {r["key"]: r for r in store._q("SELECT key, value, updated_at FROM meta WHERE key IN "
+                                              "('reservations', 'held')")}
+    if "reservations" in meta:
+        snap.last_tick = meta["reservations"]["updated_at"]
+        snap.reservations = loads(meta["reservations"]["value"], {}) or {}
+    if "held" in meta:
+        held = loads(meta["held"]["value"], {})
+        snap.held = held if isinstance(held, dict) else {}
     if snap.last_decision and (snap.last_tick is None or _order(snap.last_decision["time"]) > _order(snap.last_tick)):
         snap.last_tick = snap.last_decision["time"]
     return snap
@@ -373,12 +378,26 @@ def gpu_view(snap: Snapshot, node: str, g) -> dict:
             "progress": entry.progress, "steps": len(entry.steps), "since": entry.started_at or entry.created_at,
             "decision_id": entry.decision_id,
         },
-        "instances": out_insts, "creating": creating,
+        "instances": out_insts, "creating": creating, "held_for": held_for(snap, node, g.gpu),
         "busy_slices": busy_slices, "idle_slices": idle_slices, "reconfiguring_slices": reconf_slices,
         "free_slices": free, "largest_free_kind": largest_kind, "largest_free_slices": largest,
         "fragmented_slices": max(0, free - largest),
         "last_observed": g.last_observed,
     }
+
+
+def held_for(snap: Snapshot, node: str, gpu: int) -> list[str]:
+    """The waiting jobs a region of GPU ``gpu`` of ``node`` is held for at the last tick (the meta row "held"):
+    its idle instances, and busy ones of a size no instance is idle in elsewhere on the node, are left out of
+    Slurm's counts so that it drains for them (docs/architecture.md, "A reserved region drains for its job")."""
+    out = []
+    for jid, regions in snap.held.items():
+        try:
+            if any(r[0] == node and int(r[1]) == gpu and r[2] for r in regions):
+                out.append(str(jid))
+        except (TypeError, ValueError, IndexError):
+            continue  # a damaged row says nothing of this GPU
+    return sorted(out, key=lambda j: (len(j), j))
 
 
 def node_views(snap: Snapshot, *, nodes: str | Sequence[str] | None = None,
