@@ -1503,7 +1503,7 @@ def _held_regions_of(decision, state, bound, holders=frozenset()) -> dict[str, l
             key = f"{a.node}/{gi}"
             try:
                 g = state.gpu(key)
-            except (KeyError, LookupError, SlurmMigError):
+            except (LookupError, SlurmMigError):
                 continue
             if slot not in g.layout.slots:
                 mine = regions_of.setdefault(a.job_id, {})
@@ -1513,7 +1513,7 @@ def _held_regions_of(decision, state, bound, holders=frozenset()) -> dict[str, l
         for key, mask in sorted(regions.items()):
             try:
                 g = state.gpu(key)
-            except (KeyError, LookupError, SlurmMigError):
+            except (LookupError, SlurmMigError):
                 continue
             if g is not None and mask:
                 idle = sorted((s.profile, s.start) for s in g.idle if overlaps(g.model, s, int(mask)))
