@@ -203,7 +203,16 @@ class Snapshot:
             journal: dict[tuple, list] = {}
             for e in self.open_journal:
                 journal.setdefault((e.node, e.gpu), []).append(e)
-            self._index = {"instances": inst, "bound": bound, "journal": journal}
+            held: dict[tuple, set] = {}
+            for jid, regions in self.held.items():
+                try:
+                    for r in regions:
+                        if r[2]:
+                            held.setdefault((r[0], int(r[1])), set()).add(str(jid))
+                except (TypeError, ValueError, IndexError, KeyError):
+                    continue  # a damaged row says nothing of any GPU
+            self._index = {"instances": inst, "bound": bound, "journal": journal,
+                           "held": {k: sorted(v, key=lambda j: (len(j), j)) for k, v in held.items()}}
         return self._index
 
 
@@ -390,14 +399,7 @@ def held_for(snap: Snapshot, node: str, gpu: int) -> list[str]:
     """The waiting jobs a region of GPU ``gpu`` of ``node`` is held for at the last tick (the meta row "held"):
     its idle instances, and busy ones of a size no instance is idle in elsewhere on the node, are left out of
     Slurm's counts so that it drains for them (docs/architecture.md, "A reserved region drains for its job")."""
-    out = []
-    for jid, regions in snap.held.items():
-        try:
-            if any(r[0] == node and int(r[1]) == gpu and r[2] for r in regions):
-                out.append(str(jid))
-        except (TypeError, ValueError, IndexError):
-            continue  # a damaged row says nothing of this GPU
-    return sorted(out, key=lambda j: (len(j), j))
+    return list(snap.index()["held"].get((node, gpu), ()))
 
 
 def node_views(snap: Snapshot, *, nodes: str | Sequence[str] | None = None,
