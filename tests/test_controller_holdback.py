@@ -210,15 +210,17 @@ def test_a_site_can_turn_the_hold_back_off(rig):
 
 def test_busy_instances_in_a_held_region_are_counted_only_where_slurm_could_start_a_job_of_their_size(rig):
     """intended_layouts, the counts Slurm is told: a busy instance in a region held for a waiting job is left out
-    where the node has no idle instance of its size outside such regions (its end can then start nothing in
-    Slurm), and counted where it has one (left out, Slurm would not start a job there either) or where its size
-    is the one the holder waits for (Slurm starts the holder there first)."""
+    where the node has no instance of its size outside such regions (its end can then start nothing in Slurm,
+    and any job Slurm started there would be requeued), and counted where it has one, busy or idle (left out, a
+    job ending there would free nothing in Slurm until the next tick), or where its size is the one the holder
+    waits for (Slurm starts the holder there first)."""
     t, jobs, node = _seven_busy_1g(rig)
     busy = set(range(7))
+    four = {"8": [["n1", 0, 0x0F, [], []]]}  # 4g@0's slices: 1g@4-6 are outside
+    assert {s.start for s in rig.intended_layouts("n1", held=four, assigned=set())[0].slots} == set(range(7))
     _end(rig, t, jobs, node, 5, busy)  # 1g@4 is idle now
     whole = {"8": [["n1", 0, 0xFF, [], []]]}
     assert rig.intended_layouts("n1", held=whole, assigned=set())[0].slots == frozenset()
-    four = {"8": [["n1", 0, 0x0F, [], []]]}  # 4g@0's slices: 1g@4 is outside, and idle
     assert {s.start for s in rig.intended_layouts("n1", held=four, assigned=set())[0].slots} == set(range(7))
     _end(rig, t, jobs, node, 7, busy)  # 1g@6 too; 1g@4 and 1g@6 idle outside
     assert {s.start for s in rig.intended_layouts("n1", held=four, assigned=set())[0].slots} == set(range(7))

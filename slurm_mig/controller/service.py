@@ -1189,17 +1189,19 @@ class Controller(NodeApi):
           GPU's desired re-carve, named by an assignment (``assigned``: (node, gpu, slot) of the decision's
           assignments, the meta row "reservations" when not given; the reserved job's own, or the policy's
           backfill) or promised to a job Slurm started whose Prolog has not bound it;
-        * and a busy one there, of a type the node has no idle instance of outside such regions and that no
-          job holding a region there waits for: Slurm frees a job's GRES the moment it ends and starts the next
-          job of that size at once, before any tick (0.13 s after on the demo cluster), so counted, each end
-          let a later job start on the freed instance, only for its Prolog to requeue it, and the next, each
-          requeue freeing the count again. Left out, Slurm's count of that type is below what its jobs hold,
-          and it starts none there (measured on the local 22.05 cluster: no drain, no job started, jobs running
-          on; section 5b of docs/reliability.md). The cost: a job of that type ending outside the regions frees
-          nothing in Slurm either, until the next tick counts its idle instance (and the busy ones with it).
-          Where the node has an idle instance of that type outside, the busy ones stay counted, or Slurm would
-          not start a job there either; so they do for the type a holder waits for (Slurm starts the highest
-          of its order there, the holder, whose Prolog binds it)."""
+        * and a busy one there, of a type the node has no instance of (busy or idle) outside such regions and
+          that no job holding a region there waits for: Slurm frees a job's GRES the moment it ends and starts
+          the next job of that size at once, before any tick (0.13 s after on the demo cluster), so counted,
+          each end let a later job start on the freed instance, only for its Prolog to requeue it, and the
+          next, each requeue freeing the count again. Left out, Slurm's count of that type is below what its
+          jobs hold, and it starts none there (measured on the local 22.05 cluster: no drain, no job started,
+          jobs running on; section 5b of docs/reliability.md). Nothing is lost: every instance of that type on
+          the node is held, so any job Slurm started there would be requeued. Where the node has one outside,
+          they stay counted: left out, a job ending there would free nothing in Slurm until a tick counted it
+          again (tried: on the demo's bursts the mean wait rose some 2 % and the requeues did not drop), so an
+          end inside may still start a job there, whose Prolog lowers the counts before requeueing it
+          (lower_held_counts). So they do for the type a holder waits for (Slurm starts the highest of its
+          order there, the holder, whose Prolog binds it)."""
         listed: dict[int, int] = {}
         promised: dict[int, set[Slot]] = {}
         holders = set()
@@ -1216,7 +1218,7 @@ class Controller(NodeApi):
                         for gi, profile, start in r.get("instances", ())}
         out: dict[int, Layout] = {}
         inside: dict[int, list[Slot]] = {}  # GPU -> busy instances in a held region, counted unless absorbed
-        idle_types: set[str] = set()  # the types of the idle instances Slurm is told of
+        outside: set[str] = set()  # the types of the instances Slurm is told of outside held regions
         rows = self._gpu_rows(node)
         bindable = busy_of = None
         for g in rows:
@@ -1251,18 +1253,17 @@ class Controller(NodeApi):
                 taken = s.start in busy or s in mine
                 if not (overlaps(lay.model, s, mask) and s in obs.slots and s not in planned
                         and (node, g.index, s) not in assigned):
-                    if not taken:
-                        idle_types.add(gres_type_for_kind(lay.model.profile(s.profile).kind))
+                    outside.add(gres_type_for_kind(lay.model.profile(s.profile).kind))
                 elif taken:
                     inside.setdefault(g.index, []).append(s)
                 else:
                     drop.append(s)
             out[g.index] = lay.without(drop) if drop else lay
         if inside:
-            idle_types |= self._sizes_of(holders)
+            outside |= self._sizes_of(holders)
         for gi, slots in inside.items():
             lay = out[gi]
-            absorbed = [s for s in slots if gres_type_for_kind(lay.model.profile(s.profile).kind) not in idle_types]
+            absorbed = [s for s in slots if gres_type_for_kind(lay.model.profile(s.profile).kind) not in outside]
             if absorbed:
                 out[gi] = lay.without(absorbed)
         return out
