@@ -272,7 +272,9 @@ class Controller(NodeApi):
                 finished += self._final_end_states(listed_ended, looked, now)
             for state in finished:
                 self.metrics.inc("slurm_mig_jobs_finished_total", (("state", state),))
-            gres_now = {n.name: {t: n.gres.get(t, 0) for t in GRES_TYPES} for n in nodes or []}
+            # Slurm's counts as read, with its pad where it has one: _assert_gres compares the pad as well.
+            gres_now = {n.name: {**{t: n.gres.get(t, 0) for t in GRES_TYPES},
+                                 **({PAD_TYPE: n.gres[PAD_TYPE]} if PAD_TYPE in n.gres else {})} for n in nodes or []}
             if jobs is not None and nodes is not None:
                 plan, jobs, now, held_back = self._withdraw_first(plan, jobs, nodes, gres_now, now)
             else:
