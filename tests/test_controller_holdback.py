@@ -266,3 +266,20 @@ def test_a_prolog_refused_a_held_instance_lowers_the_counts_before_its_requeue(r
     kinds = [c[0] for c in rig.fake.calls]
     assert kinds.index("gres") < kinds.index("requeue"), rig.fake.calls  # without the fix: no gres call
     assert node["gres"]["1g"] == 0, node
+
+
+def test_a_holder_waiting_for_a_variant_size_keeps_the_busy_instances_of_that_size_counted(rig):
+    """The store keeps a job's geometry kind ("1g.dm", "1g+me", "2g+me"), not its GRES type: read as a profile
+    name, a holder waiting for a 1g.dm was taken to wait for no size, and the busy 1g.20gb in its region were
+    left out of Slurm's counts, so when one ended Slurm could not start the holder there until the next tick."""
+    now = time.time()
+    insts = [{"gpu": 0, "profile": "1g.20gb", "start": s, "uuid": f"MIG-{s}", "in_use": True} for s in (0, 2, 4)]
+    insts.append({"gpu": 0, "profile": "1g.10gb", "start": 6, "uuid": "MIG-6", "in_use": True})
+    rig.store.replace_observed("n1", H100, insts, now=now)
+    held = {"8": [["n1", 0, 0x03, [], []]]}  # 1g.20gb@0's two memory slices, held for job 8
+    rig.store.upsert_job("8", profile="1g.dm", count=1, submit_time=now, now=now)
+    got = {(s.profile, s.start) for s in rig.intended_layouts("n1", held=held, assigned=set())[0].slots}
+    assert got == {("1g.20gb", 0), ("1g.20gb", 2), ("1g.20gb", 4), ("1g.10gb", 6)}, got  # without the fix: no @0
+    rig.store.upsert_job("8", profile="7g", count=1, submit_time=now, now=now)  # a size the region is not of
+    got = {(s.profile, s.start) for s in rig.intended_layouts("n1", held=held, assigned=set())[0].slots}
+    assert ("1g.20gb", 0) not in got, got

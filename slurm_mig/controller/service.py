@@ -1271,15 +1271,19 @@ class Controller(NodeApi):
         return out
 
     def _sizes_of(self, jobs) -> set[str]:
-        """The GRES types the stored ``jobs`` ask for (one each; none for a job the store does not hold)."""
+        """The GRES types the stored ``jobs`` ask for (one each; none for a job the store does not hold). The
+        store keeps a job's geometry kind (mig_size_request: "1g.dm", "1g+me", not the types "1gdm", "1gme")."""
         out = set()
         for jid in jobs:
             job = self.store.get_job(jid)
             if job is not None:
                 try:
-                    out.add(gres_type_for_profile(job.profile))
+                    out.add(gres_type_for_kind(job.profile))
                 except GeometryError:
-                    pass
+                    try:
+                        out.add(gres_type_for_profile(job.profile))
+                    except GeometryError:
+                        pass
         return out
 
     def _busy_starts(self, node: str) -> dict[int, set[int]]:
