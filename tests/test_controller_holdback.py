@@ -210,16 +210,14 @@ def test_a_site_can_turn_the_hold_back_off(rig):
 
 def test_busy_instances_in_a_held_region_are_counted_only_where_slurm_could_start_a_job_of_their_size(rig):
     """intended_layouts, the counts Slurm is told: a busy instance in a region held for a waiting job is left out
-    where the node has no instance of its size outside such regions (its end can then start nothing in Slurm,
-    and any job Slurm started there would be requeued), and counted where it has one, busy or idle (left out, a
-    job ending there would free nothing in Slurm until the next tick), or where its size is the one the holder
-    waits for (Slurm starts the holder there first)."""
+    where the node has no idle instance of its size outside such regions (its end can then start nothing in
+    Slurm), and counted where it has one (left out, Slurm would not start a job there either) or where its size
+    is the one the holder waits for (Slurm starts the holder there first)."""
     t, jobs, node = _seven_busy_1g(rig)
     busy = set(range(7))
-    four = {"8": [["n1", 0, 0x0F, [], []]]}  # 4g@0's slices: 1g@4-6 are outside
-    assert {s.start for s in rig.intended_layouts("n1", held=four, assigned=set())[0].slots} == set(range(7))
     _end(rig, t, jobs, node, 5, busy)  # 1g@4 is idle now
     whole = {"8": [["n1", 0, 0xFF, [], []]]}
+    four = {"8": [["n1", 0, 0x0F, [], []]]}  # 4g@0's slices: 1g@4 is outside, and idle
     assert rig.intended_layouts("n1", held=whole, assigned=set())[0].slots == frozenset()
     assert {s.start for s in rig.intended_layouts("n1", held=four, assigned=set())[0].slots} == set(range(7))
     _end(rig, t, jobs, node, 7, busy)  # 1g@6 too; 1g@4 and 1g@6 idle outside
@@ -283,3 +281,35 @@ def test_a_holder_waiting_for_a_variant_size_keeps_the_busy_instances_of_that_si
     rig.store.upsert_job("8", profile="7g", count=1, submit_time=now, now=now)  # a size the region is not of
     got = {(s.profile, s.start) for s in rig.intended_layouts("n1", held=held, assigned=set())[0].slots}
     assert ("1g.20gb", 0) not in got, got
+
+
+def _two_gpus_of_busy_1g(rig, idle=()):
+    """n1's two H100s, seven 1g each, in use but ``idle`` ((gpu, start)); job 8 (7g) holds GPU 0, job 9 (1g) the
+    slice of 1g@0 on GPU 1 (the meta rows "held" and "reservations" as a tick leaves them)."""
+    now = time.time()
+    two = [{"gpu": i, "uuid": f"GPU-{i}", "model": "H100-80GB", "mig_enabled": True} for i in (0, 1)]
+    rig.store.replace_observed("n1", two, [{"gpu": g, "profile": "1g.10gb", "start": s, "uuid": f"MIG-{g}-{s}",
+                                            "in_use": (g, s) not in idle} for g in (0, 1) for s in range(7)], now=now)
+    rig.store.upsert_job("8", profile="7g", count=1, submit_time=now, now=now)
+    rig.store.upsert_job("9", profile="1g", count=1, submit_time=now + 1, now=now)
+    rig.store.set_meta("held", {"8": [["n1", 0, 0xFF, [], []]], "9": [["n1", 1, 0x01, [], []]]}, now=now)
+    rig.store.set_meta("reservations", {}, now=now)
+    return [{"index": g, "uuid": f"GPU-{g}", "name": "H100", "model": "H100-80GB", "mig_enabled": True,
+             "instances": [{"profile": "1g.10gb", "start": s, "uuid": f"MIG-{g}-{s}", "in_use": (g, s) not in idle}
+                           for s in range(7)]} for g in (0, 1)]
+
+
+def test_busy_instances_in_one_holders_region_are_not_kept_counted_for_another_holders_size(rig):
+    """Two jobs hold regions on one node: job 8 (7g) all of GPU 0, job 9 (1g) 1g@0's slice on GPU 1, every 1g in
+    use. The busy 1g on GPU 0 were counted because job 9 waits for a 1g: when one ended, Slurm started job 9
+    there (the highest 1g), and its Prolog, kept off job 8's region, requeued the reserved job itself (and its
+    node held it back). Only the holder of the region an instance is in keeps it counted now."""
+    _two_gpus_of_busy_1g(rig)
+    got = {gi: {s.start for s in lay.slots} for gi, lay in rig.intended_layouts("n1").items()}
+    assert got == {0: set(), 1: set(range(7))}, got  # without the fix: GPU 0's seven 1g counted too
+    # Job 1g@0 of GPU 0 ends: Slurm's count has room for a 1g only if it counted GPU 0's; job 9's Prolog there
+    # is refused.
+    observed = _two_gpus_of_busy_1g(rig, idle={(0, 0)})
+    assert rig.expected_gres("n1")["1g"] == 7
+    status, resp = post(rig, "/v1/prolog", {"job_id": "9", "node": "n1", "observed": observed, "bindings": {}})
+    assert status == 200 and resp["action"] == "requeue" and "held for waiting job(s) 8" in resp["reason"], resp

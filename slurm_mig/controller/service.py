@@ -1191,26 +1191,25 @@ class Controller(NodeApi):
           GPU's desired re-carve, named by an assignment (``assigned``: (node, gpu, slot) of the decision's
           assignments, the meta row "reservations" when not given; the reserved job's own, or the policy's
           backfill) or promised to a job Slurm started whose Prolog has not bound it;
-        * and a busy one there, of a type the node has no instance of (busy or idle) outside such regions and
-          that no job holding a region there waits for: Slurm frees a job's GRES the moment it ends and starts
-          the next job of that size at once, before any tick (0.13 s after on the demo cluster), so counted,
-          each end let a later job start on the freed instance, only for its Prolog to requeue it, and the
-          next, each requeue freeing the count again. Left out, Slurm's count of that type is below what its
-          jobs hold, and it starts none there (measured on the local 22.05 cluster: no drain, no job started,
-          jobs running on; section 5b of docs/reliability.md). Nothing is lost: every instance of that type on
-          the node is held, so any job Slurm started there would be requeued. Where the node has one outside,
-          they stay counted: left out, a job ending there would free nothing in Slurm until a tick counted it
-          again (tried: on the demo's bursts the mean wait rose some 2 % and the requeues did not drop), so an
-          end inside may still start a job there, whose Prolog lowers the counts before requeueing it
-          (lower_held_counts). So they do for the type a holder waits for (Slurm starts the highest of its
-          order there, the holder, whose Prolog binds it)."""
+        * and a busy one there, of a type the node has no idle instance of outside such regions and that the
+          one job whose region holds it does not wait for: Slurm frees a job's GRES the moment it ends and starts the next
+          job of that size at once, before any tick (0.13 s after on the demo cluster), so counted, each end
+          let a later job start on the freed instance, only for its Prolog to requeue it, and the next, each
+          requeue freeing the count again. Left out, Slurm's count of that type is below what its jobs hold,
+          and it starts none there (measured on the local 22.05 cluster: no drain, no job started, jobs running
+          on; section 5b of docs/reliability.md). The cost: a job of that type ending outside the regions frees
+          nothing in Slurm either, until the next tick counts its idle instance (and the busy ones with it).
+          Where the node has an idle instance of that type outside, the busy ones stay counted, or Slurm would
+          not start a job there either; so they do in a region held for a job of their type (Slurm starts the
+          highest of its order there, the holder, whose Prolog binds it), but not in another job's region on
+          the same node (its end started that holder, whose Prolog was kept off the region and requeued it)."""
         listed: dict[int, int] = {}
         promised: dict[int, set[Slot]] = {}
-        holders = set()
+        owners: dict[int, list[tuple[int, str]]] = {}  # GPU -> (mask, holder) of each region held there
         for jid, regions in ((self.store.get_meta("held") if held is None else held) or {}).items():
             for r in regions:
                 if r[0] == node and len(r) > 2 and r[2]:
-                    holders.add(str(jid))
+                    owners.setdefault(int(r[1]), []).append((int(r[2]), str(jid)))
                     listed[int(r[1])] = listed.get(int(r[1]), 0) | int(r[2])
                     if len(r) > 4:
                         promised.setdefault(int(r[1]), set()).update(Slot(int(st), str(p)) for p, st in r[4])
@@ -1220,7 +1219,7 @@ class Controller(NodeApi):
                         for gi, profile, start in r.get("instances", ())}
         out: dict[int, Layout] = {}
         inside: dict[int, list[Slot]] = {}  # GPU -> busy instances in a held region, counted unless absorbed
-        outside: set[str] = set()  # the types of the instances Slurm is told of outside held regions
+        idle_types: set[str] = set()  # the types of the idle instances Slurm is told of
         rows = self._gpu_rows(node)
         bindable = busy_of = None
         for g in rows:
@@ -1255,33 +1254,39 @@ class Controller(NodeApi):
                 taken = s.start in busy or s in mine
                 if not (overlaps(lay.model, s, mask) and s in obs.slots and s not in planned
                         and (node, g.index, s) not in assigned):
-                    outside.add(gres_type_for_kind(lay.model.profile(s.profile).kind))
+                    if not taken:
+                        idle_types.add(gres_type_for_kind(lay.model.profile(s.profile).kind))
                 elif taken:
                     inside.setdefault(g.index, []).append(s)
                 else:
                     drop.append(s)
             out[g.index] = lay.without(drop) if drop else lay
-        if inside:
-            outside |= self._sizes_of(holders)
+        sizes = self._sizes_of({jid for regions in owners.values() for _m, jid in regions}) if inside else {}
         for gi, slots in inside.items():
             lay = out[gi]
-            absorbed = [s for s in slots if gres_type_for_kind(lay.model.profile(s.profile).kind) not in outside]
+            absorbed = []
+            for s in slots:
+                size = gres_type_for_kind(lay.model.profile(s.profile).kind)
+                # Only its holder's Prolog may bind it (binding.choose_binding's keep_off): one job's regions.
+                mine = {jid for m, jid in owners[gi] if overlaps(lay.model, s, m)}
+                if size not in idle_types and not (len(mine) == 1 and sizes.get(mine.pop()) == size):
+                    absorbed.append(s)
             if absorbed:
                 out[gi] = lay.without(absorbed)
         return out
 
-    def _sizes_of(self, jobs) -> set[str]:
-        """The GRES types the stored ``jobs`` ask for (one each; none for a job the store does not hold). The
-        store keeps a job's geometry kind (mig_size_request: "1g.dm", "1g+me", not the types "1gdm", "1gme")."""
-        out = set()
+    def _sizes_of(self, jobs) -> dict[str, str]:
+        """Job id -> the GRES type the stored job asks for, for each of ``jobs`` the store holds. The store keeps
+        a job's geometry kind (mig_size_request: "1g.dm", "1g+me", not the types "1gdm", "1gme")."""
+        out = {}
         for jid in jobs:
             job = self.store.get_job(jid)
             if job is not None:
                 try:
-                    out.add(gres_type_for_kind(job.profile))
+                    out[jid] = gres_type_for_kind(job.profile)
                 except GeometryError:
                     try:
-                        out.add(gres_type_for_profile(job.profile))
+                        out[jid] = gres_type_for_profile(job.profile)
                     except GeometryError:
                         pass
         return out

@@ -397,7 +397,7 @@ def gpu_view(snap: Snapshot, node: str, g) -> dict:
 
 def held_for(snap: Snapshot, node: str, gpu: int) -> list[str]:
     """The waiting jobs a region of GPU ``gpu`` of ``node`` is held for at the last tick (the meta row "held"):
-    its idle instances, and busy ones of a size the node has no instance of elsewhere, are left out of
+    its idle instances, and busy ones of a size no instance is idle in elsewhere on the node, are left out of
     Slurm's counts so that it drains for them (docs/architecture.md, "A reserved region drains for its job")."""
     return list(snap.index()["held"].get((node, gpu), ()))
 
