@@ -121,6 +121,25 @@ def test_nodes_and_top_name_the_jobs_a_gpu_is_held_for(cfg, capsys, tmp_path):
     assert lines[0].endswith(" held:203") and "held" not in lines[1], lines
 
 
+@pytest.mark.parametrize("value", ['{"203": [["gpu01", Infinity, 15, [], []]]}', '{"203": [["gpu01", -Infinity, 15]]}',
+                                   "not json", '{"203": [["gpu01", NaN, 15]], "202": [null]}', '[1, 2]'])
+def test_nodes_and_top_with_a_damaged_held_row(cfg, capsys, tmp_path, value):
+    """The meta row "held" edited by hand or damaged (tests/test_ops_odd_values.py): no GPU is shown held for it,
+    and the commands still answer. A GPU index of Infinity (json reads it as a float) raised OverflowError out of
+    every view, and a row that is not JSON JSONDecodeError."""
+    import sqlite3
+
+    with open_store(tmp_path / "state.db") as s:
+        s.set_meta("held", {})
+    db = sqlite3.connect(tmp_path / "state.db")
+    with db:
+        db.execute("UPDATE meta SET value = ? WHERE key = 'held'", (value,))
+    db.close()
+    for argv in (["nodes"], ["nodes", "--json"], ["top", "--once", "--width", "120", "--height", "40"]):
+        rc, out, err = run(capsys, "--config", cfg, *argv)
+        assert rc == 0 and "held" not in out.replace('"held_for": []', ""), (argv, out, err)
+
+
 def test_decisions(cfg, capsys):
     rc, out, _ = run(capsys, "--config", cfg, "decisions")
     assert rc == 0 and out.startswith("#4 ")

@@ -209,8 +209,8 @@ class Snapshot:
                     for r in regions:
                         if r[2]:
                             held.setdefault((r[0], int(r[1])), set()).add(str(jid))
-                except (TypeError, ValueError, IndexError, KeyError):
-                    continue  # a damaged row says nothing of any GPU
+                except (TypeError, ValueError, OverflowError, IndexError, KeyError):
+                    continue  # a damaged row (a GPU index of Infinity, say) says nothing of any GPU
             self._index = {"instances": inst, "bound": bound, "journal": journal,
                            "held": {k: sorted(v, key=lambda j: (len(j), j)) for k, v in held.items()}}
         return self._index
@@ -254,7 +254,10 @@ def load_tick(store, snap: Snapshot) -> Snapshot:
         snap.last_tick = meta["reservations"]["updated_at"]
         snap.reservations = loads(meta["reservations"]["value"], {}) or {}
     if "held" in meta:
-        held = loads(meta["held"]["value"], {})
+        try:
+            held = loads(meta["held"]["value"], {})
+        except ValueError:  # not JSON (a row edited by hand): no GPU is shown held
+            held = {}
         snap.held = held if isinstance(held, dict) else {}
     if snap.last_decision and (snap.last_tick is None or _order(snap.last_decision["time"]) > _order(snap.last_tick)):
         snap.last_tick = snap.last_decision["time"]
