@@ -313,3 +313,28 @@ def test_busy_instances_in_one_holders_region_are_not_kept_counted_for_another_h
     assert rig.expected_gres("n1")["1g"] == 7
     status, resp = post(rig, "/v1/prolog", {"job_id": "9", "node": "n1", "observed": observed, "bindings": {}})
     assert status == 200 and resp["action"] == "requeue" and "held for waiting job(s) 8" in resp["reason"], resp
+
+
+def test_lowering_the_counts_from_a_prolog_waits_for_a_gres_write_under_way(rig):
+    """lower_held_counts runs in a Prolog's thread beside the tick. Reading the counts while the tick's withdrawal
+    step was writing lower ones, it could write its own higher ones after them, advertising instances a re-carve
+    was about to destroy (found in review). It now reads and writes under the lock every count write holds."""
+    import threading
+
+    from slurm_mig.errors import SlurmCommandError
+
+    t, jobs, node = _seven_busy_1g(rig)
+    busy = set(range(7))
+    node["gres"] = {"1g": 7, "pad": 0}
+    good = rig.fake.update_node_gres
+    rig.fake.update_node_gres = lambda n, counts, **kw: (_ for _ in ()).throw(SlurmCommandError("busy"))
+    rig.tick()  # reads Slurm's seven, cannot write
+    rig.fake.update_node_gres = good
+    _end(rig, t, jobs, node, 1, busy)
+    with rig._gres_lock:  # a count write under way
+        worker = threading.Thread(target=rig.lower_held_counts, args=("n1", t[0]))
+        worker.start()
+        worker.join(0.3)
+        assert worker.is_alive() and node["gres"]["1g"] == 7  # without the lock: written already
+    worker.join(5)
+    assert not worker.is_alive() and node["gres"]["1g"] == 0, node

@@ -134,6 +134,10 @@ class Controller(NodeApi):
         self._gres_held: dict[str, tuple[dict[str, int], float]] = {}
         self._pad_to: dict[str, int | None] = {}  # node -> the mig total its counts are padded to, as last set
         self._gres_now: dict[str, dict[str, int]] = {}  # node -> its counts as last read or written
+        # Held while a node's counts are written and _gres_now updated, and while lower_held_counts (a Prolog's
+        # thread) reads and writes them: else it could read the counts before a tick's withdrawal step lowered
+        # them and write its higher ones after, advertising instances a re-carve is about to destroy.
+        self._gres_lock = threading.RLock()
         # node -> when (node's clock) the freshest GPU report stored was observed: an older one arriving
         # later (a Prolog that looked before another re-carved, an outbox message) must not undo it.
         self._observed_at: dict[str, float] = {}
@@ -1344,7 +1348,9 @@ class Controller(NodeApi):
                 # advertising the instances that were there, or it starts jobs on slices that do not exist.
                 expected = {t: 0 for t in GRES_TYPES}
             told = (gres_now or {}).get(n.name, n.gres)  # as read, or as the withdrawal step set it since
-            current = self._gres_now[n.name] = {t: told.get(t, 0) for t in GRES_TYPES}
+            current = {t: told.get(t, 0) for t in GRES_TYPES}
+            with self._gres_lock:
+                self._gres_now[n.name] = current
             pad_to = self._pad_to[n.name] = self._pad_total(n, expected, gpus, now)
             last = self._gres_set.get(n.name)
             stale = current != expected or (pad_to is not None and told.get(PAD_TYPE) != pad_to - sum(expected.values()))
@@ -1374,19 +1380,20 @@ class Controller(NodeApi):
         freed since the last tick, and once its requeue frees the count again it starts the next job of that
         size there at once, and the next (three requeues within 0.9 s for each instance freed on the demo
         cluster, until the tick set the count). Lowered first, the requeue leaves nothing free."""
-        known, pad_to = self._gres_now.get(node), self._pad_to.get(node, False)
-        if known is None or pad_to is False:
-            return False  # no tick has set or read this node's counts yet
-        expected = _gres_counts(self.intended_layouts(node))
-        if expected is None:
-            return False
-        low = {t: min(known.get(t, 0), expected.get(t, 0)) for t in GRES_TYPES}
-        if low == known:
-            return False
-        if pad_to is not None:
-            pad_to = max(pad_to, sum(low.values()))
-        if not self._write_gres(node, low, pad_to, now, "; a requeue may start the next job there"):
-            return False
+        with self._gres_lock:
+            known, pad_to = self._gres_now.get(node), self._pad_to.get(node, False)
+            if known is None or pad_to is False:
+                return False  # no tick has set or read this node's counts yet
+            expected = _gres_counts(self.intended_layouts(node))
+            if expected is None:
+                return False
+            low = {t: min(known.get(t, 0), expected.get(t, 0)) for t in GRES_TYPES}
+            if low == known:
+                return False
+            if pad_to is not None:
+                pad_to = max(pad_to, sum(low.values()))
+            if not self._write_gres(node, low, pad_to, now, "; a requeue may start the next job there"):
+                return False
         self.metrics.inc("slurm_mig_gres_held_lowered_total", (("node", node),))
         return True
 
@@ -1423,16 +1430,17 @@ class Controller(NodeApi):
 
     def _write_gres(self, node: str, counts: dict[str, int], pad_to: int | None, now: float, why: str = "") -> bool:
         """Set ``node``'s mig counts in Slurm; False, logged and counted, when scontrol failed."""
-        try:
-            value = self.slurm.update_node_gres(node, counts, pad_to=pad_to)
-        except SlurmMigError as exc:
-            self.metrics.inc("slurm_mig_gres_update_failures_total")
-            log.warning("GRES update of %s failed: %s%s", node, exc, why)
-            return False
-        self._gres_set[node] = (value, now)
-        self._gres_now[node] = {t: counts.get(t, 0) for t in GRES_TYPES}
-        self._note_gres_held(node, counts, now)
-        return True
+        with self._gres_lock:
+            try:
+                value = self.slurm.update_node_gres(node, counts, pad_to=pad_to)
+            except SlurmMigError as exc:
+                self.metrics.inc("slurm_mig_gres_update_failures_total")
+                log.warning("GRES update of %s failed: %s%s", node, exc, why)
+                return False
+            self._gres_set[node] = (value, now)
+            self._gres_now[node] = {t: counts.get(t, 0) for t in GRES_TYPES}
+            self._note_gres_held(node, counts, now)
+            return True
 
     def _pad_total(self, n, expected: dict[str, int], gpus: int, now: float) -> int | None:
         """The constant mig total to keep on node ``n`` (7 per GPU), or None when its Gres has no ``mig:pad``.
