@@ -1272,8 +1272,8 @@ class Controller(NodeApi):
             for s in slots:
                 size = gres_type_for_kind(lay.model.profile(s.profile).kind)
                 # Only its holder's Prolog may bind it (binding.choose_binding's keep_off): one job's regions.
-                mine = {jid for m, jid in owners[gi] if overlaps(lay.model, s, m)}
-                if size not in idle_types and not (len(mine) == 1 and sizes.get(mine.pop()) == size):
+                holders = {jid for m, jid in owners[gi] if overlaps(lay.model, s, m)}
+                if size not in idle_types and not (len(holders) == 1 and sizes.get(holders.pop()) == size):
                     absorbed.append(s)
             if absorbed:
                 out[gi] = lay.without(absorbed)
