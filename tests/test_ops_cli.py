@@ -392,3 +392,20 @@ def test_status_check_fails_on_a_lost_gpu(cfg, capsys, tmp_path):
     assert rc == 1 and "1 LOST" in out, out
     rc, out, _ = run(capsys, "--config", cfg, "status", "--check", "--no-probe", "--json")
     assert rc == 1 and json.loads(out)["gpus"]["lost"] == 1
+
+
+@pytest.mark.parametrize("value", ["not json", "[1, 2]", '{"201": 5}'])
+def test_status_jobs_and_top_with_a_damaged_reservations_row(cfg, capsys, tmp_path, value):
+    """The meta row "reservations" edited by hand or damaged: no job is shown reserved for it, and the commands
+    still answer (a row that is not JSON raised JSONDecodeError out of load_tick, a list AttributeError)."""
+    import sqlite3
+
+    db = sqlite3.connect(tmp_path / "state.db")
+    with db:
+        db.execute("INSERT OR REPLACE INTO meta (key, value, updated_at) VALUES ('reservations', ?, ?)", (value, NOW))
+    db.close()
+    for argv in (["status", "--no-probe"], ["jobs", "--json"], ["top", "--once", "--width", "120", "--height", "40"]):
+        rc, out, err = run(capsys, "--config", cfg, *argv)
+        assert rc == 0 and "Traceback" not in err, (argv, out, err)
+    rc, out, _ = run(capsys, "--config", cfg, "jobs", "--state", "pending", "--json")
+    assert {json.dumps(j["reserved"]) for j in json.loads(out)} == {"null"}, out

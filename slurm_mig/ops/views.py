@@ -239,6 +239,18 @@ def load_snapshot(store, *, now: float | None = None, stale_after_s: float = 120
     return snap
 
 
+def reservations_of(text: str | None) -> dict:
+    """The meta row "reservations" (job id -> {"node", "instances"}), as far as it reads: a row edited by hand or
+    damaged (not JSON, not an object, an entry that is not one) shows no job reserved for it, not a traceback."""
+    from slurm_mig.store.models import loads
+
+    try:
+        value = loads(text, {})
+    except ValueError:
+        return {}
+    return {str(k): v for k, v in value.items() if isinstance(v, dict)} if isinstance(value, dict) else {}
+
+
 def load_tick(store, snap: Snapshot) -> Snapshot:
     """Fill in what :func:`controller_health` needs of ``snap``: the controller's last decision, its last
     tick (the newer of that and its last reservations write) and those reservations; all a command that
@@ -252,7 +264,7 @@ def load_tick(store, snap: Snapshot) -> Snapshot:
                                               "('reservations', 'held')")}
     if "reservations" in meta:
         snap.last_tick = meta["reservations"]["updated_at"]
-        snap.reservations = loads(meta["reservations"]["value"], {}) or {}
+        snap.reservations = reservations_of(meta["reservations"]["value"])
     if "held" in meta:
         try:
             held = loads(meta["held"]["value"], {})
@@ -494,14 +506,12 @@ def jobs_view(store, *, states: Sequence[str] | None = ("PENDING", "REQUEUED", "
               user: str | None = None, partition: str | None = None, profile: str | None = None,
               limit: int | None = None, now: float | None = None) -> list[dict]:
     """Jobs in queue order (pending first by priority, then the others), filtered."""
-    from slurm_mig.store.models import loads
-
     now = time.time() if now is None else now
     states = None if states is None else [s.upper() for s in states]
     with store.snapshot():
         jobs = store.jobs(states)
         meta = store._q("SELECT value FROM meta WHERE key = 'reservations'")
-    res = (loads(meta[0]["value"], {}) or {}) if meta else {}
+    res = reservations_of(meta[0]["value"]) if meta else {}
     out = []
     for j in jobs:
         if user and j.user != user:
