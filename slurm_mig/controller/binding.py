@@ -12,7 +12,7 @@ reached without destroying a bound instance, else what the GPU has now.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from slurm_mig.errors import GeometryError, SlurmMigError
@@ -95,6 +95,27 @@ def intended_layout(g: NodeGpu) -> Layout:
 def overlaps(model, slot: Slot, mask: int) -> bool:
     """Whether ``slot`` uses a memory slice of ``mask``."""
     return bool(mask and model.profile(slot.profile).mask(slot.start) & mask)
+
+
+def held_regions(held: Mapping | None, node: str) -> Iterator[tuple[str, int, int, set[Slot]]]:
+    """(waiting job id, GPU index, memory-slice mask, the instances there promised to jobs Slurm started whose
+    Prologs had not bound them) of each region on ``node`` that the meta row "held" (``held``: job id -> [[node,
+    gpu, mask, idle instances, promised instances], ...], as the controller's tick writes it) holds, in job id
+    order; regions of no slice left out."""
+    for jid, regions in sorted((held or {}).items()):
+        for r in regions:
+            if r[0] == node and len(r) > 2 and r[2]:
+                promised = {Slot(int(st), str(p)) for p, st in r[4]} if len(r) > 4 else set()
+                yield str(jid), int(r[1]), int(r[2]), promised
+
+
+def choose_binding_held(gpus: list[NodeGpu], profile: str, count: int, reserved: tuple[tuple[int, Slot], ...],
+                        keep_off: Mapping[int, int], started: Mapping[int, Iterable[Slot]]
+                        ) -> tuple[BindPlan | None, bool]:
+    """choose_binding kept out of the ``keep_off`` slices (regions held for other waiting jobs), and whether
+    only those slices kept it from an instance (the Prolog then says so, and the tick counts it holding none)."""
+    plan = choose_binding(gpus, profile, count, reserved, keep_off, started)
+    return plan, plan is None and bool(keep_off) and choose_binding(gpus, profile, count, reserved) is not None
 
 
 def choose_binding(gpus: list[NodeGpu], profile: str, count: int,

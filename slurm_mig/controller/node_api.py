@@ -9,7 +9,7 @@ import threading
 import time
 
 from slurm_mig.api.auth import NODE_NAME
-from slurm_mig.controller.binding import GpuRow, NodeGpu, choose_binding, node_gpus
+from slurm_mig.controller.binding import GpuRow, NodeGpu, choose_binding_held, held_regions, node_gpus
 from slurm_mig.controller.payloads import (
     rejected, v_binding_times, v_bindings, v_bool, v_instances, v_message, v_observed, v_opt_int, v_results, v_time,
 )
@@ -356,7 +356,7 @@ class NodeApi:
         observed, node_bindings = v_observed(payload.get("observed")), v_bindings(payload.get("bindings"))
         observed_at = v_time(payload.get("observed_at"), "observed_at")
         now = self.clock()
-        requeue_reason, held_off = None, False
+        requeue_reason = None
         # Asked even for a job the store knows: its request may have been updated since the tick (_job_request).
         detail = self._slurm_detail(job_id, known_too=True)
         if detail is None and not self._known_request(job_id):
@@ -437,11 +437,11 @@ class NodeApi:
             # job and those the decision counted as held by jobs Slurm had started before it (the regions were
             # drawn around those: binding.choose_binding's keep_off and started).
             keep_off, started, holders = self._keep_off(node, {job_id, task} - {None})
-            plan = choose_binding(gpus, kind, count, reserved, keep_off, started) if gpus else None
+            plan, held_off = choose_binding_held(gpus, kind, count, reserved, keep_off, started) if gpus \
+                else (None, False)
             if plan is None:
                 requeue_reason = f"no {count} x {kind} MIG instance can be made on {node} now (slices in use)"
-                if keep_off and choose_binding(gpus, kind, count, reserved) is not None:
-                    held_off = True
+                if held_off:
                     requeue_reason = (f"no {count} x {kind} MIG instance on {node} now outside the slices held "
                                       f"for waiting job(s) {', '.join(holders)} (the policy's reservation)")
                 self.store.set_job_state(job_id, "REQUEUED", now=now, reason=requeue_reason)
@@ -543,12 +543,12 @@ class NodeApi:
         Prolog will requeue it, so it holds none (counted as holding one there, the region's count stayed up)."""
         rows = [GpuRow(g["index"], g["observed"], g["mig_enabled"], g["blocked"], g["desired"]) for g in gpus]
         choice = node_gpus(rows, {g["index"]: g["bound"] for g in gpus})
+        if not choice:
+            return ()
         keep_off, started, _holders = self._keep_off(node, {job_id}, held or {})
-        reserved = self._reservation(job_id, node, reservations)
-        plan = choose_binding(choice, profile, count, reserved, keep_off, started) if choice else None
-        if plan is None and keep_off and choice and choose_binding(choice, profile, count, reserved) is not None:
-            return None
-        return plan.instances if plan is not None else ()
+        plan, held_off = choose_binding_held(choice, profile, count, self._reservation(job_id, node, reservations),
+                                             keep_off, started)
+        return None if held_off else plan.instances if plan is not None else ()
 
     def _keep_off(self, node: str, jobs: set, held: dict | None = None
                   ) -> tuple[dict[int, int], dict[int, set[Slot]], list[str]]:
@@ -557,20 +557,16 @@ class NodeApi:
         decision counted as held by jobs Slurm had started whose Prologs had not bound them; and the waiting
         jobs. A Prolog of another job takes and carves nothing in those slices but those instances and what
         the decision assigned to it (its backfill)."""
-        held = self.store.get_meta("held") if held is None else held
         out: dict[int, int] = {}
         started: dict[int, set[Slot]] = {}
         holders = []
-        for jid, regions in sorted((held or {}).items()):
+        for jid, gi, mask, promised in held_regions(self.store.get_meta("held") if held is None else held, node):
             if jid in jobs:
                 continue
-            for n, gi, mask, *rest in regions:
-                if n == node and mask:
-                    out[int(gi)] = out.get(int(gi), 0) | int(mask)
-                    if len(rest) > 1:
-                        started.setdefault(int(gi), set()).update(Slot(int(st), str(p)) for p, st in rest[1])
-                    if jid not in holders:
-                        holders.append(jid)
+            out[gi] = out.get(gi, 0) | mask
+            started.setdefault(gi, set()).update(promised)
+            if jid not in holders:
+                holders.append(jid)
         return out, started, holders
 
     def _reservation(self, job_id: str, node: str, reservations: dict | None = None) -> tuple:

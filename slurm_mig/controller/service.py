@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 
 from slurm_mig.api.loglimit import LogLimiter
 from slurm_mig.api.origin import NodeOrigins
-from slurm_mig.controller.binding import intended_layout, node_gpus, overlaps
+from slurm_mig.controller.binding import held_regions, intended_layout, node_gpus, overlaps
 from slurm_mig.controller.eligibility import eligible_nodes
 from slurm_mig.controller.metrics import Metrics
 from slurm_mig.controller.node_api import NodeApi
@@ -1210,13 +1210,10 @@ class Controller(NodeApi):
         listed: dict[int, int] = {}
         promised: dict[int, set[Slot]] = {}
         owners: dict[int, list[tuple[int, str]]] = {}  # GPU -> (mask, holder) of each region held there
-        for jid, regions in ((self.store.get_meta("held") if held is None else held) or {}).items():
-            for r in regions:
-                if r[0] == node and len(r) > 2 and r[2]:
-                    owners.setdefault(int(r[1]), []).append((int(r[2]), str(jid)))
-                    listed[int(r[1])] = listed.get(int(r[1]), 0) | int(r[2])
-                    if len(r) > 4:
-                        promised.setdefault(int(r[1]), set()).update(Slot(int(st), str(p)) for p, st in r[4])
+        for jid, gi, mask, given in held_regions(self.store.get_meta("held") if held is None else held, node):
+            owners.setdefault(gi, []).append((mask, jid))
+            listed[gi] = listed.get(gi, 0) | mask
+            promised.setdefault(gi, set()).update(given)
         if listed and assigned is None:
             assigned = {(r.get("node"), int(gi), Slot(int(start), profile))
                         for r in (self.store.get_meta("reservations") or {}).values()
