@@ -73,11 +73,16 @@ PRUNE_PART = 10
 
 
 
+def slot_type(layout: Layout, slot: Slot) -> str:
+    """The GRES type of ``layout``'s instance ``slot``."""
+    return gres_type_for_kind(layout.model.profile(slot.profile).kind)
+
+
 def layout_counts(layout: Layout) -> dict[str, int]:
     """GRES type -> count of instances in ``layout``."""
     out: dict[str, int] = {}
     for s in layout.slots:
-        t = gres_type_for_kind(layout.model.profile(s.profile).kind)
+        t = slot_type(layout, s)
         out[t] = out.get(t, 0) + 1
     return out
 
@@ -1256,7 +1261,7 @@ class Controller(NodeApi):
                 if not (overlaps(lay.model, s, mask) and s in obs.slots and s not in planned
                         and (node, g.index, s) not in assigned):
                     if not taken:
-                        idle_types.add(gres_type_for_kind(lay.model.profile(s.profile).kind))
+                        idle_types.add(slot_type(lay, s))
                 elif taken:
                     inside.setdefault(g.index, []).append(s)
                 else:
@@ -1267,7 +1272,7 @@ class Controller(NodeApi):
             lay = out[gi]
             absorbed = []
             for s in slots:
-                size = gres_type_for_kind(lay.model.profile(s.profile).kind)
+                size = slot_type(lay, s)
                 # Only its holder's Prolog may bind it (binding.choose_binding's keep_off): one job's regions.
                 holders = {jid for m, jid in owners[gi] if overlaps(lay.model, s, m)}
                 if size not in idle_types and not (len(holders) == 1 and sizes.get(holders.pop()) == size):
