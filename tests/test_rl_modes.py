@@ -64,7 +64,8 @@ def test_random_modes_are_safe_and_only_young_multi_gpu_jobs_ask():
 
 def test_snapshot_branches_replay_exactly():
     from training.model import Scorer
-    from training.modes import N_FEATURES, run_greedy, window_cost
+    from training.modes import N_FEATURES, run_greedy
+    from training.train import window_cost
     from training.splits import Case
 
     m = Scorer(N_FEATURES, 16)

@@ -53,9 +53,8 @@ from training.evaluate import HEURISTICS, markdown, run_case, summarize, wait_ra
 from training.model import Scorer, load_weights
 from training.runlog import start_run
 from training.splits import TEST_FAMILIES, TEST_SEEDS, TRAIN_FAMILIES, Case, heldout_cases, train_case, validation_cases
-# The same argmax, decision loop and cost window as placement training; importing it also registers the
-# GpuModel pickler.
-from training.train import greedy, play_decisions, window_cost
+# The same argmax and decision loop as placement training; importing it also registers the GpuModel pickler.
+from training.train import greedy, play_decisions
 
 MODES: tuple[str, ...] = ("reserve", "defer")
 
