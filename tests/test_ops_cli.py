@@ -409,3 +409,73 @@ def test_status_jobs_and_top_with_a_damaged_reservations_row(cfg, capsys, tmp_pa
         assert rc == 0 and "Traceback" not in err, (argv, out, err)
     rc, out, _ = run(capsys, "--config", cfg, "jobs", "--state", "pending", "--json")
     assert {json.dumps(j["reserved"]) for j in json.loads(out)} == {"null"}, out
+
+
+def test_a_requeued_job_waiting_again_reads_as_waiting_with_its_earlier_placement_labelled(tmp_path, capsys):
+    """A running job requeued (by an admin, or Slurm after its node went down) waits again, held back by Slurm:
+    `jobs` still showed it on its first placement (WHERE n1:1g@0/0) and `explain` said "PENDING on n1 GPU 0
+    1g.10gb@0", as though it held that instance. It holds nothing now; the placement is its earlier attempt's."""
+    import time as _time
+
+    from slurm_mig.config import Config
+    from slurm_mig.controller.service import Controller
+    from slurm_mig.ops import views as V
+    from slurm_mig.ops.explain import explain_view
+    from slurm_mig.slurm.parsers import SlurmJob, SlurmNode
+
+    class Requeued:
+        queue: list = []
+
+        def jobs(self):
+            return list(self.queue)
+
+        def nodes(self):
+            return [SlurmNode(name="n1", state="idle", gres={}, gres_used={})]
+
+        def reservations(self):
+            return []
+
+        def job_detail(self, job_id):
+            return None
+
+        def update_node_gres(self, node, counts, **kw):
+            return ""
+
+    now = _time.time()
+    db = tmp_path / "requeue.db"
+    store = open_store(db)
+    try:
+        ctl = Controller(Config(), store, Requeued())
+        store.upsert_job("7", profile="1g", user="alice", submit_time=now - 400, now=now - 400)
+        store.bind("7", "n1", [{"gpu": 0, "profile": "1g.10gb", "start": 0}], now=now - 300)
+        store.set_job_state("7", "RUNNING", now=now - 300, node="n1")
+        # `scontrol requeue 7`: Slurm lists it waiting, restarted once, held back (BeginTime) for cred_expire.
+        ctl.slurm.queue = [SlurmJob(job_id=7, state="PENDING", state_reason="BeginTime", user="alice",
+                                    mig={"1g": 1}, tres_per_node="gres:mig:1g:1", submit_time=int(now - 2),
+                                    restart_cnt=1, priority=1)]
+        ctl.tick()
+        assert store.get_job("7").state == "PENDING" and not store.bound_instances("7")
+        (j,) = [j for j in V.jobs_view(store, now=now) if j["job_id"] == "7"]
+        assert (j["state"], j["node"], j["instances"]) == ("PENDING", None, [])
+        assert j["previous_attempt"] == {"node": "n1", "instances": [
+            {"gpu": 0, "profile": "1g.10gb", "start": 0, "uuid": None}]}
+        ex = explain_view(store, "7", now=now)
+        assert (ex["job"]["node"], ex["job"]["instances"]) == (None, [])
+        assert ex["job"]["previous_attempt"]["node"] == "n1"
+        # A job that ran and still runs keeps its placement, with no earlier attempt.
+        store.upsert_job("8", profile="1g", user="bob", submit_time=now - 100, now=now - 100)
+        store.bind("8", "n1", [{"gpu": 0, "profile": "1g.10gb", "start": 1}], now=now - 50)
+        store.set_job_state("8", "RUNNING", now=now - 50, node="n1")
+        (j8,) = [j for j in V.jobs_view(store, now=now) if j["job_id"] == "8"]
+        assert (j8["node"], j8["previous_attempt"]) == ("n1", None) and j8["instances"]
+    finally:
+        store.close()
+    cfg = tmp_path / "requeue.toml"
+    cfg.write_text(f'[controller]\ndb_path = "{db}"\ntick_interval_s = 5.0\nlisten_port = 1\n')
+    rc, out, _ = run(capsys, "--config", str(cfg), "jobs")
+    (line,) = [ln for ln in out.splitlines() if ln.split()[:1] == ["7"]]
+    assert rc == 0 and "n1:" not in line and "PENDING" in line
+    rc, out, _ = run(capsys, "--config", str(cfg), "explain", "7", "--width", "200")
+    head = out.splitlines()[0]
+    assert rc == 0 and head.endswith("asks for 1 x 1g: PENDING"), head
+    assert "earlier attempt (before its requeue) ran on n1 GPU 0 1g.10gb@0" in out

@@ -400,6 +400,10 @@ def explain_lines(ex: dict, width: int = 100, now: float | None = None) -> list[
         head += " on " + j["node"] + " " + ", ".join(f"GPU {i['gpu']} {i['profile']}@{i['start']}"
                                                      for i in j["instances"])
     add(head)
+    prev = j.get("previous_attempt")
+    if prev:  # a waiting job requeued while it ran: no longer there
+        where = ", ".join(f"GPU {i['gpu']} {i['profile']}@{i['start']}" for i in prev.get("instances") or [])
+        add(f"  its earlier attempt (before its requeue) ran on {prev.get('node') or '?'}" + (f" {where}" if where else ""))
     times = f"  submitted {F.fmt_when(j['submit_time'], now)}"
     if j["start_time"] is not None:
         times += f", started {F.fmt_when(j['start_time'], now)} after waiting {F.fmt_duration(j['wait_s'])}"

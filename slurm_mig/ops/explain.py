@@ -310,7 +310,7 @@ def explain_view(store, job_id: str, *, now: float | None = None, max_options: i
     if job is None:
         raise StoreError(f"slurm-mig has no record of job {job_id} (not a MIG job, or purged from the database)")
     outcome = store.outcome(job_id)
-    info = job_dict(job, now)
+    info = job_dict(job, now, bound=bool(store.bound_instances(job_id)))
     t0 = known(job.submit_time or now, now) - 2.0
     t_end = known(job.start_time or job.end_time or now, now) + 2.0
     decisions = job_decision_rows(store, job_id, since=t0, until=t_end)
@@ -354,12 +354,15 @@ def explain_view(store, job_id: str, *, now: float | None = None, max_options: i
         s["options"] = _trim_options(s["options"], chosen, max_options)
         saw.append({"label": label, "decision": did, **s})
     saw.sort(key=lambda x: x["decision"])
-    # Reconfigurations on the GPUs it landed on (or, still pending, was last placed on), from its
-    # submission to its start.
-    node, gpus = job.node, sorted({i.gpu for i in job.instances})
+    # Reconfigurations on the GPUs it landed on (or, still pending, was last placed on by the policy, else
+    # those of its attempt before a requeue), from its submission to its start.
+    node, gpus = info["node"], sorted({int(i["gpu"]) for i in info["instances"]})
     if not gpus and assigned and assigned[-1]["assignment"]:
         a = assigned[-1]["assignment"]
         node, gpus = a.get("node"), sorted({int(i["gpu"]) for i in a.get("instances", [])})
+    if not gpus and info["previous_attempt"]:
+        node = info["previous_attempt"]["node"]
+        gpus = sorted({int(i["gpu"]) for i in info["previous_attempt"]["instances"]})
     reconfigs = []
     if node and gpus:
         rows = _rows(store, "SELECT * FROM reconfig_journal WHERE node = ? AND created_at >= ? AND created_at <= ? "

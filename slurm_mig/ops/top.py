@@ -170,7 +170,9 @@ def build_frame(snap: V.Snapshot, opts: TopOptions, *, partition_nodes: set[str]
     g = R.Glyphs(opts.ascii)
     all_nodes = V.node_views(snap, nodes=opts.nodes, only=partition_nodes)
     status = V.status_view(snap, tick_interval_s=opts.tick_interval_s, healthz=healthz, nodes=all_nodes)
-    pending = [V.job_dict(j, snap.now, snap.reservations.get(j.job_id)) for j in snap.pending]
+    bound = snap.bound_jobs()
+    pending = [V.job_dict(j, snap.now, snap.reservations.get(j.job_id), bound=j.job_id in bound)
+               for j in snap.pending]
     if opts.partition:
         pending = [j for j in pending if j["partition"] == opts.partition]
     items = V.recent_activity(snap, limit=H)

@@ -191,6 +191,10 @@ class Snapshot:
     counts: dict = field(default_factory=dict)  # decisions/journal/events totals
     _index: dict | None = field(default=None, repr=False)
 
+    def bound_jobs(self) -> set[str]:
+        """The jobs that hold a live binding."""
+        return {str(job) for job, _n, _b in self.bindings}
+
     def index(self) -> dict:
         """Instances, bindings and open journal entries by (node, gpu), built once per snapshot."""
         if self._index is None:
@@ -477,8 +481,23 @@ def exit_json(status: int | None) -> str | None:
     return None if status is None else format_exit_status(status)
 
 
-def job_dict(job, now: float, reservation: dict | None = None) -> dict:
-    """A store Job as JSON, with wait and run times."""
+WAITING_STATES = ("PENDING", "REQUEUED")
+
+
+def job_dict(job, now: float, reservation: dict | None = None, *, bound: bool = False) -> dict:
+    """A store Job as JSON, with wait and run times. ``bound``: the job holds a live binding now.
+
+    A waiting job (PENDING, REQUEUED) that holds none is on no node: a job requeued while it ran (by an admin,
+    Slurm after its node went down, a Prolog) keeps its first attempt's node and instances in the store, and
+    was shown there, as though it held them while Slurm held it back. They are ``previous_attempt`` then
+    (``{"node", "instances"}``; None where there is none), and ``node`` / ``instances`` are empty. A waiting
+    job that does hold a binding (one adopted from its node's binding file before a tick saw it start) keeps
+    its placement."""
+    node, instances, previous = job.node, [i.to_json() for i in job.instances], None
+    if job.state in WAITING_STATES and not bound:
+        if node or instances:
+            previous = {"node": node, "instances": instances}
+        node, instances = None, []
     start = job.start_time
     wait = None
     if job.submit_time is not None:
@@ -494,8 +513,8 @@ def job_dict(job, now: float, reservation: dict | None = None) -> dict:
         "job_id": job.job_id, "run": job.run, "user": job.user, "name": job.name, "partition": job.partition,
         "profile": job.profile, "count": job.count, "state": job.state, "reason": job.reason,
         "submit_time": job.submit_time, "start_time": start, "end_time": job.end_time,
-        "wait_s": wait, "run_s": run, "time_limit_s": job.time_limit_s, "node": job.node,
-        "instances": [i.to_json() for i in job.instances], "priority_order": job.priority_order,
+        "wait_s": wait, "run_s": run, "time_limit_s": job.time_limit_s, "node": node,
+        "instances": instances, "previous_attempt": previous, "priority_order": job.priority_order,
         "exit_code": job.exit_code, "exit": exit_json(job.exit_code), "reserved": reservation,
         "blocked": job.blocked,
     }
@@ -511,6 +530,7 @@ def jobs_view(store, *, states: Sequence[str] | None = ("PENDING", "REQUEUED", "
     with store.snapshot():
         jobs = store.jobs(states)
         meta = store._q("SELECT value FROM meta WHERE key = 'reservations'")
+        bound = {str(r["job_id"]) for r in store._q("SELECT DISTINCT job_id FROM bindings WHERE released_at IS NULL")}
     res = reservations_of(meta[0]["value"]) if meta else {}
     out = []
     for j in jobs:
@@ -520,7 +540,7 @@ def jobs_view(store, *, states: Sequence[str] | None = ("PENDING", "REQUEUED", "
             continue
         if profile and j.profile != profile and not j.profile.startswith(profile + "."):
             continue
-        out.append(job_dict(j, now, res.get(j.job_id) if j.state == "PENDING" else None))
+        out.append(job_dict(j, now, res.get(j.job_id) if j.state == "PENDING" else None, bound=j.job_id in bound))
     order = {"PENDING": 0, "REQUEUED": 0, "RUNNING": 1, "SUSPENDED": 1, "COMPLETING": 1}
     def key(d: dict) -> tuple:
         group = order.get(d["state"], 2)
@@ -726,7 +746,8 @@ def status_view(snap: Snapshot, *, tick_interval_s: float = 5.0, healthz: bool |
                 nodes: list[dict] | None = None) -> dict:
     """The one-screen answer: controller, nodes, GPUs, instances by profile, the queue."""
     nodes = node_views(snap) if nodes is None else nodes
-    queued = [job_dict(j, snap.now, snap.reservations.get(j.job_id)) for j in snap.pending]
+    bound = snap.bound_jobs()
+    queued = [job_dict(j, snap.now, snap.reservations.get(j.job_id), bound=j.job_id in bound) for j in snap.pending]
     # Jobs Slurm will not start now (held, a dependency, ...) are not demand: a job held for a week is not
     # the queue's oldest wait.
     pending = [j for j in queued if not j["blocked"]]
