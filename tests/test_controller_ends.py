@@ -858,6 +858,54 @@ def test_a_late_epilog_replaces_the_guess_made_for_a_job_slurm_had_forgotten(ctl
     assert ctl.on_epilog(_old_runs_epilog(now - 3600), None)["recorded"] is False
 
 
+@pytest.mark.parametrize("slurm_said", [None, "FAILED"])
+def test_a_late_epilog_replaces_the_guess_for_run_1_after_the_id_ran_again(ctl, slurm_said):
+    """As above, but the id runs again before run 1's Epilog comes (Slurm had forgotten job 3: a reused id, bob's
+    job 3 now waits as run 2). The Epilog, ended before run 2 began, is run 1's (_earlier_runs_epilog): it was
+    taken for a duplicate, since run 1 had an outcome, and the guess (FAILED, no exit status, an end at the
+    controller's return) stayed for good. It now replaces the guess, and only a guess: an outcome from Slurm's
+    record (listed FAILED; scontrol could not give the exit status) stays as Slurm said."""
+    now = time.time()
+    ctl.store.upsert_job("3", profile="1g", user="alice", uid=1000, submit_time=now - 4000, now=now - 4000)
+    ctl.store.set_job_state("3", "RUNNING", now=now - 3900, node="n1")
+    ctl.store.bind("3", "n1", [INST], now=now - 3900)
+    if slurm_said:
+        ctl.slurm.queue = [replace(_listed(3, slurm_said, now - 3600), user="alice", user_id=1000,
+                                   submit_time=int(now - 4000), start_time=int(now - 3900))]
+    t = [now]
+    ctl.clock = lambda: t[0]
+    ctl.tick()
+    t[0] += 61
+    ctl.tick()
+    o = ctl.store.outcome("3")
+    assert (o.run, o.state, o.exit_code) == (1, "FAILED", None)
+    # Bob's job 3 (slurmctld lost its state): run 2, waiting.
+    t[0] += 30
+    ctl.slurm.queue = [SlurmJob(job_id=3, state="PENDING", mig={"1g": 1}, tres_per_node="gres:mig:1g:1", user="bob",
+                                user_id=2000, submit_time=int(t[0] - 5), priority=1)]
+    ctl.tick()
+    assert (ctl.store.get_job("3").run, ctl.store.get_job("3").state) == (2, "PENDING")
+    t[0] += 600
+    answer = ctl.on_epilog(_old_runs_epilog(now - 3600, uid=1000), None)
+    o1 = ctl.store.outcome("3", run=1)
+    job = ctl.store.get_job("3")
+    assert (job.run, job.state, job.end_time, job.exit_code) == (2, "PENDING", None, None)  # bob's run untouched
+    assert len(ctl.store.outcomes()) == 1
+    if slurm_said:
+        assert answer == {"ok": True, "recorded": False}
+        assert (o1.state, o1.exit_code) == ("FAILED", None)  # Slurm's word: not replaced by an exit status 0
+    else:
+        assert answer == {"ok": True, "recorded": True}
+        assert (o1.state, o1.exit_code, o1.end_time, o1.run_s, o1.node) == (
+            "COMPLETED", 0, now - 3600, pytest.approx(300), "n1")
+        assert any("replaces the outcome settled without it" in e.message for e in ctl.store.recent_events(10))
+    assert _finished(ctl) == {"FAILED": 1.0}  # counted once, when settled
+    # Another Epilog of run 1 (delivered again, or a second one with another exit status) changes nothing.
+    assert ctl.on_epilog(_old_runs_epilog(now - 3600, uid=1000), None)["recorded"] is False
+    assert ctl.on_epilog(_old_runs_epilog(now - 3500, uid=1000, exit_code=256), None)["recorded"] is False
+    assert ctl.store.outcome("3", run=1) == o1
+
+
 # -- a run that began while the tick settled the lost Epilog of the one before ------------------------
 
 def test_a_lost_epilogs_settlement_does_not_end_a_run_that_began_after_the_tick_looked(ctl, monkeypatch):

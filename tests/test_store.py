@@ -1072,3 +1072,29 @@ def test_a_long_decision_history_is_pruned_in_steps_and_the_rest_left_for_the_ne
         assert list(_sizes(db)) == ids[-1:] and db.decision_bytes_unpruned == 0
     finally:
         db.db.conn.set_trace_callback(None)
+
+
+def test_version_9_outcomes_settled_by_a_guess_are_marked_guessed_when_migrated(tmp_path):
+    """A run settled without Slurm's record or its Epilog (controller/runs.py FORGOTTEN: FAILED, no exit status) is
+    the controller's guess, which the run's Epilog replaces even after the id ran again (outcomes.guessed). Rows
+    of version 9 are marked where the jobs row still says so; an outcome from Slurm's record or an Epilog is not,
+    nor one of a run the id has moved on from (the jobs row no longer says how that one ended)."""
+    from slurm_mig.controller.runs import FORGOTTEN
+
+    path = tmp_path / "state.db"
+    old = open_store(path, migrate=False)
+    assert migrate(old.db, target=9)[-1] == 9
+    for job_id, run, state, reason in (("51", 1, "FAILED", FORGOTTEN), ("52", 1, "FAILED", ""),
+                                       ("53", 1, "COMPLETED", FORGOTTEN), ("54", 2, "PENDING", "live again")):
+        old.db.execute("INSERT INTO jobs (job_id, profile, state, reason, run, submit_time, updated_at) "
+                       "VALUES (?, '1g', ?, ?, ?, 1, 1)",
+                       (job_id, state, reason, run))
+    for job_id, exit_code, state in (("51", None, "FAILED"), ("52", None, "FAILED"), ("53", 0, "COMPLETED"),
+                                     ("54", None, "FAILED")):
+        old.db.execute("INSERT INTO outcomes (job_id, run, profile, count, exit_code, state, recorded_at) VALUES "
+                       "(?, 1, '1g', 1, ?, ?, 1)", (job_id, exit_code, state))
+    old.close()
+    new = open_store(path)
+    assert new.schema_version == LATEST_VERSION
+    assert {o.job_id: o.guessed for o in new.outcomes()} == {"51": True, "52": False, "53": False, "54": False}
+    new.close()

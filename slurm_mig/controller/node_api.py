@@ -727,11 +727,11 @@ class NodeApi:
                 answer, recorded = events.reply({"ok": True, "recorded": False}), False
             elif job is not None and (other_user or ended_at is not None and self._before_this_run(job, ended_at)):
                 earlier = True
-                recorded = self._earlier_runs_epilog(job, node, events, insts=insts, unreadable=unreadable,
-                                                     requeued=requeued, state=state, exit_code=exit_code,
-                                                     derived_ec=derived_ec, end=self._epilog_end(None, ended_at, now),
-                                                     now=now, uid=uid if other_user else None)
-                answer = events.reply({"ok": True, "recorded": recorded})
+                recorded, replaced = self._earlier_runs_epilog(
+                    job, node, events, insts=insts, unreadable=unreadable, requeued=requeued, state=state,
+                    exit_code=exit_code, derived_ec=derived_ec, end=self._epilog_end(None, ended_at, now), now=now,
+                    uid=uid if other_user else None)
+                answer = events.reply({"ok": True, "recorded": recorded or replaced})
             else:
                 if unreadable and not insts:
                     insts = [b.to_json() for b in self.store.bound_instances(job_id)]  # the node's file was damaged
@@ -841,32 +841,43 @@ class NodeApi:
 
     def _earlier_runs_epilog(self, job, node: str, events: "NodeMessage", *, insts: list, unreadable: bool,
                              requeued: bool, state: str, exit_code: int | None, derived_ec: int | None,
-                             end: float, now: float, uid: int | None = None) -> bool:
+                             end: float, now: float, uid: int | None = None) -> tuple[bool, bool]:
         """An Epilog of a run of the job id before its current one (_before_this_run): it neither ends
         nor releases the current run. When the current run is the second, the Epilog is the first run's:
-        its outcome goes under run 1, unless that run has one (then it is a duplicate: the outcome came from
-        Slurm's record, _lost_epilogs). With more runs before the current one, nothing is recorded: the
+        its outcome goes under run 1, unless that run has one: then it is a duplicate (the outcome came from
+        Slurm's record, _lost_epilogs, or an earlier Epilog), unless that outcome is the controller's guess (a run
+        settled after Slurm had forgotten it: FAILED, no exit status; Outcome.guessed) and the Epilog comes from the
+        node run 1 ran on: its state, exit status and end replace the guess (until 2026-11-27 the guess stayed
+        for good once the id ran again). With more runs before the current one, nothing is recorded: the
         store cannot tell which of them it ended. A run without an outcome keeps no times (the jobs row is
         the current run's), and may still have run here (bound by its node alone while no tick saw it run,
         then ended while the store had it waiting), so neither "the run without an outcome" nor the
         outcomes' times pick the right one; recorded under the wrong run, the end would stand for a run
         that never ran (and could not be replaced by its own). ``uid``: the Epilog's job is another user's than
-        the current run's (it may have ended after that run began). True when it recorded an outcome."""
+        the current run's (it may have ended after that run began). (recorded, replaced): True when it recorded an
+        outcome, or replaced run 1's guessed one (already counted in jobs_finished_total when it was settled)."""
         if not (insts or unreadable):
-            return False  # a run that never got its instances (requeued in its Prolog): nothing to say
-        recorded = False
+            return False, False  # a run that never got its instances (requeued in its Prolog): nothing to say
+        recorded = replaced = False
         size = self._size_bound(node, insts)
         if job.run == 2 and not requeued and size is not None:  # (an attempt ended by a requeue is no outcome)
             # Nothing of the jobs row: it is run 2's, request and all (another user's job, for a reused id).
             recorded = self.store.record_outcome(job.job_id, run=1, state=state, exit_code=exit_code,
                                                  derived_exit_code=derived_ec, end_time=end, now=now, node=node,
                                                  instances=insts, profile=size[0], count=size[1])
+        first = self.store.outcome(job.job_id, run=1) if job.run == 2 and not requeued and not recorded else None
+        if first is not None and first.guessed and not (
+                first.start_time is not None and end < first.start_time - self._clock_margin()):
+            # (one that ended before run 1 began is not run 1's either)
+            replaced = self.store.replace_guessed_outcome(job.job_id, 1, node=node, state=state, exit_code=exit_code,
+                                                          derived_exit_code=derived_ec, end_time=end)
         if job.run > 2:
             which = f"one of the {job.run - 1} runs before the current one"
             what = "which one cannot be told, so nothing is recorded"
         else:
             which = "a run before the current one"
             what = "its outcome is recorded under run 1" if recorded else (
+                "it replaces the outcome settled without it (FAILED, no exit status) under run 1" if replaced else
                 "run 1's size cannot be told (its binding file was unreadable), so nothing is recorded"
                 if size is None and not requeued and self.store.outcome(job.job_id, run=1) is None
                 else "nothing is changed")
@@ -875,7 +886,7 @@ class NodeApi:
                    node=node, job_id=job.job_id, now=now)
         log.warning("job %s: an Epilog from %s %s; %s", job.job_id, node, f"for uid {uid}, not the current run's"
                     if uid is not None else "ended before the current run began", what)
-        return recorded
+        return recorded, replaced
 
     def _size_bound(self, node: str, insts: list) -> tuple[str, int] | None:
         """(profile, count) of a run bound to ``insts`` on ``node``, as an outcome records what a job asked

@@ -819,7 +819,8 @@ class Controller(NodeApi):
                 continue
             # Without Slurm's record (it had forgotten the job): FAILED, no exit status, a guess (FORGOTTEN).
             guess = self._ended_since.get(job_id, (None, None))[1] is None
-            recorded = self.store.record_outcome(job_id, state=state, exit_code=exit_code, end_time=end, now=now)
+            recorded = self.store.record_outcome(job_id, state=state, exit_code=exit_code, end_time=end, now=now,
+                                                 guessed=guess)
             # Ended at Slurm's EndTime, not now, a grace period (or an outage) later; releases its binding.
             self.store.set_job_state(job_id, state, now=now, exit_code=exit_code, end_time=end,
                                      reason=FORGOTTEN if guess else None)

@@ -203,6 +203,9 @@ class Outcome:
     state: str
     recorded_at: float
     run: int = 1  # which run of the job id (ids are reused): 1, 2, ... in the order they ran
+    # The controller's guess (a run settled without Slurm's record or its Epilog: FAILED, no exit status), which
+    # the run's Epilog replaces if it comes; never one from Slurm's record or an Epilog.
+    guessed: bool = False
 
 
 @dataclass(frozen=True)

@@ -51,6 +51,34 @@ class OutcomesMixin:
             return bool(self._x("UPDATE jobs SET end_time = NULL WHERE job_id = ? AND state = 'CANCELLED' "
                                 "AND reason = ?", (str(job_id), reason)).rowcount)
 
+    def replace_guessed_outcome(self, job_id: str, run: int, *, node: str, state: str, exit_code: int | None,
+                                derived_exit_code: int | None, end_time: float) -> bool:
+        """Run ``run`` of ``job_id`` was settled by the controller's guess (``guessed``: FAILED, no exit status) and
+        its Epilog, from ``node``, arrives after the id ran again: the Epilog's state, exit status and end replace
+        the guess, in place (the jobs row is a later run's: the rest of the outcome, taken from it when it was
+        this run's, stays). Only a guess, and only from the node the run ran on: an outcome from Slurm's record
+        or an earlier Epilog stays. The run time keeps leaving out the time suspended that it left out. True when
+        it replaced one."""
+        _check_state(state, TERMINAL_STATES, "end state")
+        with self.transaction():
+            rows = self._q("SELECT node, start_time, end_time, run_s FROM outcomes WHERE job_id = ? AND run = ? AND "
+                           "guessed = 1", (str(job_id), int(run)))
+            if not rows or rows[0]["node"] not in (None, node):
+                return False
+            o = rows[0]
+            end, start = float(end_time), o["start_time"]
+            run_s = None
+            if start is not None:
+                end = max(end, float(start))
+                suspended = 0.0
+                if o["run_s"] is not None and o["end_time"] is not None:
+                    suspended = max(0.0, (float(o["end_time"]) - float(start)) - float(o["run_s"]))
+                run_s = max(0.0, end - float(start) - suspended)
+            return bool(self._x("UPDATE outcomes SET state = ?, exit_code = ?, derived_exit_code = ?, end_time = ?, "
+                                "run_s = ?, node = COALESCE(node, ?), guessed = 0 WHERE job_id = ? AND run = ? AND "
+                                "guessed = 1", (state, exit_code, derived_exit_code, end, run_s, node, str(job_id),
+                                                int(run))).rowcount)
+
     def requeued_outcome(self, job_id: str, run: int) -> bool:
         """Run ``run`` of ``job_id`` was ended by a requeue, not by its exit: its outcome, recorded COMPLETED or
         FAILED from its Epilog's exit status, says REQUEUED. True when it changed."""
@@ -60,7 +88,8 @@ class OutcomesMixin:
 
     def record_outcome(self, job_id: str, *, state: str, exit_code: int | None = None,
                        derived_exit_code: int | None = None, end_time: float | None = None,
-                       now: float | None = None, run: int | None = None, **fields: Any) -> bool:
+                       now: float | None = None, run: int | None = None, guessed: bool = False,
+                       **fields: Any) -> bool:
         """Record how the current run of ``job_id`` ended, exactly once per run: True when written, False
         if it already was. The run is the jobs row's (schema migration 4); without a jobs row there is no
         telling runs apart, and it counts as the latest run recorded.
@@ -69,7 +98,8 @@ class OutcomesMixin:
         jobs row is the current run's, request and all (the tick stores the new run's profile, count, user,
         partition and time limit before it tracks it as a new run; a reused id is another user's job), so
         nothing is taken from it: pass in ``fields`` what is known of that run, its profile at least;
-        what is not given stays empty.
+        what is not given stays empty. ``guessed``: the controller's guess, not Slurm's record nor an Epilog's
+        (replace_guessed_outcome).
 
         Missing fields (profile, count, node, instances, user, partition,
         time_limit_s, submit/start times) come from the jobs row; ``fields``
@@ -119,11 +149,12 @@ class OutcomesMixin:
             cur = self._x(
                 "INSERT INTO outcomes (job_id, run, profile, count, node, gpus, instances, user, partition, "
                 "time_limit_s, submit_time, start_time, end_time, wait_s, run_s, exit_code, derived_exit_code, "
-                "state, recorded_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                "state, recorded_at, guessed) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
                 "ON CONFLICT(job_id, run) DO NOTHING",
                 (job_id, int(run), v["profile"], int(v.get("count") or 1), v.get("node"), dumps(list(gpus)),
                  dumps([i.to_json() for i in instances]), v.get("user") or "", v.get("partition") or "",
-                 v.get("time_limit_s"), submit, start, end, wait_s, run_s, exit_code, derived_exit_code, state, t),
+                 v.get("time_limit_s"), submit, start, end, wait_s, run_s, exit_code, derived_exit_code, state, t,
+                 int(bool(guessed))),
             )
             return cur.rowcount == 1
 
@@ -158,4 +189,5 @@ class OutcomesMixin:
             recorded_at=r["recorded_at"],
             # Absent from a version-3 database that the read-only views open without migrating it.
             run=r.get("run") or 1,
+            guessed=bool(r.get("guessed") or 0),  # (absent before version 10)
         ) for r in rows]

@@ -323,6 +323,17 @@ ALTER TABLE jobs ADD COLUMN suspended_s REAL;
 ALTER TABLE jobs ADD COLUMN suspended_since REAL;
 """
 
+_V10_GUESSED_OUTCOMES = """
+-- 1: the outcome is the controller's guess, not Slurm's record of the run nor its Epilog's: a run whose Epilog
+-- never came, settled after Slurm had forgotten the job (FAILED, no exit status; controller/runs.py FORGOTTEN).
+-- The run's Epilog, arriving later, replaces it, also once the id runs again and the jobs row (whose reason
+-- said so) is the next run's. Rows written before this version: those of a current run so settled.
+ALTER TABLE outcomes ADD COLUMN guessed INTEGER NOT NULL DEFAULT 0;
+UPDATE outcomes SET guessed = 1 WHERE state = 'FAILED' AND exit_code IS NULL AND EXISTS (
+    SELECT 1 FROM jobs j WHERE j.job_id = outcomes.job_id AND j.run = outcomes.run AND j.state = 'FAILED'
+    AND j.reason = 'ended unseen: neither Slurm''s record nor its Epilog said how');
+"""
+
 MIGRATIONS: tuple[Migration, ...] = (
     (1, "base tables", _V1_BASE),
     (2, "indexes for the controller tick; meta table", _V2_INDEXES_AND_META),
@@ -333,6 +344,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     (7, "decision_bytes: each decision's stored size, for [controller].keep_decisions_mb", _V7_DECISION_BYTES),
     (8, "jobs.uid: the uid of each job's user", _V8_JOB_UIDS),
     (9, "jobs.suspended_s, jobs.suspended_since: time a run spent suspended", _V9_JOB_SUSPENSIONS),
+    (10, "outcomes.guessed: outcomes the controller guessed, which a late Epilog replaces", _V10_GUESSED_OUTCOMES),
 )
 
 LATEST_VERSION = MIGRATIONS[-1][0]
