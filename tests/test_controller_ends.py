@@ -651,6 +651,67 @@ def test_a_run_slurm_requeued_as_it_killed_it_is_not_recorded_completed(ctl, req
     assert len(said) == (expect == "REQUEUED")
 
 
+def test_an_admins_requeue_of_a_completed_job_whose_epilog_came_after_a_tick_saw_it_waiting_stays_completed(ctl):
+    """Job 3 completed; a tick saw Slurm list it COMPLETED, then an admin requeued it (`scontrol requeue 3`, within
+    the clock margin of its end) and the next tick saw it waiting again before its Epilog came. The Epilog then
+    ended the run COMPLETED, and the tick after it revived the id as run 2. Slurm's COMPLETED listing was kept for
+    the last tick only (_listed_ended), which had listed the job waiting: the run read as one Slurm requeued as it
+    killed it (a node set DOWN), and its outcome said REQUEUED. Slurm's listings of an ended run are kept until
+    the run is revived (or an hour), so the run stays COMPLETED, as Slurm listed it."""
+    now = time.time()
+    ctl.store.upsert_job("3", profile="1g", submit_time=now - 400, now=now - 400)
+    ctl.store.set_job_state("3", "RUNNING", now=now - 300, node="n1")
+    ctl.store.bind("3", "n1", [INST], now=now - 300)
+    t = [now]
+    ctl.clock = lambda: t[0]
+    ctl.slurm.queue = [replace(_listed(3, "COMPLETED", now - 5), submit_time=int(now - 400))]
+    ctl.tick()  # Slurm lists it ended; its Epilog has not come yet
+    t[0] += 5
+    waiting = SlurmJob(job_id=3, state="PENDING", mig={"1g": 1}, tres_per_node="gres:mig:1g:1",
+                       submit_time=int(now), restart_cnt=1, priority=1, state_reason="BeginTime")
+    ctl.slurm.queue = [waiting]  # requeued by an admin at `now`, 5 s after it ended
+    ctl.tick()
+    assert ctl.store.get_job("3").state == "PENDING"
+    assert ctl.on_epilog(_old_runs_epilog(now - 5), None)["recorded"]
+    t[0] += 5
+    ctl.tick()
+    job = ctl.store.get_job("3")
+    assert (job.state, job.run) == ("PENDING", 2)
+    assert [(o.run, o.state, o.exit_code) for o in ctl.store.outcomes()] == [(1, "COMPLETED", 0)]
+    assert not [e for e in ctl.store.recent_events(20) if "ended by a requeue" in e.message]
+
+
+def test_a_listing_of_an_earlier_run_does_not_make_a_run_killed_by_a_requeue_read_as_completed(ctl):
+    """The listings kept are of the run Slurm listed ended: once the id is revived as run 2, run 1's COMPLETED
+    listing says nothing of run 2, which Slurm requeued as it killed it (its node set DOWN) moments later."""
+    now = time.time()
+    ctl.store.upsert_job("3", profile="1g", submit_time=now - 400, now=now - 400)
+    ctl.store.set_job_state("3", "RUNNING", now=now - 300, node="n1")
+    ctl.store.bind("3", "n1", [INST], now=now - 300)
+    t = [now]
+    ctl.clock = lambda: t[0]
+    ctl.slurm.queue = [replace(_listed(3, "COMPLETED", now - 5), submit_time=int(now - 400))]
+    assert ctl.on_epilog(_old_runs_epilog(now - 5), None)["recorded"]
+    ctl.tick()
+    t[0] += 5
+    ctl.slurm.queue = [SlurmJob(job_id=3, state="PENDING", mig={"1g": 1}, tres_per_node="gres:mig:1g:1",
+                                submit_time=int(now), restart_cnt=1, priority=1, state_reason="BeginTime")]
+    ctl.tick()  # revived: run 2
+    assert [(o.run, o.state) for o in ctl.store.outcomes()] == [(1, "COMPLETED")]
+    # Run 2 starts at once (a site with a short cred_expire), its node goes DOWN: Slurm requeues it as it kills it,
+    # and its Epilog reads exit 0. Slurm never lists run 2 ended.
+    t[0] += 5
+    ctl.store.set_job_state("3", "RUNNING", now=t[0], node="n1")
+    ctl.store.bind("3", "n1", [INST], now=t[0])
+    t[0] += 20
+    assert ctl.on_epilog(_old_runs_epilog(t[0]), None)["recorded"]
+    ctl.slurm.queue = [SlurmJob(job_id=3, state="PENDING", mig={"1g": 1}, tres_per_node="gres:mig:1g:1",
+                                submit_time=int(t[0]), restart_cnt=2, priority=1, state_reason="BeginTime")]
+    t[0] += 5
+    ctl.tick()
+    assert [(o.run, o.state) for o in ctl.store.outcomes()] == [(1, "COMPLETED"), (2, "REQUEUED")]
+
+
 def test_a_run_slurm_requeued_as_it_killed_it_is_not_counted_as_a_finished_job(ctl):
     """The run's Epilog said exit 0 (node set DOWN, Slurm 22.05.8): its outcome is REQUEUED once the tick sees
     the job waiting again, restarted. The job has not finished: jobs_finished_total counted it REQUEUED."""

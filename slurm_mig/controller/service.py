@@ -66,6 +66,10 @@ WITHDRAW_ROUNDS = 3
 # An outcome an Epilog reported is counted in slurm_mig_jobs_finished_total once a tick has seen Slurm list
 # the job as ended (so with Slurm's state where it corrected the Epilog's), or this long after it was recorded.
 END_STATE_WAIT_S = 60.0
+# How long Slurm's record of a run it listed as ended is kept once no squeue lists it so (Controller._listed_ended):
+# its Epilog, and so the tick that finds the job live again after an admin's requeue, may come later than the next
+# tick (up to an hour from its node's outbox, as _ended_since keeps its notes).
+LISTED_ENDED_MEMORY_S = 3600.0
 MB = 1024 * 1024  # [controller].keep_decisions_mb's megabyte
 # Decisions are pruned as soon as those recorded since the last prune take 1/PRUNE_PART of their size budget
 # ([controller].keep_decisions_mb), so they stay within the budget plus that part (and the newest decision).
@@ -180,9 +184,12 @@ class Controller(NodeApi):
         # Array tasks ("5_3") whose place a Prolog gave to the job Slurm started them as, and when: a tick whose
         # squeue was asked before that start must not make them queue entries again.
         self._taken_tasks: dict[str, float] = {}
-        # Slurm's record of each MIG job it lists as ended (this tick's squeue; refreshed each tick): a run it
-        # listed COMPLETED or FAILED ended by its exit, whatever requeue follows (_revive).
-        self._listed_ended: dict[str, object] = {}
+        # job -> (the store's run of it then, when last listed (our clock), Slurm's record) of each MIG job Slurm
+        # listed as ended, kept LISTED_ENDED_MEMORY_S after the last squeue that listed it so: a run it listed
+        # COMPLETED or FAILED ended by its exit, whatever requeue follows (_revive). Until 2026-11-27 only the last
+        # tick's listings were kept, and a completed job an admin requeued, whose Epilog came after a tick had seen
+        # it waiting again, read as one Slurm requeued as it killed it (outcome REQUEUED).
+        self._listed_ended: dict[str, tuple[int | None, float, object]] = {}
         self._unservable: set[str] = set()  # jobs whose MIG request cannot be served, said once each
         # job id -> how often it was released from Slurm's BadConstraints hold and held again while its node
         # advertised its size (_release_held_for_size); the jobs released and not yet seen held again. Kept in
@@ -347,7 +354,7 @@ class Controller(NodeApi):
         # The stored runs' users before Slurm's records are written over them (another_job's user rule).
         users = self.store.job_users(LIVE_STATES)
         margin = self._clock_margin()
-        listed_ended = {}
+        listed_ended: dict[str, tuple[int | None, float, object]] = {}
         for entry in [e for e in entries if e.job_id not in taken]:
             j, job_id = entry.job, entry.job_id
             stored_user = users.get(job_id, ("", None))  # the stored run's (user, uid), read before this tick
@@ -361,7 +368,7 @@ class Controller(NodeApi):
                     # Another job with the id (another_job) that ended before a tick saw it live: its request,
                     # user and end are not those of the stored run, whose lost Epilog _lost_epilogs settles.
                     continue
-                listed_ended[job_id] = j
+                listed_ended[job_id] = (None if run is None else run.run, queried_at, j)
             try:
                 kind, count = mig_size_request(j.mig)
             except ValueError as exc:
@@ -447,7 +454,8 @@ class Controller(NodeApi):
                                           ended=over, ran_to_end=over and j.end_time is not None
                                           and j.end_time > j.suspend_time)
         self.store.set_job_order(order)
-        self._listed_ended = listed_ended
+        self._listed_ended = {**{k: v for k, v in self._listed_ended.items()
+                                 if v[1] >= queried_at - LISTED_ENDED_MEMORY_S}, **listed_ended}
         # Pending (or requeued) jobs Slurm no longer lists were cancelled (or purged after MinJobAge). A job a
         # Prolog requeued after our squeue (one submitted meanwhile) is not in its answer: left for the next.
         # Ids only: every waiting job is read here, and all but the few gone are skipped.
@@ -546,7 +554,10 @@ class Controller(NodeApi):
         Slurm allows until MinJobAge); a run requeued as it was killed is never listed so."""
         ended = self.store.get_job(job_id)
         outcome = self.store.outcome(job_id, run=ended.run) if ended is not None and requeued else None
-        listed = self._listed_ended.get(job_id)
+        # Slurm's listing of this run as ended (by a tick before the one that saw it waiting again, perhaps), not of
+        # an earlier run of the id: that one was kept under the run it ended.
+        kept = self._listed_ended.get(job_id)
+        listed = kept[2] if kept is not None and ended is not None and kept[0] == ended.run else None
         if outcome is not None and listed is not None and listed.state == outcome.state \
                 and same_run(ended, listed, outcome):
             outcome = None  # ended by its exit, as Slurm said: requeued after it
