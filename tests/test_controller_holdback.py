@@ -338,3 +338,44 @@ def test_lowering_the_counts_from_a_prolog_waits_for_a_gres_write_under_way(rig)
         assert worker.is_alive() and node["gres"]["1g"] == 7  # without the lock: written already
     worker.join(5)
     assert not worker.is_alive() and node["gres"]["1g"] == 0, node
+
+
+def test_idle_instances_in_a_held_region_stay_out_of_the_counts_while_another_re_carve_of_the_gpu_waits(rig):
+    """n1's H100 holds seven 1g, job 1 runs on 1g@0; job 8 (4g) waits for slices 0-3 and job 9 (3g) is placed on
+    3g@4, carved out of the idle 1g@4-6. Until the node reports that re-carve done the GPU's desired layout
+    differs from what exists, and every instance it keeps counted as part of the re-carve: the idle 1g@1-3 in
+    job 8's region were told to Slurm (1g:4), which started 1g jobs there that no Prolog may bind (and
+    lower_held_counts could not lower a count intended_layouts still gave). Only the instances the re-carve makes
+    are exempt now: 1g:0 (job 1's busy 1g is absorbed, as the node has no idle 1g outside the region)."""
+    t = [time.time()]
+    rig.clock = lambda: t[0]
+    rig.store.replace_observed("n1", H100, [{**i, "in_use": False} for i in ONE_G], now=t[0])
+
+    def job(i, size, prio, **kw):
+        return SlurmJob(job_id=i, name="x", user="u", mig={size: 1}, tres_per_node=f"gres:mig:{size}:1",
+                        submit_time=int(t[0]) - 100 + i, priority=prio, **kw)
+
+    jobs = [job(1, "1g", 1, state="RUNNING", nodes=["n1"], start_time=int(t[0]) - 50, time_limit_min=60,
+                end_time=int(t[0]) + 3550),
+            job(8, "4g", 100, state="PENDING"), job(9, "3g", 50, state="PENDING", time_limit_min=10)]
+    node = {"gres": {"1g": 7, "pad": 0}}
+    rig.fake.nodes = lambda: [SlurmNode(name="n1", state="mixed", gres=dict(node["gres"]), gres_used={"1g": 1})]
+    orig = rig.fake.update_node_gres
+
+    def update(n, counts, **kw):
+        node["gres"] = dict(counts)
+        return orig(n, counts, **kw)
+
+    rig.fake.update_node_gres = update
+    rig.fake.queue = jobs
+    rig.tick()
+    status, resp = post(rig, "/v1/prolog", {"job_id": "1", "node": "n1", "observed": _observed(set()),
+                                            "bindings": {}})
+    assert status == 200 and resp["action"] == "bind", resp
+    assert post(rig, "/v1/report", {"node": "n1", "observed": _observed({0}), "bindings": {}})[0] == 200
+    rig.tick()
+    assert [r[:3] for r in rig.store.get_meta("held")["8"]] == [["n1", 0, 0x0F]], rig.store.get_meta("held")
+    assert rig.store.desired("n1")[0].spec == "1g@0,1g@1,1g@2,1g@3,3g@4"  # not carried out yet
+    assert (node["gres"]["1g"], node["gres"]["3g"]) == (0, 1), node  # without the fix: 1g:4
+    got = {(s.profile, s.start) for s in rig.intended_layouts("n1")[0].slots}
+    assert got == {("3g.40gb", 4)}, got

@@ -1208,10 +1208,11 @@ class Controller(NodeApi):
         last decision's, the meta row "held" when not given), so that a region drains for its reserved job (a
         Prolog does not hand out its instances either: binding.choose_binding's keep_off):
 
-        * an idle instance there (no live job bound to it, none reporting it in use), unless it is part of the
-          GPU's desired re-carve, named by an assignment (``assigned``: (node, gpu, slot) of the decision's
+        * an idle instance there (no live job bound to it, none reporting it in use), unless a pending re-carve of
+          the GPU is still to make it (one the re-carve keeps is no exception: the re-carve may be another job's,
+          outside the region), an assignment names it (``assigned``: (node, gpu, slot) of the decision's
           assignments, the meta row "reservations" when not given; the reserved job's own, or the policy's
-          backfill) or promised to a job Slurm started whose Prolog has not bound it;
+          backfill) or it is promised to a job Slurm started whose Prolog has not bound it;
         * and a busy one there, of a type the node has no idle instance of outside such regions and that the
           one job whose region holds it does not wait for: Slurm frees a job's GRES the moment it ends and starts the next
           job of that size at once, before any tick (0.13 s after on the demo cluster), so counted, each end
@@ -1266,11 +1267,10 @@ class Controller(NodeApi):
             if busy_of is None:
                 busy_of = self._busy_starts(node)
             busy = busy_of.get(g.index, set())
-            planned = g.desired.slots if g.desired is not None and g.desired.slots != obs.slots else frozenset()
             drop = []
             for s in lay.slots:
                 taken = s.start in busy or s in mine
-                if not (overlaps(lay.model, s, mask) and s in obs.slots and s not in planned
+                if not (overlaps(lay.model, s, mask) and s in obs.slots
                         and (node, g.index, s) not in assigned):
                     if not taken:
                         idle_types.add(slot_type(lay, s))
