@@ -379,3 +379,58 @@ def test_idle_instances_in_a_held_region_stay_out_of_the_counts_while_another_re
     assert (node["gres"]["1g"], node["gres"]["3g"]) == (0, 1), node  # without the fix: 1g:4
     got = {(s.profile, s.start) for s in rig.intended_layouts("n1")[0].slots}
     assert got == {("3g.40gb", 4)}, got
+
+
+def test_busy_instances_in_a_region_held_for_several_of_their_size_are_not_kept_counted(rig):
+    """Job 8 asks for two 1g (mig:1g:2) and waits; seven 1g run (job i ends 10 i minutes after its start), job 1
+    ended, so the policy holds 1g@0 (idle) and 1g@1 (job 2's, the next to end) for it. The busy 1g@1 was kept
+    counted as its holder's size: when job 2 ended Slurm had one 1g free on n1, could not start job 8 (two) on it
+    and started job 9, whose Prolog was refused the region (one requeue per such end). A busy instance stays
+    counted for its holder's size only where the holder asks for one instance: job 2's end frees nothing in
+    Slurm, and the next tick assigns job 8 both, told to Slurm, and its Prolog binds them."""
+    t = [time.time()]
+    rig.clock = lambda: t[0]
+    rig.store.replace_observed("n1", H100, [{**i, "in_use": False} for i in ONE_G], now=t[0])
+
+    def job(i, size, prio, n=1, **kw):
+        return SlurmJob(job_id=i, name="x", user="u", mig={size: n}, tres_per_node=f"gres:mig:{size}:{n}",
+                        submit_time=int(t[0]) - 100 + i, priority=prio, **kw)
+
+    jobs = {i: job(i, "1g", 1, state="RUNNING", nodes=["n1"], start_time=int(t[0]) - 50, time_limit_min=10 * i,
+                   end_time=int(t[0]) - 50 + 600 * i) for i in range(1, 8)}
+    jobs[8] = job(8, "1g", 100, 2, state="PENDING")
+    jobs[9] = job(9, "1g", 10, state="PENDING")
+    node = {"gres": {"1g": 7, "pad": 0}, "used": {"1g": 7}}
+    rig.fake.nodes = lambda: [SlurmNode(name="n1", state="mixed", gres=dict(node["gres"]),
+                                        gres_used=dict(node["used"]))]
+    orig = rig.fake.update_node_gres
+
+    def update(n, counts, **kw):
+        node["gres"] = dict(counts)
+        return orig(n, counts, **kw)
+
+    rig.fake.update_node_gres = update
+    rig.fake.queue = list(jobs.values())
+    rig.tick()
+    for i in range(1, 8):
+        status, resp = post(rig, "/v1/prolog", {"job_id": str(i), "node": "n1", "observed": _observed(set()),
+                                                "bindings": {}})
+        assert status == 200 and resp["instances"] == [{"gpu": 0, "profile": "1g.10gb", "start": i - 1}], resp
+    assert post(rig, "/v1/report", {"node": "n1", "observed": _observed(set(range(7))), "bindings": {}})[0] == 200
+    rig.tick()
+    busy = set(range(7))
+    _end(rig, t, jobs, node, 1, busy)
+    rig.tick()
+    assert rig.store.get_meta("held") == {"8": [["n1", 0, 0x03, [["1g.10gb", 0]], []]]}, rig.store.get_meta("held")
+    assert node["gres"]["1g"] == 5, node  # 1g@2-6; without the fix 6 (1g@1 too)
+    _end(rig, t, jobs, node, 2, busy)
+    assert node["gres"]["1g"] <= node["used"]["1g"], node  # Slurm can start no 1g on n1 (job 9 was)
+    rig.tick()
+    assert rig.store.get_meta("reservations").get("8") == {"node": "n1", "instances": [[0, "1g.10gb", 0],
+                                                                                       [0, "1g.10gb", 1]]}
+    assert node["gres"]["1g"] == 7, node
+    jobs[8] = SlurmJob(**{**jobs[8].__dict__, "state": "RUNNING", "nodes": ["n1"], "start_time": int(t[0])})
+    status, resp = post(rig, "/v1/prolog", {"job_id": "8", "node": "n1", "observed": _observed(busy),
+                                            "bindings": {}})
+    assert status == 200 and resp["action"] == "bind", resp
+    assert {i["start"] for i in resp["instances"]} == {0, 1}, resp

@@ -1223,8 +1223,9 @@ class Controller(NodeApi):
           nothing in Slurm either, until the next tick counts its idle instance (and the busy ones with it).
           Where the node has an idle instance of that type outside, the busy ones stay counted, or Slurm would
           not start a job there either; so they do in a region held for a job of their type (Slurm starts the
-          highest of its order there, the holder, whose Prolog binds it), but not in another job's region on
-          the same node (its end started that holder, whose Prolog was kept off the region and requeued it)."""
+          highest of its order there, the holder, whose Prolog binds it; not where the holder asks for several
+          instances: one end frees one), but not in another job's region on the same node (its end started that
+          holder, whose Prolog was kept off the region and requeued it)."""
         listed: dict[int, int] = {}
         promised: dict[int, set[Slot]] = {}
         owners: dict[int, list[tuple[int, str]]] = {}  # GPU -> (mask, holder) of each region held there
@@ -1294,12 +1295,14 @@ class Controller(NodeApi):
         return out
 
     def _sizes_of(self, jobs) -> dict[str, str]:
-        """Job id -> the GRES type the stored job asks for, for each of ``jobs`` the store holds. The store keeps
-        a job's geometry kind (mig_size_request: "1g.dm", "1g+me", not the types "1gdm", "1gme")."""
+        """Job id -> the GRES type the stored job asks for, for each of ``jobs`` the store holds that asks for one
+        instance: Slurm cannot start one asking for several on the single instance an end frees (it starts a later
+        job of that size there, whose Prolog is kept off the region). The store keeps a job's geometry kind
+        (mig_size_request: "1g.dm", "1g+me", not the types "1gdm", "1gme")."""
         out = {}
         for jid in jobs:
             job = self.store.get_job(jid)
-            if job is not None:
+            if job is not None and job.count == 1:
                 try:
                     out[jid] = gres_type_for_kind(job.profile)
                 except GeometryError:
