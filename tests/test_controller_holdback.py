@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 
-from slurm_mig.slurm.parsers import SlurmJob, SlurmNode
+from slurm_mig.slurm.parsers import JobDetail, SlurmJob, SlurmNode
 
 from tests.test_faults_controller import H100, post, rig  # noqa: F401  (rig: the fixture)
 
@@ -434,3 +434,24 @@ def test_busy_instances_in_a_region_held_for_several_of_their_size_are_not_kept_
                                             "bindings": {}})
     assert status == 200 and resp["action"] == "bind", resp
     assert {i["start"] for i in resp["instances"]} == {0, 1}, resp
+
+
+def test_with_the_hold_back_off_a_held_row_left_by_an_earlier_run_holds_nothing(rig):
+    """A site turns ``hold_reserved`` off and restarts the controller. The API is served before the first tick
+    rewrites the meta row "held" (and between its two transactions), so a Prolog in that window read the row
+    the last run left: it was kept off job 8's region and requeued, though no region is held any more, and the
+    counts Slurm was told still left the region's idle instances out. With the hold-back off the row is not read."""
+    from dataclasses import replace
+
+    rig.cfg = replace(rig.cfg, controller=replace(rig.cfg.controller, hold_reserved=False))
+    now = time.time()
+    rig.store.replace_observed("n1", H100, [{**i, "in_use": i["start"] != 0} for i in ONE_G], now=now)
+    rig.store.upsert_job("8", profile="7g", count=1, submit_time=now, now=now)
+    rig.store.set_meta("held", {"8": [["n1", 0, 0xFF, [["1g.10gb", 0]], []]]}, now=now)  # the last run's
+    assert len(rig.intended_layouts("n1")[0].slots) == 7  # without the fix: 0
+    rig.fake.job_detail = lambda job_id: JobDetail(job_id=int(job_id), user="u", state="RUNNING", nodes=["n1"],
+                                                   mig={"1g": 1})
+    status, resp = post(rig, "/v1/prolog", {"job_id": "9", "node": "n1", "observed": _observed(set(range(1, 7))),
+                                            "bindings": {}})
+    assert status == 200 and resp["action"] == "bind", resp  # without the fix: requeued, "held for job(s) 8"
+    assert resp["instances"] == [{"gpu": 0, "profile": "1g.10gb", "start": 0}], resp

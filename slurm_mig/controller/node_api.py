@@ -550,6 +550,12 @@ class NodeApi:
                                              keep_off, started)
         return None if held_off else plan.instances if plan is not None else ()
 
+    def _held_row(self) -> dict:
+        """The meta row "held" (job id -> regions, as the last tick wrote it); empty with ``[controller]
+        hold_reserved = false``, whatever a run with it on left there (the API is served before the first tick
+        rewrites the row, and between its two transactions)."""
+        return (self.store.get_meta("held") or {}) if self.cfg.controller.hold_reserved else {}
+
     def _keep_off(self, node: str, jobs: set, held: dict | None = None
                   ) -> tuple[dict[int, int], dict[int, set[Slot]], list[str]]:
         """GPU index -> the memory slices of ``node`` the policy's last tick reserved for waiting jobs other than
@@ -560,7 +566,7 @@ class NodeApi:
         out: dict[int, int] = {}
         started: dict[int, set[Slot]] = {}
         holders = []
-        for jid, gi, mask, promised in held_regions(self.store.get_meta("held") if held is None else held, node):
+        for jid, gi, mask, promised in held_regions(self._held_row() if held is None else held, node):
             if jid in jobs:
                 continue
             out[gi] = out.get(gi, 0) | mask

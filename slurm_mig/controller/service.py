@@ -885,7 +885,7 @@ class Controller(NodeApi):
         # A started job the Prolog has not bound holds, in the policy's view, the instance its Prolog will
         # choose: its reservation from the last tick when that is free (store.cluster_state, _prolog_choice).
         reservations = self.store.get_meta("reservations") or {}
-        held = self.store.get_meta("held") or {}
+        held = self._held_row()
         state = self.store.cluster_state(
             now, stale_after_s=self.cfg.controller.node_stale_after_s,
             prolog_choice=lambda *job: self._prolog_choice(*job, reservations=reservations, held=held))
@@ -1194,7 +1194,7 @@ class Controller(NodeApi):
             return {}
         def bound(node: str, gpu: int) -> set[Slot]:
             return {Slot(b.start, b.profile) for _jid, _n, b in self.store.live_bindings(node) if b.gpu == gpu}
-        return _held_regions_of(decision, state, bound, set(self.store.get_meta("held") or {}))
+        return _held_regions_of(decision, state, bound, set(self._held_row()))
 
     def intended_layouts(self, node: str, *, held: dict | None = None, assigned: set | None = None
                          ) -> dict[int, Layout]:
@@ -1229,7 +1229,7 @@ class Controller(NodeApi):
         listed: dict[int, int] = {}
         promised: dict[int, set[Slot]] = {}
         owners: dict[int, list[tuple[int, str]]] = {}  # GPU -> (mask, holder) of each region held there
-        for jid, gi, mask, given in held_regions(self.store.get_meta("held") if held is None else held, node):
+        for jid, gi, mask, given in held_regions(self._held_row() if held is None else held, node):
             owners.setdefault(gi, []).append((mask, jid))
             listed[gi] = listed.get(gi, 0) | mask
             promised.setdefault(gi, set()).update(given)
@@ -1353,7 +1353,7 @@ class Controller(NodeApi):
         """
         updates = 0
         pending_types = {t for j in jobs if j.pending and j.wants_mig for t in j.mig}
-        held = self.store.get_meta("held") or {}
+        held = self._held_row()
         for n in nodes:
             layouts = self.intended_layouts(n.name, held=held)
             expected = _gres_counts(layouts)
