@@ -455,3 +455,28 @@ def test_with_the_hold_back_off_a_held_row_left_by_an_earlier_run_holds_nothing(
                                             "bindings": {}})
     assert status == 200 and resp["action"] == "bind", resp  # without the fix: requeued, "held for job(s) 8"
     assert resp["instances"] == [{"gpu": 0, "profile": "1g.10gb", "start": 0}], resp
+
+
+def test_a_damaged_held_or_reservations_row_does_not_stop_the_ticks(rig):
+    """The tick reads the meta rows "held" and "reservations" (for the policy's view of started, unbound jobs)
+    before it writes them again, so a row not of the shape it writes (a damaged database, a row of another
+    version) failed every tick for ever: AttributeError, ValueError, never rewritten. Such a row, or entry, now
+    holds nothing, and the tick writes the rows afresh."""
+    now = time.time()
+    rig.store.replace_observed("n1", H100, [{**i, "in_use": False} for i in ONE_G], now=now)
+    rig.fake.queue = [SlurmJob(job_id=9, name="x", user="u", mig={"1g": 1}, tres_per_node="gres:mig:1g:1",
+                               submit_time=1, priority=1, state="RUNNING", nodes=["n1"], start_time=int(now))]
+    whole = [["n1", 0, 255, [], []]]
+    for held, reservations, counted in [("junk", {}, 7), ([1, 2], {}, 7), ({"8": [["n1", "x", 255, [], []]]}, {}, 7),
+                                        ({"8": [["n1", 0, 255, [], [["1g.10gb"]]]]}, {}, 7),
+                                        ({"8": [["n1", 0, "ff", [], []]]}, {}, 7), ({"8": "x"}, {}, 7),
+                                        ({}, "junk", 7), ({}, {"9": {"node": "n1", "instances": [[0, "1g.10gb"]]}}, 7),
+                                        ({"8": whole}, {"9": {"node": "n1", "instances": "x"}}, 0),
+                                        ({"8": whole}, {"9": {"node": "n1", "instances": [[0, "1g.10gb", 0]]}}, 1)]:
+        rig.store.set_meta("held", held, now=now)
+        rig.store.set_meta("reservations", reservations, now=now)
+        rig.tick()  # without the fix: all but ({"8": "x"}, {}) and the last three raise
+        assert isinstance(rig.store.get_meta("held"), dict) and isinstance(rig.store.get_meta("reservations"), dict)
+        rig.store.set_meta("held", held, now=now)
+        rig.store.set_meta("reservations", reservations, now=now)
+        assert len(rig.intended_layouts("n1")[0].slots) == counted, (held, reservations)

@@ -101,12 +101,22 @@ def held_regions(held: Mapping | None, node: str) -> Iterator[tuple[str, int, in
     """(waiting job id, GPU index, memory-slice mask, the instances there promised to jobs Slurm started whose
     Prologs had not bound them) of each region on ``node`` that the meta row "held" (``held``: job id -> [[node,
     gpu, mask, idle instances, promised instances], ...], as the controller's tick writes it) holds, in job id
-    order; regions of no slice left out."""
-    for jid, regions in sorted((held or {}).items()):
+    order; regions of no slice left out, and those the row does not hold in that shape (a damaged row, one of
+    another version: the tick reads the row before it writes it again, so failing on one failed every tick)."""
+    if not isinstance(held, Mapping):
+        return
+    for jid, regions in sorted(held.items()):
+        if not isinstance(regions, list):
+            continue
         for r in regions:
-            if r[0] == node and len(r) > 2 and r[2]:
+            try:
+                if not (isinstance(r, list) and len(r) > 2 and r[0] == node and r[2]):
+                    continue
+                gi, mask = int(r[1]), int(r[2])
                 promised = {Slot(int(st), str(p)) for p, st in r[4]} if len(r) > 4 else set()
-                yield str(jid), int(r[1]), int(r[2]), promised
+            except (TypeError, ValueError, OverflowError):
+                continue
+            yield str(jid), gi, mask, promised
 
 
 def choose_binding_held(gpus: list[NodeGpu], profile: str, count: int, reserved: tuple[tuple[int, Slot], ...],

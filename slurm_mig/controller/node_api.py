@@ -554,7 +554,15 @@ class NodeApi:
         """The meta row "held" (job id -> regions, as the last tick wrote it); empty with ``[controller]
         hold_reserved = false``, whatever a run with it on left there (the API is served before the first tick
         rewrites the row, and between its two transactions)."""
-        return (self.store.get_meta("held") or {}) if self.cfg.controller.hold_reserved else {}
+        row = self.store.get_meta("held") if self.cfg.controller.hold_reserved else None
+        return row if isinstance(row, dict) else {}
+
+    def _reservations_row(self) -> dict:
+        """The meta row "reservations" (job id -> {"node", "instances": [[gpu, profile, start], ...]}, the last
+        tick's assignments); empty where it is not a JSON object (a damaged row: read by the tick before it is
+        written again, it must not fail every tick)."""
+        row = self.store.get_meta("reservations")
+        return row if isinstance(row, dict) else {}
 
     def _keep_off(self, node: str, jobs: set, held: dict | None = None
                   ) -> tuple[dict[int, int], dict[int, set[Slot]], list[str]]:
@@ -578,10 +586,13 @@ class NodeApi:
     def _reservation(self, job_id: str, node: str, reservations: dict | None = None) -> tuple:
         """The policy's last-tick reservation for ``job_id`` on ``node`` (from ``reservations``, the meta row,
         when the caller read it already), as the Prolog's choose_binding takes it."""
-        res = ((self.store.get_meta("reservations") if reservations is None else reservations) or {}).get(job_id)
-        if not res or res.get("node") != node:
+        res = (self._reservations_row() if reservations is None else reservations).get(job_id)
+        if not isinstance(res, dict) or res.get("node") != node:
             return ()
-        return tuple((int(gi), Slot(int(start), profile)) for gi, profile, start in res["instances"])
+        try:
+            return tuple((int(gi), Slot(int(start), str(profile))) for gi, profile, start in res["instances"])
+        except (KeyError, TypeError, ValueError, OverflowError):
+            return ()  # a damaged entry: no reservation
 
     def on_bound(self, payload: dict, principal) -> dict:
         node = self._check_node(payload, principal)

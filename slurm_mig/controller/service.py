@@ -489,7 +489,7 @@ class Controller(NodeApi):
         are ``job_id``'s. The policy's view and the job's Prolog look a started job's reservation up under its own
         id (the Prolog also under its task's, from Slurm's record): the view alone missed it, held the lowest free
         instance for the job while its Prolog took the reserved one, and planned a re-carve through that."""
-        reservations = self.store.get_meta("reservations") or {}
+        reservations = self._reservations_row()
         if task in reservations and job_id not in reservations:
             reservations[job_id] = reservations.pop(task)
             self.store.set_meta("reservations", reservations, now=now)
@@ -884,7 +884,7 @@ class Controller(NodeApi):
                         "in the last %.0f s", which, name, held, kind, POLICY_FAIL_LOG_EVERY_S)
         # A started job the Prolog has not bound holds, in the policy's view, the instance its Prolog will
         # choose: its reservation from the last tick when that is free (store.cluster_state, _prolog_choice).
-        reservations = self.store.get_meta("reservations") or {}
+        reservations = self._reservations_row()
         held = self._held_row()
         state = self.store.cluster_state(
             now, stale_after_s=self.cfg.controller.node_stale_after_s,
@@ -1234,9 +1234,8 @@ class Controller(NodeApi):
             listed[gi] = listed.get(gi, 0) | mask
             promised.setdefault(gi, set()).update(given)
         if listed and assigned is None:
-            assigned = {(r.get("node"), int(gi), Slot(int(start), profile))
-                        for r in (self.store.get_meta("reservations") or {}).values()
-                        for gi, profile, start in r.get("instances", ())}
+            rows = self._reservations_row()
+            assigned = {(node, gi, s) for jid in rows for gi, s in self._reservation(jid, node, rows)}
         out: dict[int, Layout] = {}
         inside: dict[int, list[Slot]] = {}  # GPU -> busy instances in a held region, counted unless absorbed
         idle_types: set[str] = set()  # the types of the idle instances Slurm is told of
