@@ -480,3 +480,32 @@ def test_a_damaged_held_or_reservations_row_does_not_stop_the_ticks(rig):
         rig.store.set_meta("held", held, now=now)
         rig.store.set_meta("reservations", reservations, now=now)
         assert len(rig.intended_layouts("n1")[0].slots) == counted, (held, reservations)
+
+
+def test_a_holder_that_leaves_the_queue_holds_nothing_from_the_next_tick(rig):
+    """Pinned (review of the hold-back; not a fault): job 8, the 7g whose region holds n1's GPU, is cancelled. The
+    next tick writes the meta row "held" without it and tells Slurm of every 1g again."""
+    t, jobs, node = _seven_busy_1g(rig)
+    busy = set(range(7))
+    _end(rig, t, jobs, node, 1, busy)
+    rig.tick()
+    assert "8" in rig.store.get_meta("held") and _gres(rig).get("1g") == 0, rig.fake.calls
+    jobs.pop(8)
+    rig.fake.queue = list(jobs.values())
+    rig.tick()
+    assert rig.store.get_meta("held") == {} and _gres(rig).get("1g") == 7, rig.fake.calls
+
+
+def test_an_a30_region_is_held_by_its_own_geometry(rig):
+    """Pinned (review of the hold-back; not a fault): an A30 has four memory slices, no 3g or 7g, and its 4g is the
+    whole GPU. A 4g holder's region (0x0F) leaves out its idle 1g and, with no idle 1g elsewhere, its busy ones; a
+    2g holder's (0x03) keeps the busy 1g counted where an idle 1g is outside it."""
+    now = time.time()
+    a30 = [{"gpu": 0, "uuid": "GPU-0", "model": "A30-24GB", "mig_enabled": True}]
+    rig.store.replace_observed("n1", a30, [{"gpu": 0, "profile": "1g.6gb", "start": s, "uuid": f"MIG-{s}",
+                                            "in_use": s != 3} for s in range(4)], now=now)
+    rig.store.upsert_job("8", profile="4g", count=1, submit_time=now, now=now)
+    assert rig.intended_layouts("n1", held={"8": [["n1", 0, 0x0F, [], []]]}, assigned=set())[0].slots == frozenset()
+    rig.store.upsert_job("8", profile="2g", count=1, submit_time=now, now=now)
+    got = rig.intended_layouts("n1", held={"8": [["n1", 0, 0x03, [], []]]}, assigned=set())[0].slots
+    assert {s.start for s in got} == {0, 1, 2, 3}, got
