@@ -340,6 +340,32 @@ def test_lowering_the_counts_from_a_prolog_waits_for_a_gres_write_under_way(rig)
     assert not worker.is_alive() and node["gres"]["1g"] == 0, node
 
 
+def test_the_tick_works_out_each_nodes_counts_under_the_lock_it_writes_them_under(rig):
+    """A Prolog's lower_held_counts (its own thread) takes the lock every count write holds. The tick's _assert_gres
+    and its withdrawal step worked the counts out before taking it, so a lowering between the two was undone by
+    counts worked out before it, until the next tick (found in review). Each node's counts are now worked out
+    under the lock too: every intended_layouts those steps ask is asked holding it."""
+    import sys
+
+    t, jobs, node = _seven_busy_1g(rig)
+    asked = []
+    orig = rig.intended_layouts
+
+    def watched(name, **kw):
+        caller = sys._getframe(1).f_code.co_name
+        if caller in ("_assert_node_gres", "_assert_gres", "_shrinking", "_withdraw_first"):
+            asked.append((caller, rig._gres_lock._is_owned()))
+        return orig(name, **kw)
+
+    rig.intended_layouts = watched
+    busy = set(range(7))
+    _end(rig, t, jobs, node, 1, busy)  # a tick with the held region's counts to set
+    rig.tick()
+    callers = {c for c, _owned in asked}
+    assert {"_shrinking"} <= callers and callers & {"_assert_node_gres", "_assert_gres"}, asked
+    assert all(owned for _c, owned in asked), asked  # without the fix: computed outside the lock
+
+
 def test_idle_instances_in_a_held_region_stay_out_of_the_counts_while_another_re_carve_of_the_gpu_waits(rig):
     """n1's H100 holds seven 1g, job 1 runs on 1g@0; job 8 (4g) waits for slices 0-3 and job 9 (3g) is placed on
     3g@4, carved out of the idle 1g@4-6. Until the node reports that re-carve done the GPU's desired layout

@@ -1095,16 +1095,19 @@ class Controller(NodeApi):
         by_name = {n.name: n for n in nodes}
         held_back: set[str] = set()
         for rounds in range(1, WITHDRAW_ROUNDS + 1):
-            shrinking = self._shrinking(plan, gres_now)
-            if not shrinking:
-                return plan, jobs, now, held_back
-            held_back = set()
-            for node, low in shrinking.items():
-                pad_to = self._pad_total(by_name[node], low, self._pad_gpus(node, self.intended_layouts(node)), now)
-                if self._write_gres(node, low, pad_to, now, "; its re-carve waits"):
-                    gres_now[node] = low if pad_to is None else {**low, PAD_TYPE: pad_to - sum(low.values())}
-                else:
-                    held_back.add(node)
+            # Worked out and written under the lock, as in _assert_gres: not over a Prolog's lower_held_counts.
+            with self._gres_lock:
+                shrinking = self._shrinking(plan, gres_now)
+                if not shrinking:
+                    return plan, jobs, now, held_back
+                held_back = set()
+                for node, low in shrinking.items():
+                    pad_to = self._pad_total(by_name[node], low, self._pad_gpus(node, self.intended_layouts(node)),
+                                             now)
+                    if self._write_gres(node, low, pad_to, now, "; its re-carve waits"):
+                        gres_now[node] = low if pad_to is None else {**low, PAD_TYPE: pad_to - sum(low.values())}
+                    else:
+                        held_back.add(node)
             # The clock before the query: a job bound while squeue runs is listed PENDING in its answer,
             # and only a binding older than the query may be read as "requeued" (see _sync_jobs).
             queried_at = self.clock()
@@ -1354,38 +1357,45 @@ class Controller(NodeApi):
         pending_types = {t for j in jobs if j.pending and j.wants_mig for t in j.mig}
         held = self._held_row()
         for n in nodes:
-            layouts = self.intended_layouts(n.name, held=held)
-            expected = _gres_counts(layouts)
-            gpus = self._pad_gpus(n.name, layouts)
-            if expected is None:
-                if not gpus:
-                    continue  # the node never reported a GPU: nothing known to correct
-                # The node reports GPUs but none holds MIG instances any more: Slurm must not keep
-                # advertising the instances that were there, or it starts jobs on slices that do not exist.
-                expected = {t: 0 for t in GRES_TYPES}
-            told = (gres_now or {}).get(n.name, n.gres)  # as read, or as the withdrawal step set it since
-            current = {t: told.get(t, 0) for t in GRES_TYPES}
+            # Worked out and written under the lock: a Prolog's lower_held_counts between the two would be undone
+            # by counts worked out before it, until the next tick.
             with self._gres_lock:
-                self._gres_now[n.name] = current
-            pad_to = self._pad_to[n.name] = self._pad_total(n, expected, gpus, now)
-            last = self._gres_set.get(n.name)
-            stale = current != expected or (pad_to is not None and told.get(PAD_TYPE) != pad_to - sum(expected.values()))
-            # FACTS §4: Slurm does not reconsider a pending job whose type came back until another Gres
-            # update; re-issuing the same value un-sticks it. Rate-limited per node.
-            could_help = any(expected.get(t, 0) > (n.gres_used or {}).get(t, 0) for t in pending_types)
-            nudge = could_help and (last is None or now - last[1] > 3 * self.cfg.controller.tick_interval_s)
-            if not stale and not nudge:
-                self._note_gres_held(n.name, current, now if read_at is None else read_at)
-                continue
-            why = self._gres_changed_by_slurm(n, current) if stale else ""
-            if not self._write_gres(n.name, expected, pad_to, now):
-                continue
-            updates += 1
-            if stale:
-                self.metrics.inc("slurm_mig_gres_reasserted_total", (("node", n.name),))
-                self.store.add_event("gres", f"{n.name}: Slurm had {_fmt(current)}, set {_fmt(expected)}{why}",
-                                     node=n.name, now=now if read_at is None else read_at)
+                updates += self._assert_node_gres(n, pending_types, held, now, gres_now, read_at)
         return updates
+
+    def _assert_node_gres(self, n, pending_types: set, held: dict, now: float, gres_now: dict | None,
+                          read_at: float | None) -> int:
+        """_assert_gres for node ``n`` (the caller holds _gres_lock); 1 when Slurm's counts were written."""
+        layouts = self.intended_layouts(n.name, held=held)
+        expected = _gres_counts(layouts)
+        gpus = self._pad_gpus(n.name, layouts)
+        if expected is None:
+            if not gpus:
+                return 0  # the node never reported a GPU: nothing known to correct
+            # The node reports GPUs but none holds MIG instances any more: Slurm must not keep
+            # advertising the instances that were there, or it starts jobs on slices that do not exist.
+            expected = {t: 0 for t in GRES_TYPES}
+        told = (gres_now or {}).get(n.name, n.gres)  # as read, or as the withdrawal step set it since
+        current = {t: told.get(t, 0) for t in GRES_TYPES}
+        self._gres_now[n.name] = current
+        pad_to = self._pad_to[n.name] = self._pad_total(n, expected, gpus, now)
+        last = self._gres_set.get(n.name)
+        stale = current != expected or (pad_to is not None and told.get(PAD_TYPE) != pad_to - sum(expected.values()))
+        # FACTS §4: Slurm does not reconsider a pending job whose type came back until another Gres
+        # update; re-issuing the same value un-sticks it. Rate-limited per node.
+        could_help = any(expected.get(t, 0) > (n.gres_used or {}).get(t, 0) for t in pending_types)
+        nudge = could_help and (last is None or now - last[1] > 3 * self.cfg.controller.tick_interval_s)
+        if not stale and not nudge:
+            self._note_gres_held(n.name, current, now if read_at is None else read_at)
+            return 0
+        why = self._gres_changed_by_slurm(n, current) if stale else ""
+        if not self._write_gres(n.name, expected, pad_to, now):
+            return 0
+        if stale:
+            self.metrics.inc("slurm_mig_gres_reasserted_total", (("node", n.name),))
+            self.store.add_event("gres", f"{n.name}: Slurm had {_fmt(current)}, set {_fmt(expected)}{why}",
+                                 node=n.name, now=now if read_at is None else read_at)
+        return 1
 
     def lower_held_counts(self, node: str, now: float) -> bool:
         """Lower ``node``'s counts in Slurm, now, to what its layouts hold less the regions held for waiting jobs
