@@ -32,7 +32,9 @@ def cluster(tmp_path_factory, slurm_installed):
 
 
 def test_a_7g_behind_busy_1g_jobs_runs_first_and_no_later_1g_job_is_requeued(cluster):
-    r = reserved_region.run_scenario(cluster, step=1.5, later=3, later_s=3.0, timeout=150)
+    # step 3 s, not 1.5: the hold starts at the first tick after the 7g's submission (1 s ticks), and a first 1g
+    # job ending before it, after the later jobs' submission, is Slurm's to give to them (1 run in 6 at 1.5 s).
+    r = reserved_region.run_scenario(cluster, step=3.0, later=3, later_s=3.0, timeout=180)
     assert r["finished"], r
     assert r["requeues"] == 0, r  # 14 in the benchmark's scenario with the first hold-back alone
     assert r["later_before_big"] == 0, r  # without the hold-back: all of them
