@@ -1098,3 +1098,67 @@ def test_version_9_outcomes_settled_by_a_guess_are_marked_guessed_when_migrated(
     assert new.schema_version == LATEST_VERSION
     assert {o.job_id: o.guessed for o in new.outcomes()} == {"51": True, "52": False, "53": False, "54": False}
     new.close()
+
+
+def _guessed_run_1(db, job_id: str, *, start: float | None, suspended: tuple[float, float | None] | None = None,
+                   guessed_end: float = 4000.0) -> None:
+    """Run 1 of ``job_id`` settled by the controller's guess at ``guessed_end`` (FAILED, no exit status: Slurm had
+    forgotten it), ``suspended`` (seconds before, the suspension going on since) as the tick last noted, and the id
+    run again since (run 2 waits)."""
+    db.upsert_job(job_id, profile="1g", submit_time=0.0, now=0.0)
+    db.set_job_state(job_id, "RUNNING", now=100.0 if start is None else start, node="n1")
+    if suspended is not None:
+        db.set_suspension(job_id, suspended_s=suspended[0], since=suspended[1])
+    known = {} if start is not None else {"start_time": None}  # (an outcome without a start time)
+    assert db.record_outcome(job_id, state="FAILED", end_time=guessed_end, now=guessed_end + 60, guessed=True,
+                             **known)
+    db.set_job_state(job_id, "FAILED", now=guessed_end + 60, end_time=guessed_end)
+    db.restart_job(job_id, now=guessed_end + 100, reason="another job with this id", submit_time=guessed_end + 90)
+
+
+def test_a_guess_replaced_by_run_1s_epilog_keeps_its_run_time_to_its_suspension(db):
+    """Run 1 ran 300 s (from 100), was suspended at 400 and killed while suspended at 500; the controller was down,
+    Slurm forgot it, its Epilog was late: the tick guessed its end at 4000, its run time 300 s (the suspension
+    going on counted up to that end, as record_outcome counts it). Run 1's Epilog (end 500) replaced the guess
+    after the id ran again, and worked the time suspended out as the guess's span less its run time (3600 s) and
+    took it from the Epilog's span (400 s): run time 0, where it ran 300 s. A suspension going on at the guessed
+    end is the run's up to its real end only; the run time stays the 300 s it ran before it."""
+    _guessed_run_1(db, "61", start=100.0, suspended=(0.0, 400.0))
+    assert db.outcome("61", run=1).run_s == 300.0
+    assert db.replace_guessed_outcome("61", 1, node="n1", state="COMPLETED", exit_code=0, derived_exit_code=0,
+                                      end_time=500.0)
+    o = db.outcome("61", run=1)
+    assert (o.state, o.exit_code, o.end_time, o.run_s, o.guessed) == ("COMPLETED", 0, 500.0, 300.0, False)
+    # Killed while suspended with an end the node's clock puts before the suspension the tick noted: no more than
+    # its span.
+    _guessed_run_1(db, "62", start=100.0, suspended=(0.0, 400.0))
+    assert db.replace_guessed_outcome("62", 1, node="n1", state="FAILED", exit_code=256, derived_exit_code=0,
+                                      end_time=350.0)
+    assert db.outcome("62", run=1).run_s == 250.0
+
+
+def test_a_guess_replaced_by_run_1s_epilog_leaves_out_a_suspension_over_before_its_end(db):
+    """A suspension that ended (resumed) before the run did is left out of the Epilog's span as it was of the
+    guess's; a run never seen started keeps no run time; an end before the start ends it at its start."""
+    _guessed_run_1(db, "63", start=100.0, suspended=(50.0, None))  # suspended 50 s, resumed, ran to its end
+    assert db.outcome("63", run=1).run_s == 3850.0
+    assert db.replace_guessed_outcome("63", 1, node="n1", state="COMPLETED", exit_code=0, derived_exit_code=0,
+                                      end_time=500.0)
+    assert db.outcome("63", run=1).run_s == 350.0
+    _guessed_run_1(db, "64", start=None)
+    assert db.replace_guessed_outcome("64", 1, node="n1", state="COMPLETED", exit_code=0, derived_exit_code=0,
+                                      end_time=500.0)
+    o = db.outcome("64", run=1)
+    assert (o.start_time, o.end_time, o.run_s) == (None, 500.0, None)
+    _guessed_run_1(db, "65", start=100.0)
+    assert db.replace_guessed_outcome("65", 1, node="n1", state="COMPLETED", exit_code=0, derived_exit_code=0,
+                                      end_time=90.0)
+    o = db.outcome("65", run=1)
+    assert (o.end_time, o.run_s) == (100.0, 0.0)
+    # Only a guess, only once, and only from the node run 1 ran on.
+    assert not db.replace_guessed_outcome("65", 1, node="n1", state="FAILED", exit_code=1, derived_exit_code=0,
+                                          end_time=200.0)
+    _guessed_run_1(db, "66", start=100.0)
+    assert not db.replace_guessed_outcome("66", 1, node="n2", state="COMPLETED", exit_code=0, derived_exit_code=0,
+                                          end_time=500.0)
+    assert db.outcome("66", run=1).guessed

@@ -204,7 +204,8 @@ class Outcome:
     recorded_at: float
     run: int = 1  # which run of the job id (ids are reused): 1, 2, ... in the order they ran
     # The controller's guess (a run settled without Slurm's record or its Epilog: FAILED, no exit status), which
-    # the run's Epilog replaces if it comes; never one from Slurm's record or an Epilog.
+    # the run's Epilog replaces if it comes; never one from Slurm's record or an Epilog. (The column says 2 for a
+    # guess of a run suspended at the end guessed: store/outcomes.py GUESSED_SUSPENDED.)
     guessed: bool = False
 
 

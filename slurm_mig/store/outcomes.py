@@ -10,6 +10,12 @@ from slurm_mig.store.rows import _check_state, _now, _row_job
 from slurm_mig.store.schema import JOB_STATES, TERMINAL_STATES
 
 
+# outcomes.guessed (schema migration 10): 0 an outcome from Slurm's record or an Epilog; else the controller's guess
+# (replace_guessed_outcome), GUESSED_SUSPENDED where the run was suspended at the end guessed (its run time counts
+# up to the suspension only, whatever the real end), GUESSED otherwise.
+GUESSED, GUESSED_SUSPENDED = 1, 2
+
+
 class OutcomesMixin:
     """Store methods on the jobs' outcomes (table outcomes)."""
 
@@ -57,12 +63,16 @@ class OutcomesMixin:
         its Epilog, from ``node``, arrives after the id ran again: the Epilog's state, exit status and end replace
         the guess, in place (the jobs row is a later run's: the rest of the outcome, taken from it when it was
         this run's, stays). Only a guess, and only from the node the run ran on: an outcome from Slurm's record
-        or an earlier Epilog stays. The run time keeps leaving out the time suspended that it left out. True when
-        it replaced one."""
+        or an earlier Epilog stays. The run time keeps leaving out the time suspended that it left out: the guess's
+        span less its run time, where the run was not suspended at the end guessed (a suspension over by then is
+        over by its real end too). One suspended at the end guessed (GUESSED_SUSPENDED: killed while suspended) ran
+        no more after that than the guess's run time counts, which stays, cut to the Epilog's span; until
+        2026-11-27 the suspension up to the guessed end (an outage's length) was taken from the Epilog's span too,
+        leaving a run time of 0 where the run had run for hours. True when it replaced one."""
         _check_state(state, TERMINAL_STATES, "end state")
         with self.transaction():
-            rows = self._q("SELECT node, start_time, end_time, run_s FROM outcomes WHERE job_id = ? AND run = ? AND "
-                           "guessed = 1", (str(job_id), int(run)))
+            rows = self._q("SELECT node, start_time, end_time, run_s, guessed FROM outcomes WHERE job_id = ? AND "
+                           "run = ? AND guessed != 0", (str(job_id), int(run)))
             if not rows or rows[0]["node"] not in (None, node):
                 return False
             o = rows[0]
@@ -70,14 +80,17 @@ class OutcomesMixin:
             run_s = None
             if start is not None:
                 end = max(end, float(start))
-                suspended = 0.0
-                if o["run_s"] is not None and o["end_time"] is not None:
-                    suspended = max(0.0, (float(o["end_time"]) - float(start)) - float(o["run_s"]))
-                run_s = max(0.0, end - float(start) - suspended)
+                if o["guessed"] == GUESSED_SUSPENDED and o["run_s"] is not None:
+                    run_s = min(float(o["run_s"]), end - float(start))
+                else:
+                    suspended = 0.0
+                    if o["run_s"] is not None and o["end_time"] is not None:
+                        suspended = max(0.0, (float(o["end_time"]) - float(start)) - float(o["run_s"]))
+                    run_s = max(0.0, end - float(start) - suspended)
             return bool(self._x("UPDATE outcomes SET state = ?, exit_code = ?, derived_exit_code = ?, end_time = ?, "
                                 "run_s = ?, node = COALESCE(node, ?), guessed = 0 WHERE job_id = ? AND run = ? AND "
-                                "guessed = 1", (state, exit_code, derived_exit_code, end, run_s, node, str(job_id),
-                                                int(run))).rowcount)
+                                "guessed != 0", (state, exit_code, derived_exit_code, end, run_s, node, str(job_id),
+                                                 int(run))).rowcount)
 
     def requeued_outcome(self, job_id: str, run: int) -> bool:
         """Run ``run`` of ``job_id`` was ended by a requeue, not by its exit: its outcome, recorded COMPLETED or
@@ -146,6 +159,9 @@ class OutcomesMixin:
                 # Without the time it was suspended (schema migration 9), as Slurm's RunTime counts it: the
                 # retrainer's trace replays run_s, and a job suspended for an hour did not run for one more.
                 run_s = job.run_time(start, end)
+            # A guess of a run suspended at the end guessed (GUESSED_SUSPENDED): replace_guessed_outcome must know.
+            mark = 0 if not guessed else GUESSED_SUSPENDED if (
+                job is not None and not earlier and job.suspended_since is not None) else GUESSED
             cur = self._x(
                 "INSERT INTO outcomes (job_id, run, profile, count, node, gpus, instances, user, partition, "
                 "time_limit_s, submit_time, start_time, end_time, wait_s, run_s, exit_code, derived_exit_code, "
@@ -154,7 +170,7 @@ class OutcomesMixin:
                 (job_id, int(run), v["profile"], int(v.get("count") or 1), v.get("node"), dumps(list(gpus)),
                  dumps([i.to_json() for i in instances]), v.get("user") or "", v.get("partition") or "",
                  v.get("time_limit_s"), submit, start, end, wait_s, run_s, exit_code, derived_exit_code, state, t,
-                 int(bool(guessed))),
+                 mark),
             )
             return cur.rowcount == 1
 

@@ -323,6 +323,8 @@ ALTER TABLE jobs ADD COLUMN suspended_s REAL;
 ALTER TABLE jobs ADD COLUMN suspended_since REAL;
 """
 
+# guessed is 2 (store/outcomes.py GUESSED_SUSPENDED) for a guess of a run suspended at the end guessed, as
+# record_outcome writes it since 2026-11-27: the rows this migration marks are 1.
 _V10_GUESSED_OUTCOMES = """
 -- 1: the outcome is the controller's guess, not Slurm's record of the run nor its Epilog's: a run whose Epilog
 -- never came, settled after Slurm had forgotten the job (FAILED, no exit status; controller/runs.py FORGOTTEN).
