@@ -535,3 +535,53 @@ def test_an_a30_region_is_held_by_its_own_geometry(rig):
     rig.store.upsert_job("8", profile="2g", count=1, submit_time=now, now=now)
     got = rig.intended_layouts("n1", held={"8": [["n1", 0, 0x03, [], []]]}, assigned=set())[0].slots
     assert {s.start for s in got} == {0, 1, 2, 3}, got
+
+
+def test_the_count_lock_is_never_taken_holding_the_store_lock(rig):
+    """The tick works each node's counts out under _gres_lock, asking the store (its lock) while it holds it, and a
+    Prolog's lower_held_counts does the same in its own thread: lock, then store. A thread taking the count lock
+    while it held the store's (a count write inside a store transaction) would deadlock against them. Pinned over
+    ticks that set the counts, a withdrawal and a refused Prolog that lowers them (review, 2026-11-27: none does)."""
+    import sys
+    import threading
+
+    class Watched:
+        def __init__(self, lock):
+            self.lock, self.taken = lock, []
+
+        def __enter__(self):
+            self.lock.acquire()
+            self.taken.append((sys._getframe(1).f_code.co_name, rig.store._lock._owner == threading.get_ident()))
+            return self
+
+        def __exit__(self, *exc):
+            self.lock.release()
+
+        def _is_owned(self):
+            return self.lock._is_owned()
+
+    rig._gres_lock = watched = Watched(rig._gres_lock)
+    t, jobs, node = _seven_busy_1g(rig)
+    busy = set(range(7))
+    _end(rig, t, jobs, node, 1, busy)
+    rig.tick()
+    node["gres"] = {"1g": 7, "pad": 0}  # a registration; the tick's write fails, a Prolog is refused
+    good = rig.fake.update_node_gres
+    from slurm_mig.errors import SlurmCommandError
+
+    def failing(n, counts, **kw):
+        raise SlurmCommandError("scontrol: slurmctld busy")
+
+    rig.fake.update_node_gres = failing
+    rig.tick()
+    rig.fake.update_node_gres = good
+    _end(rig, t, jobs, node, 2, busy)
+    jobs[9] = SlurmJob(**{**jobs[9].__dict__, "state": "RUNNING", "nodes": ["n1"], "start_time": int(t[0])})
+    node["used"] = {"1g": 7}
+    status, resp = post(rig, "/v1/prolog", {"job_id": "9", "node": "n1", "observed": _observed(busy),
+                                            "bindings": {}})
+    assert status == 200 and resp["action"] == "requeue", resp
+    rig.tick()
+    where = {c for c, _held in watched.taken}
+    assert {"_write_gres", "_assert_gres", "_withdraw_first", "lower_held_counts"} <= where, watched.taken
+    assert not [c for c, held in watched.taken if held], watched.taken
