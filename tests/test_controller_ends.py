@@ -992,6 +992,34 @@ def test_a_late_epilog_replaces_the_guess_for_run_1_after_the_id_ran_again(ctl, 
     assert ctl.store.outcome("3", run=1) == o1
 
 
+def test_run_1s_late_epilog_keeps_the_run_time_of_a_run_killed_while_suspended(ctl):
+    """Alice's job 3 ran 300 s, was suspended and ended while suspended, the controller down; Slurm forgot it and
+    the tick settled it by its guess (run time 300 s: the suspension counted up to the guessed end). Bob's job 3
+    waits as run 2 when run 1's Epilog comes: its end replaces the guess's, and the run time stays 300 s (until
+    2026-11-27 the suspension up to the guessed end was taken from the Epilog's span too: 0 s)."""
+    now = time.time()
+    ctl.store.upsert_job("3", profile="1g", user="alice", uid=1000, submit_time=now - 4000, now=now - 4000)
+    ctl.store.set_job_state("3", "RUNNING", now=now - 3900, node="n1")
+    ctl.store.bind("3", "n1", [INST], now=now - 3900)
+    ctl.store.set_job_state("3", "SUSPENDED", now=now - 3600)
+    ctl.store.set_suspension("3", suspended_s=0.0, since=now - 3600)
+    t = [now]
+    ctl.clock = lambda: t[0]
+    ctl.tick()
+    t[0] += 61
+    ctl.tick()
+    o = ctl.store.outcome("3")
+    assert (o.run, o.state, o.exit_code, o.run_s, o.guessed) == (1, "FAILED", None, 300.0, True)
+    t[0] += 30
+    ctl.slurm.queue = [SlurmJob(job_id=3, state="PENDING", mig={"1g": 1}, tres_per_node="gres:mig:1g:1", user="bob",
+                                user_id=2000, submit_time=int(t[0] - 5), priority=1)]
+    ctl.tick()
+    assert ctl.store.get_job("3").run == 2
+    assert ctl.on_epilog(_old_runs_epilog(now - 3500, uid=1000), None)["recorded"]
+    o = ctl.store.outcome("3", run=1)
+    assert (o.state, o.exit_code, o.end_time, o.run_s, o.guessed) == ("COMPLETED", 0, now - 3500, 300.0, False)
+
+
 # -- a run that began while the tick settled the lost Epilog of the one before ------------------------
 
 def test_a_lost_epilogs_settlement_does_not_end_a_run_that_began_after_the_tick_looked(ctl, monkeypatch):
