@@ -1084,19 +1084,26 @@ def test_version_9_outcomes_settled_by_a_guess_are_marked_guessed_when_migrated(
     path = tmp_path / "state.db"
     old = open_store(path, migrate=False)
     assert migrate(old.db, target=9)[-1] == 9
-    for job_id, run, state, reason in (("51", 1, "FAILED", FORGOTTEN), ("52", 1, "FAILED", ""),
-                                       ("53", 1, "COMPLETED", FORGOTTEN), ("54", 2, "PENDING", "live again")):
-        old.db.execute("INSERT INTO jobs (job_id, profile, state, reason, run, submit_time, updated_at) "
-                       "VALUES (?, '1g', ?, ?, ?, 1, 1)",
-                       (job_id, state, reason, run))
+    for job_id, run, state, reason, since in (("51", 1, "FAILED", FORGOTTEN, None), ("52", 1, "FAILED", "", None),
+                                              ("53", 1, "COMPLETED", FORGOTTEN, None),
+                                              ("54", 2, "PENDING", "live again", None),
+                                              ("55", 1, "FAILED", FORGOTTEN, 3000.0)):
+        old.db.execute("INSERT INTO jobs (job_id, profile, state, reason, run, submit_time, updated_at, "
+                       "suspended_since) VALUES (?, '1g', ?, ?, ?, 1, 1, ?)",
+                       (job_id, state, reason, run, since))
     for job_id, exit_code, state in (("51", None, "FAILED"), ("52", None, "FAILED"), ("53", 0, "COMPLETED"),
-                                     ("54", None, "FAILED")):
+                                     ("54", None, "FAILED"), ("55", None, "FAILED")):
         old.db.execute("INSERT INTO outcomes (job_id, run, profile, count, exit_code, state, recorded_at) VALUES "
                        "(?, 1, '1g', 1, ?, ?, 1)", (job_id, exit_code, state))
     old.close()
     new = open_store(path)
     assert new.schema_version == LATEST_VERSION
-    assert {o.job_id: o.guessed for o in new.outcomes()} == {"51": True, "52": False, "53": False, "54": False}
+    assert {o.job_id: o.guessed for o in new.outcomes()} == {"51": True, "52": False, "53": False, "54": False,
+                                                             "55": True}
+    # 55 was suspended at the end guessed (killed while suspended): marked so, as record_outcome marks such a guess,
+    # so that its Epilog's replacement keeps the guess's run time (outcomes.GUESSED_SUSPENDED)
+    marks = {r[0]: r[1] for r in new.db.execute("SELECT job_id, guessed FROM outcomes").fetchall()}
+    assert marks == {"51": 1, "52": 0, "53": 0, "54": 0, "55": 2}, marks
     new.close()
 
 

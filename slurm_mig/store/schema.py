@@ -324,14 +324,17 @@ ALTER TABLE jobs ADD COLUMN suspended_since REAL;
 """
 
 # guessed is 2 (store/outcomes.py GUESSED_SUSPENDED) for a guess of a run suspended at the end guessed, as
-# record_outcome writes it since 2026-11-27: the rows this migration marks are 1.
+# record_outcome writes it: so are the rows this migration marks whose jobs row notes a suspension going on.
 _V10_GUESSED_OUTCOMES = """
 -- 1: the outcome is the controller's guess, not Slurm's record of the run nor its Epilog's: a run whose Epilog
 -- never came, settled after Slurm had forgotten the job (FAILED, no exit status; controller/runs.py FORGOTTEN).
 -- The run's Epilog, arriving later, replaces it, also once the id runs again and the jobs row (whose reason
 -- said so) is the next run's. Rows written before this version: those of a current run so settled.
 ALTER TABLE outcomes ADD COLUMN guessed INTEGER NOT NULL DEFAULT 0;
-UPDATE outcomes SET guessed = 1 WHERE state = 'FAILED' AND exit_code IS NULL AND EXISTS (
+UPDATE outcomes SET guessed = (
+    SELECT CASE WHEN j.suspended_since IS NOT NULL THEN 2 ELSE 1 END FROM jobs j
+    WHERE j.job_id = outcomes.job_id AND j.run = outcomes.run)
+WHERE state = 'FAILED' AND exit_code IS NULL AND EXISTS (
     SELECT 1 FROM jobs j WHERE j.job_id = outcomes.job_id AND j.run = outcomes.run AND j.state = 'FAILED'
     AND j.reason = 'ended unseen: neither Slurm''s record nor its Epilog said how');
 """
