@@ -97,12 +97,13 @@ def overlaps(model, slot: Slot, mask: int) -> bool:
     return bool(mask and model.profile(slot.profile).mask(slot.start) & mask)
 
 
-def held_regions(held: Mapping | None, node: str) -> Iterator[tuple[str, int, int, set[Slot]]]:
-    """(waiting job id, GPU index, memory-slice mask, the instances there promised to jobs Slurm started whose
-    Prologs had not bound them) of each region on ``node`` that the meta row "held" (``held``: job id -> [[node,
-    gpu, mask, idle instances, promised instances], ...], as the controller's tick writes it) holds, in job id
-    order; regions of no slice left out, and those the row does not hold in that shape (a damaged row, one of
-    another version: the tick reads the row before it writes it again, so failing on one failed every tick)."""
+def held_region_rows(held: Mapping | None) -> Iterator[tuple[str, object, int, int, set[Slot]]]:
+    """(waiting job id, node, GPU index, memory-slice mask, the instances there promised to jobs Slurm started whose
+    Prologs had not bound them) of each region the meta row "held" (``held``: job id -> [[node, gpu, mask, idle
+    instances, promised instances], ...], as the controller's tick writes it) holds, in job id order; regions of
+    no slice left out, and those the row does not hold in that shape (a damaged row, one of another version: the
+    tick reads the row before it writes it again, so failing on one failed every tick). The controller
+    (held_regions) and the operators' views read the row through this one parser."""
     if not isinstance(held, Mapping):
         return
     for jid, regions in sorted(held.items()):
@@ -110,13 +111,21 @@ def held_regions(held: Mapping | None, node: str) -> Iterator[tuple[str, int, in
             continue
         for r in regions:
             try:
-                if not (isinstance(r, list) and len(r) > 2 and r[0] == node and r[2]):
+                if not (isinstance(r, list) and len(r) > 2 and r[2]):
                     continue
                 gi, mask = int(r[1]), int(r[2])
                 promised = {Slot(int(st), str(p)) for p, st in r[4]} if len(r) > 4 else set()
             except (TypeError, ValueError, OverflowError):
                 continue
-            yield str(jid), gi, mask, promised
+            yield str(jid), r[0], gi, mask, promised
+
+
+def held_regions(held: Mapping | None, node: str) -> Iterator[tuple[str, int, int, set[Slot]]]:
+    """(waiting job id, GPU index, memory-slice mask, promised instances) of each region on ``node`` that the meta
+    row "held" holds (held_region_rows)."""
+    for jid, n, gi, mask, promised in held_region_rows(held):
+        if n == node:
+            yield jid, gi, mask, promised
 
 
 def choose_binding_held(gpus: list[NodeGpu], profile: str, count: int, reserved: tuple[tuple[int, Slot], ...],

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
 from slurm_mig.errors import SlurmMigError, StoreError
+from slurm_mig.controller.binding import held_region_rows
 from slurm_mig.mig.layout import Layout, Slot
 from slurm_mig.mig.profiles import GpuModel, get_model
 from slurm_mig.ops.fmt import _order, elapsed, fmt_duration, fmt_odd, is_number
@@ -208,13 +209,10 @@ class Snapshot:
             for e in self.open_journal:
                 journal.setdefault((e.node, e.gpu), []).append(e)
             held: dict[tuple, set] = {}
-            for jid, regions in self.held.items():
-                try:
-                    for r in regions:
-                        if r[2]:
-                            held.setdefault((r[0], int(r[1])), set()).add(str(jid))
-                except (TypeError, ValueError, OverflowError, IndexError, KeyError):
-                    continue  # a damaged row (a GPU index of Infinity, say) says nothing of any GPU
+            # The controller's own parser: a damaged region (a GPU index of Infinity, say) is shown held nowhere,
+            # as the controller holds nothing for it.
+            for jid, node, gi, _mask, _promised in held_region_rows(self.held):
+                held.setdefault((node, gi), set()).add(jid)
             self._index = {"instances": inst, "bound": bound, "journal": journal,
                            "held": {k: sorted(v, key=lambda j: (len(j), j)) for k, v in held.items()}}
         return self._index
