@@ -53,6 +53,19 @@ def _ended_by_epilog(store, job_id: str, end: float) -> None:
     store.set_job_state(job_id, "COMPLETED", now=end, exit_code=0)
 
 
+def _running_3(ctl, now: float) -> None:
+    """Job 3 (1g) submitted 400 s before ``now``, running on n1 (bound to INST) since 300 s before."""
+    ctl.store.upsert_job("3", profile="1g", submit_time=now - 400, now=now - 400)
+    ctl.store.set_job_state("3", "RUNNING", now=now - 300, node="n1")
+    ctl.store.bind("3", "n1", [INST], now=now - 300)
+
+
+def _requeued_3(submit_time: int, restarts: int) -> SlurmJob:
+    """Slurm's record of job 3 (1g) requeued and held back (BeginTime), with its new submit time and restart count."""
+    return SlurmJob(job_id=3, state="PENDING", mig={"1g": 1}, tres_per_node="gres:mig:1g:1", submit_time=submit_time,
+                    restart_cnt=restarts, priority=1, state_reason="BeginTime")
+
+
 def _listed(job_id: int, state: str, end: float) -> SlurmJob:
     return SlurmJob(job_id=job_id, state=state, mig={"1g": 1}, tres_per_node="gres:mig:1g:1", submit_time=1,
                     start_time=int(end - 90), end_time=int(end), nodes=["n1"], priority=1)
@@ -640,9 +653,7 @@ def test_a_node_made_binding_is_not_released_by_a_report_made_before_it_when_the
 def test_a_run_slurm_requeued_as_it_killed_it_is_not_recorded_completed(ctl, requeued_after_s, restarts, expect):
     end = time.time() - 5 - requeued_after_s
     _ended_by_epilog(ctl.store, "3", end)
-    ctl.slurm.queue = [SlurmJob(job_id=3, state="PENDING", mig={"1g": 1}, tres_per_node="gres:mig:1g:1",
-                                submit_time=int(end + requeued_after_s), restart_cnt=restarts, priority=1,
-                                state_reason="BeginTime")]
+    ctl.slurm.queue = [_requeued_3(int(end + requeued_after_s), restarts)]
     ctl.tick()
     job = ctl.store.get_job("3")
     assert (job.state, job.run) == ("PENDING", 2)
@@ -659,16 +670,13 @@ def test_an_admins_requeue_of_a_completed_job_whose_epilog_came_after_a_tick_saw
     killed it (a node set DOWN), and its outcome said REQUEUED. Slurm's listings of an ended run are kept until
     the run is revived (or an hour), so the run stays COMPLETED, as Slurm listed it."""
     now = time.time()
-    ctl.store.upsert_job("3", profile="1g", submit_time=now - 400, now=now - 400)
-    ctl.store.set_job_state("3", "RUNNING", now=now - 300, node="n1")
-    ctl.store.bind("3", "n1", [INST], now=now - 300)
+    _running_3(ctl, now)
     t = [now]
     ctl.clock = lambda: t[0]
     ctl.slurm.queue = [replace(_listed(3, "COMPLETED", now - 5), submit_time=int(now - 400))]
     ctl.tick()  # Slurm lists it ended; its Epilog has not come yet
     t[0] += 5
-    waiting = SlurmJob(job_id=3, state="PENDING", mig={"1g": 1}, tres_per_node="gres:mig:1g:1",
-                       submit_time=int(now), restart_cnt=1, priority=1, state_reason="BeginTime")
+    waiting = _requeued_3(int(now), 1)
     ctl.slurm.queue = [waiting]  # requeued by an admin at `now`, 5 s after it ended
     ctl.tick()
     assert ctl.store.get_job("3").state == "PENDING"
@@ -685,17 +693,14 @@ def test_a_listing_of_an_earlier_run_does_not_make_a_run_killed_by_a_requeue_rea
     """The listings kept are of the run Slurm listed ended: once the id is revived as run 2, run 1's COMPLETED
     listing says nothing of run 2, which Slurm requeued as it killed it (its node set DOWN) moments later."""
     now = time.time()
-    ctl.store.upsert_job("3", profile="1g", submit_time=now - 400, now=now - 400)
-    ctl.store.set_job_state("3", "RUNNING", now=now - 300, node="n1")
-    ctl.store.bind("3", "n1", [INST], now=now - 300)
+    _running_3(ctl, now)
     t = [now]
     ctl.clock = lambda: t[0]
     ctl.slurm.queue = [replace(_listed(3, "COMPLETED", now - 5), submit_time=int(now - 400))]
     assert ctl.on_epilog(_old_runs_epilog(now - 5), None)["recorded"]
     ctl.tick()
     t[0] += 5
-    ctl.slurm.queue = [SlurmJob(job_id=3, state="PENDING", mig={"1g": 1}, tres_per_node="gres:mig:1g:1",
-                                submit_time=int(now), restart_cnt=1, priority=1, state_reason="BeginTime")]
+    ctl.slurm.queue = [_requeued_3(int(now), 1)]
     ctl.tick()  # revived: run 2
     assert [(o.run, o.state) for o in ctl.store.outcomes()] == [(1, "COMPLETED")]
     # Run 2 starts at once (a site with a short cred_expire), its node goes DOWN: Slurm requeues it as it kills it,
@@ -705,8 +710,7 @@ def test_a_listing_of_an_earlier_run_does_not_make_a_run_killed_by_a_requeue_rea
     ctl.store.bind("3", "n1", [INST], now=t[0])
     t[0] += 20
     assert ctl.on_epilog(_old_runs_epilog(t[0]), None)["recorded"]
-    ctl.slurm.queue = [SlurmJob(job_id=3, state="PENDING", mig={"1g": 1}, tres_per_node="gres:mig:1g:1",
-                                submit_time=int(t[0]), restart_cnt=2, priority=1, state_reason="BeginTime")]
+    ctl.slurm.queue = [_requeued_3(int(t[0]), 2)]
     t[0] += 5
     ctl.tick()
     assert [(o.run, o.state) for o in ctl.store.outcomes()] == [(1, "COMPLETED"), (2, "REQUEUED")]
@@ -715,7 +719,7 @@ def test_a_listing_of_an_earlier_run_does_not_make_a_run_killed_by_a_requeue_rea
 def test_slurms_ended_listings_are_kept_an_hour_after_the_last_squeue_that_listed_them(ctl):
     """_listed_ended keeps every MIG job Slurm listed ended for LISTED_ENDED_MEMORY_S after the last squeue that
     listed it (refreshed while Slurm lists it, until MinJobAge), and no longer: on a busy site it holds the ends
-    of about the last hour, 2.6 kB each (measured at 10,000: 26 MB), not every end since the controller began."""
+    of about the last hour (EndedListing: 2.5 MB at 10,000), not every end since the controller began."""
     from slurm_mig.controller.service import LISTED_ENDED_MEMORY_S
 
     now = time.time()
@@ -742,8 +746,7 @@ def test_a_run_slurm_requeued_as_it_killed_it_is_not_counted_as_a_finished_job(c
     the job waiting again, restarted. The job has not finished: jobs_finished_total counted it REQUEUED."""
     t = [_epilog_says_completed(ctl, "3")]
     ctl.clock = lambda: t[0]
-    ctl.slurm.queue = [SlurmJob(job_id=3, state="PENDING", mig={"1g": 1}, tres_per_node="gres:mig:1g:1",
-                                submit_time=int(t[0]), restart_cnt=1, priority=1, state_reason="BeginTime")]
+    ctl.slurm.queue = [_requeued_3(int(t[0]), 1)]
     t[0] += 2
     ctl.tick()
     assert ctl.store.outcome("3", run=1).state == "REQUEUED"
@@ -824,9 +827,7 @@ def test_a_lost_epilogs_job_ends_at_slurms_end_time(ctl):
     from slurm_mig.slurm.parsers import JobDetail
 
     now = time.time()
-    ctl.store.upsert_job("3", profile="1g", submit_time=now - 400, now=now - 400)
-    ctl.store.set_job_state("3", "RUNNING", now=now - 300, node="n1")
-    ctl.store.bind("3", "n1", [INST], now=now - 300)
+    _running_3(ctl, now)
     end = int(now - 100)
     ctl.slurm.queue = [replace(_listed(3, "COMPLETED", end), start_time=int(now - 300))]
     ctl.slurm.job_detail = lambda job_id: JobDetail(job_id=3, state="COMPLETED", fields={
@@ -873,9 +874,7 @@ def test_an_epilog_handled_between_the_ticks_squeue_and_its_sync_does_not_make_a
     clock margin) is handled before the tick syncs. The job ended after Slurm's answer, which is no sign that it
     runs again: the end time now stored is the Epilog's, before the query, but the controller learned it after."""
     now = time.time()
-    ctl.store.upsert_job("3", profile="1g", submit_time=now - 400, now=now - 400)
-    ctl.store.set_job_state("3", "RUNNING", now=now - 300, node="n1")
-    ctl.store.bind("3", "n1", [INST], now=now - 300)
+    _running_3(ctl, now)
     listed = SlurmJob(job_id=3, state="RUNNING", mig={"1g": 1}, tres_per_node="gres:mig:1g:1",
                       submit_time=int(now - 400), start_time=int(now - 300), nodes=["n1"], priority=1)
     t = [now]
@@ -906,8 +905,7 @@ def test_a_completed_job_an_admin_requeued_at_once_keeps_its_outcome(ctl, listed
     if listed is not None:
         ctl.slurm.queue = [replace(_listed(3, listed, end), submit_time=int(end - 100))]
         ctl.tick()
-    ctl.slurm.queue = [SlurmJob(job_id=3, state="PENDING", mig={"1g": 1}, tres_per_node="gres:mig:1g:1",
-                                submit_time=int(end + 1), restart_cnt=1, priority=1, state_reason="BeginTime")]
+    ctl.slurm.queue = [_requeued_3(int(end + 1), 1)]
     ctl.tick()
     assert (ctl.store.get_job("3").state, ctl.store.get_job("3").run) == ("PENDING", 2)
     assert [(o.run, o.state) for o in ctl.store.outcomes()] == [(1, listed or "REQUEUED")]

@@ -30,6 +30,21 @@ def _observed(busy: set[int]) -> list[dict]:
                            for s in range(7)]}]
 
 
+def _slurm_sees_n1(rig, node: dict) -> dict:
+    """Slurm's n1 is ``node`` ({"gres": counts, "used": counts held by jobs}): sinfo reads it, and the controller's
+    GRES writes land in its "gres". Returns ``node``."""
+    rig.fake.nodes = lambda: [SlurmNode(name="n1", state="mixed", gres=dict(node["gres"]),
+                                        gres_used=dict(node["used"]))]
+    orig = rig.fake.update_node_gres
+
+    def update(n, counts, **kw):
+        node["gres"] = dict(counts)
+        return orig(n, counts, **kw)
+
+    rig.fake.update_node_gres = update
+    return node
+
+
 def _seven_busy_1g(rig, *, backfill_limit_min=None, running_limit_min=60):
     """n1's H100 holds seven 1g instances, each bound to a running job (1-7, an hour's limit); job 8 (7g) waits
     at the head of the queue, jobs 9 and 10 (1g, ``backfill_limit_min``) behind it. Returns the clock, the
@@ -49,16 +64,7 @@ def _seven_busy_1g(rig, *, backfill_limit_min=None, running_limit_min=60):
     jobs[8] = job(8, "7g", 100, state="PENDING")
     for i in (9, 10):
         jobs[i] = job(i, "1g", 50 - i, state="PENDING", time_limit_min=backfill_limit_min)
-    node = {"gres": {"1g": 7, "pad": 0}, "used": {"1g": 7}}
-    rig.fake.nodes = lambda: [SlurmNode(name="n1", state="mixed", gres=dict(node["gres"]),
-                                        gres_used=dict(node["used"]))]
-    orig = rig.fake.update_node_gres
-
-    def update(n, counts, **kw):
-        node["gres"] = dict(counts)
-        return orig(n, counts, **kw)
-
-    rig.fake.update_node_gres = update
+    node = _slurm_sees_n1(rig, {"gres": {"1g": 7, "pad": 0}, "used": {"1g": 7}})
     rig.fake.queue = list(jobs.values())
     rig.tick()
     for i in range(1, 8):
@@ -384,15 +390,7 @@ def test_idle_instances_in_a_held_region_stay_out_of_the_counts_while_another_re
     jobs = [job(1, "1g", 1, state="RUNNING", nodes=["n1"], start_time=int(t[0]) - 50, time_limit_min=60,
                 end_time=int(t[0]) + 3550),
             job(8, "4g", 100, state="PENDING"), job(9, "3g", 50, state="PENDING", time_limit_min=10)]
-    node = {"gres": {"1g": 7, "pad": 0}}
-    rig.fake.nodes = lambda: [SlurmNode(name="n1", state="mixed", gres=dict(node["gres"]), gres_used={"1g": 1})]
-    orig = rig.fake.update_node_gres
-
-    def update(n, counts, **kw):
-        node["gres"] = dict(counts)
-        return orig(n, counts, **kw)
-
-    rig.fake.update_node_gres = update
+    node = _slurm_sees_n1(rig, {"gres": {"1g": 7, "pad": 0}, "used": {"1g": 1}})
     rig.fake.queue = jobs
     rig.tick()
     status, resp = post(rig, "/v1/prolog", {"job_id": "1", "node": "n1", "observed": _observed(set()),
@@ -426,16 +424,7 @@ def test_busy_instances_in_a_region_held_for_several_of_their_size_are_not_kept_
                    end_time=int(t[0]) - 50 + 600 * i) for i in range(1, 8)}
     jobs[8] = job(8, "1g", 100, 2, state="PENDING")
     jobs[9] = job(9, "1g", 10, state="PENDING")
-    node = {"gres": {"1g": 7, "pad": 0}, "used": {"1g": 7}}
-    rig.fake.nodes = lambda: [SlurmNode(name="n1", state="mixed", gres=dict(node["gres"]),
-                                        gres_used=dict(node["used"]))]
-    orig = rig.fake.update_node_gres
-
-    def update(n, counts, **kw):
-        node["gres"] = dict(counts)
-        return orig(n, counts, **kw)
-
-    rig.fake.update_node_gres = update
+    node = _slurm_sees_n1(rig, {"gres": {"1g": 7, "pad": 0}, "used": {"1g": 7}})
     rig.fake.queue = list(jobs.values())
     rig.tick()
     for i in range(1, 8):
