@@ -201,6 +201,14 @@ class PolicyStore:
             for f in tmp.iterdir():
                 os.chmod(f, FILE_MODE)
                 sync_path(f)  # each file on disk before its folder is renamed into place: never a version of empty files
+            try:
+                # The copy, not the source, is what the controller will run: a model that loaded where it was given
+                # may not load here (its weights in a file beside it that is not copied: ONNX external data)
+                OnnxScorer(tmp / "model.onnx")
+            except PolicyModelError as exc:
+                raise ConfigError(f"{onnx}: its copy in the store would not load, so nothing was added ({exc}); "
+                                  "a model must be one .onnx file (weights inside it, not in ONNX external data "
+                                  "files), its card, model.pt and the guard the card names") from None
             os.chmod(tmp, FOLDER_MODE)
             sync_path(tmp)
             os.replace(tmp, dest)

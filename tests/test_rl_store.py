@@ -536,3 +536,29 @@ def test_install_default_checks_the_shipped_model_loads(tmp_path, monkeypatch, c
     monkeypatch.setattr("slurm_mig.policy_registry.SHIPPED_MODEL", SHIPPED_MODEL)
     assert run_json(capsys, "policy", "install", "default", "--json") == {"version": "default", "active": True,
                                                                           "pinned_by": None}
+
+
+def test_a_model_whose_store_copy_would_not_load_is_not_added(tmp_path, capsys):
+    """add() checked the model where it was given and then copied only model.onnx, the guard, the card and
+    model.pt. A model that keeps its weights in another file (ONNX external data, onnx.save(...,
+    save_as_external_data=True)) loaded there, was added without the file, and install's second check then
+    refused it: the broken version stayed in the store, listed like any other, the newest for rl-candidate
+    (the shadow failed every tick), and installing the folder again said "already exists". Found by
+    installing such a model into a temporary store. The copy is checked now, before it is renamed into place."""
+    onnx = pytest.importorskip("onnx")
+    from onnx.external_data_helper import convert_model_to_external_data
+
+    d = model_dir(tmp_path, "ext", version="v1", created=1.0)
+    m = onnx.load(str(d / "model.onnx"))
+    convert_model_to_external_data(m, all_tensors_to_one_file=True, location="weights.bin", size_threshold=1024)
+    onnx.save_model(m, str(d / "model.onnx"))
+    assert (d / "weights.bin").is_file()
+    assert main(["policy", "install", str(d)]) != 0
+    err = capsys.readouterr().err
+    assert "nothing was added" in err and "weights.bin" in err
+    store = tmp_path / "store"
+    assert [p.name for p in store.iterdir() if not p.name.startswith(".")] == []  # no version, no active
+    assert [p for p in store.iterdir() if p.name.startswith(".v1.")] == []  # nor its temporary folder
+    assert [v["version"] for v in run_json(capsys, "policy", "list", "--json")["versions"]] == ["default"]
+    with pytest.raises(PolicyModelError, match="no candidate"):
+        resolve_model_path(candidate=True)
