@@ -466,6 +466,11 @@ def _cross_checks(cfg: Config, where: str) -> None:
         raise ConfigError(f"{where}: [auth].hmac_node_keys_dir: expected \"\" when [auth].method = "
                           f"{_show(cfg.auth.method)} (a key per node needs method = \"hmac\"; with MUNGE it "
                           f"would be ignored), got {_show(cfg.auth.hmac_node_keys_dir)}")
+    if cfg.policy.fallback in ("rl", "rl-candidate"):
+        # The fallback decides when the policy's model cannot be used: a learned one fails with it (the tick then
+        # raised inside the live policy's except, and nothing was placed while the model was broken)
+        raise ConfigError(f"{where}: [policy].fallback: expected a heuristic (\"frag-aware\", the best one, or "
+                          f"\"first-fit\"), not a learned policy that needs a model, got {_show(cfg.policy.fallback)}")
     if cfg.policy.shadow and cfg.policy.shadow == cfg.policy.name:
         raise ConfigError(f"{where}: [policy].shadow: expected a policy other than [policy].name "
                           f"({_show(cfg.policy.name)}), got {_show(cfg.policy.shadow)}")

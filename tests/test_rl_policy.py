@@ -587,3 +587,18 @@ def test_a_card_of_the_wrong_shape_is_a_model_error_and_the_old_model_is_not_kep
             pol.load()
         with pytest.raises(PolicyModelError, match="JSON object|feature list"):  # not the old model
             pol.load()
+
+
+@pytest.mark.parametrize("fallback", ["rl", "rl-candidate"])
+def test_a_learned_fallback_is_refused_by_the_config(fallback):
+    """[policy].fallback = "rl" (or "rl-candidate") was accepted: with a model that does not load, the fallback
+    failed the same way inside the live policy's except, the tick raised, nothing was placed, and the loop
+    logged a traceback every tick. Found by a Controller with PolicyConfig(name="rl", fallback="rl") and a
+    model of another feature schema: tick() raised PolicyModelError. The config now refuses it, naming the
+    heuristic to use."""
+    from slurm_mig.config import parse_config_text
+    from slurm_mig.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"\[policy\]\.fallback.*frag-aware"):
+        parse_config_text(f'[policy]\nname = "rl"\nfallback = "{fallback}"\n')
+    assert parse_config_text('[policy]\nname = "rl"\nfallback = "frag-aware"\n').policy.fallback == "frag-aware"
