@@ -37,6 +37,9 @@ from slurm_mig.policies.rl import (
 )
 
 DEFAULT = "default"
+# Names of the store's own files, which fit VERSION_RE: a version so named was added as a folder in their place
+# (then "active" or "history.json" could not be written or read, and the store stopped until fixed by hand)
+STORE_FILES = ("active", "history.json")
 
 # The store's folders and files, whatever the umask or the mode of the files installed: root's controller runs the
 # model ``active`` names, so nobody else may write either; anyone may read them (`policy list`).
@@ -174,8 +177,10 @@ class PolicyStore:
         if pt.is_file():
             check_weights(pt)
         version = version or str(card.get("version") or time.strftime("%Y%m%d-%H%M%S"))
-        if not VERSION_RE.fullmatch(version) or version == DEFAULT:
-            raise ConfigError(f"bad policy version name {version!r}")
+        if not VERSION_RE.fullmatch(version) or version == DEFAULT or version in STORE_FILES:
+            raise ConfigError(f"bad policy version name {version!r}" + (
+                " (the name of the store's own file, or of the shipped model): set another \"version\" in its card"
+                if version == DEFAULT or version in STORE_FILES else ""))
         dest = self.root / version
         if dest.exists():
             raise ConfigError(f"policy version {version} already exists in {self.root}")

@@ -562,3 +562,24 @@ def test_a_model_whose_store_copy_would_not_load_is_not_added(tmp_path, capsys):
     assert [v["version"] for v in run_json(capsys, "policy", "list", "--json")["versions"]] == ["default"]
     with pytest.raises(PolicyModelError, match="no candidate"):
         resolve_model_path(candidate=True)
+
+
+@pytest.mark.parametrize("name", ["active", "history.json"])
+def test_a_version_may_not_take_the_name_of_a_store_file(tmp_path, capsys, name):
+    """A card whose version was "active" or "history.json" (both fit VERSION_RE) was added as the folder of
+    that name: install then failed with a traceback (IsADirectoryError renaming 'active' over the folder), the
+    controller's rl policy could not read 'active' (fallback every tick), and every later install or rollback
+    failed until the folder was removed by hand; "history.json" stopped install and rollback alike. Found by
+    installing cards so named into a temporary store. Refused now as a bad version name, nothing written."""
+    st = PolicyStore()
+    st.add(model_dir(tmp_path, "a", version="v1", created=1.0))
+    st.install("v1")
+    before = sorted(p.name for p in (tmp_path / "store").iterdir())
+    assert main(["policy", "install", str(model_dir(tmp_path, "b", version=name, created=2.0))]) != 0
+    assert f"bad policy version name {name!r}" in capsys.readouterr().err
+    assert sorted(p.name for p in (tmp_path / "store").iterdir()) == before
+    assert (tmp_path / "store" / "active").is_file() and (tmp_path / "store" / "history.json").is_file()
+    assert run_json(capsys, "policy", "list", "--json")["active"] == "v1"
+    assert run_json(capsys, "policy", "rollback", "--json") == {"active": "default"}
+    with pytest.raises(ConfigError, match="bad policy version name"):
+        st.add(model_dir(tmp_path, "c", version="v3"), name)  # named by the caller (retrain, tests) too
