@@ -337,6 +337,12 @@ class PolicyStore:
                               f"{exc.strerror or exc}") from None
         if not os.access(self.root, os.W_OK | os.X_OK):
             raise ConfigError(f"policy store {self.root} is not writable by this user (run as root, or use --store)")
+        mode = os.stat(self.root).st_mode & 0o7777
+        if mode & 0o002:
+            # made so before 2026-11-27 under umask 0, or by hand: anyone could name the model root's controller runs
+            raise ConfigError(f"policy store {self.root} is writable by anyone (mode {mode:o}): anyone could put an "
+                              "'active' or a version there that root's controller would run; check what it holds, "
+                              f"then `chmod o-w {self.root}` (slurm-mig makes it 0755); nothing was changed")
 
     def _not_a_file(self) -> None:
         if self.root.exists() and not self.root.is_dir():

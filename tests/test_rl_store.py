@@ -583,3 +583,21 @@ def test_a_version_may_not_take_the_name_of_a_store_file(tmp_path, capsys, name)
     assert run_json(capsys, "policy", "rollback", "--json") == {"active": "default"}
     with pytest.raises(ConfigError, match="bad policy version name"):
         st.add(model_dir(tmp_path, "c", version="v3"), name)  # named by the caller (retrain, tests) too
+
+
+def test_a_store_anyone_may_write_is_refused_not_written(tmp_path, capsys):
+    """A store folder that already existed was used whatever its mode: one left 0777 (made under umask 0 before
+    2026-11-27, or by hand) took root's installs and rollbacks without a word, while anyone could put an
+    'active' or a version there for root's controller to run, or a '.lock' symlink for root to create a file
+    through. Found by chmod 0777 on a temporary store and installing. Refused now, saying how to fix it;
+    nothing is written."""
+    root = tmp_path / "store"
+    root.mkdir()
+    root.chmod(0o777)
+    assert main(["policy", "install", str(model_dir(tmp_path, "a", version="v1"))]) != 0
+    err = capsys.readouterr().err
+    assert "writable by anyone" in err and f"chmod o-w {root}" in err
+    assert list(root.iterdir()) == []
+    assert main(["policy", "rollback"]) != 0 and "writable by anyone" in capsys.readouterr().err
+    root.chmod(0o755)
+    assert run_json(capsys, "policy", "install", str(tmp_path / "a"), "--json")["version"] == "v1"
