@@ -278,14 +278,14 @@ class PolicyStore:
         if prev != DEFAULT and prev not in stored:
             raise ConfigError(f"cannot roll back to {prev}: {self.root / prev} is gone or holds no model.onnx; "
                               f"{self._instead(h, stored, cur, prev)}")
-        if prev != DEFAULT:
-            # install's check: a version whose card or model.onnx changed since it ran (another feature schema,
-            # a damaged file) would make the controller's rl policy fail every tick, its fallback deciding
-            try:
-                OnnxScorer(self.root / prev / "model.onnx")
-            except PolicyModelError as exc:
-                raise ConfigError(f"cannot roll back to {prev}: it cannot be used: {exc}; "
-                                  f"{self._instead(h, stored, cur, prev)}") from None
+        # install's check: a version whose card or model.onnx changed since it ran (another feature schema,
+        # a damaged file) would make the controller's rl policy fail every tick, its fallback deciding; the
+        # shipped model too, as `install default` checks it (a broken package)
+        try:
+            OnnxScorer(SHIPPED_MODEL if prev == DEFAULT else self.root / prev / "model.onnx")
+        except PolicyModelError as exc:
+            raise ConfigError(f"cannot roll back to {prev}: it cannot be used: {exc}; "
+                              f"{self._instead(h, stored, cur, prev)}") from None
         # History first: stopped between the two writes, the store still runs ``cur`` and the next rollback
         # (its entries popped) goes to ``prev`` again; the other order left ``prev`` active with ``cur`` last in
         # the history, and the next rollback re-activated ``cur``, the version rolled back from.
@@ -302,8 +302,9 @@ class PolicyStore:
                 earlier.append(e["version"])
         how = (f"`slurm-mig policy install {earlier[0]}` activates the one before it in the history"
                f"{' (then ' + ', '.join(earlier[1:3]) + ')' if earlier[1:] else ''}, " if earlier else "")
-        return (f"{how}`slurm-mig policy install default` the shipped model, `slurm-mig policy list` shows every "
-                f"version; {cur} stays active")
+        # the shipped model, unless it is the one refused
+        shipped = "" if prev == DEFAULT else "`slurm-mig policy install default` the shipped model, "
+        return f"{how}{shipped}`slurm-mig policy list` shows every version; {cur} stays active"
 
     @contextlib.contextmanager
     def _locked(self):

@@ -601,3 +601,24 @@ def test_a_store_anyone_may_write_is_refused_not_written(tmp_path, capsys):
     assert main(["policy", "rollback"]) != 0 and "writable by anyone" in capsys.readouterr().err
     root.chmod(0o755)
     assert run_json(capsys, "policy", "install", str(tmp_path / "a"), "--json")["version"] == "v1"
+
+
+def test_a_rollback_to_a_shipped_model_that_does_not_load_is_refused(tmp_path, monkeypatch, capsys):
+    """rollback checked the version it went back to as install does, except the shipped ``default``: with a
+    damaged or missing policy/default.onnx (a broken package), `install default` refused, but a rollback to
+    it made it active, and the controller's rl policy failed every tick, its fallback deciding. Found by
+    rolling back a temporary store with SHIPPED_MODEL pointing at a file that is not a model. Refused now,
+    the current version kept."""
+    run_json(capsys, "policy", "install", str(model_dir(tmp_path, "src", version="v1")), "--json")
+    bad = tmp_path / "shipped" / "default.onnx"
+    bad.parent.mkdir()
+    bad.write_bytes(b"not a model")
+    shutil.copy(SHIPPED_MODEL.parent / "model_card.json", bad.parent / "model_card.json")
+    monkeypatch.setattr("slurm_mig.policy_registry.SHIPPED_MODEL", bad)
+    history = (tmp_path / "store" / "history.json").read_text()
+    assert main(["policy", "rollback"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot roll back to default" in err and "v1 stays active" in err and "install default" not in err, err
+    assert PolicyStore().active() == "v1" and (tmp_path / "store" / "history.json").read_text() == history
+    monkeypatch.setattr("slurm_mig.policy_registry.SHIPPED_MODEL", SHIPPED_MODEL)
+    assert run_json(capsys, "policy", "rollback", "--json") == {"active": "default"}
