@@ -224,6 +224,28 @@ def _training_module(name: str):
                           "pip install torch==2.13.0 && pip install -e '.[train]'") from None
 
 
+def _check_out(out: str, store: str | None) -> None:
+    """Refuse a ``--out`` folder where training would overwrite a model in use: training writes model.onnx, its
+    card and model.pt there whatever the decision, so the store (a version's folder: the controller ran the
+    unjudged candidate under the installed name), the shipped policy/ folder or a pinned model's folder would
+    lose the model they hold."""
+    from slurm_mig.policies.rl import SHIPPED_MODEL, _pins
+    from slurm_mig.policy_registry import PolicyStore
+
+    where = Path(out).resolve()
+    root = PolicyStore(store).root.resolve()
+    if where == root or root in where.parents:
+        raise ConfigError(f"--out {out} is inside the policy store {root}: refusing to train there (a version's "
+                          "files would be overwritten, or a folder there taken for a version); name a folder "
+                          "outside it, or leave --out out (a temporary folder); a better candidate is copied "
+                          "into the store")
+    for what, path in (("the shipped model's folder", str(SHIPPED_MODEL)),
+                       *((f"the folder of the model {w.strip(' =')} pins", p) for w, p in _pins() if p)):
+        if where == Path(path).resolve().parent:
+            raise ConfigError(f"--out {out} is {what}: refusing to train there (its model.onnx, card and model.pt "
+                              "would be overwritten); name another folder, or leave --out out")
+
+
 def _retrain(args) -> int:
     db = args.db
     if not db:
@@ -232,6 +254,8 @@ def _retrain(args) -> int:
         db = load_config(getattr(args, "config", None)).controller.db_path
     if not Path(db).is_file():
         raise ConfigError(f"state DB {db} does not exist")
+    if args.out:
+        _check_out(args.out, args.store)
     mod = _training_module("retrain")
     report = mod.retrain(db, store=args.store, holdout=args.holdout, minutes=args.minutes,
                          iterations=args.iterations, seed=args.seed, replays=args.replays, jitter=args.jitter,

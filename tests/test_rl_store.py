@@ -622,3 +622,26 @@ def test_a_rollback_to_a_shipped_model_that_does_not_load_is_refused(tmp_path, m
     assert PolicyStore().active() == "v1" and (tmp_path / "store" / "history.json").read_text() == history
     monkeypatch.setattr("slurm_mig.policy_registry.SHIPPED_MODEL", SHIPPED_MODEL)
     assert run_json(capsys, "policy", "rollback", "--json") == {"active": "default"}
+
+
+def test_retrain_refuses_an_out_folder_that_holds_a_model_in_use(tmp_path, monkeypatch, capsys):
+    """`policy retrain --out DIR` trains into DIR whatever the decision: DIR the active version's folder (or any
+    in the store) had the running model.onnx, card and model.pt overwritten in place by the unjudged candidate,
+    the controller then running it, and the candidate judged against itself; the shipped policy/ folder or a
+    pinned model's folder alike. Found by retraining with --out <store>/<active version> on a filled state DB
+    (the active model.onnx changed, the store listing the candidate's card under the installed name). Refused
+    now before anything is trained or written."""
+    st = PolicyStore()
+    st.install(st.add(model_dir(tmp_path, "src", version="v1")).version)
+    store = tmp_path / "store"
+    files = {p: p.read_bytes() for p in store.rglob("*") if p.is_file()}
+    db = tmp_path / "state.db"
+    db.write_bytes(b"")
+    pinned = model_dir(tmp_path, "pinned", version="p1")
+    monkeypatch.setenv("SLURM_MIG_RL_MODEL", str(pinned / "model.onnx"))
+    for out in (store / "v1", store / "new", store, SHIPPED_MODEL.parent, pinned):
+        assert main(["policy", "retrain", "--db", str(db), "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert "--out" in err and "refusing" in err, err
+    assert {p: p.read_bytes() for p in store.rglob("*") if p.is_file()} == files
+    assert not (store / "new").exists()
