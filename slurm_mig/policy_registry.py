@@ -328,6 +328,15 @@ class PolicyStore:
     def _writable_root(self) -> None:
         """The store directory, created if missing; a ConfigError naming it when it cannot be written."""
         self._not_a_file()
+        for up in Path(os.path.abspath(self.root)).parents:
+            try:
+                m = os.stat(up).st_mode & 0o7777
+            except OSError:  # missing: made below with FOLDER_MODE (or said below why it cannot be)
+                continue
+            if m & 0o002 and not m & 0o1000:  # (sticky, as /tmp: others cannot rename what root put there)
+                raise ConfigError(f"policy store {self.root} lies in {up}, which anyone may write (mode {m:o}): "
+                                  "anyone could rename the store away and put their own in its place; "
+                                  f"`chmod o-w {up}` (slurm-mig makes its folders 0755); nothing was changed")
         try:
             # each made with FOLDER_MODE, then chmod-ed: mkdir(parents=True) gave 0777 less the umask, world-writable
             # under umask 0 (and /var/lib/slurm-mig, made first by an install, stayed so for the database)

@@ -645,3 +645,19 @@ def test_retrain_refuses_an_out_folder_that_holds_a_model_in_use(tmp_path, monke
         assert "--out" in err and "refusing" in err, err
     assert {p: p.read_bytes() for p in store.rglob("*") if p.is_file()} == files
     assert not (store / "new").exists()
+
+
+def test_a_store_in_a_folder_anyone_may_write_is_refused_not_written(tmp_path, capsys):
+    """/var/lib/slurm-mig made 0777 by an install under umask 0 (before 2026-11-27) stays so: anyone could rename
+    the store below it away and put their own, naming the model root's controller runs. A folder above the store
+    that anyone may write, and that is not sticky as /tmp is, is refused like the store itself."""
+    var = tmp_path / "var"
+    var.mkdir()
+    var.chmod(0o777)
+    root = var / "policies"
+    assert main(["policy", "install", str(model_dir(tmp_path, "a", version="v1")), "--store", str(root)]) != 0
+    err = capsys.readouterr().err
+    assert f"lies in {var}, which anyone may write" in err and f"chmod o-w {var}" in err, err
+    assert list(var.iterdir()) == []
+    var.chmod(0o1777)  # sticky: others cannot rename what is not theirs
+    assert run_json(capsys, "policy", "install", str(tmp_path / "a"), "--store", str(root), "--json")["active"]
