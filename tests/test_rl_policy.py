@@ -602,3 +602,20 @@ def test_a_learned_fallback_is_refused_by_the_config(fallback):
     with pytest.raises(ConfigError, match=r"\[policy\]\.fallback.*frag-aware"):
         parse_config_text(f'[policy]\nname = "rl"\nfallback = "{fallback}"\n')
     assert parse_config_text('[policy]\nname = "rl"\nfallback = "frag-aware"\n').policy.fallback == "frag-aware"
+
+
+def test_the_controller_takes_the_model_pins_in_the_documented_order(tmp_path, monkeypatch):
+    """$SLURM_MIG_RL_MODEL wins over [policy].model_path (docs/rl-policy.md, "Serving"; `policy install` names it
+    as the pin), but the controller passed [policy].model_path as the policy's model_path option, which wins over
+    both: with both set it ran the config's model while install's warning and retrain (fine-tuning and judging
+    the env's) spoke of the other. Found by a Controller with model_path and the variable naming two models."""
+    from slurm_mig.config import PolicyConfig
+
+    (tmp_path / "env").mkdir(), (tmp_path / "cfg").mkdir()
+    env_model, cfg_model = _copy_model(tmp_path / "env"), _copy_model(tmp_path / "cfg")
+    monkeypatch.setenv("SLURM_MIG_RL_MODEL", str(env_model))
+    ctl, _store = _controller(PolicyConfig(name="rl", fallback="frag-aware", model_path=str(cfg_model)), tmp_path)
+    assert ctl.policy.scorer().path == env_model
+    monkeypatch.delenv("SLURM_MIG_RL_MODEL")
+    ctl, _store = _controller(PolicyConfig(name="rl", fallback="frag-aware", model_path=str(cfg_model)), tmp_path)
+    assert ctl.policy.scorer().path == cfg_model

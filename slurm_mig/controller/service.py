@@ -19,6 +19,7 @@ payloads.py, the tests of which run of a job id a record is in runs.py, and /met
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from dataclasses import dataclass, field, replace
@@ -118,7 +119,9 @@ def _make_policy(cfg, name: str):
     and the cap on how long their guard may hold a whole-node reservation back."""
     if name.startswith("rl"):
         opts = {"max_hold_h": cfg.policy.rl_max_hold_h}
-        if cfg.policy.model_path:
+        # [policy].model_path as the option only without $SLURM_MIG_RL_MODEL, which wins over it (rl.resolve_model_path's
+        # order, the one `policy install` warns by): passed always, the config's won over the variable here alone
+        if cfg.policy.model_path and not os.environ.get("SLURM_MIG_RL_MODEL"):
             opts["model_path"] = cfg.policy.model_path
         return get_policy(name, **opts)
     return get_policy(name)
