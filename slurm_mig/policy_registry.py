@@ -322,6 +322,12 @@ class PolicyStore:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield
+        except OSError as exc:  # a full disk, a read-only or immutable file: an error, not a traceback
+            where = f" ({exc.filename} -> {exc.filename2})" if exc.filename2 else (f" ({exc.filename})" if exc.filename
+                                                                                   else "")
+            raise ConfigError(f"policy store {self.root}: the change stopped: {exc.strerror or exc}{where}; each file "
+                              "there is replaced whole or not at all: `slurm-mig policy list` shows what is active"
+                              ) from None
         finally:
             os.close(fd)  # releases the lock
 

@@ -661,3 +661,22 @@ def test_a_store_in_a_folder_anyone_may_write_is_refused_not_written(tmp_path, c
     assert list(var.iterdir()) == []
     var.chmod(0o1777)  # sticky: others cannot rename what is not theirs
     assert run_json(capsys, "policy", "install", str(tmp_path / "a"), "--store", str(root), "--json")["active"]
+
+
+def test_a_store_write_the_system_refuses_is_a_clear_error(tmp_path, capsys):
+    """An OSError while changing the store (a full disk, a read-only or immutable file) came out as a Python
+    traceback. Found with `chattr +i` on a temporary store's 'active' and `policy install default`: a
+    PermissionError traceback from the rename. Said as an error naming the file now; the store is as it was."""
+    import subprocess
+
+    run_json(capsys, "policy", "install", str(model_dir(tmp_path, "src", version="v1")), "--json")
+    active = tmp_path / "store" / "active"
+    if subprocess.run(["chattr", "+i", str(active)], capture_output=True).returncode != 0:
+        pytest.skip("chattr +i is not possible here (not root, or a file system without it)")
+    try:
+        assert main(["policy", "install", "default"]) == 2
+        err = capsys.readouterr().err
+        assert "Traceback" not in err and "Operation not permitted" in err and str(active) in err, err
+    finally:
+        subprocess.run(["chattr", "-i", str(active)], check=True)
+    assert PolicyStore().active() == "v1"
