@@ -92,6 +92,17 @@ def test_retrain_without_a_db_is_a_clear_error(tmp_path, capsys):
     assert "does not exist" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("flag,value,said", [("--minutes", "nan", "--minutes must be"), ("--minutes", "0", "--minutes"),
+                                             ("--minutes", "-5", "--minutes"), ("--iterations", "0", "--iterations")])
+def test_retrain_refuses_a_budget_that_is_no_budget_before_reading_the_db(tmp_path, capsys, flag, value, said):
+    # train.py took 0 minutes for no limit, a negative budget as spent and NaN as never reached
+    db = tmp_path / "state.db"
+    db.write_bytes(b"")  # read only after the arguments are checked: an empty file would fail there otherwise
+    assert main(["policy", "retrain", "--db", str(db), flag, value]) == 2
+    err = capsys.readouterr().err
+    assert said in err and "Traceback" not in err
+
+
 class _RunsCode:
     """Unpickling this touches a file: what a hostile model.pt would do as root during retraining."""
 

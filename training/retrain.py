@@ -167,6 +167,12 @@ def retrain(db: str | Path, *, store: str | Path | None = None, holdout: float =
             hold_caps: tuple[float, ...] | str | None = None, log=None) -> dict:
     torch.set_num_threads(1)
     say = log or (lambda m: None)
+    # Said before the DB is read: train.py takes a budget of 0 for no limit and a negative one as already spent,
+    # and NaN compares false with everything (found by the store review, 2026-11-27)
+    if not (math.isfinite(minutes) and 0 < minutes <= 24 * 60):
+        raise ConfigError(f"--minutes must be more than 0 and at most {24 * 60} (a day), got {minutes}")
+    if iterations < 1:
+        raise ConfigError(f"--iterations must be at least 1, got {iterations}")
     if store is not None:
         import os
 
