@@ -145,6 +145,9 @@ def _install(args) -> int:
     if "/" in target or target.endswith(".onnx"):
         if not Path(target).exists():
             raise ConfigError(f"{target}: no such model folder or .onnx file")
+        # A history.json that cannot be read refuses the activation: asked first, so the model is not added either
+        # (it stayed inactive in the store, and the same install once the file was fixed said "already exists")
+        st.history()
         target = st.add(target).version
     elif target != "default" and target not in {v.version for v in st.versions()} and Path(target).exists():
         raise ConfigError(f"no policy version {target!r} in {st.root}; to add the folder or file {target!r} "

@@ -188,6 +188,11 @@ def test_a_malformed_history_is_refused_and_kept(tmp_path, capsys, history):
         err = capsys.readouterr().err
         assert "history.json" in err and "fix or remove it" in err and "Traceback" not in err
     assert hist.read_text() == history and PolicyStore().active() == "default"
+    # A path is refused before it is added: added first, it stayed in the store inactive, and installing the same
+    # path again, once the history was fixed, said "already exists"
+    assert main(["policy", "install", str(model_dir(tmp_path, "b", version="v2"))]) == 2
+    assert "fix or remove it" in capsys.readouterr().err
+    assert [v.version for v in PolicyStore().versions()] == ["default", "v1"]
 
 
 def test_a_store_that_is_no_directory_is_a_clear_error(tmp_path, capsys):
