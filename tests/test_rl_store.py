@@ -234,6 +234,18 @@ def test_install_says_when_a_pin_keeps_the_controller_on_another_model(tmp_path,
     assert "warning: $SLURM_MIG_RL_MODEL=" in capsys.readouterr().err
 
 
+def test_retrain_names_a_pinned_model_by_its_path_not_the_stores_active_version(monkeypatch, tmp_path):
+    pytest.importorskip("torch")
+    from training.retrain import current_model
+
+    PolicyStore().install(PolicyStore().add(model_dir(tmp_path, "a", version="v1")).version)
+    assert current_model()[:2] == ("v1", tmp_path / "store" / "v1" / "model.onnx")
+    pinned = model_dir(tmp_path, "p", version="v7") / "model.onnx"
+    monkeypatch.setenv("SLURM_MIG_RL_MODEL", str(pinned))
+    # It fine-tunes the pinned file, and says so: until 2026-11-27 it was called v1 in the report and the card
+    assert current_model()[:2] == (f"pinned:{pinned}", pinned)
+
+
 def test_training_retrain_install_says_when_a_pin_keeps_the_old_model(monkeypatch, capsys):
     """`python -m training.retrain --install` installed without a word about a pin (noticed in review);
     `slurm-mig policy retrain --install` already warned. The retraining itself is stood in for here:

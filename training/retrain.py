@@ -43,7 +43,7 @@ from pathlib import Path
 import torch
 
 from slurm_mig.errors import ConfigError
-from slurm_mig.policies.rl import MAX_HOLD_H, SHIPPED_MODEL, RLPolicy, read_card, resolve_model_path
+from slurm_mig.policies.rl import MAX_HOLD_H, SHIPPED_MODEL, RLPolicy, model_pin, read_card, resolve_model_path
 from slurm_mig.policy_registry import DEFAULT, PolicyStore
 from slurm_mig.sim.workloads import Job, ReplaySite, Workload, load_outcomes_db, replay_site
 
@@ -152,6 +152,10 @@ def current_model() -> tuple[str, Path, Path | None]:
     path = resolve_model_path()
     store = PolicyStore()
     version = store.active() if path != SHIPPED_MODEL else DEFAULT
+    if model_pin() and path != SHIPPED_MODEL:
+        # A pinned file is no version of the store: labelled by its path, not the store's active version, which the
+        # report compared against and the candidate's card named as its parent (noticed by the store review)
+        version = f"pinned:{path}"
     pt = path.with_name("model.pt") if path != SHIPPED_MODEL else SHIPPED_MODEL.with_name("default.pt")
     return version, path, (pt if pt.is_file() else None)
 
