@@ -479,3 +479,45 @@ def test_a_requeued_job_waiting_again_reads_as_waiting_with_its_earlier_placemen
     head = out.splitlines()[0]
     assert rc == 0 and head.endswith("asks for 1 x 1g: PENDING"), head
     assert "earlier attempt (before its requeue) ran on n1 GPU 0 1g.10gb@0" in out
+
+
+@pytest.mark.parametrize("answer", [b"\x00\xffnot http at all\r\n\r\n",  # http.client.BadStatusLine
+                                    b"HTTP/1.1 200 " + b"x" * 70_000 + b"\r\n\r\n"])  # http.client.LineTooLong
+def test_status_and_top_survive_a_controller_port_that_answers_garbage(tmp_path, capsys, answer):
+    """Something else on [controller].listen_port (or a controller dying mid-answer): `status` and `top --once`
+    printed http.client's BadStatusLine / LineTooLong traceback, as probe_healthz caught OSError only."""
+    import socket
+    import threading
+
+    db = tmp_path / "state.db"
+    with open_store(db) as s:
+        build_state(s)
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(8)
+    port = srv.getsockname()[1]
+
+    def serve():
+        while True:
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                return
+            with conn:  # the answer, then EOF; the request read to its end, so no RST replaces what was sent
+                conn.settimeout(5)
+                conn.recv(65536)
+                conn.sendall(answer)
+                conn.shutdown(socket.SHUT_WR)
+                while conn.recv(65536):
+                    pass
+
+    threading.Thread(target=serve, daemon=True).start()
+    path = tmp_path / "slurm-mig.toml"
+    path.write_text(f'[controller]\ndb_path = "{db}"\nlisten_port = {port}\n')
+    try:
+        rc, out, _ = run(capsys, "--config", str(path), "status")
+        assert rc == 0 and "/healthz does not answer" in out.splitlines()[0]
+        rc, out, _ = run(capsys, "--config", str(path), "top", "--once")
+        assert rc == 0 and "API DOWN" in out.splitlines()[0]
+    finally:
+        srv.close()

@@ -17,6 +17,7 @@ Keys: q quit, n/space/PgDn next page, p/PgUp previous page, v switch GPU bars / 
 
 from __future__ import annotations
 
+import http.client
 import os
 import select
 import sys
@@ -288,7 +289,7 @@ def probe_healthz(cfg, timeout: float = 0.5) -> bool | None:
     try:
         with urllib.request.urlopen(f"http://{host}:{cfg.controller.listen_port}/healthz", timeout=timeout) as r:
             return r.status == 200
-    except OSError:
+    except (OSError, http.client.HTTPException):  # down, or something there that does not speak HTTP
         return False
 
 
