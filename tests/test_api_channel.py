@@ -530,3 +530,44 @@ def test_the_replay_cache_does_not_go_through_every_remembered_credential_at_eac
     # Past the window the old ones are forgotten as time goes on, oldest first.
     cache.check_and_add("later", now + 350)
     assert len(cache._seen) == 20_101 - 5_000
+
+
+@pytest.mark.parametrize("answer", [
+    b"\x00\xffnot http at all\r\n\r\n",  # something else on the port: http.client.BadStatusLine
+    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"ac",  # IncompleteRead
+    b"HTTP/1.1 200 " + b"x" * 70_000 + b"\r\n\r\n",  # http.client.LineTooLong
+    b"HTTP/1.1 500 oops\r\nContent-Length: 100\r\n\r\nab",  # an error answer cut short: IncompleteRead
+])
+def test_an_answer_that_is_not_http_or_cut_short_is_unavailable(answer):
+    """A controller killed mid-answer, or another service on its port: the call raised http.client's
+    IncompleteRead / BadStatusLine / LineTooLong (HTTPException, not OSError), so the Prolog and `node sync`
+    failed instead of taking their controller-down path."""
+    import socket
+    import threading
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(8)
+
+    def serve():
+        while True:
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                return
+            with conn:  # the answer, then EOF; the request read to its end, so no RST replaces what was sent
+                conn.settimeout(5)
+                conn.recv(65536)
+                conn.sendall(answer)
+                conn.shutdown(socket.SHUT_WR)
+                while conn.recv(65536):
+                    pass
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        client = ControllerClient(f"http://127.0.0.1:{srv.getsockname()[1]}", HmacAuth(KEY), "n1", timeout_s=5,
+                                  retries=0)
+        with pytest.raises(ControllerUnavailable, match="unreachable|cut short"):
+            client.call("/v1/echo", {})
+    finally:
+        srv.close()

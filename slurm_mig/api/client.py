@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import http.client
 import json
 import time
 import urllib.error
@@ -102,7 +103,12 @@ class ControllerClient:
         except urllib.error.HTTPError as exc:
             try:
                 return exc.code, exc.headers, exc.read()
-            except OSError as err:
+            except (OSError, http.client.HTTPException) as err:
                 raise ControllerUnavailable(f"controller at {self.url}: answer {exc.code} cut short: {err}") from None
         except (urllib.error.URLError, OSError, TimeoutError, ValueError) as exc:
             raise ControllerUnavailable(f"controller at {self.url} unreachable: {getattr(exc, 'reason', exc)}") from None
+        except http.client.HTTPException as exc:
+            # Cut short (IncompleteRead: a controller killed mid-answer) or not HTTP at all (BadStatusLine,
+            # LineTooLong: another service on the port); the bytes it sent are shown escaped and cut.
+            raise ControllerUnavailable(f"controller at {self.url} unreachable: no HTTP answer "
+                                        f"({type(exc).__name__}: {ascii(str(exc))[:200]})") from None
