@@ -298,10 +298,10 @@ def _url(v: Any) -> str:
     want = 'an http:// or https:// URL, e.g. "http://head-node:7677"'
     if not isinstance(v, str):
         raise _Bad(want)
-    parsed = urllib.parse.urlparse(v)
-    if parsed.scheme not in ("http", "https") or not parsed.hostname:
-        raise _Bad(want)
-    try:
+    try:  # ValueError: a port out of range, a bracket not closed, brackets round what is no IPv6 address
+        parsed = urllib.parse.urlparse(v)
+        if parsed.scheme not in ("http", "https") or not parsed.hostname:
+            raise _Bad(want)
         parsed.port
     except ValueError:
         raise _Bad(want) from None

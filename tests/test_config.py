@@ -137,6 +137,9 @@ def test_bad_value_names_the_key_and_the_expectation(tmp_path):
     ("[controller]\nlisten_port = 7677.5\n", "[controller].listen_port: expected an integer >= 1 and <= 65535, got 7677.5"),
     ('[node]\nnvml_backend = "fake"\n', '[node].nvml_backend: expected one of "real", "simulated", got "fake"'),
     ('[node]\ncontroller_url = "head:7677"\n', "[node].controller_url: expected an http:// or https:// URL"),
+    # urlparse raises ValueError for an unclosed IPv6 bracket: a traceback, not the key
+    ('[node]\ncontroller_url = "http://[::1:7677"\n', "[node].controller_url: expected an http:// or https:// URL"),
+    ('[node]\ncontroller_url = "http://[head-node]:7677"\n', "[node].controller_url: expected an http:// or https:// URL"),
     ('[node]\nsim_gpu_model = "V100"\n', "[node].sim_gpu_model: expected a GPU model: "),
     ('[auth]\nmethod = "kerberos"\n', '[auth].method: expected one of "munge", "hmac", got "kerberos"'),
     ('[auth]\nmethod = "hmac"\nhmac_key_file = ""\n', "[auth].hmac_key_file: expected a key file path"),
