@@ -521,3 +521,19 @@ def test_status_and_top_survive_a_controller_port_that_answers_garbage(tmp_path,
         assert rc == 0 and "API DOWN" in out.splitlines()[0]
     finally:
         srv.close()
+
+
+@pytest.mark.parametrize("host", ["head-node:7677", "0.0.0.0:7677"])
+def test_status_with_a_listen_host_that_is_host_colon_port(tmp_path, capsys, host):
+    """listen_host = "head-node:7677" is taken by the config (the controller refuses it at its start, naming
+    the key); `status` and `top --once` bracketed it as an IPv6 address and printed urllib's ValueError
+    traceback. Now /healthz simply does not answer."""
+    db = tmp_path / "state.db"
+    with open_store(db) as s:
+        build_state(s)
+    path = tmp_path / "slurm-mig.toml"
+    path.write_text(f'[controller]\ndb_path = "{db}"\nlisten_host = "{host}"\n')
+    rc, out, _ = run(capsys, "--config", str(path), "status")
+    assert rc == 0 and "/healthz does not answer" in out.splitlines()[0]
+    rc, out, _ = run(capsys, "--config", str(path), "top", "--once")
+    assert rc == 0 and "API DOWN" in out.splitlines()[0]

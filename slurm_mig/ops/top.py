@@ -289,7 +289,9 @@ def probe_healthz(cfg, timeout: float = 0.5) -> bool | None:
     try:
         with urllib.request.urlopen(f"http://{host}:{cfg.controller.listen_port}/healthz", timeout=timeout) as r:
             return r.status == 200
-    except (OSError, http.client.HTTPException):  # down, or something there that does not speak HTTP
+    except (OSError, http.client.HTTPException, ValueError):
+        # Down; something there that does not speak HTTP; or (ValueError) a listen_host urllib cannot put in
+        # a URL, "head-node:7677", which the controller itself refuses at its start
         return False
 
 
