@@ -162,3 +162,30 @@ def test_report_markdown_says_when_jobs_never_ran(tmp_path, capsys):
         sys.argv = argv
     assert e.value.code == 0
     assert "greedy: 1 of 27 jobs never ran; its times are over the 26 that did." in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("flag", ["--from", "--to"])
+@pytest.mark.parametrize("value", ["nan", "inf", "-1"])
+def test_simulate_plot_window_must_be_finite_hours(tmp_path, capsys, flag, value):
+    """`simulate --plot x.png --from nan` (or inf) simulated the whole workload, then printed matplotlib's
+    "Axis limits cannot be NaN or Inf" traceback: refused when parsed now."""
+    pytest.importorskip("matplotlib")
+    with pytest.raises(SystemExit) as exc:
+        main(["simulate", "--workload", "poisson-mix", "--jobs", "5", "--plot", str(tmp_path / "t.png"),
+              flag, value])
+    assert exc.value.code == 2 and flag in capsys.readouterr().err
+    assert not (tmp_path / "t.png").exists()
+
+
+@pytest.mark.parametrize("name, expected", [("no-such-folder/t.png", "no folder"), ("t.txt", "format"),
+                                            ("t", "format"), (".", "a folder")])
+def test_simulate_plot_path_is_checked_before_simulating(tmp_path, capsys, name, expected):
+    """A --plot path in a missing folder, or with a suffix matplotlib cannot write, failed with a traceback
+    (FileNotFoundError, ValueError) after the whole simulation had run, which was lost; one with no suffix
+    ("t") was written as t.png while the output said t. Each is an error now, before the simulation runs."""
+    pytest.importorskip("matplotlib")
+    path = tmp_path / name
+    rc = main(["simulate", "--workload", "poisson-mix", "--jobs", "5", "--plot", str(path)])
+    out = capsys.readouterr()
+    assert rc == 2 and "--plot" in out.err and expected in out.err and out.out == ""
+    assert list(tmp_path.iterdir()) == []

@@ -8,8 +8,12 @@ import math
 import sys
 from pathlib import Path
 
-from slurm_mig.argtypes import at_least
+from slurm_mig.argtypes import at_least, number
 from slurm_mig.errors import ConfigError
+
+#: --from / --to of a --plot: simulated hours from the start, finite (nan or inf failed in matplotlib after the
+#: whole simulation had run); a million hours is past any trace's span.
+PLOT_HOURS = number(0.0, 1e6, unit="hours")
 
 SYNTHETIC = ("poisson-mix", "small-heavy", "rl-good_scaling", "rl-bad_scaling", "rl-mix_extreme", "rl-mix_soft",
              "rl-wide_times", "miso-models", "mixed-site")
@@ -64,8 +68,8 @@ def register(subparsers) -> None:
     s.add_argument("--check", action="store_true", help="check every decision with check_decision()")
     s.add_argument("--json", action="store_true", help="print metrics as JSON")
     s.add_argument("--plot", metavar="PNG", help="write a timeline picture (needs matplotlib: pip install slurm-mig[plot])")
-    s.add_argument("--from", dest="t_from", type=float, default=None, metavar="HOURS", help="plot from this time")
-    s.add_argument("--to", dest="t_to", type=float, default=None, metavar="HOURS", help="plot up to this time")
+    s.add_argument("--from", dest="t_from", type=PLOT_HOURS, default=None, metavar="HOURS", help="plot from this time")
+    s.add_argument("--to", dest="t_to", type=PLOT_HOURS, default=None, metavar="HOURS", help="plot up to this time")
     s.add_argument("--max-gpus", type=at_least(1), default=48, help="GPUs drawn at most (default 48)")
     s.add_argument("--job", metavar="JOB_ID", help="explain this job: when it came, waited, ran, and why it waited")
     s.set_defaults(func=cmd_simulate)
@@ -265,8 +269,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from slurm_mig.sim.metrics import compute_metrics, lower_bounds
 
     if args.plot:
-        from slurm_mig.sim.plot import require_matplotlib
+        from slurm_mig.sim.plot import check_plot_path, require_matplotlib
         require_matplotlib()
+        check_plot_path(args.plot)
     if args.workload == "mixed-site":
         w, spec = _load_mixed_site(args)
         site = None

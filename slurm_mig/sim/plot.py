@@ -28,6 +28,26 @@ def require_matplotlib():
     return matplotlib
 
 
+def check_plot_path(path: str) -> None:
+    """Refuse a picture path matplotlib cannot write, before a simulation runs rather than after (its work
+    lost to a traceback): a folder, a missing folder, a suffix that is no format it writes (none at all
+    made it write ``path``.png while slurm-mig said ``path``)."""
+    import os
+
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    formats = FigureCanvasBase.get_supported_filetypes()
+    if os.path.isdir(path):
+        raise ConfigError(f"--plot {path}: is a folder, not a file name (e.g. {os.path.join(path, 'timeline.png')})")
+    folder = os.path.dirname(path) or "."
+    if not os.path.isdir(folder):
+        raise ConfigError(f"--plot {path}: no folder {folder}")
+    suffix = os.path.splitext(path)[1][1:].lower()
+    if suffix not in formats:
+        raise ConfigError(f"--plot {path}: expected a file name ending in a picture format matplotlib writes "
+                          f"({', '.join('.' + f for f in sorted(formats))})")
+
+
 @dataclass(frozen=True)
 class Row:
     """One GPU's band: its model's memory slices tall (8 on an H100, 4 on an A30), from ``y0`` down."""
