@@ -48,6 +48,8 @@ MAX_PERIOD_S = 365 * 86_400.0
 #: layout_lock_wait_s, so more simulates only a hang. Unbounded, 1e300 (or inf from a flag) made a create
 #: raise OverflowError in time.sleep, and 1e9 sleep for years.
 MAX_SIM_DELAY_SCALE = 1000.0
+#: The most GPUs a simulated node has ([node].sim_gpu_count, and in all of `nvml sim-init --gpus`).
+MAX_SIM_GPUS = 64
 
 
 @dataclass(frozen=True)
@@ -370,7 +372,7 @@ RULES: dict[str, dict[str, Callable]] = {
         "nvml_backend": _choice("real", "simulated"),
         "sim_state_path": _path(allow_empty=False),
         "sim_gpu_model": _gpu_model,
-        "sim_gpu_count": _integer(1, 64),
+        "sim_gpu_count": _integer(1, MAX_SIM_GPUS),
         "sim_delay_scale": _number(0, exclusive=False, maximum=MAX_SIM_DELAY_SCALE),
         "health_check_interval_s": _period(),
         "layout_lock_wait_s": _timeout(),

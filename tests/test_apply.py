@@ -357,6 +357,20 @@ def test_cli_errors_are_clear(tmp_path, capsys, monkeypatch):
     assert "no GPU 3" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("gpus, layout", [("H100-80GB:0", None), ("H100-80GB:65", None),
+                                          ("H100-80GB:40,A30:40", None), ("H100-80GB:99999999999999999999", None),
+                                          ("H100-80GB:\u00b2", None), ("H100-80GB:2", "\u00b2=3g@0")])
+def test_sim_init_refuses_a_gpu_count_out_of_range(tmp_path, capsys, gpus, layout):
+    """`nvml sim-init --gpus H100-80GB:0` wrote a node of no GPUs (exit 0), :100000 a 100,000-GPU node and a
+    20-digit count ran out of memory; [node].sim_gpu_count allows 1-64. A superscript digit ("\u00b2", a digit
+    to str.isdigit, not to int) in a count or a --layout GPU printed int()'s ValueError traceback."""
+    path = tmp_path / "x.json"
+    argv = ["nvml", "sim-init", "--sim-state", str(path), "--gpus", gpus] + (["--layout", layout] if layout else [])
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("slurm-mig: error: bad ") and not path.exists()
+
+
 def test_sim_init_takes_its_gpus_from_the_config_without_gpus(tmp_path, capsys, monkeypatch):
     """[node].sim_gpu_model and sim_gpu_count were checked but read by nothing: `nvml sim-init` demanded
     --gpus whatever the config said. Without --gpus it now makes MODEL x N from the config the other nvml

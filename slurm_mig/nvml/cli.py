@@ -28,6 +28,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -469,7 +470,8 @@ def _cmd_sim_init(args: argparse.Namespace) -> int:
     layouts: dict[int, Layout] = {}
     for item in args.layout or []:
         which, sep, text = item.rpartition("=")
-        targets = range(len(models)) if not sep else [int(which)] if which.strip().isdigit() else None
+        # ASCII digits: "²" is a digit to str.isdigit() and not to int()
+        targets = range(len(models)) if not sep else [int(which)] if re.fullmatch(r"[0-9]+", which.strip()) else None
         if targets is None or any(not 0 <= t < len(models) for t in targets):
             raise ConfigError(f"bad --layout {item!r}: expected LAYOUT or GPU=LAYOUT with GPU in 0..{len(models) - 1}")
         for t in targets:
@@ -547,7 +549,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("sim-init", parents=[common], help="create a simulated node's GPUs")
     p.add_argument("--gpus", metavar="MODEL[:N],...",
-                   help="e.g. H100-80GB:2,A100-40GB (default: the config's [node].sim_gpu_model:sim_gpu_count)")
+                   help="e.g. H100-80GB:2,A100-40GB; 1 to 64 GPUs in all (default: the config's "
+                        "[node].sim_gpu_model:sim_gpu_count)")
     p.add_argument("--layout", action="append", metavar="[GPU=]SPEC",
                    help="initial layout for every GPU, or for one with GPU=SPEC (repeatable)")
     p.add_argument("--seed", help="seed for the UUIDs (default: random)")

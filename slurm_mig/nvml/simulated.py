@@ -45,6 +45,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import secrets
 import time
 import uuid as uuidlib
@@ -97,16 +98,26 @@ GpuSpec = Iterable["tuple[str, int] | str"]
 
 
 def parse_gpu_spec(spec: str) -> list[tuple[str, int]]:
-    """``"H100-80GB:2,A100-40GB"`` -> ``[("H100-80GB", 2), ("A100-40GB", 1)]`` (names checked)."""
+    """``"H100-80GB:2,A100-40GB"`` -> ``[("H100-80GB", 2), ("A100-40GB", 1)]`` (names checked).
+
+    1 to config.MAX_SIM_GPUS GPUs in all, as [node].sim_gpu_count: ":0" made a node of no GPUs, and a huge
+    count ran sim-init out of memory."""
+    from slurm_mig.config import MAX_SIM_GPUS
+
     out = []
     for item in spec.split(","):
         item = item.strip()
         if not item:
             continue
         name, _, count = item.partition(":")
-        if count and not count.strip().isdigit():
-            raise ConfigError(f"bad GPU spec {item!r}: expected MODEL[:COUNT], e.g. H100-80GB:2")
+        count = count.strip()
+        # ASCII digits only: "²" is a digit to str.isdigit() and not to int() (a ValueError traceback)
+        if count and (not re.fullmatch(r"[0-9]+", count) or int(count) < 1):
+            raise ConfigError(f"bad GPU spec {item!r}: expected MODEL[:COUNT] with COUNT 1 to {MAX_SIM_GPUS}, "
+                              "e.g. H100-80GB:2")
         out.append((get_model(name).name, int(count) if count else 1))
+        if sum(n for _, n in out) > MAX_SIM_GPUS:
+            raise ConfigError(f"bad GPU spec {spec!r}: more than {MAX_SIM_GPUS} GPUs on one node")
     if not out:
         raise ConfigError("empty GPU spec: expected MODEL[:COUNT][,...], e.g. H100-80GB:2")
     return out
