@@ -1809,6 +1809,69 @@ def test_a_second_controller_on_the_same_database_is_refused(tmp_path):
     held2.close()
 
 
+def test_the_controllers_lock_makes_the_database_folders_as_the_store_does(tmp_path):
+    """claim_database runs before the store opens, and made the database's folders with os.makedirs: 0700
+    for the database's own whatever [controller].db_group says (its readers, `slurm-mig status`, could not
+    enter it: the store leaves a folder that exists as it is) and 0777 less the umask above it (world-writable
+    under umask 0, what the store's own folder making was written to prevent). Found comparing the folders of
+    a controller's first start with the store's."""
+    import grp
+
+    from slurm_mig.controller.cli import claim_database
+
+    group = grp.getgrgid(os.getgid()).gr_name
+    old = os.umask(0)
+    try:
+        held = claim_database(str(tmp_path / "a" / "b" / "state.db"), group)
+    finally:
+        os.umask(old)
+    held.close()
+    assert os.stat(tmp_path / "a").st_mode & 0o777 == 0o755
+    assert os.stat(tmp_path / "a" / "b").st_mode & 0o777 == 0o750
+    assert os.stat(tmp_path / "a" / "b").st_gid == os.getgid()
+
+
+def controller_once(tmp_path, toml: str):
+    """`slurm-mig controller --once --no-api` in a child with no Slurm commands on its PATH (its tick finds
+    none and answers from the store): the start, as an admin runs it, without touching any Slurm."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    nobin = tmp_path / "nobin"
+    nobin.mkdir(exist_ok=True)
+    cfg = tmp_path / "controller.toml"
+    cfg.write_text(toml + '\n[slurm]\ncommand_timeout_s = 5\n')
+    root = str(Path(__file__).resolve().parents[1])
+    env = {**os.environ, "PATH": str(nobin), "PYTHONPATH": root, "SLURM_CONF": str(tmp_path / "no-slurm.conf")}
+    return subprocess.run([sys.executable, "-m", "slurm_mig.cli", "--config", str(cfg), "controller", "--once",
+                           "--no-api"], env=env, capture_output=True, text=True, timeout=120, cwd=root)
+
+
+def test_the_controllers_first_start_makes_its_folder_for_db_group(tmp_path):
+    """The same through `slurm-mig controller`: its lock came first, so the database's folder was 0700 and
+    the db_group's readers could not run `slurm-mig status`."""
+    import grp
+
+    group = grp.getgrgid(os.getgid()).gr_name
+    db = tmp_path / "lib" / "state.db"
+    r = controller_once(tmp_path, f'[controller]\ndb_path = "{db}"\ndb_group = "{group}"\n'
+                                  f'slurm_conf = "{tmp_path / "no-slurm.conf"}"\n')
+    assert r.returncode == 0, r.stderr
+    assert os.stat(db.parent).st_mode & 0o777 == 0o750 and os.stat(db.parent).st_gid == os.getgid()
+
+
+@pytest.mark.parametrize("under", ["a-file", "a-file/deeper"])
+def test_a_database_path_under_a_file_is_a_store_error(tmp_path, under):
+    """db_path = "<a regular file>/state.db": the controller's start printed os.makedirs' FileExistsError
+    (or the lock file's NotADirectoryError) traceback, naming no setting."""
+    from slurm_mig.controller.cli import claim_database
+
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(StoreError, match="state database .*a-file"):
+        claim_database(str(tmp_path / under / "state.db"))
+
+
 # -- a node message delivered again changes nothing ----------------------------------------------
 # The node re-sends a message whose answer it did not get (its client's retry, its outbox at the next hook
 # or health check), with the same message_id. 2277c58 wrote the message's events once, but did the rest

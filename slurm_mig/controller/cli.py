@@ -21,21 +21,29 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_run)
 
 
-def claim_database(db_path: str):
+def claim_database(db_path: str, group: str | int | None = None):
     """Hold an exclusive lock beside the state database for as long as this process runs: two controllers
     on one database would both tick, set GRES and requeue jobs from in-memory state that disagrees.
     Returns the open lock file (keep it), or None for an in-memory database. AlreadyRunning (exit 75) when
-    another process holds it; the kernel releases it when that process dies, however it dies."""
+    another process holds it; the kernel releases it when that process dies, however it dies. ``group``:
+    [controller].db_group, for the database's folders, made here as the store makes them (it runs first)."""
     import os
+    from pathlib import Path
 
     from slurm_mig import pidlock
-    from slurm_mig.errors import AlreadyRunning
+    from slurm_mig.errors import AlreadyRunning, StoreError
+    from slurm_mig.store.connection import _make_db_folders, _resolve_gid
 
     if not db_path or db_path == ":memory:":
         return None
     path = db_path + ".controller.lock"
-    os.makedirs(os.path.dirname(os.path.abspath(path)), mode=0o700, exist_ok=True)
-    fd, holder = pidlock.hold(path)
+    # Not os.makedirs: it made the folder 0700 whatever db_group says (the store leaves one that exists as it
+    # is, so the group's readers could not enter it) and those above it 0777 less the umask.
+    _make_db_folders(Path(os.path.abspath(path)).parent, _resolve_gid(group))
+    try:
+        fd, holder = pidlock.hold(path)
+    except OSError as exc:  # the path runs through a file (NotADirectoryError), a read-only folder, ...
+        raise StoreError(f"state database {db_path}: cannot make its lock file {path}: {exc.strerror}") from None
     if fd is None:
         raise AlreadyRunning(f"another slurm-mig controller (pid {holder}) is running on {db_path}; stop it "
                              f"first (systemctl stop slurm-mig-controller), or use another [controller] db_path")
@@ -147,7 +155,7 @@ def _run(args: argparse.Namespace) -> int:
                         filename=cfg.log.file or None,
                         format="%(asctime)s slurm-mig-controller %(levelname)s %(name)s: %(message)s")
     logging.getLogger("apscheduler").setLevel(logging.WARNING)
-    lock = claim_database(cfg.controller.db_path)  # noqa: F841  (held until the process ends)
+    lock = claim_database(cfg.controller.db_path, cfg.controller.db_group)  # noqa: F841  (held until it ends)
     controller = build(cfg)
     if args.once:
         server = None if args.no_api else serve(cfg, controller)
