@@ -1861,6 +1861,16 @@ def test_the_controllers_first_start_makes_its_folder_for_db_group(tmp_path):
     assert os.stat(db.parent).st_mode & 0o777 == 0o750 and os.stat(db.parent).st_gid == os.getgid()
 
 
+@pytest.mark.parametrize("log_file", ["no-such-folder/controller.log", "."])
+def test_a_log_file_the_controller_cannot_open_names_the_key(tmp_path, log_file):
+    """[log].file in a missing folder, or naming a folder: the controller's start printed logging's
+    FileNotFoundError / IsADirectoryError traceback, naming no setting."""
+    r = controller_once(tmp_path, f'[controller]\ndb_path = "{tmp_path / "state.db"}"\n'
+                                  f'[log]\nfile = "{tmp_path / log_file}"\n')
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert "[log].file: cannot open" in r.stderr.splitlines()[-1] and str(tmp_path) in r.stderr
+
+
 @pytest.mark.parametrize("under", ["a-file", "a-file/deeper"])
 def test_a_database_path_under_a_file_is_a_store_error(tmp_path, under):
     """db_path = "<a regular file>/state.db": the controller's start printed os.makedirs' FileExistsError

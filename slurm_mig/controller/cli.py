@@ -150,9 +150,15 @@ def schedule_ticks(sched, tick, interval_s: float, metrics, log: logging.Logger,
 def _run(args: argparse.Namespace) -> int:
     from slurm_mig.config import load_config
 
+    from slurm_mig.errors import ConfigError
+
     cfg = load_config(args.config)
-    logging.basicConfig(level=getattr(logging, cfg.log.level.upper(), logging.INFO),
-                        filename=cfg.log.file or None,
+    try:  # opened here, not by basicConfig(filename=): a folder or a missing one was logging's traceback
+        handler = logging.FileHandler(cfg.log.file) if cfg.log.file else logging.StreamHandler()
+    except OSError as exc:
+        raise ConfigError(f"config {cfg.source or '<built-in defaults>'}: [log].file: cannot open {cfg.log.file} "
+                          f"to append to: {exc.strerror}") from None
+    logging.basicConfig(level=getattr(logging, cfg.log.level.upper(), logging.INFO), handlers=[handler],
                         format="%(asctime)s slurm-mig-controller %(levelname)s %(name)s: %(message)s")
     logging.getLogger("apscheduler").setLevel(logging.WARNING)
     lock = claim_database(cfg.controller.db_path, cfg.controller.db_group)  # noqa: F841  (held until it ends)
