@@ -6,8 +6,14 @@ import argparse
 import math
 
 
+#: The largest count a flag takes: SQLite's (and numpy's) 64-bit integer. `decisions --limit` past it was
+#: sqlite3's OverflowError traceback.
+MAX_COUNT = 2**63 - 1
+
+
 def at_least(least: int):
-    """An argparse type: a whole number of at least ``least`` (0 GPUs is no cluster, 5 columns no frame)."""
+    """An argparse type: a whole number of at least ``least`` (0 GPUs is no cluster, 5 columns no frame), at most
+    MAX_COUNT."""
     def parse(text: str) -> int:
         try:
             n = int(text)
@@ -15,6 +21,8 @@ def at_least(least: int):
             raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
         if n < least:
             raise argparse.ArgumentTypeError(f"{n} is too small (at least {least})")
+        if n > MAX_COUNT:
+            raise argparse.ArgumentTypeError(f"{text!r} is too large (at most {MAX_COUNT})")
         return n
     return parse
 

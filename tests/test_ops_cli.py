@@ -537,3 +537,13 @@ def test_status_with_a_listen_host_that_is_host_colon_port(tmp_path, capsys, hos
     assert rc == 0 and "/healthz does not answer" in out.splitlines()[0]
     rc, out, _ = run(capsys, "--config", str(path), "top", "--once")
     assert rc == 0 and "API DOWN" in out.splitlines()[0]
+
+
+@pytest.mark.parametrize("argv", [["decisions", "--limit"], ["jobs", "--limit"], ["top", "--once", "--page"]])
+def test_a_count_past_64_bits_is_refused_where_given(cfg, capsys, argv):
+    """`decisions --limit 99999999999999999999999` printed sqlite3's "OverflowError: Python int too large to
+    convert to SQLite INTEGER" traceback: argtypes.at_least had no upper bound. Counts stop at 2**63 - 1."""
+    with pytest.raises(SystemExit) as exc:
+        main(["--config", cfg, *argv, "9" * 23])
+    assert exc.value.code == 2 and "too large" in capsys.readouterr().err
+    assert run(capsys, "--config", cfg, *argv, str(2**63 - 1))[0] == 0
