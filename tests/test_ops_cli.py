@@ -547,3 +547,11 @@ def test_a_count_past_64_bits_is_refused_where_given(cfg, capsys, argv):
         main(["--config", cfg, *argv, "9" * 23])
     assert exc.value.code == 2 and "too large" in capsys.readouterr().err
     assert run(capsys, "--config", cfg, *argv, str(2**63 - 1))[0] == 0
+
+
+@pytest.mark.parametrize("spec", ["", ",", " , ,"])
+def test_jobs_with_an_empty_state_list_is_an_error_not_no_jobs(cfg, capsys, spec):
+    """`jobs --state "$STATES"` with the variable unset said "no jobs" (exit 0) while six were live: an
+    empty list of states matched none. Found trying empty values for each ops flag."""
+    rc, out, err = run(capsys, "--config", cfg, "jobs", "--state", spec)
+    assert rc == 2 and out == "" and "no state given" in err

@@ -235,9 +235,11 @@ def _jobs(args) -> int:
     else:
         states = tuple(s.strip().upper() for s in args.state.split(",") if s.strip())
         bad = [s for s in states if s not in JOB_STATES]
-        if bad:
-            print(f"slurm-mig jobs: unknown state {', '.join(bad)} (use live, pending, running, done, all, "
-                  f"or {', '.join(JOB_STATES)})", file=sys.stderr)
+        # none at all ("" or ","): it matched no job and said "no jobs"
+        if bad or not states:
+            what = f"unknown state {', '.join(bad)}" if bad else f"no state given in --state {args.state!r}"
+            print(f"slurm-mig jobs: {what} (use live, pending, running, done, all, or {', '.join(JOB_STATES)})",
+                  file=sys.stderr)
             return 2
     cfg, store = _open(args)
     with store:
