@@ -83,6 +83,25 @@ def test_alibaba_loader_rejects_other_csvs(tmp_path):
         load_alibaba(tmp_path / "absent.csv")
 
 
+@pytest.mark.parametrize("damage", ["not-text", "gzip"])
+def test_alibaba_loader_rejects_a_file_that_is_not_csv_text(tmp_path, damage, capsys):
+    """`simulate --trace` (and `bench --trace`) on a file that is not UTF-8 text (a .csv.gz not unpacked, a
+    stray byte) printed a UnicodeDecodeError traceback. Found giving simulate a binary file."""
+    import gzip
+
+    from slurm_mig.cli import main
+
+    p = tmp_path / "pods.csv"
+    if damage == "not-text":
+        p.write_bytes(SAMPLE.encode()[:80] + b"\xba\xff\xfe" + SAMPLE.encode()[80:])
+    else:
+        p.write_bytes(gzip.compress(SAMPLE.encode()))
+    with pytest.raises(ConfigError, match=f"{p} is not an Alibaba v2023 pod list"):
+        load_alibaba(p)
+    assert main(["simulate", "--trace", str(p)]) == 2
+    assert "is not an Alibaba v2023 pod list" in capsys.readouterr().err
+
+
 @pytest.mark.skipif(not TRACE.is_file(), reason="shared Alibaba trace not present")
 def test_alibaba_real_trace_counts():
     w = load_alibaba(TRACE)

@@ -262,32 +262,35 @@ def load_alibaba(
     skipped = {"never_ran": 0, "no_gpu": 0, "bad_row": 0}
     rows = 0
     raw: list[tuple[str, float, str, int, float]] = []
-    with fh:
-        reader = csv.DictReader(fh)
-        missing = [c for c in ALIBABA_COLUMNS if c not in (reader.fieldnames or ())]
-        if missing:
-            raise ConfigError(f"{path} is not an Alibaba v2023 pod list: missing column(s) {', '.join(missing)}")
-        for row in reader:
-            rows += 1
-            sched = (row.get("scheduled_time") or "").strip()
-            if not sched:
-                skipped["never_ran"] += 1
-                continue
-            try:
-                num_gpu = int(float(row["num_gpu"] or 0))
-                if num_gpu <= 0:
-                    skipped["no_gpu"] += 1
+    try:
+        with fh:
+            reader = csv.DictReader(fh)
+            missing = [c for c in ALIBABA_COLUMNS if c not in (reader.fieldnames or ())]
+            if missing:
+                raise ConfigError(f"{path} is not an Alibaba v2023 pod list: missing column(s) {', '.join(missing)}")
+            for row in reader:
+                rows += 1
+                sched = (row.get("scheduled_time") or "").strip()
+                if not sched:
+                    skipped["never_ran"] += 1
                     continue
-                milli = int(float(row["gpu_milli"] or 0))
-                created = float(row["creation_time"])
-                duration = float(row["deletion_time"]) - float(sched)
-            except (TypeError, ValueError):
-                skipped["bad_row"] += 1
-                continue
-            if duration <= 0 or milli <= 0:
-                skipped["bad_row"] += 1
-                continue
-            raw.append((row["name"], created, milli_map.kind(milli), num_gpu, duration))
+                try:
+                    num_gpu = int(float(row["num_gpu"] or 0))
+                    if num_gpu <= 0:
+                        skipped["no_gpu"] += 1
+                        continue
+                    milli = int(float(row["gpu_milli"] or 0))
+                    created = float(row["creation_time"])
+                    duration = float(row["deletion_time"]) - float(sched)
+                except (TypeError, ValueError):
+                    skipped["bad_row"] += 1
+                    continue
+                if duration <= 0 or milli <= 0:
+                    skipped["bad_row"] += 1
+                    continue
+                raw.append((row["name"], created, milli_map.kind(milli), num_gpu, duration))
+    except UnicodeDecodeError as exc:  # a .csv.gz not unpacked, a stray byte: was a traceback naming no file
+        raise ConfigError(f"{path} is not an Alibaba v2023 pod list: not {exc.encoding} text") from None
     t0 = min((r[1] for r in raw), default=0.0)
     jobs = [Job(n, c - t0, k, g, d, None, speed) for n, c, k, g, d in raw]
     if time_limits:
