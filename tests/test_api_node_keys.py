@@ -197,6 +197,28 @@ def test_keys_command(tmp_path, capsys):
     assert "not a node name" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("under", ["a-file", "a-file/keys"])
+def test_keys_into_a_folder_that_cannot_be_made_is_an_error(tmp_path, capsys, under):
+    """`slurm-mig keys --dir <a file> n1` printed os.makedirs' FileExistsError (NotADirectoryError below it)
+    traceback. Found giving keys a file for --dir."""
+    (tmp_path / "a-file").write_text("")
+    assert main(["keys", "--dir", str(tmp_path / under), "n1"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("slurm-mig: error: cannot make the key folder ") and "Traceback" not in err
+
+
+def test_keys_makes_the_folders_above_its_own_0755_whatever_the_umask(tmp_path, capsys):
+    """os.makedirs made the folders above the key folder 0777 less the umask: world-writable under umask 0,
+    so anyone could move the key folder aside and put theirs in its place."""
+    old = os.umask(0)
+    try:
+        assert main(["keys", "--dir", str(tmp_path / "a" / "keys"), "n1"]) == 0
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(os.stat(tmp_path / "a").st_mode) == 0o755
+    assert stat.S_IMODE(os.stat(tmp_path / "a" / "keys").st_mode) == 0o700
+
+
 def test_an_unsafe_key_file_is_logged_once_per_node_per_window_and_every_refusal_counted(keys, tmp_path, caplog):
     """Anyone who can reach the port can send requests naming a node whose key file is unsafe: each is
     refused (401) and counted, but the reason (path, mode) was logged at ERROR once per request, so a

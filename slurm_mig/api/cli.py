@@ -30,8 +30,21 @@ def create_node_keys(folder: str, nodes: list[str]) -> list[tuple[str, str, bool
     if bad:
         raise SlurmMigError(f"not a node name: {', '.join(repr(b) for b in bad[:5])} "
                             f"(letters, digits, '.', '_', '-'; 64 at most)")
-    os.makedirs(folder, mode=0o700, exist_ok=True)
-    mode = stat.S_IMODE(os.stat(folder).st_mode)
+    # Not os.makedirs: it made the folders above 0777 less the umask (world-writable under umask 0: anyone could
+    # move the key folder aside and put theirs there), and a file in the way was its traceback.
+    from pathlib import Path
+
+    from slurm_mig.folders import make_missing_folders
+
+    leaf = Path(folder)
+    try:
+        make_missing_folders(leaf, lambda d: 0o700 if d == leaf else 0o755)
+        st = os.stat(folder)
+    except OSError as exc:
+        raise SlurmMigError(f"cannot make the key folder {folder}: {exc.strerror}") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise SlurmMigError(f"cannot make the key folder {folder}: a file of that name is in the way")
+    mode = stat.S_IMODE(st.st_mode)
     if mode & 0o077:
         raise SlurmMigError(f"{folder} has mode {oct(mode)}; a folder of keys must be 0700 (chmod 700 {folder})")
     out = []
