@@ -281,3 +281,16 @@ def test_a_hook_source_without_its_line_is_an_error_and_nothing_is_written(tmp_p
     with pytest.raises(SlurmMigError, match="slurm-mig-healthcheck has no line"):
         install_hooks(tmp_path / "hooks", "/usr/bin/python3", "/etc/slurm-mig/slurm-mig.toml")
     assert not (tmp_path / "hooks").exists() or list((tmp_path / "hooks").iterdir()) == []
+
+
+@pytest.mark.parametrize("under", ["a-file", "a-file/hooks"])
+def test_a_prefix_that_is_or_runs_through_a_file_is_an_error_and_changes_nothing(tmp_path, under):
+    """`install-hooks --prefix <a file>` chmod-ed that file 0755 (executable) and then printed the
+    NotADirectoryError traceback of the first hook's write (below a file, _check_prefix refused already).
+    Found giving install-hooks a file for --prefix."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("notes\n")
+    os.chmod(blocker, 0o600)
+    with pytest.raises(SlurmMigError, match="--prefix .*a-file"):
+        install_hooks(tmp_path / under, "/usr/bin/python3", "/etc/slurm-mig/x.toml")
+    assert stat.S_IMODE(os.stat(blocker).st_mode) == 0o600 and blocker.read_text() == "notes\n"

@@ -119,7 +119,12 @@ def install_hooks(prefix: str | os.PathLike, python: str, config: str) -> dict[s
             text = text.replace(old, new)
         texts[name] = text
     _check_prefix(prefix)
-    make_missing_folders(prefix, lambda d: 0o755)
+    try:
+        make_missing_folders(prefix, lambda d: 0o755)
+    except OSError as exc:
+        raise SlurmMigError(f"--prefix {prefix}: cannot make {exc.filename or prefix}: {exc.strerror}") from None
+    if not prefix.is_dir():  # a file in the way was chmod-ed 0755, then a hook's write failed with a traceback
+        raise SlurmMigError(f"--prefix {prefix}: not a folder")
     os.chmod(prefix, 0o755)
     out = {}
     for name, text in texts.items():
