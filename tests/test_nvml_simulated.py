@@ -105,6 +105,19 @@ def test_opening_rules(state, tmp_path):
         parse_gpu_spec("H100-80GB:x")
 
 
+@pytest.mark.parametrize("text", ['[1, 2]', '{"version": 1}', '{"version": 1, "gpus": [5], "faults": [], '
+                                  '"next_uuid": 0, "seed": "s"}', '{"version": 1, "gpus": [{"model": 5}], '
+                                  '"faults": [], "next_uuid": 0, "seed": "s"}'])
+def test_a_damaged_state_file_is_nvml_unavailable_not_a_traceback(tmp_path, text):
+    """A simulated state file that is JSON but not the state's shape (a list; a version but no GPUs or
+    faults; a GPU that is no table) printed AttributeError / KeyError / TypeError tracebacks from `nvml show`
+    and the node hooks. Found giving `nvml show --sim-state` such files."""
+    bad = tmp_path / "bad.json"
+    bad.write_text(text)
+    with pytest.raises(NvmlUnavailable, match="unreadable|damaged"):
+        SimulatedBackend(bad).gpus()
+
+
 def test_open_backend_factory(state):
     init_state(state, ["H100-80GB"])
     backend = open_backend("simulated", state_path=state)

@@ -221,10 +221,19 @@ class SimulatedBackend:
             raise NvmlUnavailable(f"simulated GPU state {self.state_path} is gone") from exc
         except (OSError, ValueError) as exc:
             raise NvmlUnavailable(f"simulated GPU state {self.state_path} is unreadable: {exc}") from exc
+        if not isinstance(state, dict):  # a list or a number: AttributeError, KeyError tracebacks below
+            raise NvmlUnavailable(f"simulated GPU state {self.state_path} is unreadable: not a JSON object")
         if state.get("version") != STATE_VERSION:
             raise NvmlUnavailable(
                 f"simulated GPU state {self.state_path} has version {state.get('version')!r}, "
                 f"expected {STATE_VERSION}")
+        bad = [k for k, t in (("gpus", list), ("faults", list), ("next_uuid", int), ("seed", str))
+               if not isinstance(state.get(k), t)]
+        bad += [f"gpus[{i}]" for i, g in enumerate(state.get("gpus") if "gpus" not in bad else [])
+                if not (isinstance(g, dict) and isinstance(g.get("model"), str) and isinstance(g.get("instances"), list))]
+        if bad:
+            raise NvmlUnavailable(f"simulated GPU state {self.state_path} is damaged: {', '.join(bad[:5])} missing or "
+                                  f"of the wrong type; make it again with `slurm-mig nvml sim-init --force`")
         return state
 
     def _write(self, state: dict) -> None:
