@@ -1871,6 +1871,16 @@ def test_a_log_file_the_controller_cannot_open_names_the_key(tmp_path, log_file)
     assert "[log].file: cannot open" in r.stderr.splitlines()[-1] and str(tmp_path) in r.stderr
 
 
+@pytest.mark.parametrize("key", ["name", "fallback", "shadow"])
+def test_an_unknown_policy_names_its_key_and_the_config(tmp_path, key):
+    """[policy].name = "nope" (or fallback, shadow): the controller's start said only "unknown policy 'nope'",
+    not which key or file, where every other bad setting names both. Found starting it with such configs."""
+    cfg = tmp_path / "controller.toml"
+    r = controller_once(tmp_path, f'[controller]\ndb_path = "{tmp_path / "state.db"}"\n[policy]\n{key} = "nope"\n')
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.splitlines()[-1].startswith(f"slurm-mig: error: config {cfg}: [policy].{key}: unknown policy 'nope'")
+
+
 @pytest.mark.parametrize("under", ["a-file", "a-file/deeper"])
 def test_a_database_path_under_a_file_is_a_store_error(tmp_path, under):
     """db_path = "<a regular file>/state.db": the controller's start printed os.makedirs' FileExistsError

@@ -36,7 +36,7 @@ from slurm_mig.controller.runs import (
     FORGOTTEN, NOT_IN_QUEUE, TERMINAL, UNCOUNTED, another_job, kind_of_gres, mig_size_request, same_run, size_hold,
     slurm_end, uncounted_key, users_differ,
 )
-from slurm_mig.errors import GeometryError, SlurmMigError
+from slurm_mig.errors import ConfigError, GeometryError, SlurmMigError
 from slurm_mig.mig.layout import Layout, Slot
 from slurm_mig.mig.transitions import plan_transition
 from slurm_mig.policies import check_decision, get_policy
@@ -114,17 +114,22 @@ def _gres_counts(layouts: dict[int, Layout]) -> dict[str, int] | None:
     return counts
 
 
-def _make_policy(cfg, name: str):
+def _make_policy(cfg, name: str, key: str = "name"):
     """A policy by name; learned ones get the configured model file (they load it lazily, on first use)
-    and the cap on how long their guard may hold a whole-node reservation back."""
-    if name.startswith("rl"):
-        opts = {"max_hold_h": cfg.policy.rl_max_hold_h}
-        # [policy].model_path as the option only without $SLURM_MIG_RL_MODEL, which wins over it (rl.resolve_model_path's
-        # order, the one `policy install` warns by): passed always, the config's won over the variable here alone
-        if cfg.policy.model_path and not os.environ.get("SLURM_MIG_RL_MODEL"):
-            opts["model_path"] = cfg.policy.model_path
-        return get_policy(name, **opts)
-    return get_policy(name)
+    and the cap on how long their guard may hold a whole-node reservation back. ``key``: the [policy] key
+    that named it, which an unknown name's error names with the config (it said only "unknown policy")."""
+    try:
+        if name.startswith("rl"):
+            opts = {"max_hold_h": cfg.policy.rl_max_hold_h}
+            # [policy].model_path as the option only without $SLURM_MIG_RL_MODEL, which wins over it
+            # (rl.resolve_model_path's order, the one `policy install` warns by): passed always, the config's won
+            # over the variable here alone
+            if cfg.policy.model_path and not os.environ.get("SLURM_MIG_RL_MODEL"):
+                opts["model_path"] = cfg.policy.model_path
+            return get_policy(name, **opts)
+        return get_policy(name)
+    except ConfigError as exc:
+        raise ConfigError(f"config {cfg.source or '<built-in defaults>'}: [policy].{key}: {exc}") from None
 
 
 def _signature(decision) -> tuple:
@@ -147,8 +152,8 @@ class Controller(NodeApi):
         self.slurm = slurm
         self.clock = clock
         self.policy = policy or _make_policy(cfg, cfg.policy.name)
-        self.fallback = _make_policy(cfg, cfg.policy.fallback) if cfg.policy.fallback else None
-        self.shadow = _make_policy(cfg, cfg.policy.shadow) if cfg.policy.shadow else None
+        self.fallback = _make_policy(cfg, cfg.policy.fallback, "fallback") if cfg.policy.fallback else None
+        self.shadow = _make_policy(cfg, cfg.policy.shadow, "shadow") if cfg.policy.shadow else None
         self._shadow_state = None  # the state the live policy decided on this tick, for the shadow
         self._detail_slots = threading.BoundedSemaphore(self.DETAIL_CONCURRENCY)
         self.metrics = Metrics()
