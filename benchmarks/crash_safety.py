@@ -577,6 +577,31 @@ def summarise(results: list[SeedResult]) -> dict:
     }
 
 
+def keep_evidence(dc, seed: int) -> Path:
+    """Copy what a seed with violations leaves (the hooks' and controller's logs, the simulated GPUs, the nodes'
+    binding records and outboxes, the state database) to ``<state>/evidence/seed-<seed>``, before the next seed
+    runs on the same cluster and a later run of the harness writes over the logs: on 2026-11-27 one seed left an
+    instance marked busy on a fresh machine, and what would have said why was gone by the time it was looked at.
+    Later seeds of the run share the cluster, so a leftover of this one may show as theirs. Returns the folder."""
+    import shutil
+    import sqlite3
+
+    dest = Path(dc.state) / "evidence" / f"seed-{seed}"
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.mkdir(parents=True, mode=0o700)
+    for name in ("log", "gpus", "node"):
+        src = Path(dc.state) / name
+        if src.is_dir():
+            shutil.copytree(src, dest / name, symlinks=True, ignore_dangling_symlinks=True)
+    db = Path(dc.state) / "state.db"
+    if db.is_file():
+        # SQLite's backup, not a file copy: the controller may be writing it (WAL), and a copy of the file alone
+        # would miss what the WAL holds
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as src, sqlite3.connect(dest / "state.db") as out:
+            src.backup(out)
+    return dest
+
+
 def fresh_node_state(dc: DemoCluster) -> None:
     """Remove the nodes' binding files and outboxes a previous run left (DemoCluster keeps them)."""
     import shutil
@@ -658,6 +683,9 @@ def main(argv: list[str] | None = None) -> int:
                     print("   ", line)
             for v in r.violations:
                 print("    !", v, flush=True)
+            if not r.ok:
+                print(f"    evidence kept in {keep_evidence(dc, seed)} (later seeds share this cluster: a leftover of "
+                      f"this one may show as theirs)", flush=True)
     finally:
         dc.stop()
     summary = summarise(results)

@@ -67,3 +67,30 @@ def test_a_binding_to_a_missing_instance_is_checked_only_when_slurm_can_say(tmp_
     monkeypatch.setattr(w, "_running", lambda job: slurm_says)
     w.sample()
     assert bool(w.violations) is violation and (w.samples == 1) is counted
+
+
+def test_a_seed_with_violations_keeps_its_evidence(tmp_path):
+    """The logs, GPU states, binding records and database a failing seed leaves are copied aside: the next seed
+    runs on the same cluster, and the next run writes over the logs (how a 2026-11-27 failure lost its own)."""
+    import sqlite3
+
+    (tmp_path / "log").mkdir()
+    (tmp_path / "log" / "slurm-mig.log").write_text("prolog job 44 bound 2g.20gb@0:4\n")
+    (tmp_path / "gpus").mkdir()
+    (tmp_path / "gpus" / "n1.json").write_text('{"version": 1}')
+    (tmp_path / "node" / "n1" / "bindings").mkdir(parents=True)
+    (tmp_path / "node" / "n1" / "bindings" / "44.json").write_text("[]")
+    with sqlite3.connect(tmp_path / "state.db") as db:
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("CREATE TABLE events (id INTEGER PRIMARY KEY, message TEXT)")
+        db.execute("INSERT INTO events (message) VALUES ('job 44 ended')")
+    dest = crash_safety.keep_evidence(_FakeCluster(tmp_path), 1048)
+    assert dest == tmp_path / "evidence" / "seed-1048"
+    assert (dest / "log" / "slurm-mig.log").read_text().startswith("prolog job 44")
+    assert (dest / "gpus" / "n1.json").is_file() and (dest / "node" / "n1" / "bindings" / "44.json").is_file()
+    with sqlite3.connect(dest / "state.db") as db:
+        assert db.execute("SELECT message FROM events").fetchall() == [("job 44 ended",)]
+    # Again for the same seed (a rerun): replaced, not an error
+    (tmp_path / "log" / "slurm-mig.log").write_text("second run\n")
+    assert (crash_safety.keep_evidence(_FakeCluster(tmp_path), 1048) / "log" / "slurm-mig.log").read_text() \
+        == "second run\n"
