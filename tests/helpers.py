@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import socket
 import sys
 import threading
 import time
@@ -39,3 +41,32 @@ class MostAtOnce:
             return fn(*args, **kwargs)
 
         return counted
+
+
+@contextlib.contextmanager
+def raw_answer_server(answer: bytes):
+    """A TCP server on 127.0.0.1 that answers every connection with ``answer`` as it is (not HTTP, or HTTP cut
+    short: what a controller killed mid-answer, or another service on its port, sends). Yields its port."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(8)
+
+    def serve():
+        while True:
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                return
+            with conn:  # the answer, then EOF; the request read to its end, so no RST replaces what was sent
+                conn.settimeout(5)
+                conn.recv(65536)
+                conn.sendall(answer)
+                conn.shutdown(socket.SHUT_WR)
+                while conn.recv(65536):
+                    pass
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        yield srv.getsockname()[1]
+    finally:
+        srv.close()

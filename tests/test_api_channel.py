@@ -12,6 +12,7 @@ import pytest
 from slurm_mig.api.auth import AuthError, HmacAuth, MungeAuth, create_key, load_key
 from slurm_mig.api.client import ControllerClient, ControllerRefused, ControllerUnavailable
 from slurm_mig.api.server import ApiServer, RequestRejected
+from tests.helpers import raw_answer_server
 
 KEY = b"k" * 64
 
@@ -542,32 +543,7 @@ def test_an_answer_that_is_not_http_or_cut_short_is_unavailable(answer):
     """A controller killed mid-answer, or another service on its port: the call raised http.client's
     IncompleteRead / BadStatusLine / LineTooLong (HTTPException, not OSError), so the Prolog and `node sync`
     failed instead of taking their controller-down path."""
-    import socket
-    import threading
-
-    srv = socket.socket()
-    srv.bind(("127.0.0.1", 0))
-    srv.listen(8)
-
-    def serve():
-        while True:
-            try:
-                conn, _ = srv.accept()
-            except OSError:
-                return
-            with conn:  # the answer, then EOF; the request read to its end, so no RST replaces what was sent
-                conn.settimeout(5)
-                conn.recv(65536)
-                conn.sendall(answer)
-                conn.shutdown(socket.SHUT_WR)
-                while conn.recv(65536):
-                    pass
-
-    threading.Thread(target=serve, daemon=True).start()
-    try:
-        client = ControllerClient(f"http://127.0.0.1:{srv.getsockname()[1]}", HmacAuth(KEY), "n1", timeout_s=5,
-                                  retries=0)
+    with raw_answer_server(answer) as port:
+        client = ControllerClient(f"http://127.0.0.1:{port}", HmacAuth(KEY), "n1", timeout_s=5, retries=0)
         with pytest.raises(ControllerUnavailable, match="unreachable|cut short"):
             client.call("/v1/echo", {})
-    finally:
-        srv.close()

@@ -8,6 +8,7 @@ import pytest
 
 from slurm_mig.cli import main
 from slurm_mig.store import open_store
+from tests.helpers import raw_answer_server
 from tests.test_ops_views import NOW, build_state
 
 
@@ -486,41 +487,8 @@ def test_a_requeued_job_waiting_again_reads_as_waiting_with_its_earlier_placemen
 def test_status_and_top_survive_a_controller_port_that_answers_garbage(tmp_path, capsys, answer):
     """Something else on [controller].listen_port (or a controller dying mid-answer): `status` and `top --once`
     printed http.client's BadStatusLine / LineTooLong traceback, as probe_healthz caught OSError only."""
-    import socket
-    import threading
-
-    db = tmp_path / "state.db"
-    with open_store(db) as s:
-        build_state(s)
-    srv = socket.socket()
-    srv.bind(("127.0.0.1", 0))
-    srv.listen(8)
-    port = srv.getsockname()[1]
-
-    def serve():
-        while True:
-            try:
-                conn, _ = srv.accept()
-            except OSError:
-                return
-            with conn:  # the answer, then EOF; the request read to its end, so no RST replaces what was sent
-                conn.settimeout(5)
-                conn.recv(65536)
-                conn.sendall(answer)
-                conn.shutdown(socket.SHUT_WR)
-                while conn.recv(65536):
-                    pass
-
-    threading.Thread(target=serve, daemon=True).start()
-    path = tmp_path / "slurm-mig.toml"
-    path.write_text(f'[controller]\ndb_path = "{db}"\nlisten_port = {port}\n')
-    try:
-        rc, out, _ = run(capsys, "--config", str(path), "status")
-        assert rc == 0 and "/healthz does not answer" in out.splitlines()[0]
-        rc, out, _ = run(capsys, "--config", str(path), "top", "--once")
-        assert rc == 0 and "API DOWN" in out.splitlines()[0]
-    finally:
-        srv.close()
+    with raw_answer_server(answer) as port:
+        _assert_api_down_in_status_and_top(tmp_path, capsys, f"listen_port = {port}")
 
 
 @pytest.mark.parametrize("host", ["head-node:7677", "0.0.0.0:7677"])
@@ -528,11 +496,17 @@ def test_status_with_a_listen_host_that_is_host_colon_port(tmp_path, capsys, hos
     """listen_host = "head-node:7677" is taken by the config (the controller refuses it at its start, naming
     the key); `status` and `top --once` bracketed it as an IPv6 address and printed urllib's ValueError
     traceback. Now /healthz simply does not answer."""
+    _assert_api_down_in_status_and_top(tmp_path, capsys, f'listen_host = "{host}"')
+
+
+def _assert_api_down_in_status_and_top(tmp_path, capsys, controller_setting: str) -> None:
+    """`status` and `top --once` on a state DB, with [controller] ``controller_setting``: both answer, saying the
+    controller's API is down (no traceback)."""
     db = tmp_path / "state.db"
     with open_store(db) as s:
         build_state(s)
     path = tmp_path / "slurm-mig.toml"
-    path.write_text(f'[controller]\ndb_path = "{db}"\nlisten_host = "{host}"\n')
+    path.write_text(f'[controller]\ndb_path = "{db}"\n{controller_setting}\n')
     rc, out, _ = run(capsys, "--config", str(path), "status")
     assert rc == 0 and "/healthz does not answer" in out.splitlines()[0]
     rc, out, _ = run(capsys, "--config", str(path), "top", "--once")

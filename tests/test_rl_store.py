@@ -548,16 +548,21 @@ def test_a_rollback_with_nothing_left_to_roll_back_says_so_and_fails(tmp_path, c
     assert st.rollback() == "v1"
 
 
-def test_install_default_checks_the_shipped_model_loads(tmp_path, monkeypatch, capsys):
-    """`policy install VERSION` refuses a model that does not load; `policy install default` activated the shipped
-    model unchecked, so a damaged or missing policy/default.onnx (a broken package) made the controller's rl
-    policy fail every tick, its fallback deciding. It is load-checked too now, and the active version kept."""
-    run_json(capsys, "policy", "install", str(model_dir(tmp_path, "src", version="v1")), "--json")
+def _damage_shipped_model(tmp_path, monkeypatch) -> None:
+    """The shipped model as a broken package leaves it: a default.onnx that is not a model, beside its card."""
     bad = tmp_path / "shipped" / "default.onnx"
     bad.parent.mkdir()
     bad.write_bytes(b"not a model")
     shutil.copy(SHIPPED_MODEL.parent / "model_card.json", bad.parent / "model_card.json")
     monkeypatch.setattr("slurm_mig.policy_registry.SHIPPED_MODEL", bad)
+
+
+def test_install_default_checks_the_shipped_model_loads(tmp_path, monkeypatch, capsys):
+    """`policy install VERSION` refuses a model that does not load; `policy install default` activated the shipped
+    model unchecked, so a damaged or missing policy/default.onnx (a broken package) made the controller's rl
+    policy fail every tick, its fallback deciding. It is load-checked too now, and the active version kept."""
+    run_json(capsys, "policy", "install", str(model_dir(tmp_path, "src", version="v1")), "--json")
+    _damage_shipped_model(tmp_path, monkeypatch)
     assert main(["policy", "install", "default"]) == 2
     assert "default cannot be used" in capsys.readouterr().err
     assert PolicyStore().active() == "v1"
@@ -638,11 +643,7 @@ def test_a_rollback_to_a_shipped_model_that_does_not_load_is_refused(tmp_path, m
     rolling back a temporary store with SHIPPED_MODEL pointing at a file that is not a model. Refused now,
     the current version kept."""
     run_json(capsys, "policy", "install", str(model_dir(tmp_path, "src", version="v1")), "--json")
-    bad = tmp_path / "shipped" / "default.onnx"
-    bad.parent.mkdir()
-    bad.write_bytes(b"not a model")
-    shutil.copy(SHIPPED_MODEL.parent / "model_card.json", bad.parent / "model_card.json")
-    monkeypatch.setattr("slurm_mig.policy_registry.SHIPPED_MODEL", bad)
+    _damage_shipped_model(tmp_path, monkeypatch)
     history = (tmp_path / "store" / "history.json").read_text()
     assert main(["policy", "rollback"]) == 2
     err = capsys.readouterr().err
