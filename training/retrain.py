@@ -150,12 +150,14 @@ def judge(candidate: list[dict], current: list[dict], margin: float) -> tuple[bo
 def current_model() -> tuple[str, Path, Path | None]:
     """(version, .onnx, model.pt or None) of the model the rl policy uses now."""
     path = resolve_model_path()
-    store = PolicyStore()
-    version = store.active() if path != SHIPPED_MODEL else DEFAULT
-    if model_pin() and path != SHIPPED_MODEL:
+    if path == SHIPPED_MODEL:
+        version = DEFAULT
+    elif model_pin():
         # A pinned file is no version of the store: labelled by its path, not the store's active version, which the
         # report compared against and the candidate's card named as its parent (noticed by the store review)
         version = f"pinned:{path}"
+    else:
+        version = PolicyStore().active()
     pt = path.with_name("model.pt") if path != SHIPPED_MODEL else SHIPPED_MODEL.with_name("default.pt")
     return version, path, (pt if pt.is_file() else None)
 

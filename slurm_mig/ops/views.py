@@ -21,8 +21,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
-from slurm_mig.errors import SlurmMigError, StoreError
 from slurm_mig.controller.binding import held_region_rows
+from slurm_mig.errors import SlurmMigError, StoreError
 from slurm_mig.mig.layout import Layout, Slot
 from slurm_mig.mig.profiles import GpuModel, get_model
 from slurm_mig.ops.fmt import _order, elapsed, fmt_duration, fmt_odd, is_number
