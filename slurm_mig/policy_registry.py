@@ -33,7 +33,7 @@ from slurm_mig.errors import ConfigError
 from slurm_mig.folders import make_missing_folders, sync_path, write_durably
 from slurm_mig.policies.rl import (
     CARD_NAME, SHIPPED_MODEL, VERSION_RE, OnnxScorer, PolicyModelError, created_time, read_active, read_card,
-    store_dir,
+    store_dir, writable_by_others,
 )
 
 DEFAULT = "default"
@@ -334,15 +334,11 @@ class PolicyStore:
     def _writable_root(self) -> None:
         """The store directory, created if missing; a ConfigError naming it when it cannot be written."""
         self._not_a_file()
-        for up in Path(os.path.abspath(self.root)).parents:
-            try:
-                m = os.stat(up).st_mode & 0o7777
-            except OSError:  # missing: made below with FOLDER_MODE (or said below why it cannot be)
-                continue
-            if m & 0o002 and not m & 0o1000:  # (sticky, as /tmp: others cannot rename what root put there)
-                raise ConfigError(f"policy store {self.root} lies in {up}, which anyone may write (mode {m:o}): "
-                                  "anyone could rename the store away and put their own in its place; "
-                                  f"`chmod o-w {up}` (slurm-mig makes its folders 0755); nothing was changed")
+        # Before anything is made, and again after: the store, or a folder above it that is not sticky (as /tmp),
+        # writable by anyone (made so before 2026-11-27 under umask 0, or by hand) lets anyone put an 'active' or
+        # a version there, or rename the store away and put their own, that root's controller would run. The
+        # controller refuses to run such a model by the same rule (rl.model_trust_problem).
+        self._trusted_root()
         try:
             # each made with FOLDER_MODE, then chmod-ed: mkdir(parents=True) gave 0777 less the umask, world-writable
             # under umask 0 (and /var/lib/slurm-mig, made first by an install, stayed so for the database)
@@ -353,12 +349,12 @@ class PolicyStore:
                               f"{exc.strerror or exc}") from None
         if not os.access(self.root, os.W_OK | os.X_OK):
             raise ConfigError(f"policy store {self.root} is not writable by this user (run as root, or use --store)")
-        mode = os.stat(self.root).st_mode & 0o7777
-        if mode & 0o002:
-            # made so before 2026-11-27 under umask 0, or by hand: anyone could name the model root's controller runs
-            raise ConfigError(f"policy store {self.root} is writable by anyone (mode {mode:o}): anyone could put an "
-                              "'active' or a version there that root's controller would run; check what it holds, "
-                              f"then `chmod o-w {self.root}` (slurm-mig makes it 0755); nothing was changed")
+        self._trusted_root()
+
+    def _trusted_root(self) -> None:
+        problem = writable_by_others(self.root, "policy store")
+        if problem:
+            raise ConfigError(f"{problem}; nothing was changed")
 
     def _not_a_file(self) -> None:
         if self.root.exists() and not self.root.is_dir():

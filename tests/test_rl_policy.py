@@ -619,3 +619,97 @@ def test_the_controller_takes_the_model_pins_in_the_documented_order(tmp_path, m
     monkeypatch.delenv("SLURM_MIG_RL_MODEL")
     ctl, _store = _controller(PolicyConfig(name="rl", fallback="frag-aware", model_path=str(cfg_model)), tmp_path)
     assert ctl.policy.scorer().path == cfg_model
+
+
+def _stored(tmp_path: Path) -> Path:
+    """The store of rl_isolated ($SLURM_MIG_POLICY_STORE), with the shipped model as version v1, active."""
+    store = tmp_path / "store"
+    store.mkdir()
+    _copy_model(store)
+    (store / "m").rename(store / "v1")
+    (store / "active").write_text("v1\n")
+    return store / "v1" / "model.onnx"
+
+
+# (what is made writable by others, how the model is named) -> (the path the message names, the chmod that fixes it)
+_OPEN_TO_OTHERS = {
+    "the store": ("store", lambda s, m: (s, 0o777)),
+    "the store's active": ("store", lambda s, m: (s / "active", 0o666)),
+    "the version's folder": ("store", lambda s, m: (m.parent, 0o777)),
+    "the version's model.onnx": ("store", lambda s, m: (m, 0o666)),
+    "a folder above the store": ("store", lambda s, m: (s.parent, 0o777)),
+    "the pinned model": ("env", lambda s, m: (m, 0o666)),
+    "the pinned model's card": ("env", lambda s, m: (m.parent / "model_card.json", 0o666)),
+    "the pinned model's guard": ("config", lambda s, m: (m.parent / "guard.onnx", 0o666)),
+    "the pinned model's sticky folder": ("config", lambda s, m: (m.parent, 0o1777)),
+    "the shipped model": ("shipped", lambda s, m: (m, 0o666)),
+}
+
+
+@pytest.mark.parametrize("case", list(_OPEN_TO_OTHERS))
+def test_the_controller_refuses_a_model_others_may_write_and_its_fallback_places(tmp_path, monkeypatch, caplog, case):
+    """`policy install` refused a store others may write, but the controller ran whatever the store's active
+    version, a [policy].model_path or a $SLURM_MIG_RL_MODEL file was, whoever could write it (or its card, its
+    guard, the folder holding them, the store or its 'active'): they chose where root's controller put every
+    job. Found by chmod 0777/0666 on each in turn and a tick: decided by rl every time. Refused now by the
+    store's rule (rl.writable_by_others): one error line naming the file and the chmod, the fallback places the
+    jobs, and the model runs again once the mode is fixed."""
+    import logging
+    import os
+
+    how, which = _OPEN_TO_OTHERS[case]
+    pol = PolicyConfig(name="rl", fallback="frag-aware")
+    if how == "store":
+        m = _stored(tmp_path)
+    else:
+        (tmp_path / "p").mkdir()
+        m = _copy_model(tmp_path / "p")
+        if how == "env":
+            monkeypatch.setenv("SLURM_MIG_RL_MODEL", str(m))
+        elif how == "config":
+            pol = PolicyConfig(name="rl", fallback="frag-aware", model_path=str(m))
+        else:
+            monkeypatch.setattr("slurm_mig.policies.rl.SHIPPED_MODEL", m)
+    path, mode = which(tmp_path / "store", m)
+    old = os.stat(path).st_mode & 0o7777
+    os.chmod(path, mode)
+    try:
+        ctl, store = _controller(pol, tmp_path)
+        with caplog.at_level(logging.WARNING, logger="slurm_mig.controller"):
+            summary = ctl.tick()
+        assert summary.get("policy") == "frag-aware" and summary.get("assignments", 0) > 0
+        lines = [r for r in caplog.records if "refusing to run the rl model" in r.getMessage()]
+        assert len(lines) == 1 and lines[0].levelno >= logging.WARNING, caplog.records
+        assert f"`chmod o-w {path}`" in lines[0].getMessage() and str(m) in lines[0].getMessage()
+        events = [e.message for e in store.recent_events(50) if e.message.startswith("policy rl failed")]
+        assert len(events) == 1 and f"`chmod o-w {path}`" in events[0], events
+    finally:
+        os.chmod(path, old)
+    ctl.policy._checked_at -= 10  # as if 10 s had passed
+    assert ctl.policy.load().scorer().path == m
+
+
+def test_a_model_in_a_sticky_folder_above_its_own_is_run(tmp_path, monkeypatch):
+    """A folder anyone may write that is sticky (as /tmp), above the model's own folder: others cannot rename
+    what is not theirs there, so the model runs, as `policy install` writes such a store."""
+    tmp_path.chmod(0o1777)
+    try:
+        m = _stored(tmp_path)
+        assert get_policy("rl").load().scorer().path == m
+    finally:
+        tmp_path.chmod(0o700)
+
+
+def test_the_shadow_candidate_is_refused_when_others_may_write_it(tmp_path):
+    """rl-candidate (the shadow) runs the newest non-active version of the store in the same process: the same
+    rule holds for it."""
+    m = _stored(tmp_path)
+    (m.parent.parent / "active").write_text("default\n")
+    m.parent.chmod(0o777)
+    try:
+        with pytest.raises(PolicyModelError, match=f"chmod o-w {m.parent}"):
+            get_policy("rl-candidate").load()
+    finally:
+        m.parent.chmod(0o755)
+    pol = get_policy("rl-candidate")
+    assert pol.load().scorer().path == m

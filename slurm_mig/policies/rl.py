@@ -31,7 +31,9 @@ else the active version of the policy store (``slurm-mig policy install``; store
 at ``$SLURM_MIG_POLICY_STORE`` or /var/lib/slurm-mig/policies), else the
 shipped ``policy/default.onnx``. The model is loaded lazily on the first
 decision (so a broken model never stops the controller from starting) and
-reloaded when the resolved file, its card or its guard file changes.
+reloaded when the resolved file, its card or its guard file changes. A model that
+others than root and its owner may write (:func:`model_trust_problem`, the policy
+store's rule) is refused like one that does not load.
 
 ``rl-candidate`` is the same policy with the newest *non-active* version of the
 store: set ``[policy].shadow = "rl-candidate"`` to log what a candidate model
@@ -45,6 +47,7 @@ import logging
 import math
 import os
 import re
+import stat
 import statistics
 import sys
 import time
@@ -216,6 +219,35 @@ def store_dir() -> Path:
     return Path(os.environ.get("SLURM_MIG_POLICY_STORE") or DEFAULT_STORE)
 
 
+def writable_by_others(path: str | Path, what: str) -> str:
+    """Why others than root and the owner may change what ``path`` (a file or a folder) holds; '' when they may
+    not. The one rule for the policy store, which `slurm-mig policy install`, `rollback` and `retrain --install`
+    refuse to write, and for every file of the model the controller runs, which it refuses to run
+    (:func:`model_trust_problem`): ``path`` is writable by anyone, or lies in a folder anyone may write that is
+    not sticky (as /tmp is: there others cannot rename what is not theirs); as given and with its symbolic links
+    resolved. What does not exist is judged by the folders above it. Ownership and group write are not judged."""
+    given = Path(os.path.abspath(path))
+    for p in dict.fromkeys((given, Path(os.path.realpath(given)))):
+        try:
+            st = os.stat(p)
+        except OSError:  # missing: only the folders above it
+            st = None
+        if st is not None and st.st_mode & 0o002:
+            can = ("rewrite it" if not stat.S_ISDIR(st.st_mode) else "put files there" if st.st_mode & stat.S_ISVTX
+                   else "put files there or rename those it holds")
+            return (f"{what} {p} is writable by anyone (mode {stat.S_IMODE(st.st_mode):o}): anyone could {can}; "
+                    f"check what it holds, then `chmod o-w {p}` (slurm-mig makes its folders 0755, files 0644)")
+        for up in p.parents:
+            try:
+                m = stat.S_IMODE(os.stat(up).st_mode)
+            except OSError:
+                continue
+            if m & 0o002 and not m & 0o1000:
+                return (f"{what} {p} lies in {up}, which anyone may write (mode {m:o}): anyone could rename it "
+                        f"away and put their own in its place; `chmod o-w {up}` (slurm-mig makes its folders 0755)")
+    return ""
+
+
 #: What to do about an ``active`` file that names no version.
 _ACTIVE_FIX = ("`slurm-mig policy install VERSION` makes one active again (`slurm-mig policy list` names them; "
                "`default` is the shipped model)")
@@ -324,6 +356,31 @@ def resolve_model_path(explicit: str | Path | None = None, *, candidate: bool = 
             return Path(p)
     active = _store_active(store_dir())
     return active if active is not None else SHIPPED_MODEL
+
+
+def model_trust_problem(path: str | Path) -> str:
+    """Why the controller must not run the model at ``path`` ('' when it may): whoever can change one of its files
+    chooses where every job goes, in a process that runs as root. Checked by :func:`writable_by_others`, the policy
+    store's rule: the folder holding the model (where a ``<name>.card.json`` or a missing guard could be added), the
+    model, its card and the guard file the card names; for a version of the policy store, the store and its
+    ``active`` too. The shipped model as well: a pip install under umask 0 can leave it writable by anyone."""
+    path = Path(path)
+    checks = [(path.parent, "the rl model's folder"), (path, "rl model"), (card_path(path), "model card")]
+    try:
+        g = read_card(path).get("guard")
+    except PolicyModelError:  # loading says what is wrong with the card
+        g = None
+    name = g.get("file") if isinstance(g, dict) else None
+    if isinstance(name, str) and name and "/" not in name and "\0" not in name and not name.startswith("."):
+        checks.append((path.parent / name, "guard model"))
+    store = store_dir()
+    if Path(os.path.abspath(path)).parent.parent == Path(os.path.abspath(store)):
+        checks[:0] = [(store, "policy store"), (store / "active", "the policy store's pointer")]
+    for p, what in checks:
+        problem = writable_by_others(p, what)
+        if problem:
+            return problem
+    return ""
 
 
 def _feature_range(entry, names: tuple[str, ...], what: str):
@@ -569,6 +626,10 @@ class RLPolicy(FragAwarePolicy):
         self._checked_at = t
         try:
             path = resolve_model_path(self.model_path, candidate=self.candidate)
+            # every re-resolution, not only a reload: a chmod of a folder changes no file's key
+            problem = model_trust_problem(path)
+            if problem:
+                raise PolicyModelError(f"refusing to run the rl model {path}: {problem}")
             key = self._file_key(path)
             if self._scorer is None or key != self._loaded_key:
                 # a training guard_chooser stands in for the model's guard: do not load (or check) that one
