@@ -4,7 +4,8 @@ Layout (default /var/lib/slurm-mig/policies, or $SLURM_MIG_POLICY_STORE, or ``--
 
     <store>/<version>/model.onnx        the scorer the controller runs (onnxruntime)
     <store>/<version>/model_card.json   feature schema, training data, metrics
-    <store>/<version>/model.pt          torch weights, for fine-tuning (optional; plain tensors only)
+    <store>/<version>/model.pt          torch weights, for fine-tuning (optional; plain tensors only; copied
+                                        from the <name>.pt beside the <name>.onnx installed)
     <store>/active                      the active version ("default" or absent: the shipped model)
     <store>/history.json                every activation, newest last (what rollback walks back)
 
@@ -173,7 +174,11 @@ class PolicyStore:
             raise ConfigError(f"{source}: no model.onnx to add")
         card = read_card(onnx)
         OnnxScorer(onnx)  # refuses a model this slurm-mig cannot run
-        pt = onnx.with_name("model.pt")
+        # The weights of this model: <name>.pt beside <name>.onnx (model.pt for model.onnx, default.pt for the
+        # shipped default.onnx, as training/guard.py pairs them). Not any model.pt beside it: installing x.onnx
+        # from a folder that also held model.onnx and its model.pt stored that other model's weights as this
+        # version's, and `policy retrain` fine-tuned from them.
+        pt = onnx.with_suffix(".pt")
         if pt.is_file():
             check_weights(pt)
         version = version or str(card.get("version") or time.strftime("%Y%m%d-%H%M%S"))

@@ -151,6 +151,34 @@ def test_install_keeps_the_shipped_weights(tmp_path):
     assert (tmp_path / "store" / "v1" / "model.pt").read_bytes() == (d / "model.pt").read_bytes()
 
 
+def test_install_of_a_named_onnx_takes_its_own_weights_not_another_models(tmp_path, capsys):
+    """`policy install DIR/x.onnx` copied DIR/model.pt, whatever model it belonged to: from a folder holding
+    model.onnx and its model.pt beside x.onnx and x.card.json, version x was stored with model.onnx's weights,
+    and `policy retrain` fine-tuned x from them. Found by installing such an x.onnx and comparing the stored
+    model.pt with the folder's. The weights are now those named as the model: x.pt for x.onnx (default.pt for
+    the shipped default.onnx, as training/guard.py pairs them); none when there are none."""
+    d = model_dir(tmp_path, "two")  # model.onnx, its card, guard.onnx
+    _torch_zip(d / "model.pt", {"state_dict": {"w": 1}}, 2)  # model.onnx's weights
+    shutil.copy(d / "model.onnx", d / "x.onnx")
+    card = json.loads((d / "model_card.json").read_text())
+    (d / "x.card.json").write_text(json.dumps({**card, "version": "x1"}))
+    run_json(capsys, "policy", "install", str(d / "x.onnx"), "--json")
+    assert not (tmp_path / "store" / "x1" / "model.pt").exists()
+    _torch_zip(d / "x.pt", {"state_dict": {"w": 2}}, 2)
+    (d / "x.card.json").write_text(json.dumps({**card, "version": "x2"}))
+    run_json(capsys, "policy", "install", str(d / "x.onnx"), "--json")
+    assert (tmp_path / "store" / "x2" / "model.pt").read_bytes() == (d / "x.pt").read_bytes()
+    # model.onnx keeps its model.pt; the shipped default.onnx brings default.pt
+    (d / "model_card.json").write_text(json.dumps({**card, "version": "m1"}))
+    run_json(capsys, "policy", "install", str(d), "--json")
+    assert (tmp_path / "store" / "m1" / "model.pt").read_bytes() == (d / "model.pt").read_bytes()
+    shipped = tmp_path / "shipped"
+    shutil.copytree(SHIPPED_MODEL.parent, shipped)
+    (shipped / "model_card.json").write_text(json.dumps({**card, "version": "d1"}))
+    run_json(capsys, "policy", "install", str(shipped / "default.onnx"), "--json")
+    assert (tmp_path / "store" / "d1" / "model.pt").read_bytes() == SHIPPED_MODEL.with_name("default.pt").read_bytes()
+
+
 def test_install_by_name_takes_the_stored_version_not_a_folder_here(tmp_path, monkeypatch, capsys):
     run_json(capsys, "policy", "install", str(model_dir(tmp_path, "src", version="v1", created=1.0)), "--json")
     run_json(capsys, "policy", "install", "default", "--json")
