@@ -274,6 +274,22 @@ def test_retrain_names_a_pinned_model_by_its_path_not_the_stores_active_version(
     assert current_model()[:2] == (f"pinned:{pinned}", pinned)
 
 
+def test_retrain_fine_tunes_a_pinned_model_from_its_own_weights_only(monkeypatch, tmp_path):
+    pytest.importorskip("torch")
+    from training.retrain import current_model
+
+    folder = model_dir(tmp_path, "p", version="v7")
+    shutil.copy(SHIPPED_MODEL.with_suffix(".pt"), folder / "model.pt")  # model.onnx's weights, not x's
+    x = folder / "x.onnx"
+    shutil.copy(folder / "model.onnx", x)
+    monkeypatch.setenv("SLURM_MIG_RL_MODEL", str(x))
+    assert current_model()[2] is None  # until 2026-11-27: folder/model.pt, another model's weights
+    shutil.copy(folder / "model.pt", folder / "x.pt")
+    assert current_model()[2] == folder / "x.pt"
+    monkeypatch.delenv("SLURM_MIG_RL_MODEL")
+    assert current_model()[1:] == (SHIPPED_MODEL, SHIPPED_MODEL.with_suffix(".pt"))
+
+
 def test_training_retrain_install_says_when_a_pin_keeps_the_old_model(monkeypatch, capsys):
     """`python -m training.retrain --install` installed without a word about a pin (noticed in review);
     `slurm-mig policy retrain --install` already warned. The retraining itself is stood in for here:

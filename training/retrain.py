@@ -158,7 +158,9 @@ def current_model() -> tuple[str, Path, Path | None]:
         version = f"pinned:{path}"
     else:
         version = PolicyStore().active()
-    pt = path.with_name("model.pt") if path != SHIPPED_MODEL else SHIPPED_MODEL.with_name("default.pt")
+    # <name>.pt beside <name>.onnx, the store's pairing (905e08f): a pinned x.onnx fine-tuned from whatever model.pt
+    # lay beside it, another model's weights (noticed by the model-trust review, 2026-11-27)
+    pt = path.with_suffix(".pt")
     return version, path, (pt if pt.is_file() else None)
 
 
