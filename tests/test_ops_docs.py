@@ -11,8 +11,11 @@ from slurm_mig.cli import build_parser
 from slurm_mig.config import RULES
 
 ROOT = Path(__file__).resolve().parents[1]
+# configuration.md is checked on its own (its error examples name a misspelt key on purpose); rl-policy.md is not
+# an admin's (the RL work's own document).
 DOCS = ["admin-guide.md", "user-guide.md", "operator-guide.md", "architecture.md", "metrics.md",
-        "failure-modes.md"]
+        "failure-modes.md", "security.md", "node-channel.md", "hardware-checks.md", "reliability.md",
+        "performance.md", "benchmarks.md"]
 
 
 def text(name: str) -> str:
@@ -217,3 +220,50 @@ def test_every_flag_the_docs_give_a_slurm_mig_command_is_one_it_takes(doc):
                 if flag and flag.group(1) not in known:
                     wrong.append(f"slurm-mig {' '.join(path)} {flag.group(1)}")
     assert not wrong, f"{doc} gives flags these commands do not take: {sorted(set(wrong))}"
+
+
+def _code_series() -> dict[str, tuple[str, frozenset, tuple]]:
+    """Each series the controller exports: name -> (type, label names, histogram buckets), read from its calls
+    metrics.inc (a counter), .set (a gauge) and .observe (a histogram, with its buckets)."""
+    kinds = {"inc": "counter", "set": "gauge", "observe": "histogram"}
+    found: dict[str, set] = {}
+    for path in list((ROOT / "slurm_mig" / "controller").glob("*.py")) + list((ROOT / "slurm_mig" / "api").glob("*.py")):
+        src = path.read_text()
+        for m in re.finditer(r'metrics\.(inc|set|observe)\(\s*"(slurm_mig_[a-z_]+)"', src):
+            depth, i = 1, m.end()
+            while depth:
+                depth += {"(": 1, ")": -1}.get(src[i], 0)
+                i += 1
+            args = src[m.end():i - 1]
+            labels = frozenset(re.findall(r'\(\s*"([a-z_]+)"\s*,', args))
+            buckets = ()
+            if m.group(1) == "observe":
+                buckets = tuple(float(b) for b in re.findall(r"[\d.]+", args.rsplit("(", 1)[1]))
+            found.setdefault(m.group(2), set()).add((kinds[m.group(1)], labels, buckets))
+    for name, forms in found.items():
+        assert len(forms) == 1, f"{name} is exported in more than one form: {forms}"
+    return {name: next(iter(forms)) for name, forms in found.items()}
+
+
+def _doc_buckets(meaning: str) -> tuple:
+    m = re.search(r"Buckets ([^.]+(?:\.\d[^.]*)*)\.(?:\s|$)", meaning)
+    if not m:
+        return ()
+    # "Buckets 1 ms, 10 ms, 100 ms, 0.5, 1, 5 s.": a bare number is in seconds
+    return tuple(float(part.split()[0]) / (1000 if part.endswith(" ms") else 1) for part in m.group(1).split(", "))
+
+
+def test_metrics_doc_gives_each_series_its_exported_type_labels_and_buckets():
+    # The names were checked (above); an admin's PromQL also needs the type (rate() of a gauge, a histogram
+    # read without _bucket), the label names (sum by (kind)) and a histogram's buckets (histogram_quantile).
+    code = _code_series()
+    rows = re.findall(r"^\| `(slurm_mig_[a-z_]+)` \| (\w+) \|([^|]*)\| (.*) \|$", text("metrics.md"), re.M)
+    assert {r[0] for r in rows} == set(code)
+    for name, kind, labels, meaning in rows:
+        want_kind, want_labels, want_buckets = code[name]
+        assert kind == want_kind, f"docs/metrics.md: {name} is a {kind}; the controller exports a {want_kind}"
+        assert frozenset(re.findall(r"`([a-z_]+)`", labels)) == want_labels, (
+            f"docs/metrics.md: {name} labels {labels.strip()!r}; the controller's: {sorted(want_labels)}")
+        if want_kind == "histogram":
+            assert _doc_buckets(meaning) == want_buckets, (
+                f"docs/metrics.md: {name} buckets {_doc_buckets(meaning)}; the controller's: {want_buckets}")
