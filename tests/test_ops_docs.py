@@ -267,3 +267,45 @@ def test_metrics_doc_gives_each_series_its_exported_type_labels_and_buckets():
         if want_kind == "histogram":
             assert _doc_buckets(meaning) == want_buckets, (
                 f"docs/metrics.md: {name} buckets {_doc_buckets(meaning)}; the controller's: {want_buckets}")
+
+
+def test_the_example_node_lines_are_counts_of_the_layouts_they_name():
+    """The Gres= examples an admin copies into slurm.conf: "2 H100s each split as 3g+2g+1g+1g" must be a
+    layout an H100 has (that one is 2g@0,1g@2,1g@3,3g@4), and the line its counts on every GPU, padded to 7 per
+    GPU: a wrong pad drains the node at its next registration while a job holds an instance."""
+    from collections import Counter
+
+    from slurm_mig.mig.layout import iter_valid_layouts
+    from slurm_mig.mig.profiles import get_model
+    from slurm_mig.slurm.gres import gres_type_for_kind
+
+    model = get_model("H100-80GB")
+    legal = {frozenset(Counter(gres_type_for_kind(layout.profile_of(s).kind) for s in layout.slots).items())
+             for layout in iter_valid_layouts(model)}
+    sources = {"etc/slurm.conf.snippet": (ROOT / "etc" / "slurm.conf.snippet").read_text(),
+               "docs/admin-guide.md": text("admin-guide.md")}
+    checked = 0
+    for where, t in sources.items():
+        for m in re.finditer(r"(\d+|two) H100s each (?:split|carved) (?:as )?([0-9a-z+]+)[^\n]*\n(?:.*\n)*?.*?"
+                             r"NodeName=\S+ Gres=(\S+)", t):
+            gpus, named, gres = 2 if m.group(1) == "two" else int(m.group(1)), m.group(2), m.group(3)
+            per_gpu = Counter(named.split("+"))
+            assert frozenset(per_gpu.items()) in legal, f"{where}: no {model.name} layout is {named}"
+            counts = {k: int(n) for k, n in (item.split(":")[1:] for item in gres.split(","))}
+            pad = counts.pop("pad")
+            assert {k: n for k, n in counts.items() if n} == {k: n * gpus for k, n in per_gpu.items()}, (
+                f"{where}: Gres={gres} is not {gpus} x {named}")
+            assert sum(counts.values()) + pad == 7 * gpus, f"{where}: mig:pad:{pad} does not make 7 per GPU"
+            checked += 1
+    assert checked == 2
+
+
+def test_the_capacity_placeholder_example_advertises_every_type_at_its_most_per_gpu_times_8():
+    # "Counts below: per GPU maximum x 8 GPUs" (the snippet), matching job_submit.lua's MAX_GPUS_PER_NODE = 8:
+    # a type missing or short here is refused at submission ("Requested node configuration is not available").
+    from slurm_mig.slurm.gres import GRES_TYPES, MAX_PER_GPU
+
+    line = re.search(r"NodeName=migcapacity .* Gres=(\S+)", (ROOT / "etc" / "slurm.conf.snippet").read_text())
+    counts = {k: int(n) for k, n in (item.split(":")[1:] for item in line.group(1).split(","))}
+    assert counts == {t: MAX_PER_GPU[t] * 8 for t in GRES_TYPES}
+    assert re.search(r"(?m)^local MAX_GPUS_PER_NODE = 8$", (ROOT / "etc" / "job_submit.lua").read_text())
