@@ -314,3 +314,20 @@ def test_the_capacity_placeholder_example_advertises_every_type_at_its_most_per_
     counts = {k: int(n) for k, n in (item.split(":")[1:] for item in line.group(1).split(","))}
     assert counts == {t: MAX_PER_GPU[t] * 8 for t in GRES_TYPES}
     assert re.search(r"(?m)^local MAX_GPUS_PER_NODE = 8$", (ROOT / "etc" / "job_submit.lua").read_text())
+
+
+def test_nvml_backend_help_names_the_config_key_the_default_comes_from(tmp_path, monkeypatch):
+    # `nvml show` with neither --backend nor a sim state uses the config's [node].nvml_backend (what the hooks
+    # use); its help said "else real", so an admin reading it on a node configured "simulated" expected NVML.
+    from slurm_mig.nvml.cli import backend_settings
+
+    for name in ("SLURM_MIG_NVML_BACKEND", "SLURM_MIG_SIM_STATE", "SLURM_MIG_SIM_DELAY_SCALE"):
+        monkeypatch.delenv(name, raising=False)
+    cfg = tmp_path / "slurm-mig.toml"
+    cfg.write_text(f'[node]\nnvml_backend = "simulated"\nsim_state_path = "{tmp_path}/gpus.json"\n')
+    args = build_parser().parse_args(["--config", str(cfg), "nvml", "show"])
+    assert backend_settings(args)["kind"] == "simulated"
+    nvml = _subparsers(build_parser())["nvml"]
+    for name, parser in _subparsers(nvml).items():
+        help_ = next(a.help for a in parser._actions if "--backend" in a.option_strings)
+        assert "[node].nvml_backend" in help_, f"slurm-mig nvml {name} --backend: {help_!r}"

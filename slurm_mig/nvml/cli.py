@@ -501,7 +501,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--backend", choices=("real", "simulated", "sim"),
-                        help=f"MIG backend (default: ${ENV_BACKEND}, else simulated if a sim state is set, else real)")
+                        help=f"MIG backend (default: ${ENV_BACKEND}, else simulated if --sim-state or "
+                             f"${ENV_SIM_STATE} is set, else the config's [node].nvml_backend as the hooks use it, "
+                             f"else real when there is no config file)")
     common.add_argument("--sim-state", metavar="PATH",
                         help=f"simulated node state file (default: ${ENV_SIM_STATE}, else the config's "
                              f"[node].sim_state_path)")
