@@ -331,3 +331,14 @@ def test_nvml_backend_help_names_the_config_key_the_default_comes_from(tmp_path,
     for name, parser in _subparsers(nvml).items():
         help_ = next(a.help for a in parser._actions if "--backend" in a.option_strings)
         assert "[node].nvml_backend" in help_, f"slurm-mig nvml {name} --backend: {help_!r}"
+
+
+def test_every_policy_an_admin_can_name_is_listed_where_the_name_is_set():
+    # etc/slurm-mig.toml's [policy].name comment listed five of the seven (no rl, rl-candidate)
+    from slurm_mig.policies import policy_names
+
+    toml = (ROOT / "etc" / "slurm-mig.toml").read_text().split("[policy]", 1)[1].split("\nname =", 1)[0]
+    row = re.search(r"(?m)^\| `name` \|.*$", text("configuration.md").split("## `[policy]`", 1)[1]).group(0)
+    for where, t in (("etc/slurm-mig.toml", toml), ("docs/configuration.md", row)):
+        missing = [n for n in policy_names() if f'"{n}"' not in t]
+        assert not missing, f"{where} does not list the policies {missing}"
