@@ -342,3 +342,23 @@ def test_every_policy_an_admin_can_name_is_listed_where_the_name_is_set():
     for where, t in (("etc/slurm-mig.toml", toml), ("docs/configuration.md", row)):
         missing = [n for n in policy_names() if f'"{n}"' not in t]
         assert not missing, f"{where} does not list the policies {missing}"
+
+
+def test_the_snippet_the_admin_guide_describes_and_its_hook_paths_are_install_hooks_defaults():
+    # Step 5.1 lists what the snippet sets (it left out CliFilterPlugins=lua, which fails every sbatch on a host
+    # without cli_filter.lua); the hook paths are where `install-hooks` writes with its default --prefix.
+    from slurm_mig.node.cli import HOOKS
+
+    snippet = (ROOT / "etc" / "slurm.conf.snippet").read_text()
+    settings = dict(re.findall(r"(?m)^(\w+)=(\S+)$", snippet))
+    step = text("admin-guide.md").split("1. Add the lines of `etc/slurm.conf.snippet`", 1)[1].split("\n2. ", 1)[0]
+    step = " ".join(step.split())
+    for key, value in settings.items():
+        if key in ("Prolog", "Epilog", "TaskProlog"):
+            assert "the three hooks" in step
+        else:
+            assert f"`{key}={value}`" in step, f"admin guide step 5.1 does not say the snippet sets {key}={value}"
+    prefix = next(a.default for a in _subparsers(build_parser())["install-hooks"]._actions if "--prefix" in a.option_strings)
+    hooks = {settings["Prolog"], settings["Epilog"], settings["TaskProlog"],
+             re.search(r"HealthCheckProgram=(\S+)", snippet).group(1)}
+    assert hooks == {f"{prefix}/{name}" for name in HOOKS}
