@@ -362,3 +362,17 @@ def test_the_snippet_the_admin_guide_describes_and_its_hook_paths_are_install_ho
     hooks = {settings["Prolog"], settings["Epilog"], settings["TaskProlog"],
              re.search(r"HealthCheckProgram=(\S+)", snippet).group(1)}
     assert hooks == {f"{prefix}/{name}" for name in HOOKS}
+
+
+def test_the_operator_guide_lists_the_fields_of_jobs_json():
+    from slurm_mig.ops.views import job_dict
+    from slurm_mig.store.models import Job
+
+    part = text("operator-guide.md").split("With `--json`, a list of objects, one per job", 1)[1]
+    part = part.split("A job requeued while it ran", 1)[0]
+    documented = set(re.findall(r"`([a-z_]+)`", part)) - {"explain"}  # "(`explain` says which run ...)"
+    fields = set(job_dict(Job(job_id="1", user="u", name="n", partition="p", profile="1g", count=1, time_limit_s=None,
+                                 state="PENDING", reason="", submit_time=0.0, start_time=None, end_time=None, node=None,
+                                 instances=(), priority_order=None, exit_code=None, updated_at=0.0), 0.0))
+    assert documented == fields, (f"only in the guide: {sorted(documented - fields)}; "
+                                  f"only in `jobs --json`: {sorted(fields - documented)}")
