@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 import pytest
@@ -529,3 +530,41 @@ def test_jobs_with_an_empty_state_list_is_an_error_not_no_jobs(cfg, capsys, spec
     empty list of states matched none. Found trying empty values for each ops flag."""
     rc, out, err = run(capsys, "--config", cfg, "jobs", "--state", spec)
     assert rc == 2 and out == "" and "no state given" in err
+
+
+def _damaged(kind: str, path) -> bytes:
+    good = path.read_bytes()
+    if kind == "tables overwritten":  # all but schema_migrations, read at the open: damage found by the reads after it
+        import sqlite3
+
+        with contextlib.closing(sqlite3.connect(path)) as db:
+            size = db.execute("PRAGMA page_size").fetchone()[0]
+            roots = [r for (r,) in db.execute("SELECT rootpage FROM sqlite_master WHERE type = 'table' AND "
+                                              "name != 'schema_migrations'")]
+        bad = bytearray(good)
+        for r in roots:
+            bad[(r - 1) * size:r * size] = b"\xff" * size
+        return bytes(bad)
+    return {"text": b"hello, not a database\n", "empty": b"", "truncated": good[:3000], "half": good[:len(good) // 2],
+            "garbage after the header": good[:16] + b"\xff" * 5000}[kind]
+
+
+@pytest.mark.parametrize("kind", ["text", "empty", "truncated", "half", "garbage after the header",
+                                  "tables overwritten"])
+def test_a_db_that_is_not_a_database_is_an_error_not_try_again_later(cfg, capsys, tmp_path, kind):
+    """`--db FILE` on a text file or a damaged database exited 75 (EX_TEMPFAIL, "try again later", as for a busy
+    database): SQLite's "file is not a database" / "malformed" read as StoreUnavailable. Now exit 1 as for any
+    other unusable file, one line naming the file and what is wrong, and the file left as it was."""
+    bad = tmp_path / "bad.db"
+    bad.write_bytes(_damaged(kind, tmp_path / "state.db"))
+    bad.chmod(0o600)
+    before = bad.read_bytes()
+    for argv in (["status"], ["jobs"], ["nodes"], ["decisions"], ["top", "--once"], ["explain", "201"]):
+        rc, out, err = run(capsys, "--config", cfg, *argv, "--db", str(bad))
+        assert rc == 1 and out == "", (argv, rc, err)
+        assert err.count("\n") == 1 and err.startswith(f"slurm-mig: error: state database {bad} "), (argv, err)
+        assert ("is empty" if kind == "empty" else "is not an SQLite database" if kind == "text"
+                else "is not a usable SQLite database") in err, (argv, err)
+    assert bad.read_bytes() == before
+    if kind in ("text", "empty"):  # refused before SQLite opens it: not even its -wal / -shm beside it
+        assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("bad.db")) == ["bad.db"]

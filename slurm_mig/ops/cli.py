@@ -34,6 +34,25 @@ def _common(p: argparse.ArgumentParser, *, json_flag: bool = True) -> None:
         p.add_argument("--json", action="store_true", help="print JSON (the same data, for scripts)")
 
 
+def _reading(func):
+    """``func`` with the state database's damage reported as what it is: the store says StoreDamaged (exit 75, "try
+    again later": the controller's API answers 503 with it) when a page read midway is malformed; for these
+    read-only commands it is a plain StoreError (exit 1), naming the file, as one that is not a database at all."""
+    import functools
+
+    @functools.wraps(func)
+    def run(args) -> int:
+        from slurm_mig.errors import StoreError
+        from slurm_mig.store.connection import StoreDamaged
+
+        try:
+            return func(args)
+        except StoreDamaged as exc:
+            raise StoreError(str(exc)) from None
+
+    return run
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("status", help="controller, nodes, GPUs, instances by profile and the queue, at a glance")
     _common(p)
@@ -41,7 +60,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="exit 1 when the controller is not ticking, a GPU node is down, drained or stale, "
                         "or a GPU fell off the bus (lost)")
     p.add_argument("--no-probe", action="store_true", help="do not call the controller's /healthz")
-    p.set_defaults(func=_status)
+    p.set_defaults(func=_reading(_status))
 
     p = sub.add_parser("jobs", help="MIG jobs slurm-mig knows: queue order, wait, instances and why")
     _common(p)
@@ -51,14 +70,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--partition", help="only jobs in this partition")
     p.add_argument("--profile", help="only jobs asking for this profile (3g, 1g.dm, ...)")
     p.add_argument("--limit", type=at_least(1), help="at most this many jobs")
-    p.set_defaults(func=_jobs)
+    p.set_defaults(func=_reading(_jobs))
 
     p = sub.add_parser("nodes", help="every GPU's MIG layout: instances, jobs on them, reconfigurations")
     _common(p)
     p.add_argument("--node", metavar="NODES", help="hostlist or glob, e.g. gpu[01-04] or 'gpu*'")
     p.add_argument("--partition", help="only nodes of this Slurm partition (asks sinfo)")
     p.add_argument("--width", type=at_least(10), help="line width (default: the terminal's, or 100)")
-    p.set_defaults(func=_nodes)
+    p.set_defaults(func=_reading(_nodes))
 
     p = sub.add_parser("decisions", help="the policy's recent decisions and their reasons")
     _common(p)
@@ -67,7 +86,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="also decisions that only kept jobs waiting (each recorded when it differs from the last)")
     p.add_argument("--all", action="store_true", help="every decision, including those that did nothing")
     p.add_argument("--job", metavar="JOBID", help="only decisions that placed or held this job")
-    p.set_defaults(func=_decisions)
+    p.set_defaults(func=_reading(_decisions))
 
     p = sub.add_parser("explain", help="why a job waited, or landed where it did")
     _common(p)
@@ -76,7 +95,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--replay", action="store_true",
                    help="also replay the job's surroundings in the simulator with the configured policy and "
                         "draw the simulated timeline")
-    p.set_defaults(func=_explain)
+    p.set_defaults(func=_reading(_explain))
 
     p = sub.add_parser("top", help="live dashboard: GPU slices, queue, decisions, health")
     _common(p, json_flag=False)
@@ -90,7 +109,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--width", type=at_least(10), help="with --once: frame width (default: terminal, or 80)")
     p.add_argument("--height", type=at_least(12), help="with --once: frame height (default: terminal, or 24)")
     p.add_argument("--ascii", action="store_true", help="ASCII characters only (terminals without UTF-8)")
-    p.set_defaults(func=_top)
+    p.set_defaults(func=_reading(_top))
 
 
 # -- plumbing -----------------------------------------------------------------------------------

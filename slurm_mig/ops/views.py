@@ -40,6 +40,10 @@ _NOOP_ACTION = '{"assignments": [], "changes": [],%'
 
 # -- opening the database -----------------------------------------------------------------
 
+# The first 16 bytes of every SQLite 3 database file (https://www.sqlite.org/fileformat.html, 1.3).
+SQLITE_HEADER = b"SQLite format 3\x00"
+
+
 def open_readonly(path: str | os.PathLike, *, busy_timeout_s: float = 5.0):
     """Open the state database read-only; StoreError (naming the path) when it cannot be read.
 
@@ -52,6 +56,7 @@ def open_readonly(path: str | os.PathLike, *, busy_timeout_s: float = 5.0):
     import sqlite_utils
 
     from slurm_mig.store import LATEST_VERSION, Store
+    from slurm_mig.store.connection import StoreDamaged
 
     path = os.fspath(path)
     try:
@@ -67,21 +72,36 @@ def open_readonly(path: str | os.PathLike, *, busy_timeout_s: float = 5.0):
         raise StoreError(f"cannot open state database {path}: {exc.strerror}") from None
     try:
         st = os.fstat(fd)
+        head = os.read(fd, len(SQLITE_HEADER)) if stat.S_ISREG(st.st_mode) else b""
+    except OSError as exc:
+        raise StoreError(f"cannot read state database {path}: {exc.strerror}") from None
     finally:
         os.close(fd)
     if not stat.S_ISREG(st.st_mode):
         raise StoreError(f"state database {path} is not a regular file")
     if st.st_mode & stat.S_IWOTH:
         raise StoreError(f"state database {path} is world-writable; refusing to trust what it says")
+    if st.st_size == 0:
+        raise StoreError(f"state database {path} is empty: the controller has not initialised it yet")
+    # Checked here, before SQLite opens it: a text file or any other file given as --db was SQLite's "file is
+    # not a database", reported with exit status 75 (try again later) as if the controller's database were
+    # only unavailable for a while.
+    if head != SQLITE_HEADER:
+        raise StoreError(f"state database {path} is not an SQLite database ({st.st_size} bytes, not beginning "
+                         "with SQLite's header): is --db or [controller].db_path the controller's state.db?")
     base = sqlite_uri(path, "ro")
 
     def connect(uri: str):
         conn = sqlite3.connect(uri, uri=True, timeout=busy_timeout_s, isolation_level=None,
                                check_same_thread=False)
-        conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
-        store = Store(sqlite_utils.Database(conn, execute_plugins=False), path=path,
-                      busy_timeout_s=busy_timeout_s)
-        return store, store.schema_version
+        try:
+            conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
+            store = Store(sqlite_utils.Database(conn, execute_plugins=False), path=path,
+                          busy_timeout_s=busy_timeout_s)
+            return store, store.schema_version
+        except BaseException:
+            conn.close()
+            raise
 
     try:
         try:
@@ -95,6 +115,8 @@ def open_readonly(path: str | os.PathLike, *, busy_timeout_s: float = 5.0):
             store, version = connect(base + "&immutable=1")
     except sqlite3.Error as exc:
         raise StoreError(f"cannot read state database {path}: {exc}") from None
+    except StoreDamaged as exc:  # SQLite's header, then a damaged file (truncated, overwritten): exit 1, not 75
+        raise StoreError(str(exc)) from None
     if version == 0:
         store.close()
         raise StoreError(f"state database {path} is empty: the controller has not initialised it yet")

@@ -31,6 +31,14 @@ class StoreUnavailable(StoreError):
     so the node API answers 503 and the nodes keep their messages)."""
 
     exit_code = 75
+
+
+class StoreDamaged(StoreUnavailable):
+    """The file is not an SQLite database, or a damaged one (SQLite: "file is not a database", "database disk image
+    is malformed"). Exit code 75 like StoreUnavailable for the controller (its API answers 503); the operator's
+    read-only commands report it as a plain StoreError (exit 1): waiting will not mend the file."""
+
+
 MEMORY = ":memory:"
 
 
@@ -161,7 +169,7 @@ def _translate(exc: sqlite3.Error, path: str, busy_timeout_s: float) -> SlurmMig
         return StoreUnavailable(f"state database {path}: disk or database full; nothing of this operation was "
                                 f"written ({msg})")
     if "not a database" in low or "malformed" in low:
-        return StoreUnavailable(f"state database {path} is not a usable SQLite database ({msg})")
+        return StoreDamaged(f"state database {path} is not a usable SQLite database ({msg})")
     if "readonly" in low or "read-only" in low:
         return StoreUnavailable(f"state database {path} is read-only for this process ({msg})")
     if "disk i/o error" in low or code == getattr(sqlite3, "SQLITE_IOERR", 10):

@@ -41,6 +41,7 @@ from slurm_mig.store.cluster_state import ClusterStateMixin
 from slurm_mig.store.connection import (  # noqa: F401  (re-exported: importers use them from here)
     DEFAULT_BUSY_TIMEOUT_S,
     MEMORY,
+    StoreDamaged,
     StoreUnavailable,
     _connect,
     _passthrough,
