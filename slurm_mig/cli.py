@@ -48,7 +48,35 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the console script; returns the process exit code."""
+    """Entry point of the console script; returns the process exit code.
+
+    A reader that leaves early (`slurm-mig jobs | head -1`) ends any command as it ends a tool killed by SIGPIPE:
+    no traceback, nothing on stderr, status 141 (128 + SIGPIPE). Handled here, once, for every command: print()
+    raising BrokenPipeError, rich's console (which raises SystemExit(1) for it), argparse's --help, and the output
+    still buffered when the command returns (flushed here: at the interpreter's exit it printed "Exception ignored
+    ... BrokenPipeError" and the status was 120)."""
+    try:
+        try:
+            code = _run(argv)
+            sys.stdout.flush()
+            return code
+        except SystemExit as exc:
+            if isinstance(exc.__context__, BrokenPipeError):  # rich's Console.on_broken_pipe
+                raise exc.__context__ from None
+            sys.stdout.flush()  # argparse's --help and usage errors exit with what they printed still buffered
+            raise
+    except BrokenPipeError:
+        # Whatever is still buffered goes to /dev/null, so the flush at exit does not fail again.
+        import os
+
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError):  # a stdout without a file descriptor (one captured in tests)
+            pass
+        return 141
+
+
+def _run(argv: list[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     func = getattr(args, "func", None)
@@ -62,12 +90,6 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
     except KeyboardInterrupt:
         return 130
-    except BrokenPipeError:
-        # `slurm-mig jobs | head`: the reader left; no traceback.
-        import os
-
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 141
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -568,3 +568,28 @@ def test_a_db_that_is_not_a_database_is_an_error_not_try_again_later(cfg, capsys
     assert bad.read_bytes() == before
     if kind in ("text", "empty"):  # refused before SQLite opens it: not even its -wal / -shm beside it
         assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("bad.db")) == ["bad.db"]
+
+
+@pytest.mark.parametrize("argv", [["jobs"], ["nodes"], ["top", "--once"], ["status", "--json"], ["policy", "list"],
+                                  ["--help"]])
+def test_a_reader_that_leaves_early_ends_the_command_quietly(cfg, tmp_path, argv):
+    """`slurm-mig jobs | head -1`: the output still buffered at the end failed at the interpreter's exit ("Exception
+    ignored ... BrokenPipeError" on stderr, status 120), and `nodes` and `top`, printed with rich, exited 1. Now as a
+    tool killed by SIGPIPE: nothing on stderr, status 141. The pipe is closed before the command writes, so the
+    case does not depend on timing; PYTHONUNBUFFERED (set where these tests ran) hid the buffered case."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    env.update(PYTHONPATH=str(root), SLURM_MIG_CONFIG=cfg, SLURM_MIG_POLICY_STORE=str(tmp_path / "store"))
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        proc = subprocess.run([sys.executable, "-c", "import sys; from slurm_mig.cli import main; sys.exit(main())",
+                               *argv], stdout=write, stderr=subprocess.PIPE, env=env, cwd=root, timeout=120)
+    finally:
+        os.close(write)
+    assert (proc.returncode, proc.stderr.decode()) == (141, "")
