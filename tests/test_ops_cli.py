@@ -593,3 +593,65 @@ def test_a_reader_that_leaves_early_ends_the_command_quietly(cfg, tmp_path, argv
     finally:
         os.close(write)
     assert (proc.returncode, proc.stderr.decode()) == (141, "")
+
+
+def _status_and_top_heads(tmp_path, capsys, port: int) -> tuple[str, str]:
+    path = tmp_path / f"probe-{port}.toml"
+    path.write_text(f'[controller]\ndb_path = "{tmp_path / "state.db"}"\nlisten_port = {port}\n')
+    rc, out, _ = run(capsys, "--config", str(path), "status")
+    assert rc == 0
+    status = out.splitlines()[0]
+    rc, out, _ = run(capsys, "--config", str(path), "top", "--once")
+    assert rc == 0
+    return status, out.splitlines()[0]
+
+
+OK_PAGE = b"<html><body>It works!</body></html>\n"
+
+
+@pytest.mark.parametrize("answer", [
+    b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: %d\r\n\r\n%s" % (len(OK_PAGE), OK_PAGE),
+    b"HTTP/1.0 200 OK\r\n\r\n",  # an empty 200
+    b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nok\nok"])  # "ok\n" and more
+def test_healthz_is_ok_only_for_the_controllers_own_answer(cfg, tmp_path, capsys, monkeypatch, answer):
+    """probe_healthz took any 200 for a live controller: a web server on [controller].listen_port, or a proxy
+    ($http_proxy, which urllib used even for 127.0.0.1) answering with a page of its own, read "/healthz ok" in
+    `status` and a live API in `top`. Now only the controller's answer (HEALTHZ_BODY) is, asked straight."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from slurm_mig.api import HEALTHZ_BODY
+    from slurm_mig.api.auth import HmacAuth
+    from slurm_mig.api.server import ApiServer
+    from slurm_mig.config import Config
+    from slurm_mig.controller.service import Controller
+    from tests.test_security_review import _NoSlurm
+
+    monkeypatch.delenv("no_proxy", raising=False)
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    with raw_answer_server(answer) as port:
+        status, top = _status_and_top_heads(tmp_path, capsys, port)
+        assert "/healthz does not answer" in status and "API DOWN" in top, (status, top)
+        # Through a proxy that says what the controller says: the controller's port (1) has nothing on it. In a
+        # process of its own: urlopen() reads $http_proxy once, when it first builds its opener.
+        with raw_answer_server(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s"
+                               % (len(HEALTHZ_BODY), HEALTHZ_BODY)) as proxy:
+            monkeypatch.setenv("http_proxy", f"http://127.0.0.1:{proxy}")
+            path = tmp_path / "port1.toml"
+            path.write_text(f'[controller]\ndb_path = "{tmp_path / "state.db"}"\nlisten_port = 1\n')
+            root = Path(__file__).resolve().parents[1]
+            proc = subprocess.run([sys.executable, "-c", "import sys; from slurm_mig.cli import main; sys.exit(main())",
+                                   "--config", str(path), "status"], capture_output=True, text=True, timeout=120,
+                                  cwd=root, env={**os.environ, "PYTHONPATH": str(root)})
+            assert proc.returncode == 0 and "/healthz does not answer" in proc.stdout.splitlines()[0], proc
+            # A real controller's API on the port: ok (the proxy still set).
+            with open_store(tmp_path / "api.db") as store:
+                ctl = Controller(Config(), store, _NoSlurm())
+                srv = ApiServer("127.0.0.1", 0, HmacAuth(b"k" * 64), ctl.routes(), ctl.get_routes()).start()
+                try:
+                    status, top = _status_and_top_heads(tmp_path, capsys, srv.address[1])
+                finally:
+                    srv.stop()
+            assert "; /healthz ok)" in status and "API DOWN" not in top, (status, top)

@@ -78,7 +78,9 @@ class NodeApi:
                 "/v1/epilog": self.on_epilog, "/v1/report": self.on_report, "/v1/applied": self.on_applied}
 
     def get_routes(self) -> dict:
-        return {"/healthz": lambda: ("text/plain", b"ok\n"),
+        from slurm_mig.api import HEALTHZ_BODY
+
+        return {"/healthz": lambda: ("text/plain", HEALTHZ_BODY),
                 "/metrics": lambda: ("text/plain; version=0.0.4", self.metrics.render())}
 
     def _check_node(self, payload: dict, principal) -> str:

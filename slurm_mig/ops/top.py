@@ -278,7 +278,14 @@ def build_frame(snap: V.Snapshot, opts: TopOptions, *, partition_nodes: set[str]
 # -- the live loop ---------------------------------------------------------------------------
 
 def probe_healthz(cfg, timeout: float = 0.5) -> bool | None:
-    """GET /healthz on the controller's API; None when no config says where it is."""
+    """GET /healthz on the controller's API: True only for the controller's own answer (200 and HEALTHZ_BODY);
+    None when no config says where it is.
+
+    Any 200 read as ok: a web server or another service on the port, or a proxy's page, passed for a live
+    controller. The request goes straight to the port, never through $http_proxy: a proxy cannot reach the
+    head node's 127.0.0.1 and may answer 200 itself."""
+    from slurm_mig.api import HEALTHZ_BODY
+
     if cfg is None:
         return None
     host = cfg.controller.listen_host
@@ -286,9 +293,10 @@ def probe_healthz(cfg, timeout: float = 0.5) -> bool | None:
         host = "127.0.0.1"
     if ":" in host and not host.startswith("["):
         host = f"[{host}]"
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     try:
-        with urllib.request.urlopen(f"http://{host}:{cfg.controller.listen_port}/healthz", timeout=timeout) as r:
-            return r.status == 200
+        with opener.open(f"http://{host}:{cfg.controller.listen_port}/healthz", timeout=timeout) as r:
+            return r.status == 200 and r.read(len(HEALTHZ_BODY) + 1) == HEALTHZ_BODY
     except (OSError, http.client.HTTPException, ValueError):
         # Down; something there that does not speak HTTP; or (ValueError) a listen_host urllib cannot put in
         # a URL, "head-node:7677", which the controller itself refuses at its start
