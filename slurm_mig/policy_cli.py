@@ -109,6 +109,7 @@ def _list(args) -> int:
     from slurm_mig.policy_registry import created_time
 
     st = _store(args)
+    st.check_listable()
     vs = st.versions()
     problem = st.active_problem()
     if problem:  # the controller runs its fallback meanwhile, and logs this

@@ -361,6 +361,16 @@ class PolicyStore:
         if problem:
             raise ConfigError(f"{problem}; nothing was changed")
 
+    def check_listable(self) -> None:
+        """ConfigError (exit 2, as the other subcommands' refusals) when there is no store folder to list: none at
+        all (a mistyped --store read as an empty store: "active: default", exit 0, whatever the real store runs),
+        or a file in its place."""
+        self._not_a_file()
+        if not self.root.exists():
+            raise ConfigError(f"policy store {self.root} does not exist (nothing was ever installed there): the only "
+                              f"version is the shipped default, {SHIPPED_MODEL}. Check --store or "
+                              "$SLURM_MIG_POLICY_STORE; `slurm-mig policy install` creates the store")
+
     def _not_a_file(self) -> None:
         if self.root.exists() and not self.root.is_dir():
             raise ConfigError(f"policy store {self.root} is not a directory (use --store or $SLURM_MIG_POLICY_STORE "

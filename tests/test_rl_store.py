@@ -39,9 +39,7 @@ def run_json(capsys, *argv) -> dict:
 
 
 def test_list_install_rollback(tmp_path, capsys):
-    out = run_json(capsys, "policy", "list", "--json")
-    assert out["active"] == "default" and [v["version"] for v in out["versions"]] == ["default"]
-    assert resolve_model_path() == SHIPPED_MODEL
+    assert resolve_model_path() == SHIPPED_MODEL  # no store yet: `list` says so (test_list_of_a_store_that_is_not_there)
 
     run_json(capsys, "policy", "install", str(model_dir(tmp_path, "a", version="v1", created=1.0)), "--json")
     run_json(capsys, "policy", "install", str(model_dir(tmp_path, "b", version="v2", created=2.0, placement="network")), "--json")
@@ -753,3 +751,25 @@ def test_a_store_write_the_system_refuses_is_a_clear_error(tmp_path, capsys):
     finally:
         subprocess.run(["chattr", "-i", str(active)], check=True)
     assert PolicyStore().active() == "v1"
+
+
+@pytest.mark.parametrize("json_flag", [[], ["--json"]])
+def test_list_of_a_store_that_is_not_there(tmp_path, capsys, json_flag):
+    """`policy list --store <a folder that does not exist>` (a typo) listed an empty store, "active: default",
+    exit 0, whatever the real store runs. Now it says the store does not exist and that only the shipped default
+    is there, and exits 2 as the other subcommands' refusals do (`rollback` there: "nothing to roll back"); a file
+    in the store's place is refused as `install` and `rollback` refuse it. Nothing is created."""
+    missing = tmp_path / "no-such-store"
+    assert main(["policy", "list", "--store", str(missing), *json_flag]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and f"policy store {missing} does not exist" in err and "shipped default" in err
+    assert not missing.exists()
+    assert main(["policy", "rollback", "--store", str(missing), *json_flag]) == 2  # the same status
+    capsys.readouterr()
+    a_file = tmp_path / "file"
+    a_file.write_text("")
+    assert main(["policy", "list", "--store", str(a_file), *json_flag]) == 2
+    assert "is not a directory" in capsys.readouterr().err
+    missing.mkdir()  # an empty store: the shipped default, active
+    assert main(["policy", "list", "--store", str(missing), *json_flag]) == 0
+    assert "default" in capsys.readouterr().out
