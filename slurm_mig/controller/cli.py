@@ -32,14 +32,14 @@ def claim_database(db_path: str, group: str | int | None = None):
 
     from slurm_mig import pidlock
     from slurm_mig.errors import AlreadyRunning, StoreError
-    from slurm_mig.store.connection import _make_db_folders, _resolve_gid
+    from slurm_mig.store.connection import make_db_folders, resolve_gid
 
     if not db_path or db_path == ":memory:":
         return None
     path = db_path + ".controller.lock"
     # Not os.makedirs: it made the folder 0700 whatever db_group says (the store leaves one that exists as it
     # is, so the group's readers could not enter it) and those above it 0777 less the umask.
-    _make_db_folders(Path(os.path.abspath(path)).parent, _resolve_gid(group))
+    make_db_folders(Path(os.path.abspath(path)).parent, resolve_gid(group))
     try:
         fd, holder = pidlock.hold(path)
     except OSError as exc:  # the path runs through a file (NotADirectoryError), a read-only folder, ...

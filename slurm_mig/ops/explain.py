@@ -368,8 +368,9 @@ def explain_view(store, job_id: str, *, now: float | None = None, max_options: i
         rows = _rows(store, "SELECT * FROM reconfig_journal WHERE node = ? AND created_at >= ? AND created_at <= ? "
                             f"AND gpu IN ({','.join('?' for _ in gpus)}) ORDER BY id",
                      (node, t0, known(job.start_time or now, now) + 1.0, *gpus))
-        from slurm_mig.store.db import _row_journal
-        reconfigs = [journal_dict(_row_journal(r)) for r in rows]
+        from slurm_mig.store.rows import row_journal
+
+        reconfigs = [journal_dict(row_journal(r)) for r in rows]
     events = [{"time": e.time, "kind": e.kind, "node": e.node, "message": e.message}
               for e in reversed(store.recent_events(200, job_id=job_id))]
     # Layout events on the job's node while it waited (a policy re-carving for it).

@@ -8,7 +8,7 @@ from typing import Any, Callable, Iterable
 from slurm_mig.errors import SlurmMigError
 from slurm_mig.mig.layout import Layout, Slot, parse_layout
 from slurm_mig.store.models import JournalEntry, known_model, readable_model
-from slurm_mig.store.rows import _now, _row_journal
+from slurm_mig.store.rows import _now, row_journal
 
 log = logging.getLogger("slurm_mig.store.db")  # the name the store's messages have always had
 
@@ -50,7 +50,7 @@ class ClusterStateMixin:
                 "SELECT b.node, b.gpu, b.start, b.profile, b.job_id, j.start_time, j.time_limit_s, j.state, j.suspended_s "
                 "FROM bindings b JOIN jobs j ON j.job_id = b.job_id WHERE b.released_at IS NULL"
             )
-            journal = [_row_journal(r) for r in self._q(
+            journal = [row_journal(r) for r in self._q(
                 "SELECT * FROM reconfig_journal WHERE state IN ('planned', 'in_progress') ORDER BY id")]
             pending = self.pending_jobs()
             # Jobs Slurm has started whose Prolog has not bound them yet: Slurm gave each an instance of

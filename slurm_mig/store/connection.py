@@ -44,7 +44,8 @@ MEMORY = ":memory:"
 
 # -- opening -------------------------------------------------------------------
 
-def _resolve_gid(group: str | int | None) -> int | None:
+def resolve_gid(group: str | int | None) -> int | None:
+    """The gid of ``[controller].db_group`` (a name, or a number given as one); None for no group."""
     if group is None or group == "":
         return None
     if isinstance(group, int):
@@ -105,12 +106,13 @@ def _open_checked(path: Path, flags: int, mode: int, gid: int | None) -> None:
         os.close(fd)
 
 
-def _make_db_folders(folder: Path, gid: int | None) -> None:
+def make_db_folders(folder: Path, gid: int | None) -> None:
     """Make the database's folder (0700, or 0750 owned by ``gid``) and the missing folders above it (0755),
     each given its mode whatever the umask (folders.make_missing_folders). ``mkdir(parents=True)`` made those
     above with 0777 less the umask: world-writable under umask 0, so anyone could move the database's folder
     aside and put one of their own in its place; and under umask 0077 the group's folder came out 0700,
-    which the readers of ``db_group`` cannot enter. A folder that exists is left as it is."""
+    which the readers of ``db_group`` cannot enter. A folder that exists is left as it is. Used by the store
+    and by the controller's claim_database, which runs before it."""
     own = 0o750 if gid is not None else 0o700
     try:
         made = make_missing_folders(folder, lambda d: own if d == folder else 0o755)
@@ -124,9 +126,9 @@ def _make_db_folders(folder: Path, gid: int | None) -> None:
 def prepare_db_file(path: str | os.PathLike, group: str | int | None = None) -> Path:
     """Create (0600, or 0640 with ``group``) or check/repair the database file and its WAL companions."""
     path = Path(path)
-    gid = _resolve_gid(group)
+    gid = resolve_gid(group)
     mode = 0o640 if gid is not None else 0o600
-    _make_db_folders(path.parent, gid)
+    make_db_folders(path.parent, gid)
     _open_checked(path, os.O_RDWR | os.O_CREAT, mode, gid)
     for suffix in ("-wal", "-shm", "-journal"):
         extra = Path(str(path) + suffix)

@@ -57,7 +57,7 @@ from slurm_mig.store.lock import _FairRLock
 from slurm_mig.store.models import dumps, loads
 from slurm_mig.store.nodes import NodesMixin
 from slurm_mig.store.outcomes import OutcomesMixin
-from slurm_mig.store.rows import _now, _row_journal, finite  # noqa: F401  (re-exported)
+from slurm_mig.store.rows import _now, finite, row_journal  # noqa: F401  (re-exported)
 
 log = logging.getLogger(__name__)
 

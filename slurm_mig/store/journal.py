@@ -7,7 +7,7 @@ from typing import Any, Iterable
 from slurm_mig.errors import StoreError
 from slurm_mig.mig.layout import Layout
 from slurm_mig.store.models import JournalEntry, as_step, dumps
-from slurm_mig.store.rows import _now, _row_journal
+from slurm_mig.store.rows import _now, row_journal
 from slurm_mig.store.schema import JOURNAL_OPEN_STATES
 
 
@@ -39,7 +39,7 @@ class JournalMixin:
             rows = self._q("SELECT * FROM reconfig_journal WHERE id = ?", (int(entry_id),))
         if not rows:
             raise StoreError(f"no reconfiguration journal entry {entry_id}")
-        return _row_journal(rows[0])
+        return row_journal(rows[0])
 
     def journal_step(self, entry_id: int, step: int | None = None, *, ok: bool = True, error: str | None = None,
                      now: float | None = None) -> JournalEntry:
@@ -92,10 +92,10 @@ class JournalMixin:
             sql += " AND node = ?"
             params.append(node)
         with self.snapshot():
-            return [_row_journal(r) for r in self._q(sql + " ORDER BY id", params)]
+            return [row_journal(r) for r in self._q(sql + " ORDER BY id", params)]
 
     def journal_entries(self, *, limit: int = 50) -> list[JournalEntry]:
         """The most recent journal entries, newest first."""
         with self.snapshot():
-            return [_row_journal(r) for r in self._q("SELECT * FROM reconfig_journal ORDER BY id DESC LIMIT ?",
+            return [row_journal(r) for r in self._q("SELECT * FROM reconfig_journal ORDER BY id DESC LIMIT ?",
                                                      (int(limit),))]

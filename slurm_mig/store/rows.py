@@ -69,7 +69,7 @@ def _row_node(r) -> Node:
     return Node(r["name"], r["state"], r["last_seen"], r["health"], loads(r["health_detail"], {}), r["agent_version"])
 
 
-def _row_journal(r: dict) -> JournalEntry:
+def row_journal(r: dict) -> JournalEntry:
     return JournalEntry(
         id=r["id"], node=r["node"], gpu=r["gpu"], from_layout=r["from_layout"], to_layout=r["to_layout"],
         steps=tuple(JournalStep(s["action"], s["profile"], int(s["start"])) for s in loads(r["steps"], [])),
