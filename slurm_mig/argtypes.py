@@ -11,6 +11,13 @@ import math
 MAX_COUNT = 2**63 - 1
 
 
+def ascii_digits(text: str) -> bool:
+    """Is ``text`` one or more ASCII digits 0-9 and nothing else (no sign, no space)? The test before int() on a
+    count or a number read from a user: str.isdigit() also takes "²", which int() refuses (a ValueError
+    traceback)."""
+    return text.isascii() and text.isdigit()
+
+
 def at_least(least: int):
     """An argparse type: a whole number of at least ``least`` (0 GPUs is no cluster, 5 columns no frame), at most
     MAX_COUNT."""

@@ -165,3 +165,33 @@ def test_a_limit_or_page_is_a_whole_number_of_at_least_one(argv, bad, capsys):
         build_parser().parse_args([*argv, bad])
     assert exc.value.code == 2 and f"{bad} is too small (at least 1)" in capsys.readouterr().err
     assert build_parser().parse_args([*argv, "3"]).__dict__[argv[1].lstrip("-")] == 3
+
+
+@pytest.mark.parametrize("where", ["sim-busy instance", "simulate --milli-map", "db_group", "sim-init --gpus",
+                                   "sim-init --layout"])
+def test_a_number_with_a_digit_int_refuses_is_an_error_not_a_traceback(where, tmp_path, capsys):
+    """"²" is a digit to str.isdigit() and not to int(): `nvml sim-busy --gpu 0 3g@²`, `simulate --milli-map
+    7g:²000` and a [controller].db_group of "²" ended in int()'s ValueError traceback. Each now refuses it as
+    any other bad value (argtypes.ascii_digits, the one test, which nvml sim-init and parse_gpu_spec already made
+    with a regex each)."""
+    from slurm_mig.argtypes import ascii_digits
+    from slurm_mig.cli import main
+    from slurm_mig.errors import StoreError
+    from slurm_mig.nvml.simulated import init_state, parse_gpu_spec
+    from slurm_mig.store import open_store
+
+    assert [ascii_digits(t) for t in ("0", "042", "", "²", "٣", "-1", " 1", "1.0")] == [True, True] + [False] * 6
+    sim = tmp_path / "sim.json"
+    init_state(sim, parse_gpu_spec("H100-80GB:2"))
+    if where == "db_group":
+        with pytest.raises(StoreError, match="group '²' does not exist"):
+            open_store(tmp_path / "state.db", group="²")
+        return
+    argv = {"sim-busy instance": ["nvml", "sim-busy", "--sim-state", str(sim), "--gpu", "0", "3g@²", "--owner", "j"],
+            "simulate --milli-map": ["simulate", "--trace", str(tmp_path / "t.csv"), "--milli-map", "1g:142,7g:²000"],
+            "sim-init --gpus": ["nvml", "sim-init", "--sim-state", str(sim), "--force", "--gpus", "H100-80GB:²"],
+            "sim-init --layout": ["nvml", "sim-init", "--sim-state", str(sim), "--force", "--gpus", "H100-80GB:2",
+                                  "--layout", "²=7g@0"]}[where]
+    assert main(argv) in (1, 2)
+    err = capsys.readouterr().err
+    assert err.startswith("slurm-mig: error: bad ") and "²" in err, err

@@ -28,12 +28,11 @@ import argparse
 import contextlib
 import json
 import os
-import re
 import sys
 from pathlib import Path
 from typing import Any
 
-from slurm_mig.argtypes import seconds, sim_delay_scale
+from slurm_mig.argtypes import ascii_digits, seconds, sim_delay_scale
 from slurm_mig.errors import AlreadyRunning, BindingsUnreadable, ConfigError, GeometryError, TransitionBlocked
 from slurm_mig.mig.layout import Layout, Slot, parse_layout
 from slurm_mig.mig.profiles import get_model
@@ -470,8 +469,7 @@ def _cmd_sim_init(args: argparse.Namespace) -> int:
     layouts: dict[int, Layout] = {}
     for item in args.layout or []:
         which, sep, text = item.rpartition("=")
-        # ASCII digits: "²" is a digit to str.isdigit() and not to int()
-        targets = range(len(models)) if not sep else [int(which)] if re.fullmatch(r"[0-9]+", which.strip()) else None
+        targets = range(len(models)) if not sep else [int(which)] if ascii_digits(which.strip()) else None
         if targets is None or any(not 0 <= t < len(models) for t in targets):
             raise ConfigError(f"bad --layout {item!r}: expected LAYOUT or GPU=LAYOUT with GPU in 0..{len(models) - 1}")
         for t in targets:

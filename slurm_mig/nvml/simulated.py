@@ -45,13 +45,13 @@ import fcntl
 import hashlib
 import json
 import os
-import re
 import secrets
 import time
 import uuid as uuidlib
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
+from slurm_mig.argtypes import ascii_digits
 from slurm_mig.errors import ConfigError
 from slurm_mig.folders import write_durably
 from slurm_mig.mig import timing
@@ -111,8 +111,7 @@ def parse_gpu_spec(spec: str) -> list[tuple[str, int]]:
             continue
         name, _, count = item.partition(":")
         count = count.strip()
-        # ASCII digits only: "²" is a digit to str.isdigit() and not to int() (a ValueError traceback)
-        if count and (not re.fullmatch(r"[0-9]+", count) or int(count) < 1):
+        if count and (not ascii_digits(count) or int(count) < 1):
             raise ConfigError(f"bad GPU spec {item!r}: expected MODEL[:COUNT] with COUNT 1 to {MAX_SIM_GPUS}, "
                               "e.g. H100-80GB:2")
         out.append((get_model(name).name, int(count) if count else 1))
@@ -331,7 +330,7 @@ class SimulatedBackend:
             raise NotFound(f"GPU {gpu} has no MIG instance {which}")
         if isinstance(which, str):  # "3g@0"
             name, _, start = which.partition("@")
-            if not start.strip().isdigit():
+            if not ascii_digits(start.strip()):
                 raise InvalidArgument(f"bad instance {which!r}: expected PROFILE@START or a MIG- UUID")
             which = Slot(int(start), name)
         slot = Slot(which.start, model.profile(which.profile).name)

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
+from slurm_mig.argtypes import ascii_digits
 from slurm_mig.errors import ConfigError, GeometryError
 from slurm_mig.mig.profiles import get_model
 
@@ -218,7 +219,7 @@ class MilliMap:
         items = []
         for part in text.split(","):
             kind, sep, bound = part.strip().partition(":")
-            if not sep or not bound.strip().isdigit():
+            if not sep or not ascii_digits(bound.strip()):
                 raise ConfigError(f"bad gpu_milli map item {part!r}: expected KIND:MAX_MILLI, e.g. 2g:285")
             items.append((int(bound), kind.strip()))
         items.sort()

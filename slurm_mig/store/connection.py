@@ -17,6 +17,7 @@ import stat
 import urllib.parse
 from pathlib import Path
 
+from slurm_mig.argtypes import ascii_digits
 from slurm_mig.errors import SlurmMigError, StoreBusy, StoreError
 from slurm_mig.folders import make_missing_folders
 
@@ -55,7 +56,7 @@ def resolve_gid(group: str | int | None) -> int | None:
     try:
         return grp.getgrnam(group).gr_gid
     except KeyError:
-        if group.isdigit():
+        if ascii_digits(group):
             return int(group)
         raise StoreError(f"state database group {group!r} does not exist") from None
 
