@@ -192,6 +192,24 @@ def test_explain_on_a_mixed_site_prints_the_groups_and_a_simulate_command_that_r
     assert "--nodes" not in hint and "--gpus-per-node" not in hint and "--job a1 --plot joba1.png" in hint
 
 
+def test_explains_simulate_command_is_quoted_for_the_shell(tmp_path, capsys):
+    """The simulate command explain prints was pasted together unquoted: a state DB under a folder with a space
+    in its name gave a command whose --db was the first half of the path."""
+    import shlex
+
+    from slurm_mig.cli import main
+
+    db = tmp_path / "post mortem" / "state.db"
+    db.parent.mkdir()
+    mixed_store(db).close()
+    cfg = tmp_path / "slurm-mig.toml"
+    cfg.write_text(f'[controller]\ndb_path = "{db}"\nlisten_port = 1\n')
+    assert main(["--config", str(cfg), "explain", "a1"]) == 0
+    hint = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("Timeline picture"))
+    argv = shlex.split(hint.split(": ", 1)[1])
+    assert argv[:4] == ["slurm-mig", "simulate", "--db", str(db)] and argv[-4:] == ["--job", "a1", "--plot", "joba1.png"]
+
+
 def test_a_whole_gpu_policy_is_refused_on_a_mixed_site_with_why_not_reported_as_a_failure(mixed):
     """no-mig gives every job whole GPUs, a 7g on an H100 and a 4g on an A30: the simulator has no one size for a
     job to ask for (simulate --db refuses it as well, bench leaves it out). The replay said "the replay failed:

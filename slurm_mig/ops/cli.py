@@ -9,6 +9,7 @@ a post-mortem) read-only, and print text for people or, with ``--json``, the dat
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 import textwrap
 import time
@@ -555,8 +556,10 @@ def _explain(args) -> int:
         # would put every job on the most common model.
         cluster = ("" if len(mig_models) > 1 else
                    f"--nodes {len(per_node)} --gpus-per-node {max(per_node.values())} ")
-        print(f"Timeline picture of a replay of the finished jobs: slurm-mig simulate --db {db} "
-              f"--policy {cfg.policy.name} {cluster}--job {args.job_id} --plot job{args.job_id}.png")
+        # Quoted: a command to paste into a shell, and a path may hold a space (or a job id a character) it splits on
+        q = shlex.quote
+        print(f"Timeline picture of a replay of the finished jobs: slurm-mig simulate --db {q(str(db))} "
+              f"--policy {q(cfg.policy.name)} {cluster}--job {q(args.job_id)} --plot {q(f'job{args.job_id}.png')}")
     return 0
 
 
