@@ -584,6 +584,7 @@ def test_a_reader_that_leaves_early_ends_the_command_quietly(cfg, tmp_path, argv
 
     root = Path(__file__).resolve().parents[1]
     env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    (tmp_path / "store").mkdir()  # an empty policy store: `policy list` lists the shipped default
     env.update(PYTHONPATH=str(root), SLURM_MIG_CONFIG=cfg, SLURM_MIG_POLICY_STORE=str(tmp_path / "store"))
     read, write = os.pipe()
     os.close(read)
