@@ -1312,6 +1312,47 @@ def test_the_task_of_a_next_run_that_asks_for_no_mig_does_not_see_an_earlier_run
     assert list(_records(rig).values()) == [{old["uuid"]}]
 
 
+def _marks(rig) -> dict[str, str]:
+    """Every instance of n1 marked busy on the simulated GPU (its UUID -> who runs on it)."""
+    return {i.uuid: rig.gpu.owners(g)[i.slot] for g in (0, 1) for i in rig.gpu.instances(g) if i.in_use}
+
+
+def test_an_earlier_runs_mark_left_by_a_killed_epilog_goes_with_its_set_aside_record(rig):
+    """Crash benchmark, seed 1048 (commit ea6fd44): after every job had ended an instance of n1 stayed marked
+    busy ("job N", the simulated GPU's stand-in for the job's processes) for good, with no binding in the
+    database nor a TaskProlog copy on the node. Run 0's Prolog marked its instance and was killed (its wrapper
+    requeued the job); that attempt's Epilog was killed before it cleared the mark; the next Prolog of the id
+    on n1 set the record aside (records/<job>.earlier-1.json, which has no copy) and the health check, which
+    drops such a record once its instances are idle, skipped clearing the earlier run's own marks: the mark
+    kept the record, and the record the instance, until someone cleared the mark by hand. That run has ended
+    (Slurm started the next one): its marks go with its record. The mark of the run that runs now stays."""
+    rig.job("51", "3g")
+    assert rig.hook("prolog", "51", SLURM_JOB_RESTART_COUNT="0") == 0
+    (x,) = _records(rig)["51"]
+    assert _marks(rig) == {x: "job 51"}
+    # Killed after its mark (the wrapper requeued the job); the attempt's Epilog killed before it did anything.
+    rig.store.set_job_state("51", "PENDING")
+    assert rig.hook("prolog", "51", SLURM_JOB_RESTART_COUNT="1") == 0  # the controller named x again: requeued
+    assert _records(rig) == {"51.earlier-1": {x}} and not rig.binding_file("51").exists()
+    assert rig.hook("epilog", "51", SLURM_JOB_EXIT_CODE="0", SLURM_JOB_RESTART_COUNT="2") == 0
+    rig.store.set_job_state("51", "PENDING")
+    assert rig.hook("prolog", "51", SLURM_JOB_RESTART_COUNT="2") == 0
+    (y,) = _records(rig)["51"]
+    assert y != x and _marks(rig) == {x: "job 51", y: "job 51"}
+    rig.squeue = "51\n"  # the run bound to y runs
+    assert rig.report() == 0
+    assert _records(rig) == {"51": {y}} and _marks(rig) == {y: "job 51"}
+    # Never the mark of an instance another record names, whatever the records say (a state no hook makes).
+    node = rig.tmp / "node" / "n1" / "records"
+    (node / "51.earlier-2.json").write_bytes((node / "51.json").read_bytes())
+    assert rig.report() == 0
+    assert _records(rig) == {"51": {y}, "51.earlier-2": {y}} and _marks(rig) == {y: "job 51"}
+    (node / "51.earlier-2.json").unlink()
+    assert rig.hook("epilog", "51", SLURM_JOB_EXIT_CODE="0", SLURM_JOB_RESTART_COUNT="2") == 0
+    assert _records(rig) == {} and _marks(rig) == {}
+    assert rig.store.outcome("51").state == "COMPLETED" and rig.store.live_bindings() == []
+
+
 def test_a_binding_another_users_job_left_under_the_id_is_not_taken_for_this_runs(rig, monkeypatch, capsys):
     """Job 47 (uid 1001) was bound on n1 and its Epilog never ran (the node crashed; or it was killed before it
     took the attempt its Prolog noted) as slurmctld lost its state, and id 47 went to another user's job (uid

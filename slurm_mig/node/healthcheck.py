@@ -142,13 +142,23 @@ def _release_ended_bindings(node: Node, asked: list[str]) -> None:
 def _release_stale_binding(node: Node, job_id: str, *, earlier_run: bool = False) -> None:
     """Drop the binding of a job Slurm no longer runs here, unless its instances are still in use
     (processes that outlived the job: the binding keeps them from being destroyed until they are gone).
-    ``earlier_run``: ``job_id`` names an earlier run's record set aside (its own marks went with its Epilog).
-    Call with apply_lock() held."""
+    ``earlier_run``: ``job_id`` names an earlier run's record set aside (``<job>.earlier-<n>``): that run has
+    ended (Slurm started the next one), so its own "job <job>" marks on the simulated GPU go as well, on the
+    instances no other record names (the next run is never bound to one this record holds; it is kept out all
+    the same). Its Epilog clears them, but one killed before that step, or that never ran (the node crashed), left
+    them; skipped here, such a mark kept the instance busy and this record with it for good (crash benchmark,
+    seed 1048: a Prolog killed after its mark, its attempt's Epilog killed before clearing it, the requeued run
+    bound on the same node). Call with apply_lock() held."""
+    from slurm_mig.node.localstate import EARLIER_RUN
+
     try:
         insts = node.state.read_record(job_id) or []
     except ValueError:
         insts = []  # damaged: it names nothing we could check or protect
-    if not earlier_run:
+    if earlier_run:
+        held = {i.uuid for key, other in node.state.all_bindings().items() if key != job_id for i in other}
+        node.end_job_processes(job_id.partition(EARLIER_RUN)[0], [i for i in insts if i.uuid not in held])
+    else:
         node.end_job_processes(job_id, insts)
     try:
         busy = [i for i in insts for x in node.backend.instances(i.gpu) if x.uuid == i.uuid and x.in_use]
