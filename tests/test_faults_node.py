@@ -1401,6 +1401,28 @@ def test_a_prolog_run_again_for_the_same_run_keeps_its_own_binding(rig):
     assert _records(rig) == first and set(first) == {"46"} and rig.requeues == []
 
 
+def test_a_prolog_run_again_binding_another_instance_leaves_no_mark_on_the_first(rig, monkeypatch):
+    """The Prolog of one run run twice (the same restart count, no Epilog between: its record is this run's, kept
+    as it is), the second answered with another instance (the controller moved the job's binding meanwhile):
+    the second binding was written over the first, and the "job N" mark the first Prolog set on its instance
+    stayed on the simulated GPU with no record naming it, so neither the Epilog nor the health check ever
+    cleared it and the instance stayed busy for good (found hunting crash benchmark seed 1048)."""
+    rig.job("52", "3g")
+    assert rig.hook("prolog", "52", SLURM_JOB_RESTART_COUNT="0") == 0
+    (first,) = json.loads(rig.record_file("52").read_text())["instances"]
+    other = next(i for g in (0, 1) for i in rig.gpu.instances(g)
+                 if i.slot.profile == first["profile"] and i.uuid != first["uuid"])
+    named = {"gpu": other.gpu_index, "profile": other.slot.profile, "start": other.slot.start}
+    monkeypatch.setitem(rig.srv.routes, "/v1/prolog",
+                        lambda payload, who: {"action": "bind", "instances": [named], "targets": {}})
+    assert rig.hook("prolog", "52", SLURM_JOB_RESTART_COUNT="0") == 0
+    assert _records(rig) == {"52": {other.uuid}} and _marks(rig) == {other.uuid: "job 52"}
+    assert rig.hook("epilog", "52", SLURM_JOB_EXIT_CODE="0", SLURM_JOB_RESTART_COUNT="0") == 0
+    rig.squeue = ""
+    assert rig.report() == 0
+    assert _records(rig) == {} and _marks(rig) == {}
+
+
 def test_epilog_of_a_requeued_attempt_records_no_outcome(rig):
     """Prolog killed after binding, the wrapper requeued the job: Slurm still runs the Epilog of that
     attempt (exit code 0, SLURM_JOB_RESTART_COUNT already raised). Its end is not the job's outcome."""
