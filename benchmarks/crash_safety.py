@@ -451,13 +451,8 @@ def _unsettled(dc: DemoCluster, first_journal: int, ids: set[str]) -> list[str]:
         if live:
             why.append(f"live bindings in the database {[(j, n, b.gpu, b.start) for j, n, b in live]}")
         for node in dc.nodes:
-            files = sorted(p.name for p in (dc.state / "node" / node / "bindings").glob("*.json"))
-            if files:
-                why.append(f"{node} binding files {files}")
+            why += node_leftovers(dc, node)
             sim = dc.sim_instances(node)
-            busy = [u for u, i in sim.items() if i["in_use"]]
-            if busy:
-                why.append(f"{node} instances still marked busy {busy}")
             db = {(i.gpu, i.profile, i.start) for i in store.observed_instances(node)}
             real = {(i["gpu"], i["profile"], i["start"]) for i in sim.values()}
             if db != real:
@@ -477,6 +472,31 @@ def _unsettled(dc: DemoCluster, first_journal: int, ids: set[str]) -> list[str]:
             why.append(f"{n.name}: Slurm GRES {have}, GPUs {want}")
         if n.drained or not n.available:
             why.append(f"{n.name} not available ({n.state} {sorted(n.flags)})")
+    return why
+
+
+def node_leftovers(dc, node: str) -> list[str]:
+    """What a node still holds once every job has ended: the TaskProlog copies (bindings/), the root-only binding
+    records (records/: an earlier run's record set aside as ``<job>.earlier-<n>`` has no copy, so a look at the
+    copies alone missed it) and the instances marked busy on the simulated GPU, each with who marks it ("job N":
+    a job's processes as its Prolog set them) and where it is."""
+    from slurm_mig.nvml.simulated import SimulatedBackend
+
+    why = []
+    root = dc.state / "node" / node
+    for folder, what in (("bindings", "binding files"), ("records", "binding records")):
+        files = sorted(p.name for p in (root / folder).glob("*.json"))
+        if files:
+            why.append(f"{node} {what} {files}")
+    gpu = SimulatedBackend(dc.state / "gpus" / f"{node}.json")
+    busy = {}
+    for g in gpu.gpus():
+        owners = gpu.owners(g.index)
+        for i in gpu.instances(g.index):
+            if i.in_use:
+                busy[i.uuid or f"half-made {g.index}:{i.slot}"] = f"{owners.get(i.slot)} on {i.slot} of GPU {g.index}"
+    if busy:
+        why.append(f"{node} instances still marked busy {busy}")
     return why
 
 
@@ -578,8 +598,8 @@ def summarise(results: list[SeedResult]) -> dict:
 
 
 def keep_evidence(dc, seed: int) -> Path:
-    """Copy what a seed with violations leaves (the hooks' and controller's logs, the simulated GPUs, the nodes'
-    binding records and outboxes, the state database) to ``<state>/evidence/seed-<seed>``, before the next seed
+    """Copy what a seed with violations leaves (the hooks' and controller's logs, Slurm's, the simulated GPUs, the
+    nodes' binding records and outboxes, the state database) to ``<state>/evidence/seed-<seed>``, before the next seed
     runs on the same cluster and a later run of the harness writes over the logs: on 2026-11-27 one seed left an
     instance marked busy on a fresh machine, and what would have said why was gone by the time it was looked at.
     Later seeds of the run share the cluster, so a leftover of this one may show as theirs. Returns the folder."""
@@ -589,7 +609,8 @@ def keep_evidence(dc, seed: int) -> Path:
     dest = Path(dc.state) / "evidence" / f"seed-{seed}"
     shutil.rmtree(dest, ignore_errors=True)
     dest.mkdir(parents=True, mode=0o700)
-    for name in ("log", "gpus", "node"):
+    # slurm/log: slurmctld's and each slurmd's log (requeues, a Prolog or Epilog that failed or was killed)
+    for name in ("log", "gpus", "node", "slurm/log"):
         src = Path(dc.state) / name
         if src.is_dir():
             shutil.copytree(src, dest / name, symlinks=True, ignore_dangling_symlinks=True)

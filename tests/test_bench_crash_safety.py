@@ -94,3 +94,30 @@ def test_a_seed_with_violations_keeps_its_evidence(tmp_path):
     (tmp_path / "log" / "slurm-mig.log").write_text("second run\n")
     assert (crash_safety.keep_evidence(_FakeCluster(tmp_path), 1048) / "log" / "slurm-mig.log").read_text() \
         == "second run\n"
+
+
+def test_what_a_node_still_holds_names_the_records_without_a_copy_and_who_marks_an_instance(tmp_path):
+    """Seed 1048 reported an instance of n1 still marked busy and no binding files: the harness looked at the
+    TaskProlog copies (bindings/) only, and an earlier run's record set aside (records/<job>.earlier-1.json) has
+    none; nor did it say who marked the instance. Both are said now."""
+    from slurm_mig.nvml.simulated import SimulatedBackend, init_state
+
+    init_state(tmp_path / "gpus" / "n1.json", [("H100-80GB", 1)], layouts={0: "3g@0,2g@4,1g@6"}, seed="n1")
+    dc = _FakeCluster(tmp_path)
+    for folder in ("bindings", "records"):
+        (tmp_path / "node" / "n1" / folder).mkdir(parents=True)
+    assert crash_safety.node_leftovers(dc, "n1") == []
+    SimulatedBackend(tmp_path / "gpus" / "n1.json").set_in_use(0, "3g@0", "job 1234")
+    (tmp_path / "node" / "n1" / "records" / "1234.earlier-1.json").write_text("{}")
+    why = crash_safety.node_leftovers(dc, "n1")
+    assert why[0] == "n1 binding records ['1234.earlier-1.json']" and len(why) == 2, why
+    assert "job 1234 on 3g.40gb@0 of GPU 0" in why[1] and why[1].startswith("n1 instances still marked busy"), why
+
+
+def test_the_evidence_keeps_slurms_logs(tmp_path):
+    """slurmctld's log says which jobs were requeued, each slurmd's which Prolog or Epilog failed (was killed):
+    the sequence that leaves an instance busy is read there."""
+    (tmp_path / "slurm" / "log").mkdir(parents=True)
+    (tmp_path / "slurm" / "log" / "slurmctld.log").write_text("Requeuing JobId=1234\n")
+    dest = crash_safety.keep_evidence(_FakeCluster(tmp_path), 1048)
+    assert (dest / "slurm" / "log" / "slurmctld.log").read_text() == "Requeuing JobId=1234\n"
