@@ -68,3 +68,58 @@ def write_durably(path: str | os.PathLike, data: bytes, mode: int, uid: int | No
         if os.path.exists(tmp):
             os.unlink(tmp)
     sync_path(path.parent)
+
+
+def _who(uid: int) -> str:
+    try:
+        import pwd
+
+        return f"uid {uid} ({pwd.getpwuid(uid).pw_name})"
+    except (KeyError, ImportError):
+        return f"uid {uid}"
+
+
+def writable_by_others(path: str | os.PathLike, what: str) -> str:
+    """Why others than root and the user this process runs as may change what ``path`` (a file or a folder)
+    holds; '' when they may not. The one rule for what a process running as root (the controller, the node hooks)
+    acts on: its config (the controller and the hooks refuse to start on it), the policy store (`slurm-mig policy
+    install`, `rollback` and `retrain --install` refuse to write it) and every file of the rl model the controller
+    runs (rl.model_trust_problem: refused like a model that does not load). ``path`` and every folder above it,
+    as given and with its symbolic links resolved (links too: whoever owns a link in a sticky folder can swap
+    it), must be owned by root or by this process's user (the owner of a folder may rename what it holds, sticky
+    or not; the owner of a file may rewrite it whatever its mode); ``path`` must be writable by its owner only;
+    a folder above it writable by its group or by anyone must be sticky (as /tmp is: there others cannot rename
+    what is not theirs). What does not exist is judged by the folders above it."""
+    import stat
+
+    trusted = (0, os.geteuid())
+    owners = "root" if os.geteuid() == 0 else f"root or uid {os.geteuid()}, this process's user"
+    given = Path(os.path.abspath(path))
+    for p in dict.fromkeys((given, Path(os.path.realpath(given)))):
+        for d in (*reversed(p.parents), p):
+            try:
+                st = os.lstat(d)
+            except OSError:  # missing (or not a folder on the way): judged by the folders above it
+                break
+            link = stat.S_ISLNK(st.st_mode)
+            mode = stat.S_IMODE(st.st_mode)
+            if d == p:
+                kind = "link" if link else "folder" if stat.S_ISDIR(st.st_mode) else "file"
+                can = ("put files there" if kind == "folder" and st.st_mode & stat.S_ISVTX else
+                       "put files there or rename those it holds" if kind == "folder" else
+                       "point it elsewhere" if link else "rewrite it")
+                name = f"{what} {d} is"
+            else:
+                can = "rename it away and put their own in its place"
+                name = f"{what} {p} lies in {d}, which is"
+            if st.st_uid not in trusted:
+                return (f"{name} owned by {_who(st.st_uid)}, not by {owners}: its owner could {can}; check what it "
+                        f"holds, then `chown {'root' if os.geteuid() == 0 else os.geteuid()} {d}`")
+            if link:
+                continue  # a link's own mode means nothing
+            if mode & 0o022 and (d == p or not mode & stat.S_ISVTX):
+                who, bits = ("anyone", "o-w") if mode & 0o002 else (f"its group (gid {st.st_gid})", "g-w")
+                head = f"{what} {d} is writable by {who}" if d == p else f"{what} {p} lies in {d}, which {who} may write"
+                return (f"{head} (mode {mode:o}): {'anyone' if bits == 'o-w' else 'the group'} could {can}; check "
+                        f"what it holds, then `chmod {bits} {d}` (slurm-mig makes its folders 0755, files 0644)")
+    return ""

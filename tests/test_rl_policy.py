@@ -713,3 +713,67 @@ def test_the_shadow_candidate_is_refused_when_others_may_write_it(tmp_path):
         m.parent.chmod(0o755)
     pol = get_policy("rl-candidate")
     assert pol.load().scorer().path == m
+
+
+# (what another user owns, or its group may write, how the model is named) -> (the path, the change)
+_OWNED_BY_ANOTHER = {
+    "the pinned model": ("env", lambda s, m: (m, "chown")),
+    "the pinned model's card": ("config", lambda s, m: (m.parent / "model_card.json", "chown")),
+    "the pinned model's guard": ("config", lambda s, m: (m.parent / "guard.onnx", "chown")),
+    "the pinned model's folder": ("env", lambda s, m: (m.parent, "chown")),
+    "a folder above the pinned model": ("env", lambda s, m: (m.parent.parent, "chown")),
+    "the store": ("store", lambda s, m: (s, "chown")),
+    "the store's active": ("store", lambda s, m: (s / "active", "chown")),
+    "the version's model.onnx": ("store", lambda s, m: (m, "chown")),
+    "the shipped model": ("shipped", lambda s, m: (m, "chown")),
+    "the pinned model, group-writable": ("env", lambda s, m: (m, "g+w")),
+    "the pinned model's folder, group-writable": ("config", lambda s, m: (m.parent, "g+w")),
+}
+
+
+@pytest.mark.parametrize("case", list(_OWNED_BY_ANOTHER))
+def test_the_controller_refuses_a_model_another_user_owns(tmp_path, monkeypatch, caplog, case):
+    """writable_by_others judged modes only: a pinned model ($SLURM_MIG_RL_MODEL, [policy].model_path), a store
+    version, the shipped model, their card, guard or folder owned by another user (uid 65534; file 0644, folder
+    0755) was run by root's controller, whose owner may rewrite or rename it at will (and one its group may write,
+    every member). Found by chown 65534 on a pinned model.onnx and a Controller tick: rl decided. Refused now as
+    the config and the state database are (owned by root or by the process's user, writable by the owner only):
+    the fallback places the jobs, the error names the file and the fix."""
+    import logging
+    import os
+
+    if os.geteuid() != 0:
+        pytest.skip("chown to another user needs root")
+    how, which = _OWNED_BY_ANOTHER[case]
+    pol = PolicyConfig(name="rl", fallback="frag-aware")
+    if how == "store":
+        m = _stored(tmp_path)
+    else:
+        (tmp_path / "p").mkdir()
+        m = _copy_model(tmp_path / "p")
+        if how == "env":
+            monkeypatch.setenv("SLURM_MIG_RL_MODEL", str(m))
+        elif how == "config":
+            pol = PolicyConfig(name="rl", fallback="frag-aware", model_path=str(m))
+        else:
+            monkeypatch.setattr("slurm_mig.policies.rl.SHIPPED_MODEL", m)
+    path, change = which(tmp_path / "store", m)
+    st = os.stat(path)
+    if change == "chown":
+        os.chown(path, 65534, 65534)
+        fix = f"`chown root {path}`"
+    else:
+        os.chmod(path, st.st_mode & 0o7777 | 0o020)
+        fix = f"`chmod g-w {path}`"
+    try:
+        ctl, store = _controller(pol, tmp_path)
+        with caplog.at_level(logging.WARNING, logger="slurm_mig.controller"):
+            summary = ctl.tick()
+        assert summary.get("policy") == "frag-aware" and summary.get("assignments", 0) > 0
+        lines = [r.getMessage() for r in caplog.records if "refusing to run the rl model" in r.getMessage()]
+        assert len(lines) == 1 and fix in lines[0] and str(m) in lines[0], lines
+    finally:
+        os.chown(path, st.st_uid, st.st_gid)
+        os.chmod(path, st.st_mode & 0o7777)
+    ctl.policy._checked_at -= 10  # as if 10 s had passed
+    assert ctl.policy.load().scorer().path == m

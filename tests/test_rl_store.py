@@ -773,3 +773,29 @@ def test_list_of_a_store_that_is_not_there(tmp_path, capsys, json_flag):
     missing.mkdir()  # an empty store: the shipped default, active
     assert main(["policy", "list", "--store", str(missing), *json_flag]) == 0
     assert "default" in capsys.readouterr().out
+
+
+def test_a_store_another_user_owns_is_refused_not_written(tmp_path, capsys):
+    """A store folder another user made first (in a sticky folder such as /tmp, or one they own) was taken by
+    root's `policy install`: mode 0755, sticky parent, so no mode was wrong, but its owner may put an 'active' or
+    a version there, or rename root's away, and root's controller runs what it names. Found by mkdir as uid
+    65534 in a 1777 folder and `policy install` as root: installed. Refused now (owned by root or by the user
+    who installs, the rule the controller applies to the model it runs); nothing is written."""
+    import os
+
+    if os.geteuid() != 0:
+        pytest.skip("chown to another user needs root")
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    tmpdir.chmod(0o1777)
+    root = tmpdir / "policies"
+    root.mkdir(mode=0o755)
+    os.chown(root, 65534, 65534)
+    src = model_dir(tmp_path, "a", version="v1")
+    for argv in (["policy", "install", str(src)], ["policy", "install", "default"], ["policy", "rollback"]):
+        assert main([*argv, "--store", str(root)]) != 0
+        err = capsys.readouterr().err
+        assert f"policy store {root} is owned by uid 65534" in err and f"chown root {root}" in err, err
+    assert list(root.iterdir()) == []
+    os.chown(root, 0, 0)
+    assert run_json(capsys, "policy", "install", str(src), "--store", str(root), "--json")["active"]

@@ -32,8 +32,9 @@ at ``$SLURM_MIG_POLICY_STORE`` or /var/lib/slurm-mig/policies), else the
 shipped ``policy/default.onnx``. The model is loaded lazily on the first
 decision (so a broken model never stops the controller from starting) and
 reloaded when the resolved file, its card or its guard file changes. A model that
-others than root and its owner may write (:func:`model_trust_problem`, the policy
-store's rule) is refused like one that does not load.
+others than root and the controller's user may change (:func:`model_trust_problem`,
+folders.writable_by_others: owned by another user, writable by its group or by
+anyone, or in a folder so owned or written) is refused like one that does not load.
 
 ``rl-candidate`` is the same policy with the newest *non-active* version of the
 store: set ``[policy].shadow = "rl-candidate"`` to log what a candidate model
@@ -47,7 +48,6 @@ import logging
 import math
 import os
 import re
-import stat
 import statistics
 import sys
 import time
@@ -57,6 +57,8 @@ from typing import Callable
 
 from slurm_mig.config import MAX_HOLD_H  # 30 days: the longest guard option, and [policy].rl_max_hold_h's bound
 from slurm_mig.errors import ConfigError, SlurmMigError
+# the one rule for what root acts on (config, policy store, model), re-exported here for the store
+from slurm_mig.folders import writable_by_others  # noqa: F401
 from slurm_mig.policies._core import CONFLICT, INF, NO_ROOM, PLACED, Ctx, GpuInfo
 from slurm_mig.policies.base import ClusterState, Decision, PendingJob
 from slurm_mig.policies.frag_aware import SIZES, FragAwarePolicy
@@ -219,35 +221,6 @@ def store_dir() -> Path:
     return Path(os.environ.get("SLURM_MIG_POLICY_STORE") or DEFAULT_STORE)
 
 
-def writable_by_others(path: str | Path, what: str) -> str:
-    """Why others than root and the owner may change what ``path`` (a file or a folder) holds; '' when they may
-    not. The one rule for the policy store, which `slurm-mig policy install`, `rollback` and `retrain --install`
-    refuse to write, and for every file of the model the controller runs, which it refuses to run
-    (:func:`model_trust_problem`): ``path`` is writable by anyone, or lies in a folder anyone may write that is
-    not sticky (as /tmp is: there others cannot rename what is not theirs); as given and with its symbolic links
-    resolved. What does not exist is judged by the folders above it. Ownership and group write are not judged."""
-    given = Path(os.path.abspath(path))
-    for p in dict.fromkeys((given, Path(os.path.realpath(given)))):
-        try:
-            st = os.stat(p)
-        except OSError:  # missing: only the folders above it
-            st = None
-        if st is not None and st.st_mode & 0o002:
-            can = ("rewrite it" if not stat.S_ISDIR(st.st_mode) else "put files there" if st.st_mode & stat.S_ISVTX
-                   else "put files there or rename those it holds")
-            return (f"{what} {p} is writable by anyone (mode {stat.S_IMODE(st.st_mode):o}): anyone could {can}; "
-                    f"check what it holds, then `chmod o-w {p}` (slurm-mig makes its folders 0755, files 0644)")
-        for up in p.parents:
-            try:
-                m = stat.S_IMODE(os.stat(up).st_mode)
-            except OSError:
-                continue
-            if m & 0o002 and not m & 0o1000:
-                return (f"{what} {p} lies in {up}, which anyone may write (mode {m:o}): anyone could rename it "
-                        f"away and put their own in its place; `chmod o-w {up}` (slurm-mig makes its folders 0755)")
-    return ""
-
-
 #: What to do about an ``active`` file that names no version.
 _ACTIVE_FIX = ("`slurm-mig policy install VERSION` makes one active again (`slurm-mig policy list` names them; "
                "`default` is the shipped model)")
@@ -360,8 +333,8 @@ def resolve_model_path(explicit: str | Path | None = None, *, candidate: bool = 
 
 def model_trust_problem(path: str | Path) -> str:
     """Why the controller must not run the model at ``path`` ('' when it may): whoever can change one of its files
-    chooses where every job goes, in a process that runs as root. Checked by :func:`writable_by_others`, the policy
-    store's rule: the folder holding the model (where a ``<name>.card.json`` or a missing guard could be added), the
+    chooses where every job goes, in a process that runs as root. Checked by :func:`writable_by_others` (folders.py), the
+    rule for the config and the policy store too: the folder holding the model (where a ``<name>.card.json`` or a missing guard could be added), the
     model, its card and the guard file the card names; for a version of the policy store, the store and its
     ``active`` too. The shipped model as well: a pip install under umask 0 can leave it writable by anyone."""
     path = Path(path)
