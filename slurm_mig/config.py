@@ -507,6 +507,26 @@ def find_config(path: str | os.PathLike | None = None) -> Path | None:
     return None
 
 
+def check_trusted(path: str | os.PathLike | None, who: str, *, only_as_root: bool = True) -> None:
+    """Refuse (ConfigError, one line naming the file and the fix) a config file that others than root and this
+    process's user may change: it names the files a root process writes (``[log].file``, ``db_path``,
+    ``cache_dir``), the model the controller runs, the keys it trusts and the controller the hooks obey. The rule
+    is folders.writable_by_others, the one for the policy store and the rl model too: the file and every folder
+    above it (as given and resolved) owned by root or by this process's user, the file writable by its owner
+    only, a folder above writable by others only if sticky (as /tmp). ``who``: what refuses it ("the
+    controller"); ``only_as_root``: judge only when this process runs as root (the hooks, the node tools; a
+    user's own config for their own commands is theirs). None (no config file: the defaults) passes."""
+    if path is None or str(path) == "" or (only_as_root and os.geteuid() != 0):
+        return
+    from slurm_mig.folders import writable_by_others
+
+    problem = writable_by_others(path, "config")
+    if problem:
+        raise ConfigError(f"{problem}; {who} runs on what it names (files it writes, the model it runs, the "
+                          f"controller and keys it trusts), so it only trusts a config only root (or its own user) "
+                          f"can change (chown root, chmod go-w); nothing was done")
+
+
 def load_config(path: str | os.PathLike | None = None) -> Config:
     """Read the configuration (see find_config for which file); the defaults if there is none.
 

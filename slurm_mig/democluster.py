@@ -190,6 +190,20 @@ class DemoCluster:
             self.cluster.stop()
         return pids
 
+    def write_config(self) -> None:
+        """Write the demo's config (0644), and check it as the controller and the root hooks will (before Slurm
+        starts): they refuse a config others than root and this user may change, e.g. a --state-dir under a
+        folder another user owns."""
+        from slurm_mig.config import check_trusted
+
+        self.config_path.write_text(CONFIG_TEMPLATE.format(
+            port=self.port, state=self.state, tick=self.tick_s, slurm_conf=self.cluster.slurm_conf,
+            model=self.model.name, gpus=self.gpus_per_node, delay=self.delay_scale, agent=self.agent_s,
+            munge=self.cluster.munge_socket, policy=self.policy,
+            controller_options="".join(f"{k} = {json.dumps(v)}\n" for k, v in self.controller_options.items())))
+        os.chmod(self.config_path, 0o644)
+        check_trusted(self.config_path, "the demo's controller", only_as_root=False)
+
     def start(self, timeout: float = 90.0) -> "DemoCluster":
         self.claim_state_dir()
         self._acquire_lock()
@@ -201,12 +215,7 @@ class DemoCluster:
         for old in (self.state / "log").glob("*.log"):
             old.unlink()  # each run's logs (and the Prolog timings read from them) start empty
         self.port = _free_port()
-        self.config_path.write_text(CONFIG_TEMPLATE.format(
-            port=self.port, state=self.state, tick=self.tick_s, slurm_conf=self.cluster.slurm_conf,
-            model=self.model.name, gpus=self.gpus_per_node, delay=self.delay_scale, agent=self.agent_s,
-            munge=self.cluster.munge_socket, policy=self.policy,
-            controller_options="".join(f"{k} = {json.dumps(v)}\n" for k, v in self.controller_options.items())))
-        os.chmod(self.config_path, 0o644)
+        self.write_config()
         self.reset_gpus()
         self.cluster.start(timeout=timeout)
         self.start_controller()

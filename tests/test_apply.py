@@ -471,3 +471,22 @@ def test_sim_init_and_sim_busy_find_the_state_file_where_show_and_apply_do(tmp_p
     assert "--sim-state" in err and "SLURM_MIG_SIM_STATE" in err and "[node].sim_state_path" in err
     assert main(["nvml", "sim-busy", "--gpu", "0", "3g@0", "--clear"]) == 2
     assert "[node].sim_state_path" in capsys.readouterr().err
+
+
+def test_nvml_as_root_refuses_a_config_others_may_change(state, tmp_path, capsys):
+    """`slurm-mig nvml apply` (root, by hand) read [node].cache_dir (the binding records it trusts, the layout
+    lock it takes) and the simulated GPUs' file from a config anyone could write, which the hooks on the same
+    node refuse. Found with a 0666 $SLURM_MIG_CONFIG and `nvml apply --dry-run`: it ran. Refused now, by the
+    hooks' rule, naming the file and the fix; a --sim-state apply runs again once fixed."""
+    import os
+
+    if os.geteuid() != 0:
+        pytest.skip("the node tools judge their config only as root")
+    cfg = tmp_path / "slurm-mig.toml"
+    cfg.chmod(0o666)
+    capsys.readouterr()
+    argv = ["nvml", "apply", "--sim-state", state, "--gpu", "0", "--layout", "3g@0,3g@4", "--dry-run"]
+    assert main(argv) == 2
+    assert f"config {cfg} is writable by anyone" in capsys.readouterr().err
+    cfg.chmod(0o644)
+    assert main(argv) == 0

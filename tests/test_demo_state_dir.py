@@ -78,3 +78,27 @@ def test_a_demo_dir_from_before_the_marker_is_still_the_demos(tmp_path):
     (site / "slurm-mig.toml").write_text("# our production config\n")
     with pytest.raises(ConfigError, match="did not create"):
         DemoCluster(site).reset_gpus()
+
+
+def test_the_config_the_demo_writes_passes_the_controllers_trust_check(tmp_path):
+    """The controller (and, as root, the hooks) refuse a config others may change (config.check_trusted): the
+    demo's own, in its state dir, must pass, or the demo would stop at its controller's start."""
+    import os
+
+    from slurm_mig.config import check_trusted, load_config
+
+    d = tmp_path / "demo"
+    dc = DemoCluster(d)
+    dc.claim_state_dir()
+    os.chmod(d, 0o711)
+    dc.port = 12345
+    dc.write_config()
+    check_trusted(dc.config_path, "the controller", only_as_root=False)
+    assert load_config(dc.config_path).controller.listen_port == 12345
+    if os.geteuid() == 0:  # the same state dir under a folder another user owns is refused before Slurm starts
+        os.chown(tmp_path, 65534, 65534)
+        try:
+            with pytest.raises(ConfigError, match=f"owned by uid 65534.*chown root {tmp_path}"):
+                dc.write_config()
+        finally:
+            os.chown(tmp_path, 0, 0)

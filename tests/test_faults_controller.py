@@ -2208,3 +2208,56 @@ def test_a_report_while_a_job_was_suspended_keeps_it_from_being_requeued_once_re
     rig.fake.queue = [SlurmJob(job_id=5, state="RUNNING", **job)]
     assert rig.tick()["requeued_unbound"] == 0 and ("requeue", "5") not in rig.fake.calls
     assert rig.store.bound_instances("5")
+
+
+@pytest.mark.parametrize("case", ["mode 0666", "group-writable", "owned by uid 65534", "in a 0777 folder",
+                                  "in a folder uid 65534 owns"])
+def test_the_controller_refuses_to_start_on_a_config_others_may_change(tmp_path, case):
+    """The hooks refused a config others could change (context._check_trusted), the controller never looked: a
+    config anyone may write (or owned by another user, or in a folder anyone may write) set [log].file (root
+    appended to any file), db_path, the key paths and the rl model root's controller runs. Found by chmod 0666 on
+    the config of `slurm-mig controller --once`: it started, made its database and appended to the log file named
+    there. Refused now before anything is read from it: one line naming the file and the fix, exit 2, no log
+    file, no database. The same rule as the hooks' and the policy store's (folders.writable_by_others)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    if os.geteuid() != 0 and "65534" in case:
+        pytest.skip("chown to another user needs root")
+    folder = tmp_path / "etc"
+    folder.mkdir()
+    cfg = folder / "controller.toml"
+    log, db = tmp_path / "controller.log", tmp_path / "lib" / "state.db"
+    cfg.write_text(f'[controller]\ndb_path = "{db}"\nslurm_conf = "{tmp_path / "no-slurm.conf"}"\n'
+                   f'[log]\nfile = "{log}"\n[slurm]\ncommand_timeout_s = 5\n')
+    cfg.chmod(0o644)
+    target = {"mode 0666": cfg, "group-writable": cfg, "owned by uid 65534": cfg}.get(case, folder)
+    if case == "mode 0666":
+        cfg.chmod(0o666)
+    elif case == "group-writable":
+        cfg.chmod(0o664)
+    elif case == "in a 0777 folder":
+        folder.chmod(0o777)
+    else:
+        os.chown(target, 65534, 65534)
+    nobin = tmp_path / "nobin"
+    nobin.mkdir()
+    root = str(Path(__file__).resolve().parents[1])
+    env = {**os.environ, "PATH": str(nobin), "PYTHONPATH": root, "SLURM_CONF": str(tmp_path / "no-slurm.conf")}
+
+    def start():
+        return subprocess.run([sys.executable, "-m", "slurm_mig.cli", "--config", str(cfg), "controller", "--once",
+                               "--no-api"], env=env, capture_output=True, text=True, timeout=120, cwd=root)
+
+    r = start()
+    assert r.returncode == 2 and len(r.stderr.splitlines()) == 1, r.stderr
+    fix = "chown" if "65534" in case else "chmod"
+    assert r.stderr.startswith(f"slurm-mig: error: config {cfg}") and f"`{fix} " in r.stderr and str(target) in r.stderr
+    assert not log.exists() and not db.parent.exists()
+    os.chown(target, 0, 0) if os.geteuid() == 0 else None
+    cfg.chmod(0o644)
+    folder.chmod(0o755)
+    r = start()
+    assert r.returncode == 0, r.stderr
+    assert log.exists() and db.exists()

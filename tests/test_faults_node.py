@@ -1684,6 +1684,28 @@ def test_root_hooks_refuse_a_config_others_can_write(rig, mode):
         assert rig.requeues == [] and rig.binding_file("22").exists()
 
 
+def test_root_hooks_refuse_a_config_in_a_folder_another_user_may_rename(rig, tmp_path, monkeypatch):
+    """The hooks judged the config file and the folder holding it, not the folders above: a root-owned 0644
+    config in a root-owned 0755 folder inside one uid 65534 owns (a home, a shared project folder) was
+    trusted, though that user may rename the folder away and put their own config in its place. Found by
+    moving the rig's config so and running a Prolog: it bound the job. Refused now (config.check_trusted, the
+    controller's and the policy store's rule): the job is requeued, naming the folder."""
+    import os
+
+    if os.geteuid() != 0:
+        pytest.skip("the check applies to hooks running as root")
+    home = tmp_path / "home"
+    (home / "etc").mkdir(parents=True)
+    moved = home / "etc" / "slurm-mig.toml"
+    rig.config.rename(moved)
+    monkeypatch.setenv("SLURM_MIG_CONFIG", str(moved))
+    os.chown(home, 65534, 65534)
+    rig.job("22", "1g")
+    assert rig.hook("prolog", "22") == 0  # never drains the node ...
+    assert rig.requeues and rig.requeues[-1][0] == "22" and f"chown root {home}" in rig.requeues[-1][1]
+    assert not rig.binding_file("22").exists()
+
+
 def test_hook_wrappers_do_not_import_code_from_the_current_folder(rig, tmp_path):
     """slurmd runs the Prolog/Epilog in its own working folder: a module planted there (or on PYTHONPATH)
     must not shadow the hook's code (the wrappers run Python with -I)."""

@@ -294,3 +294,22 @@ def test_a_prefix_that_is_or_runs_through_a_file_is_an_error_and_changes_nothing
     with pytest.raises(SlurmMigError, match="--prefix .*a-file"):
         install_hooks(tmp_path / under, "/usr/bin/python3", "/etc/slurm-mig/x.toml")
     assert stat.S_IMODE(os.stat(blocker).st_mode) == 0o600 and blocker.read_text() == "notes\n"
+
+
+def test_install_hooks_refuses_a_config_the_root_hooks_would_refuse(tmp_path):
+    """The hooks, run as root, refuse a config others may change (every Prolog then requeues its job), while
+    install-hooks installed them on it and said "installed". Found with a 0666 --hook-config. Refused now, by the
+    hooks' own rule (config.check_trusted), before anything is written."""
+    import os
+    import sys
+
+    if os.geteuid() != 0:
+        pytest.skip("the hooks judge their config only as root")
+    cfg = tmp_path / "site.toml"
+    cfg.write_text("[controller]\ntick_interval_s = 5\n")
+    cfg.chmod(0o666)
+    res = _run_install(tmp_path, "--python", sys.executable, "--hook-config", str(cfg))
+    assert res.returncode == 2 and "--hook-config" in res.stderr and f"chmod o-w {cfg}" in res.stderr, res.stderr
+    assert not (tmp_path / "hooks").exists()
+    cfg.chmod(0o644)
+    assert _run_install(tmp_path, "--python", sys.executable, "--hook-config", str(cfg)).returncode == 0

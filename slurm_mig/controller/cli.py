@@ -148,10 +148,13 @@ def schedule_ticks(sched, tick, interval_s: float, metrics, log: logging.Logger,
 
 
 def _run(args: argparse.Namespace) -> int:
-    from slurm_mig.config import load_config
+    from slurm_mig.config import check_trusted, find_config, load_config
 
     from slurm_mig.errors import ConfigError
 
+    # Before anything is read from it: whoever can change the config chooses the file root appends its log to,
+    # the database, the model the rl policy runs and the keys the node API trusts. As root or as its own user.
+    check_trusted(find_config(args.config), "the controller", only_as_root=False)
     cfg = load_config(args.config)
     try:  # opened here, not by basicConfig(filename=): a folder or a missing one was logging's traceback
         handler = logging.FileHandler(cfg.log.file) if cfg.log.file else logging.StreamHandler()

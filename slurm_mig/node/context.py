@@ -76,24 +76,12 @@ class NodeSettings:
 
 
 def _check_trusted(path) -> None:
-    """Running as root, refuse a config file others could have written: it names the files root writes
-    (cache_dir, log file), the controller to obey and the key to sign with."""
-    import stat
+    """Running as root, refuse a config file others could have changed: it names the files root writes
+    (cache_dir, log file), the controller to obey and the key to sign with (config.check_trusted: the
+    controller's rule, and the policy store's)."""
+    from slurm_mig.config import check_trusted
 
-    from slurm_mig.errors import ConfigError
-
-    if path is None or os.geteuid() != 0:
-        return
-    for p in (Path(path), Path(path).resolve().parent):
-        try:
-            st = os.stat(p)
-        except OSError:
-            return  # load_config reports a missing file
-        sticky_dir = stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX
-        if st.st_uid != 0 or (st.st_mode & 0o022 and not sticky_dir):
-            raise ConfigError(f"config {path}: {p} is owned by uid {st.st_uid} with mode "
-                              f"{stat.S_IMODE(st.st_mode):04o}; a hook running as root only trusts files "
-                              f"that only root can change (chown root, chmod go-w)")
+    check_trusted(path, "a hook running as root")
 
 
 class Node:

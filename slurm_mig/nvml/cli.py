@@ -42,11 +42,20 @@ ENV_SIM_STATE = "SLURM_MIG_SIM_STATE"
 ENV_SIM_DELAY = "SLURM_MIG_SIM_DELAY_SCALE"
 
 
+def _load_config(path: str | None = None):
+    """The config, refused as the hooks refuse it when others may change it and this runs as root (it names
+    the node's records, its layout lock and the simulated GPUs' files, which root then writes)."""
+    from slurm_mig.config import check_trusted, find_config, load_config
+
+    check_trusted(find_config(path), "`slurm-mig nvml` running as root")
+    return load_config(path)
+
+
 def _node_config(path: str | None = None):
     """The config file's [node] section, if there is a config file (else None: no file, no opinion)."""
-    from slurm_mig.config import find_config, load_config
+    from slurm_mig.config import find_config
 
-    return load_config(path).node if find_config(path) is not None else None
+    return _load_config(path).node if find_config(path) is not None else None
 
 
 def _node_name(args: argparse.Namespace) -> str:
@@ -216,10 +225,9 @@ def _target(backend, gpu: int, spec: str) -> Layout:
 def _node_state(args: argparse.Namespace):
     """This node's binding records, where its hooks keep them: ``<[node].cache_dir>/<node name>`` (the
     default cache_dir without a config file, as for the hooks)."""
-    from slurm_mig.config import load_config
     from slurm_mig.node.localstate import NodeState
 
-    return NodeState(Path(load_config(getattr(args, "config", None)).node.cache_dir) / _node_name(args))
+    return NodeState(Path(_load_config(getattr(args, "config", None)).node.cache_dir) / _node_name(args))
 
 
 def _check_node_name(args: argparse.Namespace, state) -> None:
@@ -276,9 +284,7 @@ def _lock_wait(args: argparse.Namespace) -> float:
     hooks' own bound)."""
     if getattr(args, "lock_wait", None) is not None:
         return args.lock_wait
-    from slurm_mig.config import load_config
-
-    return load_config(getattr(args, "config", None)).node.layout_lock_wait_s
+    return _load_config(getattr(args, "config", None)).node.layout_lock_wait_s
 
 
 def _take_layout_lock(stack: contextlib.ExitStack, state, wait_s: float) -> None:
