@@ -33,8 +33,8 @@ from pathlib import Path
 from slurm_mig.errors import ConfigError
 from slurm_mig.folders import make_missing_folders, sync_path, write_durably
 from slurm_mig.policies.rl import (
-    CARD_NAME, SHIPPED_MODEL, VERSION_RE, OnnxScorer, PolicyModelError, created_time, read_active, read_card,
-    store_dir, writable_by_others,
+    CARD_NAME, SHIPPED_MODEL, VERSION_RE, OnnxScorer, PolicyModelError, created_time, model_trust_problem,
+    read_active, read_card, store_dir, writable_by_others,
 )
 
 DEFAULT = "default"
@@ -233,14 +233,28 @@ class PolicyStore:
         shipped model, is checked too: activated unchecked, a damaged or missing policy/default.onnx made the
         controller's rl policy fail every tick, its fallback deciding. Returns the version (None for ``default``)."""
         v = None if version == DEFAULT else self.get(version)
-        try:
-            OnnxScorer(SHIPPED_MODEL if v is None else v.path)
-        except PolicyModelError as exc:
-            raise ConfigError(f"policy version {version} cannot be used: {exc}") from None
+        problem = self._unusable(SHIPPED_MODEL if v is None else v.path)
+        if problem:
+            raise ConfigError(f"policy version {version} cannot be used: {problem}") from None
         self.activate(version)
         if v is not None:
             v.active = True
         return v
+
+    @staticmethod
+    def _unusable(model: Path) -> str:
+        """Why the controller would not run ``model`` ('' when it would): it does not load (or not with this
+        slurm-mig's feature schema), or others than root may change one of its files (rl.model_trust_problem, the
+        controller's own rule: the shipped model too, which a pip install under umask 0 can leave 0666). Activated
+        so, the command said so while the controller's fallback placed every job."""
+        problem = model_trust_problem(model)
+        if problem:
+            return f"the controller refuses to run it: {problem}; nothing was changed"
+        try:
+            OnnxScorer(model)
+        except PolicyModelError as exc:
+            return str(exc)
+        return ""
 
     def activate(self, version: str) -> None:
         """Make ``version`` the active one and add it to the history; no check (see :meth:`install`)."""
@@ -286,11 +300,10 @@ class PolicyStore:
         # install's check: a version whose card or model.onnx changed since it ran (another feature schema,
         # a damaged file) would make the controller's rl policy fail every tick, its fallback deciding; the
         # shipped model too, as `install default` checks it (a broken package)
-        try:
-            OnnxScorer(SHIPPED_MODEL if prev == DEFAULT else self.root / prev / "model.onnx")
-        except PolicyModelError as exc:
-            raise ConfigError(f"cannot roll back to {prev}: it cannot be used: {exc}; "
-                              f"{self._instead(h, stored, cur, prev)}") from None
+        problem = self._unusable(SHIPPED_MODEL if prev == DEFAULT else self.root / prev / "model.onnx")
+        if problem:
+            raise ConfigError(f"cannot roll back to {prev}: it cannot be used: {problem}; "
+                              f"{self._instead(h, stored, cur, prev)}")
         # History first: stopped between the two writes, the store still runs ``cur`` and the next rollback
         # (its entries popped) goes to ``prev`` again; the other order left ``prev`` active with ``cur`` last in
         # the history, and the next rollback re-activated ``cur``, the version rolled back from.

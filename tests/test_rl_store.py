@@ -799,3 +799,35 @@ def test_a_store_another_user_owns_is_refused_not_written(tmp_path, capsys):
     assert list(root.iterdir()) == []
     os.chown(root, 0, 0)
     assert run_json(capsys, "policy", "install", str(src), "--store", str(root), "--json")["active"]
+
+
+@pytest.mark.parametrize("opened", ["model 0666", "folder 0777"])
+def test_install_and_rollback_to_a_shipped_model_the_controller_refuses_are_refused(tmp_path, monkeypatch, capsys,
+                                                                                   opened):
+    """`policy install default` (and a rollback to default) said the shipped model was active when it was one the
+    controller refuses to run (rl.model_trust_problem: a default.onnx left 0666 by a pip install under umask 0, or
+    its folder world-writable): the controller's fallback then placed every job, the command having reported
+    success. Found with a 0666 copy of the shipped model as SHIPPED_MODEL and `policy install default`: exit 0,
+    'default' active. Refused now by the controller's own rule, naming the file and the chmod; the active version
+    is kept."""
+    from slurm_mig.policies.rl import model_trust_problem
+
+    run_json(capsys, "policy", "install", str(model_dir(tmp_path, "src", version="v1")), "--json")
+    shipped = tmp_path / "shipped"
+    shipped.mkdir()
+    for name in ("default.onnx", "model_card.json", "guard.onnx"):
+        shutil.copy(SHIPPED_MODEL.parent / name, shipped / name)
+    m = shipped / "default.onnx"
+    monkeypatch.setattr("slurm_mig.policy_registry.SHIPPED_MODEL", m)
+    monkeypatch.setattr("slurm_mig.policies.rl.SHIPPED_MODEL", m)
+    target, mode = (m, 0o666) if opened == "model 0666" else (shipped, 0o777)
+    target.chmod(mode)
+    assert model_trust_problem(m)  # the controller would refuse it
+    history = (tmp_path / "store" / "history.json").read_text()
+    for argv in (["policy", "install", "default"], ["policy", "rollback"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert f"chmod o-w {target}" in err and "v1" in PolicyStore().active(), err
+    assert (tmp_path / "store" / "history.json").read_text() == history
+    target.chmod(0o644 if target == m else 0o755)
+    assert run_json(capsys, "policy", "rollback", "--json") == {"active": "default"}
