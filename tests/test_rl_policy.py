@@ -777,3 +777,30 @@ def test_the_controller_refuses_a_model_another_user_owns(tmp_path, monkeypatch,
         os.chmod(path, st.st_mode & 0o7777)
     ctl.policy._checked_at -= 10  # as if 10 s had passed
     assert ctl.policy.load().scorer().path == m
+
+
+def test_the_controller_takes_model_path_from_its_own_config_only(tmp_path, monkeypatch):
+    """Without [policy].model_path in the controller's config, the rl policy looked the setting up in the config
+    load_config finds ($SLURM_MIG_CONFIG, else /etc/slurm-mig/slurm-mig.toml) on every re-resolution: another file
+    than `slurm-mig --config A controller` started on, and one nobody had judged (the controller refuses an
+    untrusted config of its own). Found by a Controller on a config without model_path and $SLURM_MIG_CONFIG
+    naming another, mode 0666, with model_path: the controller ran that model. It takes the setting from its own
+    config now; $SLURM_MIG_RL_MODEL still wins over it, as documented."""
+    from slurm_mig.config import PolicyConfig
+
+    monkeypatch.undo()  # not rl_isolated's stand-in for the config lookup: the real one
+    monkeypatch.delenv("SLURM_MIG_RL_MODEL", raising=False)
+    monkeypatch.setenv("SLURM_MIG_POLICY_STORE", str(tmp_path / "store"))
+    (tmp_path / "other").mkdir()
+    other_model = _copy_model(tmp_path / "other")
+    other = tmp_path / "other.toml"
+    other.write_text(f'[policy]\nmodel_path = "{other_model}"\n')
+    other.chmod(0o666)
+    monkeypatch.setenv("SLURM_MIG_CONFIG", str(other))
+    ctl, _store = _controller(PolicyConfig(name="rl", fallback="frag-aware"), tmp_path)
+    assert ctl.policy.scorer().path == SHIPPED_MODEL
+    (tmp_path / "env").mkdir()
+    env_model = _copy_model(tmp_path / "env")
+    monkeypatch.setenv("SLURM_MIG_RL_MODEL", str(env_model))
+    ctl, _store = _controller(PolicyConfig(name="rl", fallback="frag-aware"), tmp_path)
+    assert ctl.policy.scorer().path == env_model

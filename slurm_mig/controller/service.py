@@ -19,7 +19,6 @@ payloads.py, the tests of which run of a job id a record is in runs.py, and /met
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from dataclasses import dataclass, field, replace
@@ -121,11 +120,11 @@ def _make_policy(cfg, name: str, key: str = "name"):
     try:
         if name.startswith("rl"):
             opts = {"max_hold_h": cfg.policy.rl_max_hold_h}
-            # [policy].model_path as the option only without $SLURM_MIG_RL_MODEL, which wins over it
-            # (rl.resolve_model_path's order, the one `policy install` warns by): passed always, the config's won
-            # over the variable here alone
-            if cfg.policy.model_path and not os.environ.get("SLURM_MIG_RL_MODEL"):
-                opts["model_path"] = cfg.policy.model_path
+            # [policy].model_path of this config, below $SLURM_MIG_RL_MODEL (rl.resolve_model_path's order, the one
+            # `policy install` warns by; as model_path the config's won over the variable here alone), and '' when
+            # unset: left to the policy, it was looked up in the config load_config finds ($SLURM_MIG_CONFIG or
+            # /etc/slurm-mig/slurm-mig.toml), another file than --config, and one not judged by check_trusted
+            opts["config_model_path"] = cfg.policy.model_path or ""
             return get_policy(name, **opts)
         return get_policy(name)
     except ConfigError as exc:

@@ -26,7 +26,8 @@ it raises :class:`PolicyModelError` with the reason, and the controller falls
 back to its ``[policy].fallback`` heuristic and logs why.
 
 Which model: the ``model_path`` option, else ``$SLURM_MIG_RL_MODEL``, else
-``[policy].model_path`` of the config file (found as ``load_config`` finds it),
+``[policy].model_path`` of the config file (the controller's own, passed as the
+``config_model_path`` option; else found as ``load_config`` finds it),
 else the active version of the policy store (``slurm-mig policy install``; store
 at ``$SLURM_MIG_POLICY_STORE`` or /var/lib/slurm-mig/policies), else the
 shipped ``policy/default.onnx``. The model is loaded lazily on the first
@@ -316,15 +317,18 @@ def model_pin(config_model_path: str | None = None) -> str:
     return ""
 
 
-def resolve_model_path(explicit: str | Path | None = None, *, candidate: bool = False) -> Path:
-    """Which model file the ``rl`` (or ``rl-candidate``) policy uses now (see module doc)."""
+def resolve_model_path(explicit: str | Path | None = None, *, candidate: bool = False,
+                       config_model_path: str | None = None) -> Path:
+    """Which model file the ``rl`` (or ``rl-candidate``) policy uses now (see module doc).
+    ``config_model_path``: the ``[policy].model_path`` of the caller's own config ('' for none); None looks it up
+    in the config load_config finds."""
     if candidate:
         c = _store_candidate(store_dir())
         if c is None:
             raise PolicyModelError(f"no candidate model in the policy store {store_dir()} "
                                    "(`slurm-mig policy retrain` writes one)")
         return c
-    for p in (explicit, *(path for _, path in _pins())):
+    for p in (explicit, *(path for _, path in _pins(config_model_path))):
         if p:
             return Path(p)
     active = _store_active(store_dir())
@@ -525,7 +529,8 @@ class RLPolicy(FragAwarePolicy):
     name = "rl"
     version = "1"
 
-    def __init__(self, *, model_path: str | None = None, max_candidates: int = 32,
+    def __init__(self, *, model_path: str | None = None, config_model_path: str | None = None,
+                 max_candidates: int = 32,
                  chooser: Callable[[Choice], int] | None = None, candidate: bool = False,
                  learn_reservations: bool = True, reserve_guard_s: float = 2 * 3600.0,
                  guard_chooser: Callable[[list[float]], float] | None = None, max_hold_h: float = 48.0,
@@ -542,6 +547,9 @@ class RLPolicy(FragAwarePolicy):
         self.guard_chooser = guard_chooser
         self.reserve_guard_s = reserve_guard_s
         self.model_path = model_path
+        # the controller's own [policy].model_path ('' for none), below $SLURM_MIG_RL_MODEL; None: the config
+        # load_config finds (the command-line tools)
+        self.config_model_path = config_model_path
         self.max_candidates = max_candidates
         self.chooser = chooser  # training: sample; serving: None -> the ONNX model's argmax
         self.candidate = candidate
@@ -598,7 +606,8 @@ class RLPolicy(FragAwarePolicy):
             raise self._error
         self._checked_at = t
         try:
-            path = resolve_model_path(self.model_path, candidate=self.candidate)
+            path = resolve_model_path(self.model_path, candidate=self.candidate,
+                                      config_model_path=self.config_model_path)
             # every re-resolution, not only a reload: a chmod of a folder changes no file's key
             problem = model_trust_problem(path)
             if problem:
