@@ -12,8 +12,9 @@ PY := .venv/bin/python
 demo: .venv/.installed
 	.venv/bin/slurm-mig demo
 
+# The Slurm tests run beside the others (scripts/run_tests.py says why)
 test: .venv/.installed-training
-	$(PY) -m pytest -q
+	$(PY) scripts/run_tests.py
 
 bench: .venv/.installed
 	.venv/bin/slurm-mig bench

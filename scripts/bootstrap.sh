@@ -44,6 +44,19 @@ fi
 if [ "$(id -u)" = 0 ]; then
     .venv/bin/python -m slurm_mig.slurm.localcluster --install-only
 fi
+# The test suite's own tools (lua5.1 runs job_submit.lua, tmux hosts the dashboard's test), installed here
+# and not first by the tests: `make test` runs the Slurm tests beside the others, and two apt-gets at
+# once fail on apt's lock. The tests still install a missing one, or skip.
+if [ "${1:-}" = "--training" ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    missing=()
+    command -v lua5.1 >/dev/null || missing+=(lua5.1)
+    command -v tmux >/dev/null || missing+=(tmux)
+    if [ "${#missing[@]}" -gt 0 ]; then
+        apt_install=(env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}")
+        "${apt_install[@]}" >/dev/null 2>&1 || { apt-get update -q >/dev/null && "${apt_install[@]}" >/dev/null; } \
+            || echo "warning: apt-get install ${missing[*]} failed; the tests that need them will try again or skip" >&2
+    fi
+fi
 # The markers make skips install steps: only a run that got this far may leave them.
 if [ "${1:-}" = "--training" ]; then
     touch .venv/.installed-training
