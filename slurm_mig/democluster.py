@@ -18,9 +18,9 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
+from slurm_mig.api.client import direct_opener
 from slurm_mig.errors import ConfigError
 from slurm_mig.mig.layout import parse_layout
 from slurm_mig.mig.profiles import get_model
@@ -247,7 +247,8 @@ class DemoCluster:
         deadline = time.time() + timeout
         while time.time() < deadline:
             try:
-                urllib.request.urlopen(f"http://127.0.0.1:{self.port}/healthz", timeout=1).read()
+                # Straight to the port, never through $http_proxy (as the hooks and `status` ask it)
+                direct_opener().open(f"http://127.0.0.1:{self.port}/healthz", timeout=1).read()
                 return
             except OSError:
                 if self.procs["controller"].poll() is not None:

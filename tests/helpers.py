@@ -44,9 +44,10 @@ class MostAtOnce:
 
 
 @contextlib.contextmanager
-def raw_answer_server(answer: bytes):
+def raw_answer_server(answer: bytes, heard: list | None = None):
     """A TCP server on 127.0.0.1 that answers every connection with ``answer`` as it is (not HTTP, or HTTP cut
-    short: what a controller killed mid-answer, or another service on its port, sends). Yields its port."""
+    short: what a controller killed mid-answer, or another service on its port, sends). Yields its port.
+    What each connection sent first (up to 64 KiB) is appended to ``heard`` when given (a fake proxy)."""
     srv = socket.socket()
     srv.bind(("127.0.0.1", 0))
     srv.listen(8)
@@ -59,7 +60,9 @@ def raw_answer_server(answer: bytes):
                 return
             with conn:  # the answer, then EOF; the request read to its end, so no RST replaces what was sent
                 conn.settimeout(5)
-                conn.recv(65536)
+                first = conn.recv(65536)
+                if heard is not None:
+                    heard.append(first)
                 conn.sendall(answer)
                 conn.shutdown(socket.SHUT_WR)
                 while conn.recv(65536):

@@ -547,3 +547,25 @@ def test_an_answer_that_is_not_http_or_cut_short_is_unavailable(answer):
         client = ControllerClient(f"http://127.0.0.1:{port}", HmacAuth(KEY), "n1", timeout_s=5, retries=0)
         with pytest.raises(ControllerUnavailable, match="unreachable|cut short"):
             client.call("/v1/echo", {})
+
+
+@pytest.mark.parametrize("variable", ["http_proxy", "HTTP_PROXY"])
+def test_requests_go_straight_to_the_controller_never_through_a_proxy(server, monkeypatch, variable):
+    """The hooks inherit slurmd's environment, where sites often set a proxy system-wide (/etc/environment).
+    urlopen honoured it, 127.0.0.1 included: every signed request (and its answer) went to the proxy, which
+    cannot reach the head node's API (the hook took its fallback) or reads what passes. The client asks the
+    controller directly whatever $http_proxy says."""
+    import urllib.request
+
+    heard: list[bytes] = []
+    monkeypatch.delenv("no_proxy", raising=False)
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    with raw_answer_server(b"HTTP/1.0 502 Bad Gateway\r\nContent-Length: 0\r\n\r\n", heard) as proxy:
+        monkeypatch.setenv(variable, f"http://127.0.0.1:{proxy}")
+        urllib.request.install_opener(None)  # urlopen reads the proxy variables when it first builds its opener
+        try:
+            client = ControllerClient(url(server), HmacAuth(KEY), "n1", retries=0)
+            assert client.call("/v1/echo", {"job": 7})["echo"] == {"job": 7}
+        finally:
+            urllib.request.install_opener(None)  # no opener built with the fake proxy left for later tests
+    assert heard == []

@@ -12,6 +12,20 @@ from slurm_mig.api.auth import HEADER, RESPONSE_HEADER, AuthError
 from slurm_mig.errors import SlurmMigError
 
 
+_DIRECT: urllib.request.OpenerDirector | None = None
+
+
+def direct_opener() -> urllib.request.OpenerDirector:
+    """The one opener for every request to the controller: straight to its address, never through
+    $http_proxy/$https_proxy (urlopen honours them, $no_proxy aside, even for 127.0.0.1). Sites set a proxy
+    system-wide (/etc/environment) that slurmd and its Prolog/Epilog inherit; a proxy cannot reach the head
+    node's API (the hooks would take their fallback) and would see every signed request and its answer."""
+    global _DIRECT
+    if _DIRECT is None:
+        _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    return _DIRECT
+
+
 class ControllerUnavailable(SlurmMigError):
     """The controller did not answer (down, slow, unreachable, or answered 5xx)."""
 
@@ -98,7 +112,7 @@ class ControllerClient:
     def _post(self, req) -> tuple[int, object, bytes]:
         """(status, headers, body) of one request; ControllerUnavailable when there is no answer."""
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
+            with direct_opener().open(req, timeout=self.timeout_s) as resp:
                 return resp.status, resp.headers, resp.read()
         except urllib.error.HTTPError as exc:
             try:

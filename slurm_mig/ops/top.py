@@ -22,7 +22,6 @@ import os
 import select
 import sys
 import time
-import urllib.request
 from dataclasses import dataclass, field
 
 from rich.text import Text
@@ -285,6 +284,7 @@ def probe_healthz(cfg, timeout: float = 0.5) -> bool | None:
     controller. The request goes straight to the port, never through $http_proxy: a proxy cannot reach the
     head node's 127.0.0.1 and may answer 200 itself."""
     from slurm_mig.api import HEALTHZ_BODY
+    from slurm_mig.api.client import direct_opener
 
     if cfg is None:
         return None
@@ -293,9 +293,8 @@ def probe_healthz(cfg, timeout: float = 0.5) -> bool | None:
         host = "127.0.0.1"
     if ":" in host and not host.startswith("["):
         host = f"[{host}]"
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     try:
-        with opener.open(f"http://{host}:{cfg.controller.listen_port}/healthz", timeout=timeout) as r:
+        with direct_opener().open(f"http://{host}:{cfg.controller.listen_port}/healthz", timeout=timeout) as r:
             return r.status == 200 and r.read(len(HEALTHZ_BODY) + 1) == HEALTHZ_BODY
     except (OSError, http.client.HTTPException, ValueError):
         # Down; something there that does not speak HTTP; or (ValueError) a listen_host urllib cannot put in
