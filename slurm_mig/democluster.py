@@ -22,6 +22,7 @@ from pathlib import Path
 
 from slurm_mig.api.client import direct_opener
 from slurm_mig.errors import ConfigError
+from slurm_mig.folders import make_missing_folders
 from slurm_mig.mig.layout import parse_layout
 from slurm_mig.mig.profiles import get_model
 from slurm_mig.slurm import gres as gres_mod
@@ -30,6 +31,8 @@ from slurm_mig.slurm.localcluster import REPO_ROOT, LocalCluster, _cmdline, _pid
 # Written into a state dir the demo made its own; without it the demo never deletes a state DB there.
 MARKER = ".slurm-mig-demo"
 DB_FILES = ("state.db", "state.db-wal", "state.db-shm")
+# The folders the demo makes in its state dir (0755 whatever the umask; the state dir itself 0711).
+STATE_FOLDERS = ("log", "gpus", "node")
 # Held (flock) by the process that started the demo in a state dir, until its stop().
 LOCK = ".demo.lock"
 
@@ -119,18 +122,27 @@ class DemoCluster:
 
         Every start deletes state.db: ``--state-dir /var/lib/slurm-mig`` must not cost a site its
         controller's history."""
-        if (self.state / MARKER).is_file():
-            return
-        found = [f for f in DB_FILES if (self.state / f).exists()]
-        if found and self._made_by_an_older_demo():
-            found = []
-        if found:
-            raise ConfigError(f"{self.state} holds {', '.join(found)}, which slurm-mig demo did not create, and the "
-                              f"demo deletes its state DB on every start: choose another --state-dir (a new or "
-                              f"empty one), or, if it is an old demo directory, delete {self.state / 'state.db'} "
-                              f"yourself first")
-        self.state.mkdir(parents=True, exist_ok=True)
-        (self.state / MARKER).write_text("state dir of `slurm-mig demo`: it deletes state.db here on every start\n")
+        if not (self.state / MARKER).is_file():
+            found = [f for f in DB_FILES if (self.state / f).exists()]
+            if found and self._made_by_an_older_demo():
+                found = []
+            if found:
+                raise ConfigError(f"{self.state} holds {', '.join(found)}, which slurm-mig demo did not create, and "
+                                  f"the demo deletes its state DB on every start: choose another --state-dir (a new "
+                                  f"or empty one), or, if it is an old demo directory, delete "
+                                  f"{self.state / 'state.db'} yourself first")
+        self._make_folders()
+        if not (self.state / MARKER).is_file():
+            (self.state / MARKER).write_text("state dir of `slurm-mig demo`: it deletes state.db here on every start\n")
+            os.chmod(self.state / MARKER, 0o644)
+
+    def _make_folders(self) -> None:
+        """The state dir (0711) and its folders (0755), and those above it that are missing (0755), with these
+        modes whatever the umask: mkdir(parents=True) made them 0777 under umask 0, and the controller's trust
+        check (config.check_trusted) then refused the demo's own config."""
+        make_missing_folders(self.state, lambda d: 0o711 if d == self.state else 0o755)
+        for sub in STATE_FOLDERS:
+            make_missing_folders(self.state / sub, lambda d: 0o755)
 
     def _made_by_an_older_demo(self) -> bool:
         """A demo dir from before the marker: it holds the config the demo generates (so `make demo`
@@ -209,8 +221,6 @@ class DemoCluster:
         self._acquire_lock()
         self.stop_leftovers()
         self.cluster.ensure_installed()
-        for d in ("log", "gpus", "node"):
-            (self.state / d).mkdir(parents=True, exist_ok=True)
         os.chmod(self.state, 0o711)
         for old in (self.state / "log").glob("*.log"):
             old.unlink()  # each run's logs (and the Prolog timings read from them) start empty
@@ -302,7 +312,7 @@ class DemoCluster:
     def sbatch(self, gres: str, seconds: float, name: str = "job") -> str:
         """Submit a job that prints its CUDA_VISIBLE_DEVICES and sleeps; returns the job id."""
         out = self.state / "jobs"
-        out.mkdir(exist_ok=True)
+        make_missing_folders(out, lambda d: 0o755)
         script = f'echo "CVD=$CUDA_VISIBLE_DEVICES"; echo "MIG=$SLURM_MIG_INSTANCES"; sleep {float(seconds)}'
         res = subprocess.run(["sbatch", "--parsable", f"--gres={gres}", f"--job-name={name}", "--requeue",
                               f"--output={out}/%j.out", "--wrap", script],

@@ -102,3 +102,31 @@ def test_the_config_the_demo_writes_passes_the_controllers_trust_check(tmp_path)
                 dc.write_config()
         finally:
             os.chown(tmp_path, 0, 0)
+
+
+def test_the_demo_makes_its_folders_with_sane_modes_whatever_the_umask(tmp_path):
+    """Under umask 0, mkdir(parents=True) made the state dir's folders, those above it and Slurm's 0777: the
+    controller's trust check (config.check_trusted) refused the demo's own config, and munged refuses a key or
+    socket under a folder others may write. No Slurm is started: the folders and files written before it."""
+    import os
+
+    from slurm_mig.config import check_trusted
+
+    d = tmp_path / "new" / "demo"
+    old = os.umask(0)
+    try:
+        dc = DemoCluster(d)
+        dc.reset_gpus()
+        dc.port = 12345
+        dc.write_config()
+        dc.cluster._write_config(12346, list(range(12347, 12347 + len(dc.nodes) + 1)))
+        check_trusted(dc.config_path, "the controller", only_as_root=False)
+    finally:
+        os.umask(old)
+    folders = [p for p in (tmp_path / "new").rglob("*") if p.is_dir()] + [tmp_path / "new"]
+    assert {"gpus", "log", "node", "slurm", "etc", "hooks"} <= {p.name for p in folders}
+    loose = {str(p.relative_to(tmp_path)): oct(p.stat().st_mode & 0o777) for p in folders
+             if p.stat().st_mode & 0o022}
+    assert loose == {}
+    assert d.stat().st_mode & 0o777 == 0o711
+    assert (d / MARKER).stat().st_mode & 0o777 == 0o644

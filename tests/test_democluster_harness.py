@@ -67,7 +67,7 @@ def test_start_stops_what_a_killed_demo_left_running(short_dir, monkeypatch):
 
     dc = DemoCluster(short_dir / "demo")
     dc.claim_state_dir()
-    (dc.state / "log").mkdir()
+    (dc.state / "log").mkdir(exist_ok=True)  # claim_state_dir makes it (since 2026-11-27)
     sleeper = "import time; time.sleep(120)"
     leftover = _spawn_like_the_demo([sys.executable, "-c", sleeper, "--config", str(dc.config_path), "controller"])
     stranger = _spawn_like_the_demo([sys.executable, "-c", sleeper, "--config", "/elsewhere.toml"])
