@@ -250,7 +250,20 @@ def _check_out(out: str, store: str | None) -> None:
                               "would be overwritten); name another folder, or leave --out out")
 
 
+def check_retrain_configs(config: str | None) -> None:
+    """As root, refuse the configs retraining reads when others may change them (config.check_trusted, the
+    controller's and the hooks' rule): ``config`` (--config, else the one found), whose db_path it trains on
+    without --db, and the config found ($SLURM_MIG_CONFIG, else /etc/slurm-mig/slurm-mig.toml), whose
+    [policy].model_path names the model it fine-tunes. Whoever can change either chooses what root's retraining
+    reads, loads and, with --install, activates."""
+    from slurm_mig.config import check_trusted, find_config
+
+    for path in dict.fromkeys((find_config(config), find_config())):
+        check_trusted(path, "`slurm-mig policy retrain` running as root")
+
+
 def _retrain(args) -> int:
+    check_retrain_configs(getattr(args, "config", None))
     db = args.db
     if not db:
         from slurm_mig.config import load_config

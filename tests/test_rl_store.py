@@ -90,6 +90,31 @@ def test_retrain_without_a_db_is_a_clear_error(tmp_path, capsys):
     assert "does not exist" in capsys.readouterr().err
 
 
+@pytest.mark.skipif(__import__("os").geteuid() != 0, reason="the configs are judged as root only")
+def test_retrain_as_root_refuses_a_config_others_may_change(tmp_path, capsys, monkeypatch):
+    """Root's `policy retrain` trained on the db_path of a config anyone could change (and fine-tuned the model
+    its [policy].model_path names), while the controller and the hooks refuse such a config (check_trusted)."""
+    from training.retrain import main as retrain_main
+
+    db = tmp_path / "missing.db"
+    cfg = tmp_path / "slurm-mig.toml"
+    cfg.write_text(f'[controller]\ndb_path = "{db}"\n')
+    cfg.chmod(0o666)
+    monkeypatch.delenv("SLURM_MIG_CONFIG", raising=False)
+    assert main(["--config", str(cfg), "policy", "retrain"]) == 2
+    err = capsys.readouterr().err
+    assert f"config {cfg}" in err and "writable by anyone" in err and "policy retrain" in err, err
+    # With --db too: the config found ($SLURM_MIG_CONFIG) names the model retraining fine-tunes
+    monkeypatch.setenv("SLURM_MIG_CONFIG", str(cfg))
+    assert main(["policy", "retrain", "--db", str(db)]) == 2
+    assert "writable by anyone" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match="writable by anyone"):
+        retrain_main(["--db", str(db)])
+    cfg.chmod(0o644)  # root's own config: read, and its db_path used
+    assert main(["--config", str(cfg), "policy", "retrain"]) == 2
+    assert f"state DB {db} does not exist" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("flag,value,said", [("--minutes", "nan", "--minutes must be"), ("--minutes", "0", "--minutes"),
                                              ("--minutes", "-5", "--minutes"), ("--iterations", "0", "--iterations")])
 def test_retrain_refuses_a_budget_that_is_no_budget_before_reading_the_db(tmp_path, capsys, flag, value, said):

@@ -381,6 +381,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=None)
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
+    from slurm_mig.policy_cli import check_retrain_configs
+
+    check_retrain_configs(None)  # as root, the config naming the model to fine-tune must be root's (as the CLI's)
     r = retrain(a.db, store=a.store, holdout=a.holdout, minutes=a.minutes, iterations=a.iterations, seed=a.seed,
                 replays=a.replays, jitter=a.jitter, hold_caps=a.hold_caps, install=a.install, out=a.out,
                 log=None if a.json else (lambda m: print(m, file=sys.stderr)))
