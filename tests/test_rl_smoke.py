@@ -591,3 +591,38 @@ def test_retrain_refuses_a_db_that_records_no_gpu_its_policy_places_on(tmp_path,
         cluster_of(db)
     with pytest.raises(ConfigError, match="does not exist"):
         cluster_of(tmp_path / "none.db")
+
+
+@pytest.mark.parametrize("kind", ["text", "damaged", "empty"])
+def test_simulate_and_retrain_say_plainly_that_a_file_is_not_a_state_database(tmp_path, capsys, kind):
+    """`simulate --db FILE` and `policy retrain --db FILE` on a file that is no state database said "FILE records
+    no MIG GPU the controller's policy places on (cannot read its gpus table: file is not a database)", exit 2:
+    the cause in brackets, the advice about nodes reporting their GPUs beside the point. They now make the
+    operator commands' check (ops.views.check_state_file) and say what the file is, exit 1 as those commands."""
+    import sqlite3
+
+    from slurm_mig.cli import main
+
+    db = tmp_path / "state.db"
+    if kind == "text":
+        db.write_text("db_path = '/var/lib/slurm-mig/state.db'\n" * 50)
+        said = "is not an SQLite database"
+    elif kind == "empty":
+        db.write_bytes(b"")
+        said = "is empty"
+    else:  # SQLite's header, then garbage: a truncated or overwritten file
+        con = sqlite3.connect(db)
+        con.execute("CREATE TABLE t (x)")
+        con.executemany("INSERT INTO t VALUES (?)", [(i,) for i in range(3000)])
+        con.commit()
+        con.close()
+        data = db.read_bytes()
+        db.write_bytes(data[:100] + b"\xff" * (len(data) - 100))
+        said = "is not a usable SQLite database"
+    for argv in (["simulate", "--db", str(db)], ["simulate", "--db", str(db), "--model", "H100-80GB", "--nodes", "1",
+                                                 "--gpus-per-node", "2"],
+                 ["policy", "retrain", "--db", str(db), "--store", str(tmp_path / "store")]):
+        assert main(argv) == 1, argv
+        err = capsys.readouterr().err
+        assert f"state database {db} {said}" in err and "records no MIG GPU" not in err, (argv, err)
+    assert not (tmp_path / "store").exists()

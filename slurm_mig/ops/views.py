@@ -44,20 +44,10 @@ _NOOP_ACTION = '{"assignments": [], "changes": [],%'
 SQLITE_HEADER = b"SQLite format 3\x00"
 
 
-def open_readonly(path: str | os.PathLike, *, busy_timeout_s: float = 5.0):
-    """Open the state database read-only; StoreError (naming the path) when it cannot be read.
-
-    Unlike :func:`slurm_mig.store.open_store` this never creates the file, never repairs its mode
-    and never migrates it, so it works for a dashboard user in ``[controller].db_group`` and cannot
-    disturb the controller. A symlink or a world-writable file is refused, as the store does.
-    """
-    import sqlite3
-
-    import sqlite_utils
-
-    from slurm_mig.store import LATEST_VERSION, Store
-    from slurm_mig.store.connection import StoreDamaged
-
+def check_state_file(path: str | os.PathLike) -> None:
+    """The checks :func:`open_readonly` makes before SQLite opens the file, for every command that reads a state
+    database by its path (`simulate --db`, `policy retrain` too): a StoreError (exit 1), naming the path, when it
+    is missing or unreadable, not a regular file, world-writable, empty, or not an SQLite database at all."""
     path = os.fspath(path)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
@@ -89,6 +79,24 @@ def open_readonly(path: str | os.PathLike, *, busy_timeout_s: float = 5.0):
     if head != SQLITE_HEADER:
         raise StoreError(f"state database {path} is not an SQLite database ({st.st_size} bytes, not beginning "
                          "with SQLite's header): is --db or [controller].db_path the controller's state.db?")
+
+
+def open_readonly(path: str | os.PathLike, *, busy_timeout_s: float = 5.0):
+    """Open the state database read-only; StoreError (naming the path) when it cannot be read.
+
+    Unlike :func:`slurm_mig.store.open_store` this never creates the file, never repairs its mode
+    and never migrates it, so it works for a dashboard user in ``[controller].db_group`` and cannot
+    disturb the controller. A symlink or a world-writable file is refused, as the store does.
+    """
+    import sqlite3
+
+    import sqlite_utils
+
+    from slurm_mig.store import LATEST_VERSION, Store
+    from slurm_mig.store.connection import StoreDamaged
+
+    path = os.fspath(path)
+    check_state_file(path)
     base = sqlite_uri(path, "ro")
 
     def connect(uri: str):

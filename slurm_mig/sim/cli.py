@@ -193,6 +193,7 @@ def _load(args: argparse.Namespace):
 
     speed = wl.get_speed_model(args.speed_model)
     if args.db:
+        wl.check_state_db(args.db)  # not a state database (or a damaged one): said so, exit 1
         # Replay on the site's own cluster, as far as the DB knows it, unless told otherwise. A DB that records
         # no MIG GPU the policy places on is refused as retrain refuses it (one check), unless all three are told:
         # a default cluster (1 x 8 H100-80GB, as it used to be, without a word) would time nothing the site has.

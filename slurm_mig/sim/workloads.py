@@ -628,12 +628,35 @@ def site_cluster(db: str | Path, command: str, harm: str, way_on: str = "") -> t
     return _site_groups(db, command, harm, way_on)[0][0]
 
 
+def check_state_db(db: str | Path) -> None:
+    """`simulate --db`'s and `policy retrain`'s check of the file before they read it, the operator commands' one
+    (ops.views.check_state_file): a StoreError (exit 1) saying plainly that it is not a state database (not
+    SQLite at all, empty, world-writable, ...) or a damaged one, where these commands said "records no MIG
+    GPU ..." with the cause in brackets. A ConfigError (exit 2) when it does not exist, as before."""
+    from slurm_mig.errors import StoreError
+    from slurm_mig.ops.views import check_state_file
+    from slurm_mig.store.db import sqlite_uri
+
+    if not Path(db).is_file():
+        raise ConfigError(f"state DB {db} does not exist")
+    check_state_file(db)
+    try:
+        con = sqlite3.connect(sqlite_uri(db, "ro"), uri=True)
+        try:
+            con.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()
+        finally:
+            con.close()
+    except sqlite3.DatabaseError as exc:  # SQLite's header, then damage: a truncated or overwritten file
+        if "malformed" in str(exc).lower() or "not a database" in str(exc).lower():
+            raise StoreError(f"state database {db} is not a usable SQLite database ({exc})") from None
+        raise
+
+
 def _site_groups(db: str | Path, command: str, harm: str,
                  way_on: str) -> tuple[list[tuple[str, int, int]], list[tuple[str, str]]]:
     """(outcomes_db_groups of ``db``, the most common model first; the (node, model) pairs they count):
     site_cluster's and replay_site's one reading of the DB, with site_cluster's refusal where there is none."""
-    if not Path(db).is_file():
-        raise ConfigError(f"state DB {db} does not exist")
+    check_state_db(db)
     known = _site_gpus(db) or []
     groups = _groups_of(known)
     if not groups:
