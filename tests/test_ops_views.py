@@ -136,6 +136,25 @@ def test_open_readonly_never_writes(state_db):
     assert (state_db.stat().st_mtime_ns, state_db.stat().st_mode) == before
 
 
+def test_the_views_read_through_the_stores_public_select_rows(ro):
+    """ops/views.py called the store's private _q: it reads through select_rows now, which runs a SELECT only."""
+    import ast
+    from pathlib import Path
+
+    tree = ast.parse(Path(V.__file__).read_text())
+    private = sorted({n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)
+                      and isinstance(n.value, ast.Name) and n.value.id == "store" and n.attr.startswith("_")})
+    assert private == []
+    sql = "SELECT job_id, state FROM jobs WHERE state != ? ORDER BY job_id"
+    with ro.snapshot():
+        rows = ro.select_rows(sql, ("NONE",))
+        assert rows and rows == ro._q(sql, ("NONE",))  # what _q gave the views
+    assert ro.select_rows("  select 1 AS one") == [{"one": 1}]
+    for sql in ("DELETE FROM jobs", "PRAGMA writable_schema = 1", "WITH x AS (SELECT 1) DELETE FROM jobs"):
+        with pytest.raises(ValueError, match="SELECT only"):
+            ro.select_rows(sql)
+
+
 def test_open_readonly_refuses_an_empty_file(tmp_path):
     p = tmp_path / "empty.db"
     p.write_bytes(b"")

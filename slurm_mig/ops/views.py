@@ -138,7 +138,7 @@ def open_readonly(path: str | os.PathLike, *, busy_timeout_s: float = 5.0):
 def _rows(store, sql: str, params: Sequence = ()) -> list[dict]:
     """Rows of a read-only query, inside one read transaction."""
     with store.snapshot():
-        return store._q(sql, params)
+        return store.select_rows(sql, params)
 
 
 # -- small helpers ------------------------------------------------------------------------
@@ -260,7 +260,7 @@ def load_snapshot(store, *, now: float | None = None, stale_after_s: float = 120
         live = store.jobs(LIVE_JOB_STATES)
         snap.jobs = {j.job_id: j for j in live}
         snap.pending = [j for j in live if j.state in ("PENDING", "REQUEUED")]
-        for r in store._q("SELECT * FROM desired_layouts ORDER BY node, gpu"):
+        for r in store.select_rows("SELECT * FROM desired_layouts ORDER BY node, gpu"):
             snap.desired[(r["node"], r["gpu"])] = {"layout": r["layout"], "policy": r["policy"],
                                                    "decided_at": r["decided_at"], "reason": r["reason"]}
         snap.open_journal = store.open_journal_entries()
@@ -292,7 +292,7 @@ def load_tick(store, snap: Snapshot) -> Snapshot:
     with store.snapshot():
         last = _decision_rows(store, limit=1, include_noop=True)
         snap.last_decision = last[0] if last else None
-        meta = {r["key"]: r for r in store._q("SELECT key, value, updated_at FROM meta WHERE key IN "
+        meta = {r["key"]: r for r in store.select_rows("SELECT key, value, updated_at FROM meta WHERE key IN "
                                               "('reservations', 'held')")}
     if "reservations" in meta:
         snap.last_tick = meta["reservations"]["updated_at"]
@@ -557,8 +557,8 @@ def jobs_view(store, *, states: Sequence[str] | None = ("PENDING", "REQUEUED", "
     states = None if states is None else [s.upper() for s in states]
     with store.snapshot():
         jobs = store.jobs(states)
-        meta = store._q("SELECT value FROM meta WHERE key = 'reservations'")
-        bound = {str(r["job_id"]) for r in store._q("SELECT DISTINCT job_id FROM bindings WHERE released_at IS NULL")}
+        meta = store.select_rows("SELECT value FROM meta WHERE key = 'reservations'")
+        bound = {str(r["job_id"]) for r in store.select_rows("SELECT DISTINCT job_id FROM bindings WHERE released_at IS NULL")}
     res = reservations_of(meta[0]["value"]) if meta else {}
     out = []
     for j in jobs:

@@ -271,6 +271,14 @@ class Store(NodesMixin, DesiredLayoutsMixin, JobsMixin, BindingsMixin, OutcomesM
     def in_transaction(self) -> bool:
         return self._depth > 0
 
+    def select_rows(self, sql: str, params: Sequence | dict = ()) -> list[dict]:
+        """The rows (column -> value) of one SELECT, for readers outside the store (the operator's views, which open
+        the database read-only); values go in ``params``, never into ``sql``. Anything but a SELECT is a ValueError:
+        writes go through the store's own methods. Inside ``snapshot()`` for a consistent view of several."""
+        if not sql.lstrip().upper().startswith("SELECT"):
+            raise ValueError(f"select_rows runs a SELECT only, not {sql.lstrip()[:40]!r}")
+        return self._q(sql, params)
+
     def _q(self, sql: str, params: Sequence | dict = ()) -> list[dict]:
         self._check_alive()
         cur = self.db.conn.execute(sql, params)
