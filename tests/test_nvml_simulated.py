@@ -55,6 +55,19 @@ def test_state_and_lock_files_are_private_and_writes_leave_no_temp_files(state):
     assert [i["profile"] for i in data["gpus"][0]["instances"]] == ["3g.40gb", "3g.40gb"]
 
 
+def test_the_state_files_folders_are_made_0755_whatever_the_umask(tmp_path):
+    """`nvml sim-init` (init_state) and SimulatedBackend(gpus=...) made the state file's missing folders with
+    mkdir(parents=True): 0777 under umask 0, so anyone could swap the GPU state the root hooks read."""
+    old = os.umask(0)
+    try:
+        init_state(tmp_path / "a" / "b" / "gpus.json", [("H100-80GB", 1)])
+        SimulatedBackend(tmp_path / "c" / "d" / "gpus.json", gpus=[("H100-80GB", 1)])
+    finally:
+        os.umask(old)
+    for d in ("a", "a/b", "c", "c/d"):
+        assert stat.S_IMODE((tmp_path / d).stat().st_mode) == 0o755, d
+
+
 def test_sim_names_map_back_to_their_models():
     from slurm_mig.mig import GPU_MODELS
 

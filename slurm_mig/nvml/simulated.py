@@ -53,7 +53,7 @@ from typing import Any, Iterable, Iterator
 
 from slurm_mig.argtypes import ascii_digits
 from slurm_mig.errors import ConfigError
-from slurm_mig.folders import write_durably
+from slurm_mig.folders import make_missing_folders, write_durably
 from slurm_mig.mig import timing
 from slurm_mig.mig.layout import Layout, Slot
 from slurm_mig.mig.profiles import GpuModel, get_model
@@ -194,7 +194,7 @@ class SimulatedBackend:
         self._lock_path = _lock_path(self.state_path)
         if gpus is not None:
             wanted = _models_of(gpus)
-            self.state_path.parent.mkdir(parents=True, exist_ok=True)
+            make_missing_folders(self.state_path.parent, lambda d: 0o755)  # 0755 whatever the umask
             with _flock(self._lock_path, exclusive=True):
                 if self.state_path.exists():
                     have = [g["model"] for g in self._read()["gpus"]]
@@ -698,7 +698,7 @@ def init_state(state_path: str | os.PathLike, gpus: GpuSpec, *, layouts: dict[in
     from slurm_mig.mig.layout import parse_layout
 
     path = Path(state_path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_missing_folders(path.parent, lambda d: 0o755)  # 0755 whatever the umask (mkdir -p: 0777 under umask 0)
     models = _models_of(gpus)
     if path.exists() and not overwrite:
         raise ConfigError(f"simulated GPU state {path} exists already (use --force to replace it)")
