@@ -228,7 +228,7 @@ def _training_module(name: str):
                           "pip install torch==2.13.0 && pip install -e '.[train]'") from None
 
 
-def _check_out(out: str, store: str | None) -> None:
+def _check_out(out: str, store: str | None, config_model_path: str | None = None) -> None:
     """Refuse a ``--out`` folder where training would overwrite a model in use: training writes model.onnx, its
     card and model.pt there whatever the decision, so the store (a version's folder: the controller ran the
     unjudged candidate under the installed name), the shipped policy/ folder or a pinned model's folder would
@@ -244,7 +244,7 @@ def _check_out(out: str, store: str | None) -> None:
                           "outside it, or leave --out out (a temporary folder); a better candidate is copied "
                           "into the store")
     for what, path in (("the shipped model's folder", str(SHIPPED_MODEL)),
-                       *((f"the folder of the model {w.strip(' =')} pins", p) for w, p in _pins() if p)):
+                       *((f"the folder of the model {w.strip(' =')} pins", p) for w, p in _pins(config_model_path) if p)):
         if where == Path(path).resolve().parent:
             raise ConfigError(f"--out {out} is {what}: refusing to train there (its model.onnx, card and model.pt "
                               "would be overwritten); name another folder, or leave --out out")
@@ -271,12 +271,18 @@ def _retrain(args) -> int:
         db = load_config(getattr(args, "config", None)).controller.db_path
     if not Path(db).is_file():
         raise ConfigError(f"state DB {db} does not exist")
+    config_model_path = None  # the config found names the model, as for the controller without --config
+    if getattr(args, "config", None):
+        from slurm_mig.config import load_config
+
+        config_model_path = load_config(args.config).policy.model_path
     if args.out:
-        _check_out(args.out, args.store)
+        _check_out(args.out, args.store, config_model_path)
     mod = _training_module("retrain")
     report = mod.retrain(db, store=args.store, holdout=args.holdout, minutes=args.minutes,
                          iterations=args.iterations, seed=args.seed, replays=args.replays, jitter=args.jitter,
                          hold_caps=args.hold_caps, install=args.install, out=args.out,
+                         config_model_path=config_model_path,
                          log=None if args.json else (lambda m: print(m, file=sys.stderr, flush=True)))
     if args.json:
         print(json.dumps(report, default=str))

@@ -856,3 +856,27 @@ def test_install_and_rollback_to_a_shipped_model_the_controller_refuses_are_refu
     assert (tmp_path / "store" / "history.json").read_text() == history
     target.chmod(0o644 if target == m else 0o755)
     assert run_json(capsys, "policy", "rollback", "--json") == {"active": "default"}
+
+
+def test_retrain_fine_tunes_the_model_its_own_config_names(monkeypatch, tmp_path, capsys):
+    """`slurm-mig --config X policy retrain`: X's [policy].model_path is the model the controller started with
+    --config X runs (7ac67ef), so it is the one retrain compares against and fine-tunes. Until 2026-11-27 it took
+    the config $SLURM_MIG_CONFIG (or /etc) names: with X naming A and that one B, it fine-tuned B, warning about A;
+    and --out in A's folder was not refused."""
+    pytest.importorskip("torch")
+    from training.retrain import current_model
+
+    a = model_dir(tmp_path, "a", version="va") / "model.onnx"
+    b = model_dir(tmp_path, "b", version="vb") / "model.onnx"
+    for name, model in (("x.toml", a), ("found.toml", b)):
+        (tmp_path / name).write_text(f'[policy]\nmodel_path = "{model}"\n')
+    monkeypatch.setenv("SLURM_MIG_CONFIG", str(tmp_path / "found.toml"))
+    monkeypatch.setattr("slurm_mig.policies.rl._config_model_path", lambda: str(b))  # what load_config finds
+    assert current_model()[:2] == (f"pinned:{b}", b)  # no --config: the config found, as the controller
+    assert current_model(str(a))[:2] == (f"pinned:{a}", a)
+    assert current_model("")[1] == SHIPPED_MODEL  # --config X without model_path: not B
+    db = tmp_path / "state.db"
+    db.write_bytes(b"")
+    assert main(["--config", str(tmp_path / "x.toml"), "policy", "retrain", "--db", str(db), "--out",
+                 str(a.parent)]) == 2
+    assert f"--out {a.parent} is the folder of the model [policy].model_path pins" in capsys.readouterr().err

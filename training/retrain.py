@@ -147,12 +147,13 @@ def judge(candidate: list[dict], current: list[dict], margin: float) -> tuple[bo
     return True, "", paired
 
 
-def current_model() -> tuple[str, Path, Path | None]:
-    """(version, .onnx, model.pt or None) of the model the rl policy uses now."""
-    path = resolve_model_path()
+def current_model(config_model_path: str | None = None) -> tuple[str, Path, Path | None]:
+    """(version, .onnx, model.pt or None) of the model the rl policy uses now. ``config_model_path``: the
+    ``[policy].model_path`` of the controller's config (`--config`); None looks it up in the config found."""
+    path = resolve_model_path(config_model_path=config_model_path)
     if path == SHIPPED_MODEL:
         version = DEFAULT
-    elif model_pin():
+    elif model_pin(config_model_path):
         # A pinned file is no version of the store: labelled by its path, not the store's active version, which the
         # report compared against and the candidate's card named as its parent (noticed by the store review)
         version = f"pinned:{path}"
@@ -172,7 +173,8 @@ def holdout_cut(n: int, holdout: float) -> int:
 def retrain(db: str | Path, *, store: str | Path | None = None, holdout: float = 0.3, minutes: float = 5.0,
             iterations: int = 60, seed: int = 0, install: bool = False, out: str | Path | None = None,
             margin: float = 0.005, replays: int = 5, jitter: float = 0.05,
-            hold_caps: tuple[float, ...] | str | None = None, log=None) -> dict:
+            hold_caps: tuple[float, ...] | str | None = None, config_model_path: str | None = None,
+            log=None) -> dict:
     torch.set_num_threads(1)
     say = log or (lambda m: None)
     # Said before the DB is read: train.py takes a budget of 0 for no limit and a negative one as already spent,
@@ -212,7 +214,9 @@ def retrain(db: str | Path, *, store: str | Path | None = None, holdout: float =
         + (f"; skipped {sum(skipped.values())} unusable row(s): {skipped_text(skipped, model_name)}"
            if skipped else ""))
 
-    version, cur_path, cur_pt = current_model()
+    # The model of the config given (`--config`), as the controller runs it (7ac67ef): with --config X naming A.onnx
+    # and $SLURM_MIG_CONFIG naming B.onnx it fine-tuned B and warned about A (noticed by a review, 2026-11-27)
+    version, cur_path, cur_pt = current_model(config_model_path)
     init = None
     if cur_pt is not None:
         init = load_weights(cur_pt)["state_dict"]
