@@ -54,16 +54,17 @@ def main(argv: list[str] | None = None) -> int:
     no traceback, nothing on stderr, status 141 (128 + SIGPIPE). Handled here, once, for every command: print()
     raising BrokenPipeError, rich's console (which raises SystemExit(1) for it), argparse's --help, and the output
     still buffered when the command returns (flushed here: at the interpreter's exit it printed "Exception ignored
-    ... BrokenPipeError" and the status was 120)."""
+    ... BrokenPipeError" and the status was 120). With file descriptor 1 closed (``>&-``) sys.stdout is None:
+    nothing to flush, and the command's own status stands."""
     try:
         try:
             code = _run(argv)
-            sys.stdout.flush()
+            _flush_stdout()
             return code
         except SystemExit as exc:
             if isinstance(exc.__context__, BrokenPipeError):  # rich's Console.on_broken_pipe
                 raise exc.__context__ from None
-            sys.stdout.flush()  # argparse's --help and usage errors exit with what they printed still buffered
+            _flush_stdout()  # argparse's --help and usage errors exit with what they printed still buffered
             raise
     except BrokenPipeError:
         # Whatever is still buffered goes to /dev/null, so the flush at exit does not fail again.
@@ -74,6 +75,11 @@ def main(argv: list[str] | None = None) -> int:
         except (OSError, ValueError):  # a stdout without a file descriptor (one captured in tests)
             pass
         return 141
+
+
+def _flush_stdout() -> None:
+    if sys.stdout is not None:  # None when the process started with file descriptor 1 closed
+        sys.stdout.flush()
 
 
 def _run(argv: list[str] | None) -> int:

@@ -656,3 +656,25 @@ def test_healthz_is_ok_only_for_the_controllers_own_answer(cfg, tmp_path, capsys
                 finally:
                     srv.stop()
             assert "; /healthz ok)" in status and "API DOWN" not in top, (status, top)
+
+
+@pytest.mark.parametrize("argv,code", [(["--help"], 0), (["policy", "list"], 0),
+                                       (["nvml", "show", "--sim-state", "/nonexistent/sim.json"], 1)])
+def test_a_command_run_with_stdout_closed_keeps_its_exit_status(cfg, tmp_path, argv, code):
+    """With file descriptor 1 closed (a cron line or a daemon's child started with `>&-`) Python sets sys.stdout to
+    None and print() writes nothing. main()'s flush for the broken-pipe case (d78f39b) then raised AttributeError:
+    every command, --help included, ended with a traceback and status 1, whatever its own status. (Commands that
+    ask sys.stdout.isatty(), `layouts` and `jobs`, failed so before d78f39b too: not covered here.)"""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    (tmp_path / "store").mkdir()  # an empty policy store: `policy list` lists the shipped default, exit 0
+    env.update(PYTHONPATH=str(root), SLURM_MIG_CONFIG=cfg, SLURM_MIG_POLICY_STORE=str(tmp_path / "store"))
+    proc = subprocess.run([sys.executable, "-c", "import sys; from slurm_mig.cli import main; sys.exit(main())",
+                           *argv], stdout=None, stderr=subprocess.PIPE, env=env, cwd=root, timeout=120,
+                          preexec_fn=lambda: os.close(1))
+    assert proc.returncode == code and "Traceback" not in proc.stderr.decode(), (proc.returncode, proc.stderr)
