@@ -95,7 +95,9 @@ def writable_by_others(path: str | os.PathLike, what: str) -> str:
     trusted = (0, os.geteuid())
     owners = "root" if os.geteuid() == 0 else f"root or uid {os.geteuid()}, this process's user"
     given = Path(os.path.abspath(path))
-    for p in dict.fromkeys((given, Path(os.path.realpath(given)))):
+    # realpath of the path as given, not of ``given``: abspath drops "link/.." by the letters, where open() follows
+    # the link first ("/etc/L/../x" is x in the folder above L's target, not /etc/x)
+    for p in dict.fromkeys((given, Path(os.path.realpath(path)))):
         for d in (*reversed(p.parents), p):
             try:
                 st = os.lstat(d)

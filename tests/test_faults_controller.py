@@ -2261,3 +2261,37 @@ def test_the_controller_refuses_to_start_on_a_config_others_may_change(tmp_path,
     r = start()
     assert r.returncode == 0, r.stderr
     assert log.exists() and db.exists()
+
+
+def test_the_config_check_judges_the_file_a_path_with_dotdot_after_a_link_opens(tmp_path):
+    """writable_by_others made the path absolute with os.path.abspath, which drops 'link/..' by the letters, and
+    resolved that: `--config /etc-like/L/../controller.toml`, L a link into a folder uid 65534 owns, was judged as
+    /etc-like/controller.toml (missing: judged by its root-owned folders, trusted), while open() follows L and
+    reads the file in uid 65534's folder, who may put any config there. Found so: the controller started on it.
+    The resolved path is now taken from the path as given, as the kernel resolves it."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    if os.geteuid() != 0:
+        pytest.skip("chown to another user needs root")
+    theirs, ours = tmp_path / "theirs", tmp_path / "etc"
+    (theirs / "sub").mkdir(parents=True)
+    ours.mkdir()
+    (ours / "L").symlink_to(theirs / "sub")
+    cfg = theirs / "controller.toml"
+    log, db = tmp_path / "controller.log", tmp_path / "lib" / "state.db"
+    cfg.write_text(f'[controller]\ndb_path = "{db}"\nslurm_conf = "{tmp_path / "no-slurm.conf"}"\n'
+                   f'[log]\nfile = "{log}"\n[slurm]\ncommand_timeout_s = 5\n')
+    cfg.chmod(0o644)
+    os.chown(theirs, 65534, 65534)
+    given = f"{ours}/L/../controller.toml"
+    assert Path(given).read_text() == cfg.read_text()  # what open() reads: their folder's file
+    nobin = tmp_path / "nobin"
+    nobin.mkdir()
+    root = str(Path(__file__).resolve().parents[1])
+    env = {**os.environ, "PATH": str(nobin), "PYTHONPATH": root, "SLURM_CONF": str(tmp_path / "no-slurm.conf")}
+    r = subprocess.run([sys.executable, "-m", "slurm_mig.cli", "--config", given, "controller", "--once", "--no-api"],
+                       env=env, capture_output=True, text=True, timeout=120, cwd=root)
+    assert r.returncode == 2 and f"`chown root {theirs}`" in r.stderr, r.stderr
+    assert not log.exists() and not db.parent.exists()
