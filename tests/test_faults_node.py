@@ -1353,6 +1353,27 @@ def test_an_earlier_runs_mark_left_by_a_killed_epilog_goes_with_its_set_aside_re
     assert rig.store.outcome("51").state == "COMPLETED" and rig.store.live_bindings() == []
 
 
+def test_an_earlier_runs_record_naming_the_running_runs_slot_under_an_old_uuid_leaves_its_mark(rig):
+    """The health check clears an earlier run's "job N" marks on the instances no other record names, told apart
+    by UUID; the simulated GPU keeps its marks by slot (GPU, profile, start). A set-aside record naming the slot
+    the running run of the same id is bound to, under the UUID an instance there had before it was made again
+    (the simulated GPUs made again, `nvml sim-init`, with the node's records kept), was not the running run's by
+    UUID: its mark, "job N" too, was cleared while the job ran, and the instance read idle. A state no hook makes
+    alone, like the copied record of the test above; kept out by slot now as well."""
+    rig.job("53", "3g")
+    assert rig.hook("prolog", "53", SLURM_JOB_RESTART_COUNT="0") == 0
+    (y,) = _records(rig)["53"]
+    rig.squeue = "53\n"  # the run bound to y runs
+    records = rig.tmp / "node" / "n1" / "records"
+    doc = json.loads((records / "53.json").read_text())
+    doc["instances"][0]["uuid"] = "MIG-00000000-0000-4000-8000-000000000053"  # the same slot, an older instance
+    (records / "53.earlier-1.json").write_text(json.dumps(doc))
+    assert _marks(rig) == {y: "job 53"}
+    assert rig.report() == 0
+    assert _marks(rig) == {y: "job 53"}  # the running run's mark stays
+    assert _records(rig)["53"] == {y}
+
+
 def test_a_binding_another_users_job_left_under_the_id_is_not_taken_for_this_runs(rig, monkeypatch, capsys):
     """Job 47 (uid 1001) was bound on n1 and its Epilog never ran (the node crashed; or it was killed before it
     took the attempt its Prolog noted) as slurmctld lost its state, and id 47 went to another user's job (uid

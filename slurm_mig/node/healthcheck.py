@@ -156,8 +156,12 @@ def _release_stale_binding(node: Node, job_id: str, *, earlier_run: bool = False
     except ValueError:
         insts = []  # damaged: it names nothing we could check or protect
     if earlier_run:
-        held = {i.uuid for key, other in node.state.all_bindings().items() if key != job_id for i in other}
-        node.end_job_processes(job_id.partition(EARLIER_RUN)[0], [i for i in insts if i.uuid not in held])
+        # By UUID and by slot: the simulated GPU keeps its marks by slot, and a record may name an instance made
+        # again since (another UUID) at the slot another record's run holds, "job <job>" too for a run of this id
+        others = [i for key, other in node.state.all_bindings().items() if key != job_id for i in other]
+        held = {i.uuid for i in others} | {(i.gpu, i.profile, i.start) for i in others}
+        node.end_job_processes(job_id.partition(EARLIER_RUN)[0],
+                               [i for i in insts if i.uuid not in held and (i.gpu, i.profile, i.start) not in held])
     else:
         node.end_job_processes(job_id, insts)
     try:
