@@ -264,6 +264,23 @@ def test_refuses_a_prefix_or_link_another_user_owns(tmp_path):
     assert sorted(install_hooks(link, "/usr/bin/python3", "/etc/slurm-mig/slurm-mig.toml")) == sorted(HOOKS)
 
 
+def test_refuses_a_prefix_whose_dotdot_after_a_link_leads_into_another_users_folder(tmp_path):
+    """_check_prefix resolved os.path.abspath(prefix), which drops 'link/..' by the letters where the kernel follows
+    the link first: --prefix ROOTS/L/../hooks, L a link into a folder uid 12345 owns, was judged as ROOTS/hooks
+    (root's) and the hooks were written into uid 12345's folder (their THEIRS/hooks, which they may swap for their
+    own prolog for slurmd to run as root). The resolved pass now takes realpath of the prefix as given."""
+    if os.geteuid() != 0:
+        pytest.skip("chown to another user needs root")
+    theirs, roots = tmp_path / "theirs", tmp_path / "roots"
+    (theirs / "sub").mkdir(parents=True)
+    roots.mkdir()
+    os.chown(theirs, 12345, 12345)
+    os.symlink(theirs / "sub", roots / "L")
+    with pytest.raises(SlurmMigError, match="uid 12345"):
+        install_hooks(f"{roots}/L/../hooks", "/usr/bin/python3", "/etc/slurm-mig/slurm-mig.toml")
+    assert not (theirs / "hooks").exists() and not (roots / "hooks").exists()
+
+
 def test_a_hook_source_without_its_line_is_an_error_and_nothing_is_written(tmp_path, monkeypatch):
     """A hook source without the line to set (not a slurm-mig checkout, an edited copy): install_hooks raised
     NameError (SlurmMigError was not imported there), after writing the hooks before it."""

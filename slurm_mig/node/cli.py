@@ -72,7 +72,8 @@ def _check_prefix(prefix: Path) -> None:
 
     trusted = {0, os.geteuid()}
     given = Path(os.path.abspath(prefix))
-    for path in (given, Path(os.path.realpath(given))):
+    # realpath of the prefix as given: abspath drops "link/.." by the letters, where the kernel follows the link first
+    for path in (given, Path(os.path.realpath(prefix))):
         for d in (*reversed(path.parents), path):
             try:
                 st = os.lstat(d)
