@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -109,7 +110,13 @@ def _list(args) -> int:
     from slurm_mig.policy_registry import created_time
 
     st = _store(args)
-    st.check_listable()
+    if args.store or os.environ.get("SLURM_MIG_POLICY_STORE"):
+        # A store someone named that is not there: a typo would list "active: default" whatever the real store runs
+        st.check_listable()
+    else:
+        # The default store before the first install: the shipped default is what runs, so it is listed (its card
+        # says who places); exit 2 here left a fresh rl site without it (found by the review of the same day)
+        st.check_not_a_file()
     vs = st.versions()
     problem = st.active_problem()
     if problem:  # the controller runs its fallback meanwhile, and logs this

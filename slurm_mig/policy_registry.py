@@ -123,7 +123,7 @@ class PolicyStore:
     def history(self) -> list[dict]:
         """Every activation, oldest first; a history.json that is not that is an error, not an empty
         history (rewriting it would lose what it holds)."""
-        self._not_a_file()
+        self.check_not_a_file()
         path = self.root / "history.json"
         try:
             h = json.loads(path.read_text())
@@ -267,7 +267,7 @@ class PolicyStore:
     def rollback(self) -> str:
         """Re-activate the version that was active before the current one (``default`` at the start); a
         ConfigError when there is none (the shipped model active, no earlier activation)."""
-        self._not_a_file()
+        self.check_not_a_file()
         if not self.root.exists() and next((p for p in self.root.parents if p.exists()), Path("/")).is_dir():
             # no store: nothing was ever installed, and a rollback that changes nothing makes none
             raise ConfigError(self._nothing_to_roll_back(DEFAULT))
@@ -351,7 +351,7 @@ class PolicyStore:
 
     def _writable_root(self) -> None:
         """The store directory, created if missing; a ConfigError naming it when it cannot be written."""
-        self._not_a_file()
+        self.check_not_a_file()
         # Before anything is made, and again after: the store, or a folder above it that is not sticky (as /tmp),
         # writable by anyone (made so before 2026-11-27 under umask 0, or by hand) lets anyone put an 'active' or
         # a version there, or rename the store away and put their own, that root's controller would run. The
@@ -378,13 +378,14 @@ class PolicyStore:
         """ConfigError (exit 2, as the other subcommands' refusals) when there is no store folder to list: none at
         all (a mistyped --store read as an empty store: "active: default", exit 0, whatever the real store runs),
         or a file in its place."""
-        self._not_a_file()
+        self.check_not_a_file()
         if not self.root.exists():
             raise ConfigError(f"policy store {self.root} does not exist (nothing was ever installed there): the only "
                               f"version is the shipped default, {SHIPPED_MODEL}. Check --store or "
                               "$SLURM_MIG_POLICY_STORE; `slurm-mig policy install` creates the store")
 
-    def _not_a_file(self) -> None:
+    def check_not_a_file(self) -> None:
+        """ConfigError when a file stands where the store's folder should be."""
         if self.root.exists() and not self.root.is_dir():
             raise ConfigError(f"policy store {self.root} is not a directory (use --store or $SLURM_MIG_POLICY_STORE "
                               "to name another)")

@@ -880,3 +880,20 @@ def test_retrain_fine_tunes_the_model_its_own_config_names(monkeypatch, tmp_path
     assert main(["--config", str(tmp_path / "x.toml"), "policy", "retrain", "--db", str(db), "--out",
                  str(a.parent)]) == 2
     assert f"--out {a.parent} is the folder of the model [policy].model_path pins" in capsys.readouterr().err
+
+
+def test_list_of_the_default_store_before_any_install_shows_the_shipped_default(tmp_path, capsys, monkeypatch):
+    """A fresh site (no --store, no $SLURM_MIG_POLICY_STORE, nothing installed yet) runs the shipped default, so
+    `policy list` shows it (docs/rl-policy.md: its card says who places); bbcd5f9's exit 2 for a store that does
+    not exist is for one someone named, where it is a typo (found by the review of the same day)."""
+    monkeypatch.delenv("SLURM_MIG_POLICY_STORE", raising=False)
+    missing = tmp_path / "var-lib-slurm-mig-policies"
+    monkeypatch.setattr("slurm_mig.policies.rl.DEFAULT_STORE", missing)
+    assert main(["policy", "list"]) == 0
+    out = capsys.readouterr().out
+    assert "default" in out and "places:" in out, out
+    assert run_json(capsys, "policy", "list", "--json")["active"] == "default"
+    assert not missing.exists()
+    missing.write_text("")  # a file in its place is still refused
+    assert main(["policy", "list"]) == 2
+    assert "is not a directory" in capsys.readouterr().err
