@@ -11,10 +11,10 @@ import argparse
 import json
 import random
 import signal
-import sys
 import time
 
 from slurm_mig.argtypes import at_least, seconds
+from slurm_mig.terminal import stdout_is_a_terminal
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -140,7 +140,7 @@ def _run(args: argparse.Namespace) -> int:
         dc.start()
         say(f"cluster up in {time.time() - t0:.1f}s; controller on port {dc.port}; submitting {args.jobs} jobs")
         ids = [dc.sbatch(g, s, name=f"demo-{g.split(':', 1)[1]}") for g, s in workload(args.jobs, args.seed)]
-        if args.json or not sys.stdout.isatty():
+        if args.json or not stdout_is_a_terminal():
             ok = dc.wait_jobs(ids, timeout=args.timeout)
         else:
             from rich.live import Live

@@ -659,12 +659,16 @@ def test_healthz_is_ok_only_for_the_controllers_own_answer(cfg, tmp_path, capsys
 
 
 @pytest.mark.parametrize("argv,code", [(["--help"], 0), (["policy", "list"], 0),
-                                       (["nvml", "show", "--sim-state", "/nonexistent/sim.json"], 1)])
+                                       (["nvml", "show", "--sim-state", "/nonexistent/sim.json"], 1),
+                                       # these asked sys.stdout.isatty() (for the width): AttributeError, 1
+                                       (["jobs"], 0), (["nodes"], 0), (["decisions"], 0), (["explain", "201"], 0),
+                                       (["top", "--once"], 0), (["top"], 0), (["layouts"], 0)])
 def test_a_command_run_with_stdout_closed_keeps_its_exit_status(cfg, tmp_path, argv, code):
     """With file descriptor 1 closed (a cron line or a daemon's child started with `>&-`) Python sets sys.stdout to
     None and print() writes nothing. main()'s flush for the broken-pipe case (d78f39b) then raised AttributeError:
-    every command, --help included, ended with a traceback and status 1, whatever its own status. (Commands that
-    ask sys.stdout.isatty(), `layouts` and `jobs`, failed so before d78f39b too: not covered here.)"""
+    every command, --help included, ended with a traceback and status 1, whatever its own status. The commands that
+    asked sys.stdout.isatty() for their width (`jobs`, `nodes`, `decisions`, `explain`, `top`) failed so before
+    d78f39b too; they ask slurm_mig.terminal.stdout_is_a_terminal() now (`top` then draws one frame, as in a pipe)."""
     import os
     import subprocess
     import sys

@@ -15,6 +15,7 @@ import textwrap
 import time
 
 from slurm_mig.argtypes import at_least, seconds
+from slurm_mig.terminal import stdout_is_a_terminal
 
 JOB_STATE_GROUPS = {
     "live": ("PENDING", "REQUEUED", "RUNNING", "SUSPENDED", "COMPLETING"),
@@ -129,7 +130,7 @@ def _width(args, default: int = 100) -> int:
         return max(40, args.width)
     import shutil
 
-    if sys.stdout.isatty():
+    if stdout_is_a_terminal():
         return max(40, shutil.get_terminal_size((default, 24)).columns)
     return default
 
@@ -582,8 +583,8 @@ def _top(args) -> int:
             raise
     size = shutil.get_terminal_size((80, 24))
     opts = TopOptions(
-        width=args.width or (size.columns if sys.stdout.isatty() else 80),
-        height=args.height or (size.lines if sys.stdout.isatty() else 24),
+        width=args.width or (size.columns if stdout_is_a_terminal() else 80),
+        height=args.height or (size.lines if stdout_is_a_terminal() else 24),
         page=max(1, args.page), view=args.view, nodes=args.node, partition=args.partition, ascii=args.ascii,
         tick_interval_s=cfg.controller.tick_interval_s, stale_after_s=cfg.controller.node_stale_after_s)
     with store:

@@ -29,6 +29,7 @@ from rich.text import Text
 from slurm_mig.ops import fmt as F
 from slurm_mig.ops import render as R
 from slurm_mig.ops import views as V
+from slurm_mig.terminal import stdout_is_a_terminal
 
 VIEWS = ("auto", "gpus", "summary")
 
@@ -396,9 +397,9 @@ def run(store, opts: TopOptions, *, cfg=None, interval: float = 2.0, once: bool 
         o = TopOptions(**{**opts.__dict__, "width": width, "height": height})
         return build_frame(snap, o, partition_nodes=parts.get(), healthz=probe_healthz(cfg))
 
-    if once or not sys.stdout.isatty():
+    if once or not stdout_is_a_terminal():
         console = console or Console(width=opts.width, height=opts.height, highlight=False,
-                                     force_terminal=sys.stdout.isatty() or None)
+                                     force_terminal=stdout_is_a_terminal() or None)
         f = frame(opts.width, opts.height)
         for line in f.lines:
             console.print(line, overflow="crop", no_wrap=True, soft_wrap=False, crop=True)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from slurm_mig.argtypes import at_least, number
 from slurm_mig.errors import ConfigError
+from slurm_mig.terminal import stdout_is_a_terminal
 
 #: --from / --to of a --plot: simulated hours from the start, finite (nan or inf failed in matplotlib after the
 #: whole simulation had run); a million hours is past any trace's span.
@@ -114,12 +115,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
     reports = bench.run_bench(args.trace, synthetic=not args.no_synthetic, policies=policies,
                               nodes=args.nodes or bench.ALIBABA_NODES, log=log, workloads=args.workload)
     if args.json:
-        print(json.dumps(bench.bench_json(reports), indent=None if not sys.stdout.isatty() else 2))
+        print(json.dumps(bench.bench_json(reports), indent=None if not stdout_is_a_terminal() else 2))
         return 0
     from rich.console import Console
     from rich.table import Table
 
-    con = Console(width=None if sys.stdout.isatty() else 150)
+    con = Console(width=None if stdout_is_a_terminal() else 150)
     for rep in reports:
         t = Table(title=f"{rep.name}: {rep.jobs} jobs on {rep.spec.gpus} x {rep.spec.model} "
                         f"({rep.spec.nodes} nodes)", title_justify="left")
