@@ -276,7 +276,7 @@ def _retrain(args) -> int:
         from slurm_mig.config import load_config
 
         db = load_config(getattr(args, "config", None)).controller.db_path
-    if not Path(db).is_file():
+    if not os.path.exists(db):  # (not is_file(): a FIFO or a folder is "not a regular file", replay_site says)
         raise ConfigError(f"state DB {db} does not exist")
     config_model_path = None  # the config found names the model, as for the controller without --config
     if getattr(args, "config", None):

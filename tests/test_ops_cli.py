@@ -682,3 +682,30 @@ def test_a_command_run_with_stdout_closed_keeps_its_exit_status(cfg, tmp_path, a
                            *argv], stdout=None, stderr=subprocess.PIPE, env=env, cwd=root, timeout=120,
                           preexec_fn=lambda: os.close(1))
     assert proc.returncode == code and "Traceback" not in proc.stderr.decode(), (proc.returncode, proc.stderr)
+
+
+@pytest.mark.parametrize("argv", [["status"], ["jobs"], ["simulate"], ["policy", "retrain"]])
+def test_a_db_that_is_a_fifo_is_refused_at_once_not_a_hang(cfg, tmp_path, argv):
+    """`--db FIFO` blocked for ever in check_state_file's os.open (opening a FIFO for reading waits for a
+    writer): `status`, `jobs` and every command reading a DB by its path hung. Opened with O_NONBLOCK now, and
+    refused as not a regular file, exit 1. `simulate --db` and `policy retrain --db` said "does not exist" of it
+    (Path.is_file()); they say what it is now. In a process of its own: the old code's hang is ended by the
+    timeout, which kills it."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo, 0o600)
+    root = Path(__file__).resolve().parents[1]
+    (tmp_path / "store").mkdir()
+    env = {**os.environ, "PYTHONPATH": str(root), "SLURM_MIG_POLICY_STORE": str(tmp_path / "store")}
+    try:
+        proc = subprocess.run([sys.executable, "-c", "import sys; from slurm_mig.cli import main; sys.exit(main())",
+                               "--config", cfg, *argv, "--db", str(fifo)], capture_output=True, text=True,
+                              env=env, cwd=root, timeout=30)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{argv} --db FIFO hung")
+    assert proc.returncode == 1 and proc.stderr == f"slurm-mig: error: state database {fifo} is not a regular file\n", \
+        (proc.returncode, proc.stderr)

@@ -50,7 +50,9 @@ def check_state_file(path: str | os.PathLike) -> None:
     is missing or unreadable, not a regular file, world-writable, empty, or not an SQLite database at all."""
     path = os.fspath(path)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+        # O_NONBLOCK: a FIFO given as --db (or as db_path) must not hang the open until something writes to it
+        # (it is refused below, as not a regular file); on a regular file it changes nothing.
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
         raise StoreError(f"no state database at {path}: is the controller running, and is this the "
                          "[controller].db_path of its config? (choose the config with --config or "

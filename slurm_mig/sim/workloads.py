@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import csv
 import math
+import os
 import random
 import sqlite3
 from dataclasses import dataclass, field, replace
@@ -637,7 +638,7 @@ def check_state_db(db: str | Path) -> None:
     from slurm_mig.ops.views import check_state_file
     from slurm_mig.store.db import sqlite_uri
 
-    if not Path(db).is_file():
+    if not os.path.exists(db):  # (not is_file(): a FIFO or a folder is "not a regular file", below)
         raise ConfigError(f"state DB {db} does not exist")
     check_state_file(db)
     try:

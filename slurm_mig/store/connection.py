@@ -94,7 +94,9 @@ def _check_fd(fd: int, path: Path, mode: int, gid: int | None) -> None:
 
 def _open_checked(path: Path, flags: int, mode: int, gid: int | None) -> None:
     try:
-        fd = os.open(path, flags | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), mode)
+        # O_NONBLOCK: a FIFO at the path is refused by _check_fd, never waited on (Linux opens one O_RDWR at
+        # once, but POSIX leaves that undefined).
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0), mode)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise StoreError(
