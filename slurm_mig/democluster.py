@@ -206,7 +206,7 @@ class DemoCluster:
         """Write the demo's config (0644), and check it as the controller and the root hooks will (before Slurm
         starts): they refuse a config others than root and this user may change, e.g. a --state-dir under a
         folder another user owns."""
-        from slurm_mig.config import check_trusted
+        from slurm_mig.config import check_trusted, check_written_folders, load_config
 
         self.config_path.write_text(CONFIG_TEMPLATE.format(
             port=self.port, state=self.state, tick=self.tick_s, slurm_conf=self.cluster.slurm_conf,
@@ -215,6 +215,9 @@ class DemoCluster:
             controller_options="".join(f"{k} = {json.dumps(v)}\n" for k, v in self.controller_options.items())))
         os.chmod(self.config_path, 0o644)
         check_trusted(self.config_path, "the demo's controller", only_as_root=False)
+        # The folders it names (all in the state dir) as the controller and the hooks judge them
+        check_written_folders(load_config(self.config_path), "the demo's controller and hooks", controller=True,
+                              node=True, only_as_root=False)
 
     def start(self, timeout: float = 90.0) -> "DemoCluster":
         self.claim_state_dir()

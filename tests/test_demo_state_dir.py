@@ -130,3 +130,39 @@ def test_the_demo_makes_its_folders_with_sane_modes_whatever_the_umask(tmp_path)
     assert loose == {}
     assert d.stat().st_mode & 0o777 == 0o711
     assert (d / MARKER).stat().st_mode & 0o777 == 0o644
+
+
+def test_the_folders_the_demos_config_names_pass_the_written_folder_check(tmp_path):
+    """The controller and the root hooks refuse a config naming a folder others may change for the files they
+    write ([log].file, db_path, cache_dir, sim_state_path: config.check_written_folders). The demo's are all in its
+    state dir (0711) and its folders (0755): they pass, judged as root judges them (no Slurm is started), and the
+    demo's own check says so before Slurm starts when one is loosened."""
+    import os
+
+    from slurm_mig.config import check_written_folders, load_config, written_folders
+
+    d = tmp_path / "demo"
+    dc = DemoCluster(d)
+    dc.claim_state_dir()
+    dc.port = 12345
+    dc.write_config()
+    cfg = load_config(dc.config_path)
+    keys = [k for k, _, _ in written_folders(cfg, controller=True, node=True)]
+    assert keys == ["[log].file", "[controller].db_path", "[node].cache_dir", "[node].sim_state_path"]
+    assert all(str(folder).startswith(str(d)) for _, _, folder in written_folders(cfg, controller=True, node=True))
+    check_written_folders(cfg, "the controller", controller=True, only_as_root=False)
+    check_written_folders(cfg, "a hook", node=True, only_as_root=False)
+    (d / "log").chmod(0o777)
+    try:
+        with pytest.raises(ConfigError, match=r"\[log\]\.file = .*folder .*/demo/log is writable by anyone"):
+            dc.write_config()
+    finally:
+        (d / "log").chmod(0o755)
+    dc.write_config()
+    # The documented defaults pass as well (on this machine: folders root made 0755, or missing below them)
+    from dataclasses import replace
+
+    from slurm_mig.config import Config, LogConfig
+
+    dflt = replace(Config(), log=LogConfig(file="/var/log/slurm-mig/controller.log"))
+    check_written_folders(dflt, "the controller", controller=True, node=True, only_as_root=False)

@@ -2295,3 +2295,58 @@ def test_the_config_check_judges_the_file_a_path_with_dotdot_after_a_link_opens(
                        env=env, capture_output=True, text=True, timeout=120, cwd=root)
     assert r.returncode == 2 and f"`chown root {theirs}`" in r.stderr, r.stderr
     assert not log.exists() and not db.parent.exists()
+
+
+@pytest.mark.parametrize("case", ["log in a 0777 folder", "log in a sticky 1777 folder", "db in a 0770 folder",
+                                  "db below a 0777 folder", "log in a folder uid 65534 owns",
+                                  "db in a folder uid 65534 owns"])
+def test_the_controller_refuses_to_write_in_a_folder_others_may_change(tmp_path, case):
+    """The config is judged (check_trusted above), the folders it names were not: a trusted config with [log].file
+    or db_path in a folder others may write (or own) had root append its log, make its database, its -wal and its
+    lock there, where a user could put a symbolic link in their place (root's log appended to any file) or rename
+    the folder away. Found by a [log].file in a 0777 folder: `controller --once` started and wrote it. Refused now
+    at the start, by the one rule (folders.writable_by_others) on the folder holding each: one line naming the
+    key, the path and the fix, exit 2, nothing written; started once the folder is fixed."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    if os.geteuid() != 0 and "65534" in case:
+        pytest.skip("chown to another user needs root")
+    etc, logs, lib = tmp_path / "etc", tmp_path / "logs", tmp_path / "lib"
+    for d in (etc, logs, lib):
+        d.mkdir(mode=0o755)
+    key = "[log].file" if case.startswith("log") else "[controller].db_path"
+    folder = logs if key == "[log].file" else lib
+    log, db = logs / "controller.log", (lib / "sub" / "state.db" if "below" in case else lib / "state.db")
+    cfg = etc / "controller.toml"
+    cfg.write_text(f'[controller]\ndb_path = "{db}"\nslurm_conf = "{tmp_path / "no-slurm.conf"}"\n'
+                   f'[log]\nfile = "{log}"\n[slurm]\ncommand_timeout_s = 5\n')
+    cfg.chmod(0o644)
+    mode = {"log in a 0777 folder": 0o777, "log in a sticky 1777 folder": 0o1777, "db in a 0770 folder": 0o770,
+            "db below a 0777 folder": 0o777}.get(case)
+    if mode is not None:
+        folder.chmod(mode)
+    else:
+        os.chown(folder, 65534, 65534)
+    root = str(Path(__file__).resolve().parents[1])
+    nobin = tmp_path / "nobin"
+    nobin.mkdir()
+    env = {**os.environ, "PATH": str(nobin), "PYTHONPATH": root, "SLURM_CONF": str(tmp_path / "no-slurm.conf")}
+
+    def start():
+        return subprocess.run([sys.executable, "-m", "slurm_mig.cli", "--config", str(cfg), "controller", "--once",
+                               "--no-api"], env=env, capture_output=True, text=True, timeout=120, cwd=root)
+
+    r = start()
+    assert r.returncode == 2 and len(r.stderr.splitlines()) == 1, r.stderr
+    fix = "chown" if "65534" in case else "chmod"
+    path = log if key == "[log].file" else db
+    assert r.stderr.startswith(f"slurm-mig: error: config {cfg}: {key} = {path}: ") and f"`{fix} " in r.stderr \
+        and str(folder) in r.stderr, r.stderr
+    assert not log.exists() and not db.exists() and not os.path.exists(f"{db}.controller.lock")
+    os.chown(folder, 0, 0) if os.geteuid() == 0 else None
+    folder.chmod(0o755)
+    r = start()
+    assert r.returncode == 0, r.stderr
+    assert log.exists() and db.exists()

@@ -2434,3 +2434,45 @@ def test_the_epilog_says_whose_job_it_ended(rig, monkeypatch, env_uid, sent):
     assert rig.hook("epilog", "49", SLURM_JOB_UID=env_uid, SLURM_JOB_EXIT_CODE="0") == 0
     assert [p["uid"] for p in got] == [sent]
     assert rig.store.get_job("49").state == "COMPLETED"
+
+
+@pytest.mark.parametrize("case", ["log in a 0777 folder", "cache_dir below a 0777 folder",
+                                  "cache_dir is a 1777 folder", "sim state in a folder uid 65534 owns"])
+def test_a_hook_refuses_a_config_that_has_root_write_in_a_folder_others_may_change(rig, case):
+    """The hooks judged the config (context._check_trusted), not the folders it names: [log].file, [node].cache_dir
+    (the node's records, bindings and layout lock) or the simulated GPUs' state in a folder others may write (or
+    own) had root write there, where a user could put a symbolic link in a file's place or rename the folder
+    away. Found by pointing cache_dir below a 0777 folder: the Prolog made the node's records there and bound the
+    job. Refused now (config.check_written_folders, folders.writable_by_others on the folder holding each): the
+    job is requeued, naming the key and the folder, and nothing is written there."""
+    import os
+
+    if os.geteuid() != 0:
+        pytest.skip("the check applies to hooks running as root")
+    shared = rig.tmp / "shared"
+    shared.mkdir(mode=0o755)
+    text = rig.config.read_text()
+    if case.startswith("log"):
+        key, folder, text = "[log].file", shared, text + f'file = "{shared}/hooks.log"\n'
+        shared.chmod(0o777)
+    elif case.startswith("cache_dir"):
+        key = "[node].cache_dir"
+        folder = shared if "below" in case else shared / "node"
+        text = text.replace(f'cache_dir = "{rig.tmp}/node"', f'cache_dir = "{shared}/node"')
+        if "below" in case:
+            shared.chmod(0o777)
+        else:
+            (shared / "node").mkdir(mode=0o755)
+            (shared / "node").chmod(0o1777)
+    else:
+        key, folder = "[node].sim_state_path", shared
+        text = text.replace(f'sim_state_path = "{rig.tmp}/gpus/{{node}}.json"', f'sim_state_path = "{shared}/{{node}}.json"')
+        os.chown(shared, 65534, 65534)
+    assert text != rig.config.read_text()
+    rig.config.write_text(text)
+    rig.job("23", "1g")
+    assert rig.hook("prolog", "23") == 0  # never drains the node ...
+    assert rig.requeues and rig.requeues[-1][0] == "23", rig.requeues
+    said = rig.requeues[-1][1]
+    assert key in said and str(folder) in said and ("chown root" if "65534" in case else "chmod") in said, said
+    assert [p.name for p in shared.rglob("*") if p.is_file() or p.name == "n1"] == []

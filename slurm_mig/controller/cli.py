@@ -148,7 +148,7 @@ def schedule_ticks(sched, tick, interval_s: float, metrics, log: logging.Logger,
 
 
 def _run(args: argparse.Namespace) -> int:
-    from slurm_mig.config import check_trusted, find_config, load_config
+    from slurm_mig.config import check_trusted, check_written_folders, find_config, load_config
 
     from slurm_mig.errors import ConfigError
 
@@ -156,6 +156,8 @@ def _run(args: argparse.Namespace) -> int:
     # the database, the model the rl policy runs and the keys the node API trusts. As root or as its own user.
     check_trusted(find_config(args.config), "the controller", only_as_root=False)
     cfg = load_config(args.config)
+    # ... and the folders it names must stay its own: the log's and the database's (refused as the config is)
+    check_written_folders(cfg, "the controller", controller=True, only_as_root=False)
     try:  # opened here, not by basicConfig(filename=): a folder or a missing one was logging's traceback
         handler = logging.FileHandler(cfg.log.file) if cfg.log.file else logging.StreamHandler()
     except OSError as exc:

@@ -148,13 +148,14 @@ def check_hook_inputs(python: str, config: str) -> None:
     """
     import subprocess
 
-    from slurm_mig.config import check_trusted, load_config
+    from slurm_mig.config import check_trusted, check_written_folders, load_config
     from slurm_mig.errors import ConfigError, SlurmMigError
 
     _check_safe_paths(python, config)
     try:
-        load_config(config)
+        cfg = load_config(config)
         check_trusted(config, "the hooks, run as root by slurmd,")  # each would refuse it (context._check_trusted)
+        check_written_folders(cfg, "the hooks, run as root by slurmd,", node=True)  # and this (NodeSettings.load)
     except ConfigError as exc:
         raise ConfigError(f"--hook-config: {exc}; every hook would fail on it (see docs/admin-guide.md "
                             f"step 3)") from None

@@ -53,10 +53,12 @@ class NodeSettings:
 
     @classmethod
     def load(cls) -> "NodeSettings":
-        from slurm_mig.config import find_config, load_config
+        from slurm_mig.config import check_written_folders, find_config, load_config
 
         _check_trusted(find_config())
         cfg = load_config()
+        # As root, the folders it names for the hook to write in must be root's too (log, records, simulated GPUs)
+        check_written_folders(cfg, "a hook running as root", node=True)
         return cls(
             controller_url=cfg.node.controller_url,
             timeout_s=cfg.node.request_timeout_s,

@@ -45,10 +45,12 @@ ENV_SIM_DELAY = "SLURM_MIG_SIM_DELAY_SCALE"
 def _load_config(path: str | None = None):
     """The config, refused as the hooks refuse it when others may change it and this runs as root (it names
     the node's records, its layout lock and the simulated GPUs' files, which root then writes)."""
-    from slurm_mig.config import check_trusted, find_config, load_config
+    from slurm_mig.config import check_trusted, check_written_folders, find_config, load_config
 
     check_trusted(find_config(path), "`slurm-mig nvml` running as root")
-    return load_config(path)
+    cfg = load_config(path)
+    check_written_folders(cfg, "`slurm-mig nvml` running as root", node=True)  # as the hooks (context.py)
+    return cfg
 
 
 def _node_config(path: str | None = None):
