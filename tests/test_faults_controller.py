@@ -2210,6 +2210,25 @@ def test_a_report_while_a_job_was_suspended_keeps_it_from_being_requeued_once_re
     assert rig.store.bound_instances("5")
 
 
+def _controller_once_starter(tmp_path, cfg):
+    """A function that runs `slurm-mig --config CFG controller --once --no-api` in a fresh interpreter, with no
+    Slurm command on its PATH; returns its CompletedProcess."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = str(Path(__file__).resolve().parents[1])
+    nobin = tmp_path / "nobin"
+    nobin.mkdir()
+    env = {**os.environ, "PATH": str(nobin), "PYTHONPATH": root, "SLURM_CONF": str(tmp_path / "no-slurm.conf")}
+
+    def start():
+        return subprocess.run([sys.executable, "-m", "slurm_mig.cli", "--config", str(cfg), "controller", "--once",
+                               "--no-api"], env=env, capture_output=True, text=True, timeout=120, cwd=root)
+
+    return start
+
+
 @pytest.mark.parametrize("case", ["mode 0666", "group-writable", "owned by uid 65534", "in a 0777 folder",
                                   "in a folder uid 65534 owns"])
 def test_the_controller_refuses_to_start_on_a_config_others_may_change(tmp_path, case):
@@ -2241,15 +2260,7 @@ def test_the_controller_refuses_to_start_on_a_config_others_may_change(tmp_path,
         folder.chmod(0o777)
     else:
         os.chown(target, 65534, 65534)
-    nobin = tmp_path / "nobin"
-    nobin.mkdir()
-    root = str(Path(__file__).resolve().parents[1])
-    env = {**os.environ, "PATH": str(nobin), "PYTHONPATH": root, "SLURM_CONF": str(tmp_path / "no-slurm.conf")}
-
-    def start():
-        return subprocess.run([sys.executable, "-m", "slurm_mig.cli", "--config", str(cfg), "controller", "--once",
-                               "--no-api"], env=env, capture_output=True, text=True, timeout=120, cwd=root)
-
+    start = _controller_once_starter(tmp_path, cfg)
     r = start()
     assert r.returncode == 2 and len(r.stderr.splitlines()) == 1, r.stderr
     fix = "chown" if "65534" in case else "chmod"
@@ -2329,15 +2340,7 @@ def test_the_controller_refuses_to_write_in_a_folder_others_may_change(tmp_path,
         folder.chmod(mode)
     else:
         os.chown(folder, 65534, 65534)
-    root = str(Path(__file__).resolve().parents[1])
-    nobin = tmp_path / "nobin"
-    nobin.mkdir()
-    env = {**os.environ, "PATH": str(nobin), "PYTHONPATH": root, "SLURM_CONF": str(tmp_path / "no-slurm.conf")}
-
-    def start():
-        return subprocess.run([sys.executable, "-m", "slurm_mig.cli", "--config", str(cfg), "controller", "--once",
-                               "--no-api"], env=env, capture_output=True, text=True, timeout=120, cwd=root)
-
+    start = _controller_once_starter(tmp_path, cfg)
     r = start()
     assert r.returncode == 2 and len(r.stderr.splitlines()) == 1, r.stderr
     fix = "chown" if "65534" in case else "chmod"

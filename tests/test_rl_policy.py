@@ -646,6 +646,24 @@ _OPEN_TO_OTHERS = {
 }
 
 
+def _model_placed(how: str, tmp_path, monkeypatch):
+    """(the policy config, the model file) with a copy of the shipped model where ``how`` says the controller finds
+    it: a store version ("store"), $SLURM_MIG_RL_MODEL ("env"), [policy].model_path ("config") or the shipped
+    model's place ("shipped")."""
+    pol = PolicyConfig(name="rl", fallback="frag-aware")
+    if how == "store":
+        return pol, _stored(tmp_path)
+    (tmp_path / "p").mkdir()
+    m = _copy_model(tmp_path / "p")
+    if how == "env":
+        monkeypatch.setenv("SLURM_MIG_RL_MODEL", str(m))
+    elif how == "config":
+        pol = PolicyConfig(name="rl", fallback="frag-aware", model_path=str(m))
+    else:
+        monkeypatch.setattr("slurm_mig.policies.rl.SHIPPED_MODEL", m)
+    return pol, m
+
+
 @pytest.mark.parametrize("case", list(_OPEN_TO_OTHERS))
 def test_the_controller_refuses_a_model_others_may_write_and_its_fallback_places(tmp_path, monkeypatch, caplog, case):
     """`policy install` refused a store others may write, but the controller ran whatever the store's active
@@ -658,18 +676,7 @@ def test_the_controller_refuses_a_model_others_may_write_and_its_fallback_places
     import os
 
     how, which = _OPEN_TO_OTHERS[case]
-    pol = PolicyConfig(name="rl", fallback="frag-aware")
-    if how == "store":
-        m = _stored(tmp_path)
-    else:
-        (tmp_path / "p").mkdir()
-        m = _copy_model(tmp_path / "p")
-        if how == "env":
-            monkeypatch.setenv("SLURM_MIG_RL_MODEL", str(m))
-        elif how == "config":
-            pol = PolicyConfig(name="rl", fallback="frag-aware", model_path=str(m))
-        else:
-            monkeypatch.setattr("slurm_mig.policies.rl.SHIPPED_MODEL", m)
+    pol, m = _model_placed(how, tmp_path, monkeypatch)
     path, mode = which(tmp_path / "store", m)
     old = os.stat(path).st_mode & 0o7777
     os.chmod(path, mode)
@@ -745,18 +752,7 @@ def test_the_controller_refuses_a_model_another_user_owns(tmp_path, monkeypatch,
     if os.geteuid() != 0:
         pytest.skip("chown to another user needs root")
     how, which = _OWNED_BY_ANOTHER[case]
-    pol = PolicyConfig(name="rl", fallback="frag-aware")
-    if how == "store":
-        m = _stored(tmp_path)
-    else:
-        (tmp_path / "p").mkdir()
-        m = _copy_model(tmp_path / "p")
-        if how == "env":
-            monkeypatch.setenv("SLURM_MIG_RL_MODEL", str(m))
-        elif how == "config":
-            pol = PolicyConfig(name="rl", fallback="frag-aware", model_path=str(m))
-        else:
-            monkeypatch.setattr("slurm_mig.policies.rl.SHIPPED_MODEL", m)
+    pol, m = _model_placed(how, tmp_path, monkeypatch)
     path, change = which(tmp_path / "store", m)
     st = os.stat(path)
     if change == "chown":
