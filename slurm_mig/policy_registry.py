@@ -31,10 +31,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from slurm_mig.errors import ConfigError
-from slurm_mig.folders import make_missing_folders, sync_path, write_durably
+from slurm_mig.folders import make_missing_folders, sync_path, writable_by_others, write_durably
 from slurm_mig.policies.rl import (
     CARD_NAME, SHIPPED_MODEL, VERSION_RE, OnnxScorer, PolicyModelError, created_time, model_trust_problem,
-    read_active, read_card, store_dir, writable_by_others,
+    read_active, read_card, store_dir,
 )
 
 DEFAULT = "default"

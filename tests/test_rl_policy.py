@@ -670,7 +670,7 @@ def test_the_controller_refuses_a_model_others_may_write_and_its_fallback_places
     version, a [policy].model_path or a $SLURM_MIG_RL_MODEL file was, whoever could write it (or its card, its
     guard, the folder holding them, the store or its 'active'): they chose where root's controller put every
     job. Found by chmod 0777/0666 on each in turn and a tick: decided by rl every time. Refused now by the
-    store's rule (rl.writable_by_others): one error line naming the file and the chmod, the fallback places the
+    store's rule (folders.writable_by_others): one error line naming the file and the chmod, the fallback places the
     jobs, and the model runs again once the mode is fixed."""
     import logging
     import os

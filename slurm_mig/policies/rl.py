@@ -58,8 +58,7 @@ from typing import Callable
 
 from slurm_mig.config import MAX_HOLD_H  # 30 days: the longest guard option, and [policy].rl_max_hold_h's bound
 from slurm_mig.errors import ConfigError, SlurmMigError
-# the one rule for what root acts on (config, policy store, model), re-exported here for the store
-from slurm_mig.folders import writable_by_others  # noqa: F401
+from slurm_mig.folders import writable_by_others  # the one rule for what root acts on (config, store, model)
 from slurm_mig.policies._core import CONFLICT, INF, NO_ROOM, PLACED, Ctx, GpuInfo
 from slurm_mig.policies.base import ClusterState, Decision, PendingJob
 from slurm_mig.policies.frag_aware import SIZES, FragAwarePolicy
