@@ -158,6 +158,37 @@ def test_on_a_kept_alive_connection_a_refused_request_gets_no_signed_answer(serv
         conn.close()
 
 
+def test_on_a_kept_alive_connection_a_get_after_a_signed_post_gets_no_signed_answer(server):
+    """Review 2026-11-27: do_GET did not forget the credential of the POST before it on the connection, so a
+    GET for a path of its choosing was answered with a 404 (its text naming that path) signed for that POST.
+    A machine in the middle that pipelines a GET behind a node's POST gets a signed refusal, which the node
+    verifies and acts on (requeue, Epilog set aside): the forged refusal security.md §5 says cannot be made."""
+    import http.client
+
+    from slurm_mig.api.auth import RESPONSE_HEADER
+
+    host, port = server.address
+    auth = HmacAuth(KEY)
+    conn = http.client.HTTPConnection(host, port, timeout=5)
+    try:
+        body = b'{"job": 7}'
+        signed = auth.sign(body, "n1", path="/v1/echo")
+        conn.request("POST", "/v1/echo", body=body, headers={"X-Slurm-Mig-Auth": signed})
+        first = conn.getresponse()
+        first.read()
+        assert first.status == 200
+        for path in ("/v1/held-by-another-job", "/healthz"):
+            conn.request("GET", path)
+            answer = conn.getresponse()
+            text = answer.read()
+            header = answer.getheader(RESPONSE_HEADER)
+            assert header is None, (path, answer.status, text)
+            with pytest.raises(AuthError):
+                auth.verify_response(signed, answer.status, header, text)
+    finally:
+        conn.close()
+
+
 def test_unauthenticated_refused(server):
     import urllib.request, urllib.error
     req = urllib.request.Request(url(server) + "/v1/echo", data=b"{}", method="POST")

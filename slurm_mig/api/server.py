@@ -127,6 +127,13 @@ class ApiServer:
             # this long instead of holding a server thread forever (slowloris).
             timeout = io_timeout_s
 
+            def handle_one_request(self):
+                # HTTP/1.1 keeps one handler for the connection's requests: no credential of an earlier one may
+                # sign the answer to this one, whatever its method (a GET's 404 signed for the POST before it
+                # was a refusal a machine in the middle could hand the node).
+                self.signed_request = None
+                super().handle_one_request()
+
             def log_message(self, fmt, *args):  # route http.server's stderr chatter to logging
                 log.debug("%s %s", self.address_string(), _shown(fmt % args))
 
