@@ -189,6 +189,48 @@ def test_on_a_kept_alive_connection_a_get_after_a_signed_post_gets_no_signed_ans
         conn.close()
 
 
+def test_a_client_that_drips_its_request_is_dropped_after_the_io_timeout():
+    """Slowloris, one byte at a time: the I/O timeout was per socket read, so a client that sent a byte of its
+    headers (or body) a little more often than the timeout held its connection, and a server thread, for
+    ever; 2,048 such connections (MAX_CONNECTIONS) from one user on any node had every hook answered 503.
+    The whole request must now arrive within the timeout."""
+    import select
+    import socket
+
+    srv = ApiServer("127.0.0.1", 0, HmacAuth(KEY), {"/v1/echo": echo}, io_timeout_s=0.5).start()
+    host, port = srv.address
+    try:
+        for head in (b"POST /v1/echo HTTP/1.1\r\nHost: x\r\n" + b"X-Pad: " + b"a" * 200,
+                     b"POST /v1/echo HTTP/1.1\r\nHost: x\r\nContent-Length: 200\r\n\r\n" + b" " * 200):
+            s = socket.create_connection((host, port), timeout=5)
+            t0 = time.monotonic()
+            closed_after = None
+            try:
+                for i in range(len(head)):
+                    if time.monotonic() - t0 > 3.0:
+                        break
+                    readable, _, _ = select.select([s], [], [], 0.1)
+                    if readable:
+                        try:
+                            got = s.recv(4096)
+                        except ConnectionResetError:
+                            got = b""
+                        if not got or got.startswith(b"HTTP/1.1 4"):
+                            closed_after = time.monotonic() - t0
+                            break
+                    try:
+                        s.sendall(head[i:i + 1])
+                    except (BrokenPipeError, ConnectionResetError):
+                        closed_after = time.monotonic() - t0
+                        break
+            finally:
+                s.close()
+            assert closed_after is not None and closed_after < 2.0, \
+                f"a dripping client kept its connection {time.monotonic() - t0:.1f} s (timeout 0.5 s)"
+    finally:
+        srv.stop()
+
+
 def test_unauthenticated_refused(server):
     import urllib.request, urllib.error
     req = urllib.request.Request(url(server) + "/v1/echo", data=b"{}", method="POST")

@@ -7,6 +7,7 @@ Prometheus metrics) are read-only and open, as scrapers expect.
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import threading
@@ -53,6 +54,34 @@ class RequestForbidden(RequestRejected):
     """The sender may not make this request (a node speaking for another node); HTTP 403."""
 
     http_status = 403
+
+
+class _DeadlineReader(io.RawIOBase):
+    """A socket's reads, each given only what is left of one deadline (``restart``: now + ``limit_s``).
+
+    A socket timeout bounds one read: a client that sends a byte a little more often than that holds its
+    connection, and the server's thread, for as long as it likes (slowloris)."""
+
+    def __init__(self, sock, limit_s: float):
+        self._sock = sock
+        self._limit_s = limit_s
+        self._deadline = time.monotonic() + limit_s
+
+    def restart(self) -> None:
+        self._deadline = time.monotonic() + self._limit_s
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        left = self._deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the request did not arrive within the I/O timeout")
+        self._sock.settimeout(left)
+        try:
+            return self._sock.recv_into(buffer)
+        finally:
+            self._sock.settimeout(self._limit_s)  # the answer's writes get the whole timeout
 
 
 class _Server(ThreadingHTTPServer):
@@ -127,11 +156,22 @@ class ApiServer:
             # this long instead of holding a server thread forever (slowloris).
             timeout = io_timeout_s
 
+            def setup(self):
+                super().setup()
+                # The timeout bounds each socket read, not a request: a client that sent one byte a little
+                # more often than that held its connection, and a thread, for ever (2,048 of them, and every
+                # hook got a 503). Each request (from its first line, or the wait for it on a kept-alive
+                # connection, to its last body byte) must arrive within the timeout.
+                self.rfile.close()  # the socket's own file (closed, it leaves the socket open)
+                self.rfile = io.BufferedReader(_DeadlineReader(self.connection, io_timeout_s),
+                                               buffer_size=io.DEFAULT_BUFFER_SIZE)
+
             def handle_one_request(self):
                 # HTTP/1.1 keeps one handler for the connection's requests: no credential of an earlier one may
                 # sign the answer to this one, whatever its method (a GET's 404 signed for the POST before it
                 # was a refusal a machine in the middle could hand the node).
                 self.signed_request = None
+                self.rfile.raw.restart()
                 super().handle_one_request()
 
             def log_message(self, fmt, *args):  # route http.server's stderr chatter to logging
