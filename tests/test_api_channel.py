@@ -231,6 +231,93 @@ def test_a_client_that_drips_its_request_is_dropped_after_the_io_timeout():
         srv.stop()
 
 
+def _dripping_server(head: bytes, drip: bytes, every_s: float):
+    """A TCP server on 127.0.0.1 that answers each connection with ``head`` at once, then ``drip`` one byte
+    every ``every_s`` seconds (a controller's port taken by another user while it is down, or a machine in
+    the middle, stretching the answer). Returns (port, stop)."""
+    import socket
+    import threading
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(8)
+    stop = threading.Event()
+
+    def one(conn):
+        with conn:
+            try:
+                conn.settimeout(5)
+                conn.recv(65536)
+                conn.sendall(head)
+                for i in range(len(drip)):
+                    if stop.wait(every_s):
+                        return
+                    conn.sendall(drip[i:i + 1])
+            except OSError:
+                return
+
+    def serve():
+        while True:
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                return
+            threading.Thread(target=one, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=serve, daemon=True).start()
+
+    def close():
+        stop.set()
+        srv.close()
+
+    return srv.getsockname()[1], close
+
+
+@pytest.mark.parametrize("head, drip", [
+    (b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n", b"x" * 1000),  # the body
+    (b"HTTP/1.1 200 OK\r\n", b"X-Pad: " + b"a" * 1000),  # the headers
+])
+def test_an_answer_dripped_slowly_is_given_up_within_a_bound(head, drip):
+    """[node].request_timeout_s bounded each socket read, not the answer: whoever answered on the controller's
+    address (another user who took its port while it was down, a machine in the middle) could send a byte a
+    little more often than that and hold a Prolog until Slurm killed it at PrologEpilogTimeout, which drains
+    the node. A call now gives up within three timeouts (connect, send, answer) whatever is sent."""
+    import threading
+
+    port, close = _dripping_server(head, drip, 0.1)
+    client = ControllerClient(f"http://127.0.0.1:{port}", HmacAuth(KEY), "n1", timeout_s=0.5, retries=0)
+    got: list = []
+
+    def call():
+        t0 = time.monotonic()
+        try:
+            client.call("/v1/echo", {"job": 1})
+            got.append(("answered", time.monotonic() - t0))
+        except ControllerUnavailable as exc:
+            got.append(("unavailable", time.monotonic() - t0, str(exc)))
+
+    t = threading.Thread(target=call, daemon=True)
+    try:
+        t.start()
+        t.join(6)
+        assert got, "the call was still reading a dripped answer after 6 s (request_timeout_s 0.5 s)"
+        assert got[0][0] == "unavailable" and got[0][1] < 2.5, got
+    finally:
+        close()
+
+
+def test_an_oversized_answer_is_not_read_whole():
+    """An answer is a few hundred bytes: one that says it is huge is refused, not read into a hook's memory."""
+    big = 64 << 20
+    port, close = _dripping_server(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % big, b"", 0.1)
+    try:
+        client = ControllerClient(f"http://127.0.0.1:{port}", HmacAuth(KEY), "n1", timeout_s=0.5, retries=0)
+        with pytest.raises(ControllerUnavailable, match="larger than"):
+            client.call("/v1/echo", {"job": 1})
+    finally:
+        close()
+
+
 def test_unauthenticated_refused(server):
     import urllib.request, urllib.error
     req = urllib.request.Request(url(server) + "/v1/echo", data=b"{}", method="POST")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import http.client
 import json
+import socket
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -24,6 +26,68 @@ def direct_opener() -> urllib.request.OpenerDirector:
     if _DIRECT is None:
         _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     return _DIRECT
+
+
+#: The largest answer a node reads: the controller's are a few KiB at most (targets, a reason).
+MAX_ANSWER = 1 << 20
+
+
+class _Watchdog:
+    """Shuts a call's socket down once its time is up. A socket timeout bounds each read, not an answer:
+    whoever answers on the controller's address (another user who took its port while it was down, a machine
+    in the middle) could send a byte a little more often than the timeout and hold a Prolog until Slurm
+    killed it at PrologEpilogTimeout, which drains the node."""
+
+    def __init__(self, after_s: float):
+        self.after_s = after_s
+        self.fired = False
+        self._timer: threading.Timer | None = None
+
+    def arm(self, sock) -> None:
+        def expire():
+            self.fired = True
+            try:
+                sock.shutdown(socket.SHUT_RDWR)  # a read blocked on it returns at once
+            except OSError:
+                pass
+
+        self._timer = threading.Timer(self.after_s, expire)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+
+
+class _Watched:
+    """An HTTP(S) handler whose connections arm ``watchdog`` once connected."""
+
+    def __init__(self, watchdog: _Watchdog, **kw):
+        super().__init__(**kw)
+        self.watchdog = watchdog
+
+    def do_open(self, http_class, req, **kw):
+        watchdog = self.watchdog
+
+        class Connection(http_class):
+            def connect(self):
+                super().connect()
+                watchdog.arm(self.sock)
+
+        return super().do_open(Connection, req, **kw)
+
+
+class _WatchedHTTP(_Watched, urllib.request.HTTPHandler):
+    pass
+
+
+def _watched_opener(watchdog: _Watchdog) -> urllib.request.OpenerDirector:
+    """direct_opener's (no proxy), with each connection's time bounded by ``watchdog``."""
+    handlers = [urllib.request.ProxyHandler({}), _WatchedHTTP(watchdog)]
+    if hasattr(urllib.request, "HTTPSHandler"):
+        handlers.append(type("_WatchedHTTPS", (_Watched, urllib.request.HTTPSHandler), {})(watchdog))
+    return urllib.request.build_opener(*handlers)
 
 
 class ControllerUnavailable(SlurmMigError):
@@ -110,13 +174,41 @@ class ControllerClient:
         raise last
 
     def _post(self, req) -> tuple[int, object, bytes]:
-        """(status, headers, body) of one request; ControllerUnavailable when there is no answer."""
+        """(status, headers, body) of one request; ControllerUnavailable when there is no answer.
+
+        ``timeout_s`` bounds each step (connecting, sending, each read), and the whole answer must be in
+        within two more once connected (_Watchdog): at most three in all, whatever the other end sends."""
+        watchdog = _Watchdog(2 * self.timeout_s)
         try:
-            with direct_opener().open(req, timeout=self.timeout_s) as resp:
-                return resp.status, resp.headers, resp.read()
+            return self._exchange(req, watchdog)
+        except ControllerUnavailable as exc:
+            if watchdog.fired:
+                raise ControllerUnavailable(f"controller at {self.url}: no whole answer within "
+                                            f"{3 * self.timeout_s:g} s ({exc})") from None
+            raise
+        finally:
+            watchdog.disarm()
+
+    def _read(self, resp) -> bytes:
+        """An answer's body, refused past MAX_ANSWER bytes (never read whole into memory)."""
+        length = getattr(resp, "length", None)  # http.client's Content-Length, None without one
+        if length is not None:
+            if length > MAX_ANSWER:
+                raise ControllerUnavailable(f"controller at {self.url}: answer of {length} bytes is larger than "
+                                            f"{MAX_ANSWER}; not read")
+            return resp.read()  # whole (IncompleteRead when cut short)
+        body = resp.read(MAX_ANSWER + 1)
+        if len(body) > MAX_ANSWER:
+            raise ControllerUnavailable(f"controller at {self.url}: answer larger than {MAX_ANSWER} bytes; not read")
+        return body
+
+    def _exchange(self, req, watchdog: _Watchdog) -> tuple[int, object, bytes]:
+        try:
+            with _watched_opener(watchdog).open(req, timeout=self.timeout_s) as resp:
+                return resp.status, resp.headers, self._read(resp)
         except urllib.error.HTTPError as exc:
             try:
-                return exc.code, exc.headers, exc.read()
+                return exc.code, exc.headers, self._read(exc)
             except (OSError, http.client.HTTPException) as err:
                 raise ControllerUnavailable(f"controller at {self.url}: answer {exc.code} cut short: {err}") from None
         except (urllib.error.URLError, OSError, TimeoutError, ValueError) as exc:
