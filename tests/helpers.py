@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import os
 import socket
+import stat
 import sys
 import threading
 import time
@@ -73,3 +75,59 @@ def raw_answer_server(answer: bytes, heard: list | None = None):
         yield srv.getsockname()[1]
     finally:
         srv.close()
+
+
+_MODE_EVENTS: list[list] = []  # the lists of the modes_given blocks now open
+
+
+def _note_mode(event: str, args: tuple) -> None:
+    if not _MODE_EVENTS or event not in ("os.mkdir", "os.chmod", "open"):
+        return
+    path = args[0]
+    if not (isinstance(path, (str, bytes)) or hasattr(path, "__fspath__")):
+        return  # os.fchmod (an fd), open() of an fd
+    path = os.path.abspath(os.fsdecode(path))
+    for seen in _MODE_EVENTS:
+        if event == "open":
+            if args[1] is None:  # os.open, with a mode of its own: an opener's (open()'s event came first)
+                if seen and seen[-1][:2] == ("open()", path):
+                    seen.pop()
+            elif args[2] & os.O_CREAT:  # open(path, "w"/"a"/"x"...): a missing file is made 0666 less the umask
+                seen.append(("open()", path, 0o666))
+        else:
+            seen.append((event, path, args[1]))
+
+
+@contextlib.contextmanager
+def modes_given():
+    """Every mode a folder or file is made with or given while the block runs, as (event, absolute path, mode),
+    from Python's audit events: os.mkdir (Path.mkdir, os.makedirs too), os.chmod, and open() to write without
+    an opener ("open()": a missing file is made 0666, as Path.write_text and logging.FileHandler make it).
+    What a file or folder was for a moment, which its mode at the end does not show (made 0777 under umask 0,
+    chmod-ed 0700 after). os.open's own mode is not in its event (a file made so is not seen). The audit hook
+    stays installed (it cannot be removed) and notes nothing outside a block."""
+    if not getattr(modes_given, "_hooked", False):
+        sys.addaudithook(_note_mode)
+        modes_given._hooked = True
+    seen: list = []
+    _MODE_EVENTS.append(seen)
+    try:
+        yield seen
+    finally:
+        _MODE_EVENTS.remove(seen)
+
+
+def wider_than_final(seen: list, umask: int) -> list[str]:
+    """The moments ``seen`` (modes_given) gave a path more than it has at the end (made with ``mode`` less
+    ``umask``; chmod-ed to ``mode``), as lines to show; [] when none was ever more open than its final mode.
+    Only for paths that did not exist before the block (open() of a file that exists does not make it)."""
+    out = []
+    for event, path, mode in seen:
+        had = mode if event == "os.chmod" else mode & ~umask
+        try:
+            final = stat.S_IMODE(os.stat(path).st_mode)
+        except OSError:
+            continue
+        if had & ~final:
+            out.append(f"{path}: {event} {had:o}, ends {final:o}")
+    return out

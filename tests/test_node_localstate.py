@@ -239,3 +239,24 @@ def test_a_bounded_wait_for_the_layout_lock_gives_up_and_takes_it_soon_after_it_
         pass
     holder.join()
     assert max(pauses) <= LOCK_POLL_MAX_S  # so taken at most one poll after it was let go
+
+
+def test_ensure_never_makes_a_folder_wider_than_its_mode_even_for_a_moment(tmp_path):
+    """ensure made records/, bindings/, outbox/ and attempts/ with Path.mkdir (0777 less the umask) and chmod-ed
+    them after: under umask 0, records/ (what root hooks trust) was writable by anyone until the chmod, and a
+    file put there in that moment stayed a record. Each folder is now made with its mode (never wider), told
+    by the modes os.mkdir and os.chmod were given (audit events), not by the modes at the end."""
+    from tests.helpers import modes_given, wider_than_final
+
+    old = os.umask(0)
+    try:
+        with modes_given() as seen:
+            state = NodeState(tmp_path / "cache" / "n1").ensure()
+    finally:
+        os.umask(old)
+    made = {p for e, p, _ in seen if e == "os.mkdir"}
+    assert {str(d) for d in (state.root, state.records_dir, state.bindings_dir, state.outbox_dir,
+                             state.attempts_dir)} <= made, seen
+    assert wider_than_final(seen, 0) == []
+    assert {d.name: stat.S_IMODE(d.stat().st_mode) for d in state.root.iterdir() if d.is_dir()} == \
+        {"records": 0o700, "bindings": 0o711, "outbox": 0o700, "attempts": 0o700}

@@ -154,11 +154,16 @@ class NodeState:
         return self
 
     def ensure(self) -> "NodeState":
-        """Create the folders with their modes and adopt binding files an older version left."""
+        """Create the folders with their modes and adopt binding files an older version left. A folder made
+        here is made with its mode (make_missing_folders: the umask can only take bits away), never wider even
+        for a moment: made with 0777 less the umask and chmod-ed after (Path.mkdir), records/ was writable by
+        anyone under umask 0 until the chmod, and a file put there then stayed a record root trusts. One that
+        exists is given its mode, as root or its owner."""
         self.ensure_root()
         for d, mode in ((self.root, 0o711), (self.records_dir, 0o700), (self.bindings_dir, 0o711),
                         (self.outbox_dir, 0o700), (self.attempts_dir, 0o700)):
-            d.mkdir(parents=True, exist_ok=True)
+            if d in make_missing_folders(d, lambda _, mode=mode: mode):
+                continue
             if os.geteuid() == 0 or d.stat().st_uid == os.geteuid():
                 os.chmod(d, mode)
         self._adopt_legacy_bindings()
