@@ -30,6 +30,27 @@ def make_missing_folders(leaf: Path, mode_of: Callable[[Path], int]) -> list[Pat
     return made
 
 
+#: The mode slurm-mig makes its log files with (the umask can only take bits away).
+LOG_MODE = 0o644
+
+
+def open_to_append(path: str | os.PathLike, mode: int = LOG_MODE):
+    """``path`` opened to append bytes, made with ``mode`` if it is missing: the umask can only take bits away.
+    open(path, "a") made it 0666 less the umask, writable by anyone under umask 0, and root appends to it (a
+    log). One that exists keeps its mode."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_CLOEXEC", 0)
+    return open(path, "ab", opener=lambda p, f: os.open(p, f | flags, mode))
+
+
+def log_file_handler(path: str | os.PathLike, mode: int = LOG_MODE):
+    """A logging.FileHandler appending to ``path``, which is made with ``mode`` if missing (open_to_append);
+    FileHandler alone made it 0666 less the umask. OSError as open() raises it."""
+    import logging
+
+    open_to_append(path, mode).close()
+    return logging.FileHandler(path)
+
+
 def sync_path(path: str | os.PathLike) -> None:
     """fsync a file or a folder by its name: a folder's fsync makes the names renamed or made in it
     survive a power cut."""

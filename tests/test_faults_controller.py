@@ -2210,9 +2210,9 @@ def test_a_report_while_a_job_was_suspended_keeps_it_from_being_requeued_once_re
     assert rig.store.bound_instances("5")
 
 
-def _controller_once_starter(tmp_path, cfg):
+def _controller_once_starter(tmp_path, cfg, umask: int = -1):
     """A function that runs `slurm-mig --config CFG controller --once --no-api` in a fresh interpreter, with no
-    Slurm command on its PATH; returns its CompletedProcess."""
+    Slurm command on its PATH (and ``umask`` when given); returns its CompletedProcess."""
     import subprocess
     import sys
     from pathlib import Path
@@ -2224,9 +2224,29 @@ def _controller_once_starter(tmp_path, cfg):
 
     def start():
         return subprocess.run([sys.executable, "-m", "slurm_mig.cli", "--config", str(cfg), "controller", "--once",
-                               "--no-api"], env=env, capture_output=True, text=True, timeout=120, cwd=root)
+                               "--no-api"], env=env, capture_output=True, text=True, timeout=120, cwd=root,
+                              umask=umask)
 
     return start
+
+
+def test_the_controller_makes_its_log_0644_whatever_the_umask(tmp_path):
+    """[log].file was opened by logging.FileHandler, which made it 0666 less the umask: under umask 0 the log
+    root's controller appends to was writable by anyone (any line could be added or rewritten). It is made 0644
+    now (folders.log_file_handler); one that exists keeps its mode."""
+    import stat
+
+    folder = tmp_path / "etc"
+    folder.mkdir(mode=0o755)
+    cfg = folder / "controller.toml"
+    log, db = tmp_path / "log" / "controller.log", tmp_path / "lib" / "state.db"
+    log.parent.mkdir(mode=0o755)
+    cfg.write_text(f'[controller]\ndb_path = "{db}"\nslurm_conf = "{tmp_path / "no-slurm.conf"}"\n'
+                   f'[log]\nfile = "{log}"\n[slurm]\ncommand_timeout_s = 5\n')
+    cfg.chmod(0o644)
+    r = _controller_once_starter(tmp_path, cfg, umask=0)()
+    assert r.returncode == 0, r.stderr
+    assert stat.S_IMODE(log.stat().st_mode) == 0o644 and log.stat().st_size > 0
 
 
 @pytest.mark.parametrize("case", ["mode 0666", "group-writable", "owned by uid 65534", "in a 0777 folder",

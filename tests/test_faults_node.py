@@ -2476,3 +2476,25 @@ def test_a_hook_refuses_a_config_that_has_root_write_in_a_folder_others_may_chan
     said = rig.requeues[-1][1]
     assert key in said and str(folder) in said and ("chown root" if "65534" in case else "chmod") in said, said
     assert [p.name for p in shared.rglob("*") if p.is_file() or p.name == "n1"] == []
+
+
+def test_a_hook_makes_its_log_0644_whatever_the_umask(rig):
+    """[log].file was opened by logging.FileHandler, which made it 0666 less the umask: under umask 0 (slurmd's
+    hooks get slurmd's) the log root's hooks append to was writable by anyone. It is made 0644 now
+    (folders.log_file_handler)."""
+    import os
+    import stat
+
+    log = rig.tmp / "logs" / "hooks.log"
+    log.parent.mkdir(mode=0o755)
+    rig.config.write_text(rig.config.read_text() + f'file = "{log}"\n')
+    old = os.umask(0)
+    try:
+        assert rig.hook("healthcheck") == 0
+    finally:
+        os.umask(old)
+        for h in list(logging.root.handlers):  # the hook's own, if basicConfig added it (pytest's may be first)
+            if getattr(h, "baseFilename", None) == str(log):
+                logging.root.removeHandler(h)
+                h.close()
+    assert stat.S_IMODE(log.stat().st_mode) == 0o644

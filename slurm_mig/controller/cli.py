@@ -159,7 +159,10 @@ def _run(args: argparse.Namespace) -> int:
     # ... and the folders it names must stay its own: the log's and the database's (refused as the config is)
     check_written_folders(cfg, "the controller", controller=True, only_as_root=False)
     try:  # opened here, not by basicConfig(filename=): a folder or a missing one was logging's traceback
-        handler = logging.FileHandler(cfg.log.file) if cfg.log.file else logging.StreamHandler()
+        from slurm_mig.folders import log_file_handler
+
+        # made 0644 whatever the umask: logging.FileHandler made it 0666 under umask 0, root's log anyone could write
+        handler = log_file_handler(cfg.log.file) if cfg.log.file else logging.StreamHandler()
     except OSError as exc:
         raise ConfigError(f"config {cfg.source or '<built-in defaults>'}: [log].file: cannot open {cfg.log.file} "
                           f"to append to: {exc.strerror}") from None

@@ -33,7 +33,9 @@ def _setup_logging(settings: NodeSettings | None) -> None:
     handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
     if settings and settings.log_file:
         try:
-            handlers.append(logging.FileHandler(settings.log_file))
+            from slurm_mig.folders import log_file_handler
+
+            handlers.append(log_file_handler(settings.log_file))  # 0644 whatever the umask
         except OSError:
             pass
     level = getattr(logging, (settings.log_level if settings else "INFO").upper(), logging.INFO)
