@@ -22,7 +22,7 @@ from pathlib import Path
 
 from slurm_mig.api.client import direct_opener
 from slurm_mig.errors import ConfigError
-from slurm_mig.folders import make_missing_folders
+from slurm_mig.folders import make_missing_folders, open_to_append, write_durably
 from slurm_mig.mig.layout import parse_layout
 from slurm_mig.mig.profiles import get_model
 from slurm_mig.slurm import gres as gres_mod
@@ -133,8 +133,9 @@ class DemoCluster:
                                   f"{self.state / 'state.db'} yourself first")
         self._make_folders()
         if not (self.state / MARKER).is_file():
-            (self.state / MARKER).write_text("state dir of `slurm-mig demo`: it deletes state.db here on every start\n")
-            os.chmod(self.state / MARKER, 0o644)
+            # 0644 from the start (write_text then chmod: 0666 under umask 0 until the chmod)
+            write_durably(self.state / MARKER, b"state dir of `slurm-mig demo`: it deletes state.db here on every "
+                          b"start\n", 0o644)
 
     def _make_folders(self) -> None:
         """The state dir (0711) and its folders (0755), and those above it that are missing (0755), with these
@@ -208,12 +209,14 @@ class DemoCluster:
         folder another user owns."""
         from slurm_mig.config import check_trusted, check_written_folders, load_config
 
-        self.config_path.write_text(CONFIG_TEMPLATE.format(
+        # 0644 from the start: written with write_text then chmod-ed, it was 0666 under umask 0 until the chmod,
+        # and whoever opened it then could rewrite it after the check below (the controller's config)
+        write_durably(self.config_path, CONFIG_TEMPLATE.format(
             port=self.port, state=self.state, tick=self.tick_s, slurm_conf=self.cluster.slurm_conf,
             model=self.model.name, gpus=self.gpus_per_node, delay=self.delay_scale, agent=self.agent_s,
             munge=self.cluster.munge_socket, policy=self.policy,
-            controller_options="".join(f"{k} = {json.dumps(v)}\n" for k, v in self.controller_options.items())))
-        os.chmod(self.config_path, 0o644)
+            controller_options="".join(f"{k} = {json.dumps(v)}\n" for k, v in self.controller_options.items())
+        ).encode(), 0o644)
         check_trusted(self.config_path, "the demo's controller", only_as_root=False)
         # The folders it names (all in the state dir) as the controller and the hooks judge them
         check_written_folders(load_config(self.config_path), "the demo's controller and hooks", controller=True,
@@ -247,10 +250,10 @@ class DemoCluster:
             (self.state / f).unlink(missing_ok=True)
 
     def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen:
-        log = open(self.state / "log" / f"{name}.log", "ab")
+        log = open_to_append(self.state / "log" / f"{name}.log")  # 0644 whatever the umask
         proc = subprocess.Popen(argv, env=self.env(), stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)
-        (self.state / "log" / f"{name}.pid").write_text(str(proc.pid))
+        write_durably(self.state / "log" / f"{name}.pid", str(proc.pid).encode(), 0o644)  # 0644 whatever the umask
         self.procs[name] = proc
         return proc
 

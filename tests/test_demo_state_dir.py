@@ -166,3 +166,32 @@ def test_the_folders_the_demos_config_names_pass_the_written_folder_check(tmp_pa
 
     dflt = replace(Config(), log=LogConfig(file="/var/log/slurm-mig/controller.log"))
     check_written_folders(dflt, "the controller", controller=True, node=True, only_as_root=False)
+
+
+def test_the_demos_files_are_never_more_open_than_their_modes_whatever_the_umask(tmp_path):
+    """Under umask 0 the demo wrote its config and its state dir's marker with write_text and chmod-ed them 0644
+    after: 0666 until the chmod, and whoever opened the config then could rewrite it after the demo checked it
+    (the controller's config). Slurm's files (slurm.conf, whose Prolog slurmd runs as root; cluster.json) and the
+    hook wrappers were left 0666 for good. Each is now made with its mode: told by the modes open(), os.mkdir
+    and os.chmod were given (audit events), not only by the modes at the end. No Slurm is started."""
+    import os
+    import stat
+
+    from tests.helpers import modes_given, wider_than_final
+
+    d = tmp_path / "new" / "demo"
+    old = os.umask(0)
+    try:
+        with modes_given() as seen:
+            dc = DemoCluster(d)
+            dc.reset_gpus()
+            dc.port = 12345
+            dc.write_config()
+            dc.cluster._write_config(12346, list(range(12347, 12347 + len(dc.nodes) + 1)))
+    finally:
+        os.umask(old)
+    assert wider_than_final(seen, 0) == []
+    files = {str(p.relative_to(d)): stat.S_IMODE(p.stat().st_mode) for p in d.rglob("*")
+             if p.is_file() and p.suffix in (".toml", ".conf", ".json", ".lua", ".sh", "")}
+    assert files and {f: oct(m) for f, m in files.items() if m & 0o022} == {}, files
+    assert files[dc.config_path.name] == 0o644 and files[MARKER] == 0o644

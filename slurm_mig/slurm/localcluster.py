@@ -36,7 +36,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from slurm_mig.errors import SlurmCommandError, SlurmMigError
-from slurm_mig.folders import make_missing_folders
+from slurm_mig.folders import make_missing_folders, open_to_append, write_durably
 from slurm_mig.slurm import gres as gres_mod
 from slurm_mig.slurm.runner import SlurmClient, run_slurm
 
@@ -402,8 +402,8 @@ class LocalCluster:
         lines += [f"export {k}={shlex.quote(v)}" for k, v in sorted(self.hook_env.items())
                   if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k)]
         lines.append(f'exec {shlex.quote(target)} "$@"')
-        wrapper.write_text("\n".join(lines) + "\n")
-        wrapper.chmod(0o755)
+        # 0755 from the start (write_text then chmod: 0666 under umask 0 until the chmod, a script slurmd runs as root)
+        write_durably(wrapper, ("\n".join(lines) + "\n").encode(), 0o755)
         return str(wrapper)
 
     def _snippet_text(self) -> str:
@@ -489,12 +489,14 @@ class LocalCluster:
         changed = False
         for path, text in files.items():
             if not path.exists() or path.read_text() != text:
-                path.write_text(text)
+                # 0644 whatever the umask (write_text: 0666 under umask 0, and slurmd, as root, runs the Prolog
+                # slurm.conf names)
+                write_durably(path, text.encode(), 0o644)
                 changed = True
-        (self.state_dir / "cluster.json").write_text(json.dumps({
+        write_durably(self.state_dir / "cluster.json", json.dumps({
             "ctld_port": ctld_port, "node_ports": list(node_ports), "nodes": self.node_names,
             "slurm_conf": str(self.slurm_conf), "gpus_per_node": self.gpus_per_node,
-        }, indent=1))
+        }, indent=1).encode(), 0o644)
         return changed
 
     # -- processes ----------------------------------------------------------
@@ -537,20 +539,21 @@ class LocalCluster:
         return all(self.running().values())
 
     def _spawn(self, name: str, argv: list[str]) -> int:
-        logf = open(self.state_dir / "log" / f"{name}.stdout", "ab")
+        logf = open_to_append(self.state_dir / "log" / f"{name}.stdout")  # 0644 whatever the umask
         env = dict(os.environ)
         env[_MARK] = str(self.state_dir)
         env.pop("SLURM_CONF", None)
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
                                 env=env, start_new_session=True, close_fds=True)
         logf.close()
-        self._pidfile(name).write_text(f"{proc.pid}\n")
+        write_durably(self._pidfile(name), f"{proc.pid}\n".encode(), 0o644)  # the pid stop() signals
         return proc.pid
 
     def _start_munge(self) -> None:
         mdir = self.state_dir / "munge"
         # munged refuses group/world-writable dirs (the folders above too); clients need to reach the socket.
-        _make_folders(mdir)
+        # made 0711 (never 0755 first, nor 0777 under umask 0), and set so if it exists
+        make_missing_folders(mdir, lambda d: 0o711 if d == mdir else 0o755)
         os.chmod(mdir, 0o711)
         key = mdir / "munge.key"
         if not key.exists():
