@@ -71,7 +71,11 @@ def write_durably(path: str | os.PathLike, data: bytes, mode: int, uid: int | No
     import tempfile
 
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+    # The folder as open() finds it: tempfile makes its folder absolute with os.path.abspath, which drops "L/.." by
+    # the letters where the kernel follows the link L first, so the temporary file was sought in another folder
+    # (FileNotFoundError, or a rename from there). The file is renamed into that same folder.
+    folder = os.path.realpath(path.parent)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-")
     try:
         os.fchmod(fd, mode)
         if uid is not None and os.geteuid() == 0:
@@ -82,13 +86,13 @@ def write_durably(path: str | os.PathLike, data: bytes, mode: int, uid: int | No
         os.fsync(fd)
         os.close(fd)
         fd = -1
-        os.replace(tmp, path)
+        os.replace(tmp, os.path.join(folder, path.name))
     finally:
         if fd != -1:
             os.close(fd)
         if os.path.exists(tmp):
             os.unlink(tmp)
-    sync_path(path.parent)
+    sync_path(folder)
 
 
 def _who(uid: int) -> str:

@@ -330,3 +330,22 @@ def test_install_hooks_refuses_a_config_the_root_hooks_would_refuse(tmp_path):
     assert not (tmp_path / "hooks").exists()
     cfg.chmod(0o644)
     assert _run_install(tmp_path, "--python", sys.executable, "--hook-config", str(cfg)).returncode == 0
+
+
+def test_installs_into_the_folder_a_prefix_with_dotdot_after_a_link_opens(tmp_path):
+    """--prefix ROOTS/L/../hooks, L root's link to root's OTHER/sub: the prefix is OTHER/hooks to the kernel (it
+    follows L before ".."), and _check_prefix judges it so; but each hook was written through tempfile, which makes
+    its folder absolute with os.path.abspath (ROOTS/hooks, by the letters): install-hooks made OTHER/hooks and
+    failed with a FileNotFoundError traceback (reproduced; with a ROOTS/hooks there the temporary files were made
+    in that other folder). write_durably now makes its temporary file in the folder as the kernel resolves it."""
+    other, roots = tmp_path / "other", tmp_path / "roots"
+    (other / "sub").mkdir(parents=True)
+    roots.mkdir()
+    os.symlink(other / "sub", roots / "L")
+    out = install_hooks(f"{roots}/L/../hooks", "/usr/bin/python3", "/etc/slurm-mig/slurm-mig.toml")
+    assert sorted(p.name for p in (other / "hooks").iterdir()) == sorted(HOOKS)
+    assert not (roots / "hooks").exists()
+    assert all(os.path.samefile(path, other / "hooks" / name) for name, path in out.items())
+    assert stat.S_IMODE(os.stat(other / "hooks" / "slurm-mig-prolog").st_mode) == 0o755
+    install_hooks(f"{roots}/L/../hooks", "/usr/bin/python3", "/etc/slurm-mig/slurm-mig.toml")  # again: replaced
+    assert sorted(p.name for p in (other / "hooks").iterdir()) == sorted(HOOKS)
