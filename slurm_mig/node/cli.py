@@ -65,7 +65,13 @@ def _check_prefix(prefix: Path) -> None:
     folder and link on its way, as given and resolved, that exists must be theirs, and every folder above
     it writable by nobody else unless sticky (as /tmp). Whoever can write such a folder can rename the
     prefix away and put their own prolog in its place, and slurmd runs it as root. The prefix itself is
-    chmod-ed 0755 after."""
+    chmod-ed 0755 after.
+
+    A twin of folders.writable_by_others (the same owners, the same two passes, as given and resolved), kept
+    apart for two differences that are the point here: the prefix's own mode is not judged, since install-hooks
+    makes it 0755 before it writes a hook there (a prefix left 0777 is fixed, not refused; writable_by_others
+    refuses a path others may write, sticky or not: its callers use the path as it is), and a folder on the way that
+    cannot be read is an error, not a missing one. The messages name --prefix and `chmod go-w` (tested)."""
     import stat
 
     from slurm_mig.errors import SlurmMigError
