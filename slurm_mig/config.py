@@ -527,12 +527,20 @@ def check_trusted(path: str | os.PathLike | None, who: str, *, only_as_root: boo
                           f"can change (chown root, chmod go-w); nothing was done")
 
 
-def written_folders(cfg: "Config", *, controller: bool = False, node: bool = False) -> list[tuple[str, str, str]]:
+#: The folders of a node's own in <[node].cache_dir>/<node> (localstate.NodeState), the node's folder first.
+NODE_FOLDERS = ("", "records", "bindings", "outbox", "attempts")
+
+
+def written_folders(cfg: "Config", *, controller: bool = False, node: bool = False,
+                    node_name: str | None = None) -> list[tuple[str, str, str]]:
     """(key, the path the config gives, the folder root writes in) of each place a root process writes that the
     config chooses: [log].file's folder; the controller's [controller].db_path folder (also its -wal, -shm and
     lock files); a node's [node].cache_dir (its node's records and layout lock are made in it) and, with the
     simulated backend, [node].sim_state_path's folder ("{node}" left as written: a folder not made yet is judged
-    by those above it)."""
+    by those above it). With ``node_name`` (a hook, a node tool: the node it acts for) also that node's own:
+    its folder in cache_dir and those in it (NODE_FOLDERS), and the simulated GPUs' folder with "{node}" that
+    name. Without them a node folder, or a "{node}" folder, that exists was never judged, only cache_dir and
+    the folder above "{node}": one another user owns (or anyone may write) had root keep its records there."""
     def folder_of(path: str) -> str:
         return os.path.dirname(path) or "."
 
@@ -543,27 +551,36 @@ def written_folders(cfg: "Config", *, controller: bool = False, node: bool = Fal
         places.append(("[controller].db_path", cfg.controller.db_path, folder_of(cfg.controller.db_path)))
     if node:
         places.append(("[node].cache_dir", cfg.node.cache_dir, cfg.node.cache_dir))
+        if node_name:
+            mine = os.path.join(cfg.node.cache_dir, node_name)
+            places += [("[node].cache_dir", cfg.node.cache_dir, os.path.join(mine, sub) if sub else mine)
+                       for sub in NODE_FOLDERS]
         if cfg.node.nvml_backend == "simulated":
             places.append(("[node].sim_state_path", cfg.node.sim_state_path, folder_of(cfg.node.sim_state_path)))
+            if node_name and "{node}" in cfg.node.sim_state_path:
+                named = folder_of(cfg.node.sim_state_path.replace("{node}", node_name))
+                if named != places[-1][2]:
+                    places.append(("[node].sim_state_path", cfg.node.sim_state_path, named))
     return places
 
 
 def check_written_folders(cfg: "Config", who: str, *, controller: bool = False, node: bool = False,
-                          only_as_root: bool = True) -> None:
+                          node_name: str | None = None, only_as_root: bool = True) -> None:
     """Refuse (ConfigError, exit 2, one line naming the key, the path and the fix) a config that has a root
     process write in a folder others may change (written_folders: the log file's, the state database's, the
     node's records' and the simulated GPUs'): one writable by its group or by anyone (sticky or not: /tmp too) or
     owned by another user, or below such a folder unless it is sticky, by the one rule, folders.writable_by_others.
     There a user could put a symbolic link where root then writes (its log appended to /etc/shadow), or rename
     the folder and put their own in its place. The check of the config itself (check_trusted) makes sure the
-    paths are root's choice; this one that the folders they name stay root's. ``only_as_root`` as there."""
+    paths are root's choice; this one that the folders they name stay root's. ``node_name``: the node a hook or
+    node tool acts for, whose own folders are judged too (written_folders). ``only_as_root`` as there."""
     if only_as_root and os.geteuid() != 0:
         return
     from slurm_mig.folders import writable_by_others
 
     defaults = {"[log].file": "standard error (\"\")", "[controller].db_path": ControllerConfig.db_path,
                 "[node].cache_dir": NodeConfig.cache_dir, "[node].sim_state_path": NodeConfig.sim_state_path}
-    for key, path, folder in written_folders(cfg, controller=controller, node=node):
+    for key, path, folder in written_folders(cfg, controller=controller, node=node, node_name=node_name):
         problem = writable_by_others(folder, "folder")
         if problem:
             raise ConfigError(f"{_where(cfg.source)}: {key} = {path}: {problem}; {who} writes there, and whoever "

@@ -490,3 +490,28 @@ def test_nvml_as_root_refuses_a_config_others_may_change(state, tmp_path, capsys
     assert f"config {cfg} is writable by anyone" in capsys.readouterr().err
     cfg.chmod(0o644)
     assert main(argv) == 0
+
+
+def test_cli_as_root_refuses_a_node_folder_another_user_owns(tmp_path, capsys, monkeypatch):
+    """`nvml` judged the folders the config names as the hooks do, but with "{node}" left as written: the node's
+    own simulated-GPU folder ("{node}" made its name) owned by another user was never judged, and root read and
+    wrote the GPUs' state in it. Judged now for the node acted for (--node, $SLURMD_NODENAME), as the hooks."""
+    import os
+
+    if os.geteuid() != 0:
+        pytest.skip("the check applies as root")
+    for var in ("SLURM_MIG_SIM_STATE", "SLURM_MIG_NVML_BACKEND", "SLURM_MIG_CONFIG"):
+        monkeypatch.delenv(var, raising=False)
+    for name in ("gpu01", "gpu02"):
+        (tmp_path / name).mkdir(mode=0o755)
+        init_state(tmp_path / name / "gpus.json", ["H100-80GB"], layouts={0: "7g@0"}, seed=name)
+    cfg = tmp_path / "slurm-mig.toml"
+    cfg.write_text(f'[node]\nnvml_backend = "simulated"\nsim_state_path = "{tmp_path}/{{node}}/gpus.json"\n'
+                   f'cache_dir = "{tmp_path}/cache"\n')
+    cfg.chmod(0o644)
+    os.chown(tmp_path / "gpu02", 65534, 65534)
+    assert main(["--config", str(cfg), "nvml", "show", "--json", "--node", "gpu01"]) == 0
+    capsys.readouterr()
+    assert main(["--config", str(cfg), "nvml", "show", "--json", "--node", "gpu02"]) == 2
+    err = capsys.readouterr().err
+    assert "[node].sim_state_path" in err and f"chown root {tmp_path / 'gpu02'}" in err, err

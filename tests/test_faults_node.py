@@ -2498,3 +2498,42 @@ def test_a_hook_makes_its_log_0644_whatever_the_umask(rig):
                 logging.root.removeHandler(h)
                 h.close()
     assert stat.S_IMODE(log.stat().st_mode) == 0o644
+
+
+@pytest.mark.parametrize("case", ["node folder uid 65534 owns", "records folder 0777", "{node} folder uid 65534 owns"])
+def test_a_hook_refuses_a_node_folder_of_its_own_that_others_may_change(rig, case):
+    """check_written_folders judged [node].cache_dir and the folder above sim_state_path's "{node}" as written,
+    not the node's own folders that exist: <cache_dir>/<node> (or its records/) owned by another user, or
+    writable by anyone, or the simulated GPUs' "{node}" folder another user owns, and the Prolog bound the job
+    there (ensure chmod-ed a records/ 0777 back to 0700 without a word, whatever had been put in it). Found by
+    chown 65534 of <cache_dir>/n1: the Prolog wrote the job's record in it. Judged now at the start, by the one
+    rule, for the node the hook runs for: the job is requeued naming the key and the folder, nothing is bound."""
+    import os
+
+    if os.geteuid() != 0:
+        pytest.skip("the check applies to hooks running as root")
+    node_dir = rig.tmp / "node" / "n1"
+    assert node_dir.is_dir()  # made by the rig's first health check
+    if case.startswith("node folder"):
+        key, folder, fix = "[node].cache_dir", node_dir, "chown root"
+        os.chown(node_dir, 65534, 65534)
+    elif case.startswith("records"):
+        key, folder, fix = "[node].cache_dir", node_dir / "records", "chmod o-w"
+        (node_dir / "records").chmod(0o777)
+    else:
+        key, fix = "[node].sim_state_path", "chown root"
+        folder = rig.tmp / "sim" / "n1"
+        init_state(folder / "gpus.json", [("H100-80GB", 2)], layouts={0: LAYOUT, 1: LAYOUT}, seed="n1")
+        (rig.tmp / "sim").chmod(0o755)
+        folder.chmod(0o755)
+        text = rig.config.read_text().replace(f'sim_state_path = "{rig.tmp}/gpus/{{node}}.json"',
+                                              f'sim_state_path = "{rig.tmp}/sim/{{node}}/gpus.json"')
+        assert text != rig.config.read_text()
+        rig.config.write_text(text)
+        os.chown(folder, 65534, 65534)
+    rig.job("23", "1g")
+    assert rig.hook("prolog", "23") == 0  # never drains the node ...
+    assert rig.requeues and rig.requeues[-1][0] == "23", rig.requeues
+    said = rig.requeues[-1][1]
+    assert key in said and f"{fix} {folder}" in said, said
+    assert not rig.record_file("23").exists() and not rig.live("23")

@@ -194,11 +194,11 @@ def _sync(args: argparse.Namespace) -> int:
 
     if args.config:
         os.environ["SLURM_MIG_CONFIG"] = args.config
-    settings = NodeSettings.load()
-    _setup_logging(settings)
     from slurm_mig.node.localstate import local_node_name
 
     name = args.node or local_node_name()
+    settings = NodeSettings.load(name)
+    _setup_logging(settings)
     node = Node(name, settings)
     while True:
         try:

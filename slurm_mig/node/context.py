@@ -52,13 +52,16 @@ class NodeSettings:
     max_skew_s: float = 30.0
 
     @classmethod
-    def load(cls) -> "NodeSettings":
+    def load(cls, node_name: str | None = None) -> "NodeSettings":
+        """The settings of the config; as root refused (ConfigError) when others may change it or a folder
+        it has root write in, ``node_name``'s own folders too (config.check_written_folders)."""
         from slurm_mig.config import check_written_folders, find_config, load_config
 
         _check_trusted(find_config())
         cfg = load_config()
-        # As root, the folders it names for the hook to write in must be root's too (log, records, simulated GPUs)
-        check_written_folders(cfg, "a hook running as root", node=True)
+        # As root, the folders it names for the hook to write in must be root's too (log, records, simulated GPUs),
+        # and those of the node it acts for that exist (its records' folder, its simulated GPUs' "{node}" folder)
+        check_written_folders(cfg, "a hook running as root", node=True, node_name=node_name)
         return cls(
             controller_url=cfg.node.controller_url,
             timeout_s=cfg.node.request_timeout_s,

@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     node_name = local_node_name(env)
     settings = None
     try:
-        settings = NodeSettings.load()
+        settings = NodeSettings.load(node_name)
         _setup_logging(settings)
         if kind == "taskprolog":
             return hook(env, node_name, settings.state_root, settings.slurm_conf)

@@ -42,22 +42,24 @@ ENV_SIM_STATE = "SLURM_MIG_SIM_STATE"
 ENV_SIM_DELAY = "SLURM_MIG_SIM_DELAY_SCALE"
 
 
-def _load_config(path: str | None = None):
+def _load_config(path: str | None = None, node_name: str | None = None):
     """The config, refused as the hooks refuse it when others may change it and this runs as root (it names
-    the node's records, its layout lock and the simulated GPUs' files, which root then writes)."""
+    the node's records, its layout lock and the simulated GPUs' files, which root then writes), with the folders
+    of ``node_name`` (the node acted for) judged as the hooks judge them."""
     from slurm_mig.config import check_trusted, check_written_folders, find_config, load_config
 
     check_trusted(find_config(path), "`slurm-mig nvml` running as root")
     cfg = load_config(path)
-    check_written_folders(cfg, "`slurm-mig nvml` running as root", node=True)  # as the hooks (context.py)
+    check_written_folders(cfg, "`slurm-mig nvml` running as root", node=True,  # as the hooks (context.py)
+                          node_name=node_name)
     return cfg
 
 
-def _node_config(path: str | None = None):
+def _node_config(path: str | None = None, node_name: str | None = None):
     """The config file's [node] section, if there is a config file (else None: no file, no opinion)."""
     from slurm_mig.config import find_config
 
-    return _load_config(path).node if find_config(path) is not None else None
+    return _load_config(path, node_name).node if find_config(path) is not None else None
 
 
 def _node_name(args: argparse.Namespace) -> str:
@@ -80,7 +82,7 @@ def sim_state_path(args: argparse.Namespace) -> tuple[str, str]:
         return env, f"${ENV_SIM_STATE}"
     from slurm_mig.config import find_config
 
-    node = _node_config(getattr(args, "config", None))
+    node = _node_config(getattr(args, "config", None), _node_name(args))
     if node is None:
         raise ConfigError(f"which simulated state file? pass --sim-state PATH, set ${ENV_SIM_STATE}, or set "
                           f"[node].sim_state_path in the config (--config PATH, $SLURM_MIG_CONFIG or "
@@ -95,7 +97,9 @@ def backend_settings(args: argparse.Namespace) -> dict[str, Any]:
     sim_state_path's."""
     explicit = getattr(args, "sim_state", None) or os.environ.get(ENV_SIM_STATE) or None
     kind = getattr(args, "backend", None) or os.environ.get(ENV_BACKEND)
-    node = _node_config(getattr(args, "config", None)) if kind is None and explicit is None else None
+    node = None
+    if kind is None and explicit is None:
+        node = _node_config(getattr(args, "config", None), _node_name(args))
     if kind is None:
         kind = "simulated" if explicit else node.nvml_backend if node is not None else "real"
     kind = kind.strip().lower()
@@ -109,7 +113,7 @@ def backend_settings(args: argparse.Namespace) -> dict[str, Any]:
         # the config's delay goes with the config's file (a --sim-state or $SLURM_MIG_SIM_STATE file: instant)
         config_delay = None
         if explicit is None:
-            config_delay = (node or _node_config(getattr(args, "config", None))).sim_delay_scale
+            config_delay = (node or _node_config(getattr(args, "config", None), _node_name(args))).sim_delay_scale
         delay = getattr(args, "sim_delay_scale", None)
         if delay is None and ENV_SIM_DELAY not in os.environ:
             delay = config_delay
@@ -229,7 +233,8 @@ def _node_state(args: argparse.Namespace):
     default cache_dir without a config file, as for the hooks)."""
     from slurm_mig.node.localstate import NodeState
 
-    return NodeState(Path(_load_config(getattr(args, "config", None)).node.cache_dir) / _node_name(args))
+    name = _node_name(args)
+    return NodeState(Path(_load_config(getattr(args, "config", None), name).node.cache_dir) / name)
 
 
 def _check_node_name(args: argparse.Namespace, state) -> None:
@@ -286,7 +291,7 @@ def _lock_wait(args: argparse.Namespace) -> float:
     hooks' own bound)."""
     if getattr(args, "lock_wait", None) is not None:
         return args.lock_wait
-    return _load_config(getattr(args, "config", None)).node.layout_lock_wait_s
+    return _load_config(getattr(args, "config", None), _node_name(args)).node.layout_lock_wait_s
 
 
 def _take_layout_lock(stack: contextlib.ExitStack, state, wait_s: float) -> None:
@@ -459,7 +464,7 @@ def _sim_gpus(args: argparse.Namespace) -> tuple[str, str]:
         return args.gpus, "--gpus"
     from slurm_mig.config import find_config
 
-    node = _node_config(getattr(args, "config", None))
+    node = _node_config(getattr(args, "config", None), _node_name(args))
     if node is None:
         raise ConfigError("which GPUs? pass --gpus MODEL[:N] (e.g. H100-80GB:2), or set [node].sim_gpu_model and "
                           "sim_gpu_count in the config (--config PATH, $SLURM_MIG_CONFIG or "
