@@ -1444,6 +1444,41 @@ def test_a_prolog_run_again_binding_another_instance_leaves_no_mark_on_the_first
     assert _records(rig) == {} and _marks(rig) == {}
 
 
+def _answer_with_another_instance(rig, monkeypatch, record: dict) -> object:
+    """The controller answers the next Prolog with another instance of the profile ``record`` names (as when it
+    moved the job's binding meanwhile); returns that instance."""
+    other = next(i for g in (0, 1) for i in rig.gpu.instances(g)
+                 if i.slot.profile == record["profile"] and i.uuid != record["uuid"])
+    named = {"gpu": other.gpu_index, "profile": other.slot.profile, "start": other.slot.start}
+    monkeypatch.setitem(rig.srv.routes, "/v1/prolog",
+                        lambda payload, who: {"action": "bind", "instances": [named], "targets": {}})
+    return other
+
+
+def test_a_prolog_run_again_leaves_the_mark_of_a_slot_another_record_names_under_an_old_uuid(rig, monkeypatch):
+    """The Prolog run again for the same run clears the marks of the instances its first binding named and the
+    new one does not, on those no other record names. Told apart by UUID only (4cd077e), while the simulated
+    GPU keeps its marks by slot: a set-aside record naming the first instance's slot under the UUID of an
+    instance made there before (the simulated GPUs made again with the records kept) did not keep the mark,
+    "job N" too, of the run that record stands for. By UUID and by slot now, one guard with the health check's
+    (8954a27, NodeState.named_by_others). A state no hook makes alone, like that commit's test."""
+    rig.job("55", "3g")
+    assert rig.hook("prolog", "55", SLURM_JOB_RESTART_COUNT="0") == 0
+    (first,) = json.loads(rig.record_file("55").read_text())["instances"]
+    x = first["uuid"]
+    records = rig.tmp / "node" / "n1" / "records"
+    doc = json.loads(rig.record_file("55").read_text())
+    doc["instances"][0]["uuid"] = old = "MIG-00000000-0000-4000-8000-000000000055"  # x's slot, an older instance
+    (records / "55.earlier-1.json").write_text(json.dumps(doc))
+    y = _answer_with_another_instance(rig, monkeypatch, first).uuid
+    assert rig.hook("prolog", "55", SLURM_JOB_RESTART_COUNT="0") == 0
+    assert _records(rig) == {"55": {y}, "55.earlier-1": {old}}
+    assert _marks(rig) == {x: "job 55", y: "job 55"}  # x's slot is the set-aside record's: its mark stays
+    rig.squeue = "55\n"
+    assert rig.report() == 0  # the set-aside record goes, and its mark with it (5123325)
+    assert _records(rig) == {"55": {y}} and _marks(rig) == {y: "job 55"}
+
+
 def test_epilog_of_a_requeued_attempt_records_no_outcome(rig):
     """Prolog killed after binding, the wrapper requeued the job: Slurm still runs the Epilog of that
     attempt (exit code 0, SLURM_JOB_RESTART_COUNT already raised). Its end is not the job's outcome."""

@@ -474,6 +474,18 @@ class Node:
             if mine:
                 self.mark_in_use(i.gpu, i.profile, i.start, None)
 
+    def end_marks_no_other_record_names(self, key: str, insts) -> list:
+        """end_job_processes for the run whose record is ``key`` (a job id, or an earlier run's record
+        ``<job>.earlier-<n>``), on those of ``insts`` no other record names, by UUID or by slot
+        (NodeState.named_by_others): never a mark another record's run may hold, "job <job>" too for another run
+        of the same id. Returns the instances whose marks it cleared. Call with apply_lock() held."""
+        from slurm_mig.node.localstate import EARLIER_RUN
+
+        named = self.state.named_by_others(key)
+        insts = [i for i in insts if i not in named]
+        self.end_job_processes(str(key).partition(EARLIER_RUN)[0], insts)
+        return insts
+
     def mark_in_use(self, gpu: int, profile: str, start: int, owner: str | None) -> None:
         # Only the simulated GPU needs telling: a real one sees the job's CUDA processes.
         setter = getattr(self.backend, "set_in_use", None)

@@ -149,19 +149,14 @@ def _release_stale_binding(node: Node, job_id: str, *, earlier_run: bool = False
     them; skipped here, such a mark kept the instance busy and this record with it for good (crash benchmark,
     seed 1048: a Prolog killed after its mark, its attempt's Epilog killed before clearing it, the requeued run
     bound on the same node). Call with apply_lock() held."""
-    from slurm_mig.node.localstate import EARLIER_RUN
-
     try:
         insts = node.state.read_record(job_id) or []
     except ValueError:
         insts = []  # damaged: it names nothing we could check or protect
     if earlier_run:
-        # By UUID and by slot: the simulated GPU keeps its marks by slot, and a record may name an instance made
-        # again since (another UUID) at the slot another record's run holds, "job <job>" too for a run of this id
-        others = [i for key, other in node.state.all_bindings().items() if key != job_id for i in other]
-        held = {i.uuid for i in others} | {(i.gpu, i.profile, i.start) for i in others}
-        node.end_job_processes(job_id.partition(EARLIER_RUN)[0],
-                               [i for i in insts if i.uuid not in held and (i.gpu, i.profile, i.start) not in held])
+        # By UUID and by slot (NodeState.named_by_others): a record may name an instance made again since
+        # (another UUID) at the slot another record's run holds, "job <job>" too for a run of this id
+        node.end_marks_no_other_record_names(job_id, insts)
     else:
         node.end_job_processes(job_id, insts)
     try:

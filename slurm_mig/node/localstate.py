@@ -60,6 +60,17 @@ class BoundInstance:
             raise ValueError(f"not a bound instance: {d!r:.200}") from exc
 
 
+@dataclass(frozen=True)
+class NamedInstances:
+    """What some binding records name (NodeState.named_by_others): ``uuids`` and ``slots`` (GPU, profile, start)."""
+    uuids: frozenset[str]
+    slots: frozenset[tuple[int, str, int]]
+
+    def __contains__(self, inst: BoundInstance) -> bool:
+        """Whether a record names ``inst``, by its UUID or by its slot."""
+        return inst.uuid in self.uuids or (inst.gpu, inst.profile, inst.start) in self.slots
+
+
 #: How a bounded wait for the layout lock polls (flock has no time limit): first after 5 ms, doubling to 50 ms.
 LOCK_POLL_FIRST_S = 0.005
 LOCK_POLL_MAX_S = 0.05
@@ -344,6 +355,15 @@ class NodeState:
                 log.error("binding record %s unreadable (%s); counted as bound to nothing known", path, exc)
                 out[path.stem] = []
         return out
+
+    def named_by_others(self, key: str) -> "NamedInstances":
+        """The instances the records other than ``key`` (a job id or an earlier run's record) name, by UUID and by
+        slot. By slot as well: the simulated GPU keeps its "job <id>" marks by slot, and a record may name an
+        instance made again since (another UUID) at a slot another record's run holds. The one guard of every step
+        that clears a job's marks on instances no other record names (the Prolog replacing its own binding, the
+        health check releasing an earlier run's record)."""
+        others = [i for other, insts in self.all_bindings().items() if other != str(key) for i in insts]
+        return NamedInstances(frozenset(i.uuid for i in others), frozenset((i.gpu, i.profile, i.start) for i in others))
 
     def _record_paths(self, strict: bool) -> list[Path]:
         if not strict:

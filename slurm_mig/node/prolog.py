@@ -191,9 +191,10 @@ def _bind_here(node: Node, env: dict, job_id: str, resp: dict, uid: int, gid: in
 def _end_marks_of_a_replaced_binding(node: Node, job_id: str, bound: list) -> None:
     """This run's record already here (its Prolog run again: _keep_earlier_runs_binding leaves it) naming an
     instance the binding about to be written does not: the simulated GPU's "job <id>" mark the first Prolog set
-    there goes, on an instance no other record names. Written over, the record no longer names it, so neither
-    the Epilog nor the health check would ever clear that mark, and the instance stayed busy for good. No task
-    of the run can be on it: tasks start after the Prolog that binds them. Call with apply_lock() held."""
+    there goes, on an instance no other record names (by UUID or by slot: NodeState.named_by_others). Written
+    over, the record no longer names it, so neither the Epilog nor the health check would ever clear that mark,
+    and the instance stayed busy for good. No task of the run can be on it: tasks start after the Prolog that
+    binds them. Call with apply_lock() held."""
     try:
         before = node.state.read_binding(job_id) or []
     except ValueError:
@@ -201,13 +202,11 @@ def _end_marks_of_a_replaced_binding(node: Node, job_id: str, bound: list) -> No
     dropped = [i for i in before if i.uuid not in {b.uuid for b in bound}]
     if not dropped:  # no record (a run's first Prolog, almost always), or one of the same instances
         return
-    held = {i.uuid for key, insts in node.state.all_bindings().items() if key != str(job_id) for i in insts}
-    dropped = [i for i in dropped if i.uuid not in held]
+    dropped = node.end_marks_no_other_record_names(job_id, dropped)
     if dropped:
         log.warning("job %s: its Prolog ran again and binds %s, no longer %s, which its first binding named", job_id,
                     ",".join(f"{b.profile}@{b.gpu}:{b.start}" for b in bound),
                     ",".join(f"{i.profile}@{i.gpu}:{i.start}" for i in dropped))
-        node.end_job_processes(job_id, dropped)
 
 
 def _keep_earlier_runs_binding(node: Node, job_id: str, restarts: int | None, uid: int | None = None) -> None:
