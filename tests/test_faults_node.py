@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 
 import pytest
@@ -1477,6 +1478,95 @@ def test_a_prolog_run_again_leaves_the_mark_of_a_slot_another_record_names_under
     rig.squeue = "55\n"
     assert rig.report() == 0  # the set-aside record goes, and its mark with it (5123325)
     assert _records(rig) == {"55": {y}} and _marks(rig) == {y: "job 55"}
+
+
+def test_a_prolog_run_again_over_a_damaged_record_clears_the_mark_its_first_binding_set(rig, monkeypatch):
+    """The Prolog run again for the same run over its own record, damaged since (it names nothing readable):
+    the mark the first Prolog set stayed on an instance no record named once the record was written over, busy
+    for good. The instances marked "job N" that no other record names stand for the damaged record now."""
+    rig.job("60", "3g")
+    assert rig.hook("prolog", "60", SLURM_JOB_RESTART_COUNT="0") == 0
+    (first,) = json.loads(rig.record_file("60").read_text())["instances"]
+    rig.record_file("60").write_bytes(b"\xff garbage")
+    y = _answer_with_another_instance(rig, monkeypatch, first).uuid
+    assert rig.hook("prolog", "60", SLURM_JOB_RESTART_COUNT="0") == 0
+    assert _records(rig) == {"60": {y}} and _marks(rig) == {y: "job 60"}
+
+
+def _damaged_with_a_set_aside_record_and_another_job(rig) -> tuple[str, str, str]:
+    """Job 56 bound to x, its record damaged since; a set-aside record of 56 (an earlier run's) naming z,
+    marked "job 56" (its Epilog was killed); job 57 bound to w. Returns (x, z, w)."""
+    rig.job("56", "3g")
+    assert rig.hook("prolog", "56", SLURM_JOB_RESTART_COUNT="0") == 0
+    (x,) = _records(rig)["56"]
+    rig.job("57", "2g")
+    assert rig.hook("prolog", "57", SLURM_JOB_RESTART_COUNT="0") == 0
+    (w,) = _records(rig)["57"]
+    z = next(i for g in (0, 1) for i in rig.gpu.instances(g) if i.slot.profile.startswith("1g") and not i.in_use)
+    rig.gpu.set_in_use(z.gpu_index, z.slot, "job 56")
+    earlier = {"job_id": "56", "bound_at": 1.0, "attempt": None, "uid": 0, "instances": [
+        {"gpu": z.gpu_index, "profile": z.slot.profile, "start": z.slot.start, "uuid": z.uuid}]}
+    (rig.tmp / "node" / "n1" / "records" / "56.earlier-1.json").write_text(json.dumps(earlier))
+    for path in (rig.binding_file("56"), rig.record_file("56")):
+        path.chmod(0o600)
+        path.write_bytes(b"\xff garbage")
+    assert _marks(rig) == {x: "job 56", z.uuid: "job 56", w: "job 57"}
+    return x, z.uuid, w
+
+
+def test_an_epilog_finding_its_record_damaged_clears_its_marks_no_other_record_names(rig):
+    """The Epilog of a job whose record is damaged cannot say which instances the job held: it cleared no
+    "job N" mark and removed the record, and the simulated GPU showed the job's instance busy for good (no
+    record left for the health check to release it with). Its marks are found by their owner now and cleared,
+    on the instances no other record names: a set-aside record's (an earlier run of the id) stays for the
+    health check, which releases that record with its mark; another job's mark is never touched."""
+    x, z, w = _damaged_with_a_set_aside_record_and_another_job(rig)
+    assert rig.hook("epilog", "56", SLURM_JOB_EXIT_CODE="0", SLURM_JOB_RESTART_COUNT="0") == 0
+    assert rig.store.outcome("56").state == "COMPLETED"
+    assert _marks(rig) == {z: "job 56", w: "job 57"}
+    assert set(_records(rig)) == {"56.earlier-1", "57"}
+    rig.squeue = "57\n"
+    assert rig.report() == 0
+    assert _records(rig) == {"57": {w}} and _marks(rig) == {w: "job 57"}
+
+
+def test_a_damaged_record_of_the_same_id_keeps_the_marks_it_may_name(rig):
+    """A damaged record is no proof about the marks another damaged record of the same id may name: while one
+    cannot be read, no "job N" mark is cleared from a damaged record's side (a stuck mark, not a cleared one)."""
+    x, z, w = _damaged_with_a_set_aside_record_and_another_job(rig)
+    (rig.tmp / "node" / "n1" / "records" / "56.earlier-2.json").write_bytes(b"{")
+    assert rig.hook("epilog", "56", SLURM_JOB_EXIT_CODE="0", SLURM_JOB_RESTART_COUNT="0") == 0
+    assert _marks(rig) == {x: "job 56", z: "job 56", w: "job 57"}
+
+
+@pytest.mark.parametrize("earlier", [False, True])
+def test_the_health_check_releasing_a_damaged_record_clears_its_marks_no_other_record_names(rig, monkeypatch,
+                                                                                           earlier):
+    """The health check releasing a damaged record (a job Slurm no longer runs here, or an earlier run's record
+    set aside) cleared no "job N" mark: the record gone, the instance stayed busy for good. Found by their owner
+    now, on the instances no other record names: the running run's, bound under the same id, stays."""
+    rig.job("58", "3g")
+    assert rig.hook("prolog", "58", SLURM_JOB_RESTART_COUNT="0") == 0
+    (first,) = json.loads(rig.record_file("58").read_text())["instances"]
+    x = first["uuid"]
+    records = rig.tmp / "node" / "n1" / "records"
+    if earlier:  # run 0's record set aside (as run 1's Prolog does), damaged since; run 1 bound to another
+        rig.record_file("58").rename(records / "58.earlier-1.json")
+        rig.binding_file("58").unlink()
+        (records / "58.earlier-1.json").write_bytes(b"\xff garbage")
+        y = _answer_with_another_instance(rig, monkeypatch, first).uuid
+        assert rig.hook("prolog", "58", SLURM_JOB_RESTART_COUNT="1") == 0
+        assert _marks(rig) == {x: "job 58", y: "job 58"}
+        rig.squeue = "58\n"  # run 1 runs
+    else:  # Slurm no longer runs job 58 here; its record, damaged, is older than ORPHAN_AGE_S
+        rig.record_file("58").write_bytes(b"\xff garbage")
+        old = time.time() - 3600
+        os.utime(rig.record_file("58"), (old, old))
+    assert rig.report() == 0
+    if earlier:
+        assert _records(rig) == {"58": {y}} and _marks(rig) == {y: "job 58"}
+    else:
+        assert _records(rig) == {} and _marks(rig) == {}
 
 
 def test_epilog_of_a_requeued_attempt_records_no_outcome(rig):

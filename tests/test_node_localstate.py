@@ -262,17 +262,19 @@ def test_ensure_never_makes_a_folder_wider_than_its_mode_even_for_a_moment(tmp_p
         {"records": 0o700, "bindings": 0o711, "outbox": 0o700, "attempts": 0o700}
 
 
-def test_named_by_others_names_instances_by_uuid_and_by_slot(state):
+def test_named_by_others_names_instances_by_uuid_and_by_slot_and_says_which_records_cannot_be_read(state):
     """The one guard of every step that clears a job's "job N" marks (NodeState.named_by_others): the simulated
     GPU keeps its marks by slot, so an instance counts as named by another record by its UUID or by its slot
-    (GPU, profile, start)."""
+    (GPU, profile, start); a record that cannot be read is said, as it may name anything."""
     state.write_binding("100", MINE)
     state.write_binding("101", [BoundInstance(1, "1g.10gb", 6, "MIG-bbb")])
     (state.records_dir / "100.earlier-1.json").write_text(
         json.dumps({"instances": [BoundInstance(0, "2g.20gb", 4, "MIG-ccc").to_json()]}))
+    (state.records_dir / "102.json").write_bytes(b"{")
     named = state.named_by_others("100")
     assert BoundInstance(0, "3g.40gb", 0, "MIG-aaa") not in named  # only 100 itself names it
     assert BoundInstance(1, "1g.10gb", 6, "MIG-new") in named  # 101's slot, an instance made again since
     assert BoundInstance(0, "2g.20gb", 4, "MIG-ccc") in named and BoundInstance(0, "1g.10gb", 0, "MIG-bbb") in named
     assert BoundInstance(0, "2g.20gb", 0, "MIG-zzz") not in named
+    assert named.unreadable == {"102"}
     assert BoundInstance(0, "3g.40gb", 0, "MIG-new") in state.named_by_others("100.earlier-1")

@@ -474,17 +474,51 @@ class Node:
             if mine:
                 self.mark_in_use(i.gpu, i.profile, i.start, None)
 
-    def end_marks_no_other_record_names(self, key: str, insts) -> list:
+    def end_marks_no_other_record_names(self, key: str, insts=None) -> list:
         """end_job_processes for the run whose record is ``key`` (a job id, or an earlier run's record
         ``<job>.earlier-<n>``), on those of ``insts`` no other record names, by UUID or by slot
         (NodeState.named_by_others): never a mark another record's run may hold, "job <job>" too for another run
-        of the same id. Returns the instances whose marks it cleared. Call with apply_lock() held."""
+        of the same id. ``insts`` None: the record is damaged and names nothing we can read, so every instance
+        marked "job <job>" is taken. None at all while another record of the same job id cannot be read (it may
+        name any of them). Returns the instances whose marks it cleared. Call with apply_lock() held, or from
+        the Epilog of the run (no other run of its id binds meanwhile)."""
         from slurm_mig.node.localstate import EARLIER_RUN
 
+        job_id = str(key).partition(EARLIER_RUN)[0]
         named = self.state.named_by_others(key)
+        damaged = sorted(k for k in named.unreadable if k.partition(EARLIER_RUN)[0] == job_id)
+        if damaged:
+            log.error("job %s: its marks on the simulated GPU are kept: its record(s) %s cannot be read and may "
+                      "name them", job_id, ", ".join(damaged))
+            return []
+        if insts is None:
+            insts = self.marked_by(f"job {job_id}")
         insts = [i for i in insts if i not in named]
-        self.end_job_processes(str(key).partition(EARLIER_RUN)[0], insts)
+        self.end_job_processes(job_id, insts)
         return insts
+
+    def marked_by(self, owner: str) -> list:
+        """The instances the simulated GPU marks as run by ``owner`` (BoundInstance); none on a real GPU. A GPU
+        that cannot be read is skipped."""
+        from slurm_mig.node.localstate import BoundInstance
+
+        owners = getattr(self.backend, "owners", None)
+        if owners is None:
+            return []
+        try:
+            gpus = self.backend.gpus()
+        except Exception:  # noqa: BLE001 - no GPU can be read: no mark can be cleared either
+            return []
+        out = []
+        for g in gpus:
+            try:
+                marks = owners(g.index)
+                insts = self.backend.instances(g.index) if owner in marks.values() else []
+            except Exception:  # noqa: BLE001 - lost or unreadable: its marks cannot be cleared anyway
+                continue
+            out += [BoundInstance(g.index, i.slot.profile, i.slot.start, i.uuid) for i in insts
+                    if marks.get(i.slot) == owner]
+        return out
 
     def mark_in_use(self, gpu: int, profile: str, start: int, owner: str | None) -> None:
         # Only the simulated GPU needs telling: a real one sees the job's CUDA processes.

@@ -25,7 +25,13 @@ def epilog(env: dict, node: Node) -> int:
         insts, unreadable = [], True
     # The simulated GPU's stand-in for the job's processes ends with it; a process that outlived the job
     # (another mark) stays, and keeps the binding below, as a real GPU's leftover process does.
-    node.end_job_processes(job_id, insts)
+    if unreadable:
+        # Which instances: the record cannot say. Its "job <id>" marks are found by their owner, on the
+        # instances no other record names (an earlier run's record set aside, which the health check releases
+        # with its own marks): left, they kept the instances busy for good once this record was removed.
+        node.end_marks_no_other_record_names(job_id)
+    else:
+        node.end_job_processes(job_id, insts)
     lingering = [i.to_json() for i in _wait_for_processes(node, job_id, insts)]
     # Slurm raises SLURM_JOB_RESTART_COUNT when it requeues a job, before this Epilog runs: a binding made
     # at a lower count belongs to an attempt that was requeued (e.g. its Prolog was killed and the wrapper

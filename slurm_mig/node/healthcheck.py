@@ -152,13 +152,17 @@ def _release_stale_binding(node: Node, job_id: str, *, earlier_run: bool = False
     try:
         insts = node.state.read_record(job_id) or []
     except ValueError:
-        insts = []  # damaged: it names nothing we could check or protect
-    if earlier_run:
-        # By UUID and by slot (NodeState.named_by_others): a record may name an instance made again since
-        # (another UUID) at the slot another record's run holds, "job <job>" too for a run of this id
-        node.end_marks_no_other_record_names(job_id, insts)
+        # Damaged: it names nothing we could check or protect. Its run's "job <job>" marks are found by their
+        # owner, on the instances no other record names: kept, they held the instances busy for good.
+        node.end_marks_no_other_record_names(job_id)
+        insts = []
     else:
-        node.end_job_processes(job_id, insts)
+        if earlier_run:
+            # By UUID and by slot (NodeState.named_by_others): a record may name an instance made again since
+            # (another UUID) at the slot another record's run holds, "job <job>" too for a run of this id
+            node.end_marks_no_other_record_names(job_id, insts)
+        else:
+            node.end_job_processes(job_id, insts)
     try:
         busy = [i for i in insts for x in node.backend.instances(i.gpu) if x.uuid == i.uuid and x.in_use]
     except Exception as exc:  # the GPU cannot be read (lost): keep the binding until it can

@@ -62,9 +62,11 @@ class BoundInstance:
 
 @dataclass(frozen=True)
 class NamedInstances:
-    """What some binding records name (NodeState.named_by_others): ``uuids`` and ``slots`` (GPU, profile, start)."""
+    """What some binding records name (NodeState.named_by_others): ``uuids`` and ``slots`` (GPU, profile, start),
+    and ``unreadable``, the names of those records that cannot be read (they may name anything)."""
     uuids: frozenset[str]
     slots: frozenset[tuple[int, str, int]]
+    unreadable: frozenset[str] = frozenset()
 
     def __contains__(self, inst: BoundInstance) -> bool:
         """Whether a record names ``inst``, by its UUID or by its slot."""
@@ -340,7 +342,11 @@ class NodeState:
         record raises BindingsUnreadable instead. A missing folder is no binding in either mode, and a
         record removed while it is read (an Epilog) is skipped.
         """
-        out: dict[str, list[BoundInstance]] = {}
+        return {key: insts or [] for key, insts in self._read_records(strict).items()}
+
+    def _read_records(self, strict: bool = False) -> dict[str, list[BoundInstance] | None]:
+        """all_bindings, with None for a record that cannot be read (not strict)."""
+        out: dict[str, list[BoundInstance] | None] = {}
         for path in self._record_paths(strict):
             try:
                 out[path.stem] = _instances(_read_json_object(path))
@@ -353,17 +359,26 @@ class NodeState:
                     raise BindingsUnreadable(f"the binding record of job {path.stem} ({path}) is unreadable: "
                                              f"{getattr(exc, 'strerror', None) or exc}") from exc
                 log.error("binding record %s unreadable (%s); counted as bound to nothing known", path, exc)
-                out[path.stem] = []
+                out[path.stem] = None
         return out
 
     def named_by_others(self, key: str) -> "NamedInstances":
         """The instances the records other than ``key`` (a job id or an earlier run's record) name, by UUID and by
-        slot. By slot as well: the simulated GPU keeps its "job <id>" marks by slot, and a record may name an
-        instance made again since (another UUID) at a slot another record's run holds. The one guard of every step
-        that clears a job's marks on instances no other record names (the Prolog replacing its own binding, the
-        health check releasing an earlier run's record)."""
-        others = [i for other, insts in self.all_bindings().items() if other != str(key) for i in insts]
-        return NamedInstances(frozenset(i.uuid for i in others), frozenset((i.gpu, i.profile, i.start) for i in others))
+        slot, and which of those records cannot be read. By slot as well: the simulated GPU keeps its "job <id>"
+        marks by slot, and a record may name an instance made again since (another UUID) at a slot another
+        record's run holds. The one guard of every step that clears a job's marks on instances no other record
+        names (the Prolog replacing its own binding, the health check releasing an earlier run's record, a
+        damaged record's marks found by their owner)."""
+        uuids, slots, unreadable = set(), set(), set()
+        for other, insts in self._read_records().items():
+            if other == str(key):
+                continue
+            if insts is None:
+                unreadable.add(other)
+            for i in insts or []:
+                uuids.add(i.uuid)
+                slots.add((i.gpu, i.profile, i.start))
+        return NamedInstances(frozenset(uuids), frozenset(slots), frozenset(unreadable))
 
     def _record_paths(self, strict: bool) -> list[Path]:
         if not strict:

@@ -194,11 +194,12 @@ def _end_marks_of_a_replaced_binding(node: Node, job_id: str, bound: list) -> No
     there goes, on an instance no other record names (by UUID or by slot: NodeState.named_by_others). Written
     over, the record no longer names it, so neither the Epilog nor the health check would ever clear that mark,
     and the instance stayed busy for good. No task of the run can be on it: tasks start after the Prolog that
-    binds them. Call with apply_lock() held."""
+    binds them. A damaged record names nothing we can read: the instances marked "job <id>" stand for it.
+    Call with apply_lock() held."""
     try:
         before = node.state.read_binding(job_id) or []
     except ValueError:
-        return  # damaged: it names nothing we could check
+        before = node.marked_by(f"job {job_id}")
     dropped = [i for i in before if i.uuid not in {b.uuid for b in bound}]
     if not dropped:  # no record (a run's first Prolog, almost always), or one of the same instances
         return
