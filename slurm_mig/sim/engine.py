@@ -398,12 +398,15 @@ class Simulator:
             if g is None:
                 raise SlurmMigError(f"policy changed unknown GPU {ch.key}")
             cur, target = g.layout, ch.target
-            destroyed = cur.slots - target.slots
-            created = target.slots - cur.slots
+            # sorted: a set of Slots (strings inside) iterates in an order PYTHONHASHSEED picks, and the float
+            # sum of the step times below then differed in its last bit between processes (0.7 or
+            # 0.7000000000000001 for 3g+2g+1g), and with it every start time after that change
+            destroyed = sorted(cur.slots - target.slots)
+            created = sorted(target.slots - cur.slots)
             if not destroyed and not created:
                 continue
             locked = g.busy.keys() | g.reconf.keys()
-            if destroyed & locked:
+            if not locked.isdisjoint(destroyed):
                 raise SlurmMigError(f"policy {decision.policy} destroys a busy instance on {g.key}")
             if cfg.check:
                 plan_transition(cur, target, frozenset(locked))
@@ -422,12 +425,12 @@ class Simulator:
             self.reconfig_seconds += secs
             if cfg.record:
                 t = begin
-                for s in sorted(destroyed):
+                for s in destroyed:
                     d = self._step_time(g.model, s.profile, "destroy")
                     self.timeline.append(Segment(g.key, "instance", s, g.born.pop(s, 0.0), t))
                     self.timeline.append(Segment(g.key, "destroy", s, t, t + d))
                     t += d
-                for s in sorted(created):
+                for s in created:
                     self.timeline.append(Segment(g.key, "create", s, t, done))
                     g.born[s] = done
             self._touch(g)
