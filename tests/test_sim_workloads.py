@@ -74,6 +74,21 @@ def test_milli_map_is_configurable(tmp_path):
         MilliMap.parse("1g=100")
 
 
+def test_a_milli_map_to_a_size_the_gpus_lack_is_refused(tmp_path):
+    """`simulate --trace T --milli-map 5g:500,7g:1000` loaded every pod as a 5g, which no H100 has: all of
+    them "never ran", metrics of nothing, exit 0. The default map on A30s (no 3g, no 7g) left those pods
+    unrun the same way."""
+    sample = write_sample(tmp_path)
+    with pytest.raises(ConfigError, match="'5g', which H100-80GB has no MIG profile"):
+        load_alibaba(sample, milli_map=MilliMap.parse("5g:500,7g:1000"))
+    with pytest.raises(ConfigError, match="'3g', which A30-24GB has no MIG profile"):
+        load_alibaba(sample, model="A30-24GB")
+    w = load_alibaba(sample, model="A30-24GB", milli_map=MilliMap.parse("1g:250,2g:500,4g:1000"), time_limits=False)
+    assert {j.job_id: j.profile for j in w.jobs}["p-810"] == "4g"
+    w = load_alibaba(sample, milli_map=MilliMap.parse("1g.20gb:142,7g:1000"), time_limits=False)  # a full name
+    assert {j.job_id: j.profile for j in w.jobs}["p-110"] == "1g.20gb"
+
+
 def test_alibaba_loader_rejects_other_csvs(tmp_path):
     p = tmp_path / "x.csv"
     p.write_text("a,b\n1,2\n")

@@ -257,6 +257,15 @@ def load_alibaba(
     ``time_limits`` each job gets a synthetic --time (the trace has none).
     """
     path = Path(path)
+    gpu = get_model(model)
+    for _bound, kind in milli_map.table:  # a size the GPUs lack: every pod mapped to it "never ran", exit 0
+        try:
+            gpu.profile(kind)
+        except GeometryError:
+            sizes = ", ".join(dict.fromkeys(p.kind for p in gpu.basic_profiles))
+            raise ConfigError(f"the gpu_milli map {milli_map} maps pods to {kind!r}, which {gpu.name} has no MIG "
+                              f"profile of (its sizes: {sizes}): those pods could never run; give a --milli-map "
+                              f"of its sizes") from None
     try:
         fh = path.open(newline="")
     except OSError as exc:
