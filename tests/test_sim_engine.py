@@ -8,6 +8,7 @@ import math
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -17,7 +18,7 @@ from slurm_mig.mig.timing import step_seconds
 from slurm_mig.policies import get_policy
 from slurm_mig.policies.base import check_decision
 from slurm_mig.sim.engine import ClusterSpec, SimConfig, Simulator, simulate
-from slurm_mig.sim.metrics import compute_metrics, lower_bounds
+from slurm_mig.sim.metrics import BSLD_TAU, compute_metrics, lower_bounds
 from slurm_mig.sim.workloads import SPEED_MODELS, Job, Workload, poisson_workload
 
 H100 = get_model("H100-80GB")
@@ -47,6 +48,40 @@ def test_metrics_on_a_hand_computed_workload():
     assert lb.makespan_s == pytest.approx(150.0)  # area: 7*100 + 7*50 slice-seconds on 7 slices
     assert lb.mean_jct_s == pytest.approx(75.0)
     assert lb.makespan_s <= m.makespan_s and lb.mean_jct_s <= m.mean_jct_s
+
+
+def test_the_metric_definitions_docs_benchmarks_gives():
+    """docs/benchmarks.md "Metrics", figure by figure, on workloads worked out by hand (one H100 already
+    holding a 7g, so no reconfiguration moves a start)."""
+    spec = ClusterSpec(1, 1, initial_layout="7g@0")
+
+    def metrics(jobs):
+        r = simulate(one_gpu(jobs), get_policy("greedy"), spec, SimConfig(check=True))
+        return compute_metrics(r)
+
+    # 20 x 10 s at t=0: waits 0, 10, ..., 190; p95 = 180 + 0.05 x 10 (linear), nearest-rank would be 180
+    m = metrics(Job(f"j{i:02d}", 0.0, "7g", 1, 10.0, 60.0) for i in range(20))
+    assert (m.mean_wait_s, m.p95_wait_s, m.max_wait_s) == (95.0, 180.5, 190.0)
+    assert m.mean_jct_s == 105.0 and m.bounded_slowdown == pytest.approx(10.5)  # JCT_i / 10 = i + 1
+    assert m.makespan_s == 200.0 and m.utilization == 1.0 and m.reconfigurations == 0
+    # bounded slowdown's 10 s floor: 2 s runs waiting 0 and 2 s count 1 each, a 30 s one waiting 4 s 34/30
+    m = metrics([Job("a", 0.0, "7g", 1, 2.0, 60.0), Job("b", 0.0, "7g", 1, 2.0, 60.0),
+                 Job("c", 0.0, "7g", 1, 30.0, 60.0)])
+    assert m.bounded_slowdown == pytest.approx((1 + 1 + 34 / 30) / 3)
+    # a 100 s job with a 60 s limit ends at 60: JCT 60, then b runs 60..70 (JCT 70, run 10: slowdown 7)
+    m = metrics([Job("a", 0.0, "7g", 1, 100.0, 60.0), Job("b", 0.0, "7g", 1, 10.0, 60.0)])
+    assert (m.mean_jct_s, m.makespan_s, m.bounded_slowdown, m.utilization) == (65.0, 70.0, 4.0, 1.0)
+    # utilisation over the makespan window (first submit to last end): 2 x 10 s busy in 100 s
+    m = metrics([Job("a", 0.0, "7g", 1, 10.0, 60.0), Job("b", 90.0, "7g", 1, 10.0, 60.0)])
+    assert (m.makespan_s, m.utilization) == (100.0, pytest.approx(0.2))
+    # a job that can never start (2 GPUs on a 1-GPU node) is left out of the times, shown by finished
+    m = metrics([Job("a", 0.0, "7g", 1, 100.0, 200.0), Job("b", 0.0, "7g", 2, 100.0, 200.0)])
+    assert (m.jobs, m.finished, m.mean_wait_s, m.mean_jct_s, m.makespan_s) == (2, 1, 0.0, 100.0, 100.0)
+    # an end and an arrival at one instant: the arrival finds the instance free (wait 0)
+    m = metrics([Job("a", 0.0, "7g", 1, 100.0, 200.0), Job("b", 100.0, "7g", 1, 50.0, 200.0)])
+    assert (m.mean_wait_s, m.makespan_s) == (0.0, 150.0)
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md").read_text()
+    assert BSLD_TAU == 10.0 and "10 s is `metrics.BSLD_TAU`" in doc and "give 180.5 s" in doc
 
 
 def test_lower_bound_uses_release_times_and_whole_gpu_speed():
