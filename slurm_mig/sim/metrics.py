@@ -2,6 +2,8 @@
 
 * wait = start - submit (start: when the job's last instance exists);
   JCT = end - submit; bounded slowdown = max(1, JCT / max(run time, 10 s)).
+  Over the jobs that started only. p95: linear interpolation between the
+  nearest ranks (numpy's default, Hyndman-Fan type 7).
 * makespan = last end - first submit.
 * utilisation = compute-slice-seconds held by jobs / (cluster compute slices x makespan).
   A no-MIG job holds all 7 slices of its GPU whatever it uses.
