@@ -27,7 +27,8 @@ def main() -> int:
     doc = json.load(open(sys.argv[1]) if len(sys.argv) > 1 else sys.stdin)
     for wl in doc["workloads"]:
         res = wl["results"]
-        best = min(r["mean_wait_s"] for r in res if r["policy"] in BASELINES)
+        # nan (its ratios "nan") when the run had no baseline (`bench --policies frag-aware`): min() raised
+        best = min((r["mean_wait_s"] for r in res if r["policy"] in BASELINES), default=float("nan"))
         lb_m, lb_j = wl["lower_bound_makespan_s"], wl.get("lower_bound_mean_jct_s", 0.0)
         print(f"#### {wl['name']} ({wl.get('jobs', '?')} jobs, {wl.get('gpus', '?')} x {wl.get('gpu_model', '')})\n")
         print("| policy | mean wait | ÷ best baseline | p95 wait | mean JCT | ÷ bound | bounded slowdown "

@@ -189,3 +189,25 @@ def test_simulate_plot_path_is_checked_before_simulating(tmp_path, capsys, name,
     out = capsys.readouterr()
     assert rc == 2 and "--plot" in out.err and expected in out.err and out.out == ""
     assert list(tmp_path.iterdir()) == []
+
+
+
+def test_report_markdown_of_a_run_without_a_baseline(tmp_path, capsys):
+    """`bench --policies first-fit --json | benchmarks/report.py` ended in "min() arg is an empty sequence"."""
+    import runpy
+    import sys
+
+    assert main(["bench", "--json", "--no-synthetic", "--trace", str(small_trace(tmp_path, n=30)), "--nodes", "1",
+                 "--policies", "first-fit"]) == 0
+    out = tmp_path / "bench.json"
+    out.write_text(capsys.readouterr().out)
+    report = REPO / "benchmarks" / "report.py"
+    argv = sys.argv
+    sys.argv = [str(report), str(out)]
+    try:
+        with pytest.raises(SystemExit) as e:
+            runpy.run_path(str(report), run_name="__main__")
+    finally:
+        sys.argv = argv
+    assert e.value.code == 0
+    assert "| first-fit | " in capsys.readouterr().out
