@@ -47,6 +47,9 @@ def main() -> int:
             print(f"\nBest static plan: `{notes['best_static_plan']}`.")
         if notes.get("skipped"):
             print(f"Trace rows skipped: {notes['skipped']}.")
+        for pol, why in notes.get("stopped", {}).items():
+            print(f"\n{pol}: simulation cut short ({why}, the safety limit); its figures are of what had happened "
+                  f"by then.")
         jobs = wl.get("jobs")
         for r in res:
             if jobs is not None and r.get("finished", jobs) < jobs:

@@ -211,3 +211,56 @@ def test_report_markdown_of_a_run_without_a_baseline(tmp_path, capsys):
         sys.argv = argv
     assert e.value.code == 0
     assert "| first-fit | " in capsys.readouterr().out
+
+
+class _Flipper:
+    """Re-carves its one GPU at every decision and starts nothing: the simulator's safety stop ends it."""
+
+    name = "flipper"
+
+    def decide(self, state):
+        from slurm_mig.mig.layout import parse_layout
+        from slurm_mig.policies.base import Decision, LayoutChange
+
+        g = state.gpus[0]
+        if g.reconfiguring:
+            return Decision(policy=self.name)
+        target = parse_layout("1g@0" if "7g" in str(g.layout) else "7g@0", g.model)
+        return Decision(changes=(LayoutChange(g.node, g.index, target, "flip"),), policy=self.name)
+
+
+def test_a_simulation_cut_short_by_the_safety_stop_says_so(tmp_path, capsys):
+    """After 50 x (jobs + GPUs) + 10,000 decisions the simulator stops (SimResult.meta["stopped"]); bench,
+    its Markdown and simulate printed the cut-short run's figures as a finished one's, the stop nowhere."""
+    import runpy
+    import sys
+
+    from slurm_mig.policies import _REGISTRY, register_policy
+
+    register_policy("flipper", _Flipper)
+    try:
+        w = poisson_workload(1, gpus=1, gpus_per_node=1, seed=1)
+        rep = run_workload(w, ClusterSpec(1, 1), ["flipper"])
+        assert rep.notes["stopped"] == {"flipper": "stopped after 10100 decisions"}
+        assert main(["simulate", "--workload", "poisson-mix", "--jobs", "1", "--nodes", "1", "--gpus-per-node", "1",
+                     "--policy", "flipper", "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["stopped"] == "stopped after 10100 decisions"
+        assert main(["simulate", "--workload", "poisson-mix", "--jobs", "1", "--nodes", "1", "--gpus-per-node", "1",
+                     "--policy", "flipper"]) == 0
+        assert "simulation cut short: stopped after 10100 decisions" in capsys.readouterr().out
+    finally:
+        _REGISTRY.pop("flipper", None)
+    from slurm_mig.sim.bench import bench_json
+
+    out = tmp_path / "bench.json"
+    out.write_text(json.dumps(bench_json([rep])))
+    report = REPO / "benchmarks" / "report.py"
+    argv = sys.argv
+    sys.argv = [str(report), str(out)]
+    try:
+        with pytest.raises(SystemExit) as e:
+            runpy.run_path(str(report), run_name="__main__")
+    finally:
+        sys.argv = argv
+    assert e.value.code == 0
+    assert "flipper: simulation cut short (stopped after 10100 decisions" in capsys.readouterr().out

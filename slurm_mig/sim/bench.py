@@ -283,11 +283,13 @@ def run_workload(w: Workload, spec: ClusterSpec, policies: Iterable[str] = POLIC
             notes.setdefault("not_run", {})[name] = NOT_ON_MIXED[name]
             continue
         if name == "best-static":
-            pol, _r, m = search_static(w, spec, log=log)
+            pol, r, m = search_static(w, spec, log=log)
             notes["best_static_plan"] = pol.describe()
         else:
             r = simulate(w, get_policy(name), spec, SimConfig(check=check))
             m = compute_metrics(r)
+        if r.meta.get("stopped"):  # the safety stop: its figures are of a simulation cut short
+            notes.setdefault("stopped", {})[name] = r.meta["stopped"]
         if log:
             log(f"  {w.name}: {name} mean wait {m.mean_wait_s:.0f} s ({m.wall_s:.1f} s)")
         results.append(m)

@@ -149,6 +149,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         if rep.spec.groups:
             con.print("  partitions: " + ", ".join(f"{g.name} = {g.nodes} x {g.gpus_per_node} {g.model}"
                                                    for g in rep.spec.groups), style="dim")
+        for pol, why in rep.notes.get("stopped", {}).items():
+            con.print(f"  {pol}: simulation cut short ({why}, the safety limit): its figures are of what had "
+                      f"happened by then", style="yellow")
         for m in rep.results:
             if m.finished < rep.jobs:
                 # Its times average only the jobs that ran: fewer, so they may look better than they are.
@@ -293,6 +296,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     out = {"workload": w.name, "policy": m.policy, "gpus": spec.gpus, "nodes": spec.nodes, "model": spec.model,
            "metrics": m.to_json(), "lower_bound_makespan_s": lb.makespan_s, "lower_bound_mean_jct_s": lb.mean_jct_s,
            "unfinished": result.unfinished, "workload_meta": w.meta}
+    if result.meta.get("stopped"):
+        out["stopped"] = result.meta["stopped"]
     if spec.groups:
         out["groups"] = [{"name": g.name, "model": g.model, "nodes": g.nodes, "gpus_per_node": g.gpus_per_node}
                          for g in spec.groups]
@@ -334,6 +339,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     print(f"  makespan {_fmt_s(m.makespan_s)} (bound {_fmt_s(lb.makespan_s)}), slice utilisation "
           f"{m.utilization:.1%}, {m.reconfigurations} reconfigurations, {m.decisions} decisions, "
           f"{m.wall_s:.1f} s")
+    if result.meta.get("stopped"):
+        print(f"  simulation cut short: {result.meta['stopped']} (the safety limit; the policy kept changing layouts "
+              f"without the queue draining): the figures above are of what had happened by then")
     if result.unfinished:
         print(f"  {result.unfinished} job(s) never ran")
     if args.job:
