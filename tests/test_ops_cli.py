@@ -10,6 +10,7 @@ import pytest
 from slurm_mig.cli import main
 from slurm_mig.store import open_store
 from tests.helpers import raw_answer_server
+from slurm_mig.policies.base import Decision
 from tests.test_ops_views import NOW, build_state
 
 
@@ -709,3 +710,144 @@ def test_a_db_that_is_a_fifo_is_refused_at_once_not_a_hang(cfg, tmp_path, argv):
         pytest.fail(f"{argv} --db FIFO hung")
     assert proc.returncode == 1 and proc.stderr == f"slurm-mig: error: state database {fifo} is not a regular file\n", \
         (proc.returncode, proc.stderr)
+
+
+# -- a reader who cannot make the -shm: an immutable snapshot, and a controller starting under it ------------------
+
+_PAUSING_READER = """
+import sys
+sys.path.insert(0, sys.argv[1])
+from slurm_mig.ops import views
+real, opened = views.open_readonly, []
+def pausing(*args, **kwargs):  # the real open; the first one then waits for the test's go
+    store = real(*args, **kwargs)
+    opened.append(getattr(store, "immutable", None))
+    if len(opened) == 1:
+        print("opened", flush=True)
+        sys.stdin.readline()
+    return store
+views.open_readonly = pausing
+from slurm_mig.cli import main
+rc = main(sys.argv[2:])
+print("opens", opened, file=sys.stderr)
+sys.exit(rc)
+"""
+
+
+def _nobody():
+    import pwd
+
+    return pwd.getpwnam("nobody")
+
+
+@pytest.fixture
+def group_readable_db():
+    """A state database as a controller with db_group makes it (0640, nobody's group), in a folder its readers may
+    enter but not write (they cannot make the -shm): yields (db path, config path)."""
+    import os
+    import shutil
+    import tempfile
+
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and setpriv to read as another user")
+    folder = tempfile.mkdtemp(prefix="slurm-mig-ro-")  # not tmp_path (0700 root): the reader must enter it
+    os.chmod(folder, 0o755)
+    try:
+        db = os.path.join(folder, "state.db")
+        with open_store(db, group=_nobody().pw_gid) as s:
+            build_state(s)
+            with s.transaction():
+                for i in range(400):
+                    s.add_event("tick", "e" * (100 + 7 * i), node="gpu01", now=NOW)
+        conf = os.path.join(folder, "slurm-mig.toml")
+        with open(conf, "w") as f:
+            f.write(f'[controller]\ndb_path = "{db}"\n')
+        os.chmod(conf, 0o644)
+        yield db, conf
+    finally:
+        shutil.rmtree(folder)
+
+
+def _read_as_nobody_while(db: str, conf: str, argv: list[str], change) -> tuple[int, str, str]:
+    """Run `slurm-mig ARGV --db DB` as nobody (in the database's group: it may read the database, not write its
+    folder); once it has opened the database, run ``change()`` (a controller starting), then let it read."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = str(Path(__file__).resolve().parents[1])
+    nobody = _nobody()
+    child = subprocess.Popen(["setpriv", f"--reuid={nobody.pw_uid}", f"--regid={nobody.pw_gid}", "--clear-groups",
+                              sys.executable, "-I", "-c", _PAUSING_READER, root, "--config", conf, *argv, "--db", db],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline() == "opened\n", child.stderr.read()
+        change()
+        out, err = child.communicate("\n", timeout=120)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    return child.returncode, out, err
+
+
+def _controller_starts_and_prunes(db: str, *, stays_up: bool):
+    """What a controller does to the file when it starts and prunes: rows deleted and written, the pages moved into
+    the database file by a checkpoint (SQLite's own after 1000 pages, or at its exit). Returns the open store when
+    it ``stays_up`` (the caller closes it), else None."""
+    s = open_store(db, group=_nobody().pw_gid)
+    with s.transaction():
+        s.db.conn.execute("DELETE FROM events WHERE id % 2 = 0")
+        for i in range(300):
+            s.add_event("tick", "f" * (100 + 9 * i), node="gpu02", now=NOW)
+            s.record_decision(Decision(waiting=(("201", "w" * (50 + 9 * i)),), policy="first-fit", version="2"),
+                              latency_ms=0.1, now=NOW)
+        s.db.conn.execute("DELETE FROM decisions WHERE id % 3 = 0")
+        s.db.conn.execute("UPDATE jobs SET reason = ? WHERE job_id IN (SELECT job_id FROM jobs LIMIT 2)", ("r" * 3000,))
+    if stays_up:
+        s.db.conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+        return s
+    s.close()
+    return None
+
+
+@pytest.mark.parametrize("argv, stays_up", [
+    (["status", "--json"], False), (["jobs", "--json"], False), (["nodes", "--json"], False),
+    (["decisions", "--json"], False), (["top", "--once"], False), (["explain", "201", "--json"], False),
+    (["status", "--json"], True)])
+def test_a_controller_starting_under_an_immutable_reader_is_read_again_not_called_damage(group_readable_db, argv,
+                                                                                          stays_up):
+    """A reader in db_group cannot make the -shm while no controller is up, so it reads the file as an immutable
+    snapshot. A controller that started meanwhile and changed the file under it (a prune, checkpointed) made that
+    reader's next pages "database disk image is malformed": `slurm-mig status` said the database was damaged,
+    exit 1 (seen in 3 of 3 runs; found by starting a controller while a reader held the file open). Now the
+    command reads once more: an ordinary WAL read with the controller up, a stable file once it has gone."""
+    db, conf = group_readable_db
+    holder: list = []
+    try:
+        rc, out, err = _read_as_nobody_while(
+            db, conf, argv, lambda: holder.append(_controller_starts_and_prunes(db, stays_up=stays_up)))
+    finally:
+        if holder and holder[0] is not None:
+            holder[0].close()
+    assert rc == 0 and out, (rc, err)
+    assert f"opens [True, {not stays_up}]" in err, err  # the second open is a WAL read while the controller is up
+
+
+def test_a_damaged_file_read_as_an_immutable_snapshot_is_still_damage(group_readable_db, tmp_path):
+    """The second read is no excuse: a file damaged in earnest, read by a user who cannot make its -shm (an
+    immutable snapshot both times), is still an error, exit 1, one line naming the file."""
+    import os
+
+    db, conf = group_readable_db
+    with open(db, "rb") as f:
+        good = f.read()
+    (tmp_path / "state.db").write_bytes(good)
+    damaged = _damaged("tables overwritten", tmp_path / "state.db")
+    with open(db, "r+b") as f:
+        f.write(damaged)
+    assert os.stat(db).st_mode & 0o777 == 0o640
+    rc, out, err = _read_as_nobody_while(db, conf, ["status", "--json"], lambda: None)
+    assert (rc, out) == (1, ""), err
+    assert err.startswith(f"slurm-mig: error: state database {db} is not a usable SQLite database "), err
+    assert "opens [True, True]" in err, err

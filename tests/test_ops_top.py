@@ -310,3 +310,62 @@ def test_the_live_dashboard_in_a_terminal_narrower_than_its_frame_crops_lines_in
         assert T.run(store, T.TopOptions(width=width, height=24), console=con) == 0
         screen = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "\n", out.getvalue())
         assert "q quit" in screen and "Pending 3" in screen, (width, screen)
+
+
+def test_the_live_dashboard_on_an_immutable_snapshot_opens_the_database_again_for_each_frame(tmp_path, monkeypatch):
+    """A reader in db_group who cannot make the -shm while no controller is up reads the database as an immutable
+    snapshot (views.open_readonly), which never sees a later write: the live dashboard, started so, drew the state of
+    its first frame for as long as it ran, the controller started meanwhile (or said "malformed" at every frame once
+    the controller had changed the file under it). It now opens the database again for each frame while it has such
+    a snapshot. The snapshot is opened here as open_readonly opens it for that reader (root may write the folder)."""
+    import io
+    import re
+    import sqlite3
+    import sys
+
+    import sqlite_utils
+    from rich.console import Console
+
+    from slurm_mig.store import Store
+    from slurm_mig.store.db import sqlite_uri
+
+    path = tmp_path / "state.db"
+    with open_store(path) as s:
+        build_state(s)
+    conn = sqlite3.connect(sqlite_uri(path, "ro") + "&immutable=1", uri=True, isolation_level=None,
+                           check_same_thread=False)
+    snapshot = Store(sqlite_utils.Database(conn, execute_plugins=False), path=str(path))
+    snapshot.immutable = True
+    opened = []
+
+    def reopen():
+        opened.append(V.open_readonly(path))
+        return opened[-1]
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    keys = iter([None, "q"])  # the controller writes, a frame is drawn; then q
+
+    def wait(self, timeout):
+        key = next(keys)
+        if key is None:
+            with open_store(path) as s:  # the controller, started: a fourth job waits
+                s.upsert_job("204", profile="1g", user="gina", partition="gpu", submit_time=NOW - 5, now=NOW - 5)
+        return key
+
+    monkeypatch.setattr(V.time, "time", lambda: NOW)
+    monkeypatch.setattr(T._Keys, "wait", wait)
+    monkeypatch.setattr(sys, "stdout", Tty())
+    out = io.StringIO()
+    con = Console(file=out, width=80, height=24, force_terminal=True, color_system=None)
+    try:
+        assert T.run(snapshot, T.TopOptions(width=80, height=24), console=con, reopen=reopen) == 0
+    finally:
+        snapshot.close()
+    screen = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "\n", out.getvalue())
+    assert "Pending 3" in screen and "Pending 4" in screen, screen
+    assert len(opened) == 1 and opened[0].immutable is False  # (root: an ordinary read) and closed by run
+    with pytest.raises(sqlite3.ProgrammingError):
+        opened[0].db.conn.execute("SELECT 1")

@@ -39,7 +39,13 @@ def _common(p: argparse.ArgumentParser, *, json_flag: bool = True) -> None:
 def _reading(func):
     """``func`` with the state database's damage reported as what it is: the store says StoreDamaged (exit 75, "try
     again later": the controller's API answers 503 with it) when a page read midway is malformed; for these
-    read-only commands it is a plain StoreError (exit 1), naming the file, as one that is not a database at all."""
+    read-only commands it is a plain StoreError (exit 1), naming the file, as one that is not a database at all.
+
+    Unless what was read was an immutable snapshot (views.open_readonly, for a reader who cannot make the -shm
+    while no controller is up): a controller that started meanwhile and changed the file under it reads as
+    "malformed" too. Then the command runs once more, opening the file anew (it reads everything before it
+    prints): an ordinary WAL read now that the controller is up, a stable file if it has gone; damage in earnest
+    is found again, exit 1."""
     import functools
 
     @functools.wraps(func)
@@ -47,6 +53,13 @@ def _reading(func):
         from slurm_mig.errors import StoreError
         from slurm_mig.store.connection import StoreDamaged
 
+        args.opened_stores = []  # _open adds each store it opens
+        try:
+            return func(args)
+        except StoreDamaged as exc:
+            if not any(s.immutable for s in args.opened_stores):
+                raise StoreError(str(exc)) from None
+        args.opened_stores = []
         try:
             return func(args)
         except StoreDamaged as exc:
@@ -122,7 +135,9 @@ def _open(args):
 
     cfg = load_config(args.config)
     path = args.db or cfg.controller.db_path
-    return cfg, open_readonly(path, busy_timeout_s=cfg.controller.db_busy_timeout_s)
+    store = open_readonly(path, busy_timeout_s=cfg.controller.db_busy_timeout_s)
+    getattr(args, "opened_stores", []).append(store)
+    return cfg, store
 
 
 def _width(args, default: int = 100) -> int:
@@ -570,6 +585,7 @@ def _top(args) -> int:
     import shutil
 
     from slurm_mig.ops.top import PartitionNodes, TopOptions, run
+    from slurm_mig.ops.views import open_readonly
 
     cfg, store = _open(args)
     # Asked through the config's Slurm even with --db (as `nodes --partition` does); a first lookup that
@@ -587,6 +603,7 @@ def _top(args) -> int:
         height=args.height or (size.lines if stdout_is_a_terminal() else 24),
         page=max(1, args.page), view=args.view, nodes=args.node, partition=args.partition, ascii=args.ascii,
         tick_interval_s=cfg.controller.tick_interval_s, stale_after_s=cfg.controller.node_stale_after_s)
+    path = args.db or cfg.controller.db_path
     with store:
         return run(store, opts, cfg=None if args.db else cfg, interval=max(0.2, args.interval), once=args.once,
-                   parts=parts)
+                   parts=parts, reopen=lambda: open_readonly(path, busy_timeout_s=cfg.controller.db_busy_timeout_s))

@@ -384,16 +384,26 @@ PREV = ("p", "\x1b[5~", "\x1b[D", "k")
 
 
 def run(store, opts: TopOptions, *, cfg=None, interval: float = 2.0, once: bool = False, console=None,
-        parts: PartitionNodes | None = None) -> int:
+        parts: PartitionNodes | None = None, reopen=None) -> int:
     """Draw the dashboard until q (or one frame with ``once``). ``parts`` looks up ``opts.partition``'s
-    nodes (default: through ``cfg``'s Slurm)."""
-    from rich.console import Console, Group
-    from rich.live import Live
+    nodes (default: through ``cfg``'s Slurm). ``reopen``: opens the database again (views.open_readonly), for
+    each frame while ``store`` is an immutable snapshot, which never sees what a controller writes after it
+    was opened (the dashboard froze at that frame, or said "malformed" at every one once the controller,
+    started meanwhile, had changed the file under it)."""
+    from rich.console import Console
 
     parts = parts if parts is not None else PartitionNodes(cfg, opts.partition)
+    current, drawn = store, False
 
     def frame(width: int, height: int) -> Frame:
-        snap = V.load_snapshot(store, stale_after_s=opts.stale_after_s)
+        nonlocal current, drawn
+        if drawn and reopen is not None and current.immutable:
+            fresh = reopen()
+            if current is not store:  # the caller closes its own
+                current.close()
+            current = fresh
+        drawn = True
+        snap = V.load_snapshot(current, stale_after_s=opts.stale_after_s)
         o = TopOptions(**{**opts.__dict__, "width": width, "height": height})
         return build_frame(snap, o, partition_nodes=parts.get(), healthz=probe_healthz(cfg))
 
@@ -406,6 +416,18 @@ def run(store, opts: TopOptions, *, cfg=None, interval: float = 2.0, once: bool 
         return 0
 
     console = console or Console(highlight=False)
+    try:
+        return _run_live(console, frame, opts, interval)
+    finally:
+        if current is not store:
+            current.close()
+
+
+def _run_live(console, frame, opts: TopOptions, interval: float) -> int:
+    """The interactive dashboard: a frame every ``interval`` seconds and at each key, until q."""
+    from rich.console import Group
+    from rich.live import Live
+
     with _Keys() as keys, Live(console=console, screen=True, auto_refresh=False, transient=True) as live:
         while True:
             w, h = console.size

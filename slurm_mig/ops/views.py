@@ -89,6 +89,8 @@ def open_readonly(path: str | os.PathLike, *, busy_timeout_s: float = 5.0):
     Unlike :func:`slurm_mig.store.open_store` this never creates the file, never repairs its mode
     and never migrates it, so it works for a dashboard user in ``[controller].db_group`` and cannot
     disturb the controller. A symlink or a world-writable file is refused, as the store does.
+    The store's ``immutable`` is True when it is an immutable snapshot (no controller up and no
+    -shm this reader may make): it never sees later writes, so a reader that keeps it opens anew.
     """
     import sqlite3
 
@@ -113,20 +115,39 @@ def open_readonly(path: str | os.PathLike, *, busy_timeout_s: float = 5.0):
             conn.close()
             raise
 
-    try:
+    immutable = False  # whether the last attempt fell back to an immutable snapshot
+
+    def attempt():
+        nonlocal immutable
+        immutable = False
         try:
-            store, version = connect(base)
+            return connect(base)
         except (sqlite3.OperationalError, StoreError) as exc:
             # A reader who may not write the folder cannot create the WAL index (-shm) that SQLite
             # needs while no controller has the database open (it removes both on a clean exit).
             # With no writer the file is stable: read it as an immutable snapshot instead.
             if "readonly" not in str(exc).lower() and "read-only" not in str(exc).lower():
                 raise
-            store, version = connect(base + "&immutable=1")
+        immutable = True
+        return connect(base + "&immutable=1")
+
+    try:
+        try:
+            store, version = attempt()
+        except StoreDamaged:
+            # Damage seen through an immutable snapshot may be a controller that started meanwhile and changed the
+            # file under it (SQLite, told the file cannot change, reads a b-tree half old and half new: "database
+            # disk image is malformed"). Once more: with that controller up the -shm is there and the open is an
+            # ordinary WAL read, with it gone the file is stable again; a file damaged in earnest is damaged again
+            # (exit 1).
+            if not immutable:
+                raise
+            store, version = attempt()
     except sqlite3.Error as exc:
         raise StoreError(f"cannot read state database {path}: {exc}") from None
     except StoreDamaged as exc:  # SQLite's header, then a damaged file (truncated, overwritten): exit 1, not 75
         raise StoreError(str(exc)) from None
+    store.immutable = immutable
     if version == 0:
         store.close()
         raise StoreError(f"state database {path} is empty: the controller has not initialised it yet")

@@ -129,6 +129,9 @@ class Store(NodesMixin, DesiredLayoutsMixin, JobsMixin, BindingsMixin, OutcomesM
         # counted too (an early prune, no harm).
         self.decision_bytes_unpruned = 0
         self._read_only = False
+        # Opened as an immutable snapshot (ops.views.open_readonly, for a reader who cannot make the -shm while no
+        # controller is up): it never sees a writer's changes, and a writer's checkpoint under it reads as damage.
+        self.immutable = False
 
     # -- lifecycle -------------------------------------------------------------
     def close(self) -> None:
