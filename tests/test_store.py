@@ -454,6 +454,25 @@ def test_bind_fills_uuids_and_hides_the_job_from_the_pending_queue(db):
     assert db.bind("1", "n1", [(0, Slot(4, "3g.40gb"))]) == bound
 
 
+def test_set_binding_uuid_and_note_start_if_unknown_change_only_what_they_say(db):
+    """The two writes the node API made with the store's private _x (what a node reports with /v1/bound)."""
+    observe(db, "n1", {0: "3g@0,3g@4"})
+    db.upsert_job("1", profile="3g", submit_time=1.0)
+    db.bind("1", "n1", [(0, Slot(4, "3g"))], now=5.0)
+    db.set_binding_uuid("1", "n1", 0, 4, "MIG-new")
+    db.set_binding_uuid("1", "n1", 0, 0, "MIG-other")  # no such binding: nothing
+    assert [b.uuid for b in db.bound_instances("1")] == ["MIG-new"]
+    db.release("1", now=9.0)
+    db.set_binding_uuid("1", "n1", 0, 4, "MIG-late")  # released: kept as it was
+    assert db.db.execute("SELECT uuid FROM bindings WHERE job_id = '1'").fetchall() == [("MIG-new",)]
+    db.upsert_job("2", profile="3g", submit_time=1.0)
+    db.set_job_state("2", "CANCELLED", now=20.0)
+    db.note_start_if_unknown("2", start_time=12.0, node="n1")
+    db.note_start_if_unknown("2", start_time=15.0, node="n2")  # known now: kept
+    j = db.get_job("2")
+    assert (j.start_time, j.node, j.state, j.end_time) == (12.0, "n1", "CANCELLED", 20.0)
+
+
 def test_binding_conflict(db):
     observe(db, "n1", {0: "3g@0,3g@4"})
     for j in ("1", "2"):

@@ -638,8 +638,7 @@ class NodeApi:
                 if job is not None and job.state in TERMINAL:
                     # Delivered late from the node's outbox, after the job's end was recorded (or after Slurm
                     # said it ended, while we never saw it run): history only, but its start time is known now.
-                    self.store._x("UPDATE jobs SET start_time = COALESCE(start_time, ?), node = COALESCE(node, ?) "
-                                  "WHERE job_id = ?", (bound_at, node, job_id))
+                    self.store.note_start_if_unknown(job_id, start_time=bound_at, node=node)
                     events.add("late", f"job {job_id}: node-made binding on {node} reported after the "
                                f"job ended", node=node, job_id=job_id, now=now)
                     return events.reply({"ok": True})
@@ -650,8 +649,7 @@ class NodeApi:
                                job_id=job_id, now=now)
                 self.store.set_job_state(job_id, "RUNNING", now=bound_at, node=node, reason="bound by the node alone")
             for i in insts:
-                self.store._x("UPDATE bindings SET uuid = ? WHERE job_id = ? AND node = ? AND gpu = ? AND start = ? "
-                              "AND released_at IS NULL", (i.get("uuid"), job_id, node, int(i["gpu"]), int(i["start"])))
+                self.store.set_binding_uuid(job_id, node, i["gpu"], i["start"], i.get("uuid"))
             # What the Prolog's re-carve made: without it the policy saw the GPU as it was before until the
             # next health check, and planned from there (re-carves failing with "would destroy busy").
             self._store_observed(node, observed, observed_at)

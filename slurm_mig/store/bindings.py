@@ -122,6 +122,13 @@ class BindingsMixin:
         with self.transaction():
             return self._x(sql, params).rowcount
 
+    def set_binding_uuid(self, job_id: str, node: str, gpu: int, start: int, uuid: str | None) -> None:
+        """Record the MIG UUID ``node`` reports for ``job_id``'s live binding at ``start`` on GPU ``gpu`` (None: the
+        node gave none, and none is recorded); nothing when the job holds no such live binding."""
+        with self.transaction():
+            self._x("UPDATE bindings SET uuid = ? WHERE job_id = ? AND node = ? AND gpu = ? AND start = ? "
+                    "AND released_at IS NULL", (uuid, str(job_id), node, int(gpu), int(start)))
+
     def bound_instances(self, job_id: str) -> tuple[BoundInstance, ...]:
         """The instances ``job_id`` holds now (live bindings), by GPU then start."""
         with self.snapshot():

@@ -142,6 +142,14 @@ class JobsMixin:
             self._x("UPDATE jobs SET node = NULL, exit_code = NULL, instances = '[]', run = run + 1, "
                     "submit_time = COALESCE(?, submit_time) WHERE job_id = ?", (submit_time, str(job_id)))
 
+    def note_start_if_unknown(self, job_id: str, *, start_time: float, node: str) -> None:
+        """Fill in ``job_id``'s start time and node where none is recorded yet, changing nothing else: for a run
+        that has ended, whose start is learnt late (a binding its node made alone, delivered after the end was
+        recorded). Its state, end, reason and bindings stay as they are."""
+        with self.transaction():
+            self._x("UPDATE jobs SET start_time = COALESCE(start_time, ?), node = COALESCE(node, ?) WHERE job_id = ?",
+                    (start_time, node, str(job_id)))
+
     def forget_pending_job(self, job_id: str) -> bool:
         """Delete a PENDING job that holds no binding (an array task Slurm now runs under an id of its
         own); False, and nothing done, for any other job."""
