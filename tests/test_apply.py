@@ -341,6 +341,31 @@ def test_cli_reads_this_nodes_gpus_from_a_per_node_config(tmp_path, capsys, monk
     assert json.loads(capsys.readouterr().out)["gpus"][0]["layout"] == "3g@0,3g@4"
 
 
+@pytest.mark.parametrize("argv", [["sim-init", "--force"], ["show", "--json"], ["check-tables", "--json"],
+                                  ["apply", "--gpu", "0", "--layout", "3g@0,3g@4", "--json"],
+                                  ["assert", "--gpu", "0", "--layout", "empty"],
+                                  ["sim-busy", "--gpu", "0", "7g@0", "--owner", "j1"]])
+def test_each_nvml_command_reads_its_config_once(tmp_path, capsys, monkeypatch, argv):
+    """`nvml show`, `check-tables` and `apply` read (and checked) the config file four times, `sim-init` and
+    `assert` twice: for the backend, the simulated state file, the binding records and the layout lock's wait,
+    so a file changed meanwhile gave one command two configs. Each reads it once now (counted through the real
+    load_config)."""
+    import slurm_mig.config as C
+
+    for var in ("SLURM_MIG_SIM_STATE", "SLURM_MIG_NVML_BACKEND", "SLURM_MIG_CONFIG", "SLURM_MIG_SIM_DELAY_SCALE"):
+        monkeypatch.delenv(var, raising=False)
+    cfg = tmp_path / "slurm-mig.toml"
+    cfg.write_text(f'[node]\nnvml_backend = "simulated"\nsim_state_path = "{tmp_path}/{{node}}.json"\n'
+                   f'cache_dir = "{tmp_path}/cache"\nsim_gpu_model = "H100-80GB"\nsim_gpu_count = 1\n')
+    init_state(tmp_path / "n1.json", ["H100-80GB"], layouts={0: parse_layout("7g@0", H100)}, seed="n1")
+    loads = []
+    real = C.load_config
+    monkeypatch.setattr(C, "load_config", lambda *a, **k: loads.append(a) or real(*a, **k))
+    assert main(["--config", str(cfg), "nvml", *argv, "--node", "n1"]) in (0, 1)  # assert: 1, not that layout
+    assert loads == [(str(cfg),)], loads
+    capsys.readouterr()
+
+
 def test_cli_errors_are_clear(tmp_path, capsys, monkeypatch):
     monkeypatch.delenv("SLURM_MIG_SIM_STATE", raising=False)
     monkeypatch.delenv("SLURM_MIG_NVML_BACKEND", raising=False)

@@ -55,11 +55,25 @@ def _load_config(path: str | None = None, node_name: str | None = None):
     return cfg
 
 
-def _node_config(path: str | None = None, node_name: str | None = None):
-    """The config file's [node] section, if there is a config file (else None: no file, no opinion)."""
-    from slurm_mig.config import find_config
+def _config(args: argparse.Namespace):
+    """``(file, Config)``: the config file (--config, $SLURM_MIG_CONFIG or /etc/slurm-mig/slurm-mig.toml; None when
+    there is none, and the Config is the defaults) and what it says, read and checked once per command and kept
+    on ``args``. Each part of a command (the backend, the simulated state file, the binding records, the layout
+    lock's wait) read it again, up to four times: a file changed meanwhile gave one command two configs."""
+    cached = getattr(args, "_nvml_config", None)
+    if cached is None:
+        from slurm_mig.config import find_config
 
-    return _load_config(path, node_name).node if find_config(path) is not None else None
+        path = getattr(args, "config", None)
+        cached = (find_config(path), _load_config(path, _node_name(args)))
+        args._nvml_config = cached
+    return cached
+
+
+def _node_config(args: argparse.Namespace):
+    """The config file's [node] section, if there is a config file (else None: no file, no opinion)."""
+    where, cfg = _config(args)
+    return cfg.node if where is not None else None
 
 
 def _node_name(args: argparse.Namespace) -> str:
@@ -80,15 +94,13 @@ def sim_state_path(args: argparse.Namespace) -> tuple[str, str]:
     env = os.environ.get(ENV_SIM_STATE)
     if env:
         return env, f"${ENV_SIM_STATE}"
-    from slurm_mig.config import find_config
-
-    node = _node_config(getattr(args, "config", None), _node_name(args))
+    node = _node_config(args)
     if node is None:
         raise ConfigError(f"which simulated state file? pass --sim-state PATH, set ${ENV_SIM_STATE}, or set "
                           f"[node].sim_state_path in the config (--config PATH, $SLURM_MIG_CONFIG or "
                           f"/etc/slurm-mig/slurm-mig.toml; there is none)")
     return (node.sim_state_path.replace("{node}", _node_name(args)),
-            f"[node].sim_state_path in {find_config(getattr(args, 'config', None))}")
+            f"[node].sim_state_path in {_config(args)[0]}")
 
 
 def backend_settings(args: argparse.Namespace) -> dict[str, Any]:
@@ -97,9 +109,7 @@ def backend_settings(args: argparse.Namespace) -> dict[str, Any]:
     sim_state_path's."""
     explicit = getattr(args, "sim_state", None) or os.environ.get(ENV_SIM_STATE) or None
     kind = getattr(args, "backend", None) or os.environ.get(ENV_BACKEND)
-    node = None
-    if kind is None and explicit is None:
-        node = _node_config(getattr(args, "config", None), _node_name(args))
+    node = _node_config(args) if kind is None and explicit is None else None
     if kind is None:
         kind = "simulated" if explicit else node.nvml_backend if node is not None else "real"
     kind = kind.strip().lower()
@@ -113,7 +123,7 @@ def backend_settings(args: argparse.Namespace) -> dict[str, Any]:
         # the config's delay goes with the config's file (a --sim-state or $SLURM_MIG_SIM_STATE file: instant)
         config_delay = None
         if explicit is None:
-            config_delay = (node or _node_config(getattr(args, "config", None), _node_name(args))).sim_delay_scale
+            config_delay = (node or _node_config(args)).sim_delay_scale
         delay = getattr(args, "sim_delay_scale", None)
         if delay is None and ENV_SIM_DELAY not in os.environ:
             delay = config_delay
@@ -233,8 +243,7 @@ def _node_state(args: argparse.Namespace):
     default cache_dir without a config file, as for the hooks)."""
     from slurm_mig.node.localstate import NodeState
 
-    name = _node_name(args)
-    return NodeState(Path(_load_config(getattr(args, "config", None), name).node.cache_dir) / name)
+    return NodeState(Path(_config(args)[1].node.cache_dir) / _node_name(args))
 
 
 def _check_node_name(args: argparse.Namespace, state) -> None:
@@ -291,7 +300,7 @@ def _lock_wait(args: argparse.Namespace) -> float:
     hooks' own bound)."""
     if getattr(args, "lock_wait", None) is not None:
         return args.lock_wait
-    return _load_config(getattr(args, "config", None), _node_name(args)).node.layout_lock_wait_s
+    return _config(args)[1].node.layout_lock_wait_s
 
 
 def _take_layout_lock(stack: contextlib.ExitStack, state, wait_s: float) -> None:
@@ -462,14 +471,12 @@ def _sim_gpus(args: argparse.Namespace) -> tuple[str, str]:
     file the other nvml commands read). No file and no --gpus is refused: nothing says which GPUs."""
     if args.gpus is not None:
         return args.gpus, "--gpus"
-    from slurm_mig.config import find_config
-
-    node = _node_config(getattr(args, "config", None), _node_name(args))
+    node = _node_config(args)
     if node is None:
         raise ConfigError("which GPUs? pass --gpus MODEL[:N] (e.g. H100-80GB:2), or set [node].sim_gpu_model and "
                           "sim_gpu_count in the config (--config PATH, $SLURM_MIG_CONFIG or "
                           "/etc/slurm-mig/slurm-mig.toml; there is none)")
-    where = find_config(getattr(args, "config", None))
+    where = _config(args)[0]
     return f"{node.sim_gpu_model}:{node.sim_gpu_count}", f"[node].sim_gpu_model and sim_gpu_count in {where}"
 
 
