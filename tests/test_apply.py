@@ -366,6 +366,21 @@ def test_each_nvml_command_reads_its_config_once(tmp_path, capsys, monkeypatch, 
     capsys.readouterr()
 
 
+@pytest.mark.parametrize("spec", ["", "  "])
+def test_apply_with_a_blank_layout_is_refused_not_read_as_empty(tmp_path, capsys, spec):
+    """`nvml apply --gpu 0 --layout "$LAYOUT"` with the variable unset read the blank spec as the empty layout and
+    destroyed every idle instance on the GPU (exit 0); "empty" says that in words. Now exit 2, nothing changed.
+    Found trying empty values for each nvml flag."""
+    path = tmp_path / "s.json"
+    init_state(path, ["H100-80GB"], layouts={0: parse_layout("3g@0,3g@4", H100)}, seed="b")
+    for cmd in ("apply", "assert"):
+        with pytest.raises(SystemExit) as exc:
+            main(["nvml", cmd, "--sim-state", str(path), "--node", "n1", "--gpu", "0", "--layout", spec])
+        assert exc.value.code == 2 and "no layout given" in capsys.readouterr().err
+    assert main(["nvml", "assert", "--sim-state", str(path), "--gpu", "0", "--layout", "3g@0,3g@4"]) == 0
+    assert main(["nvml", "assert", "--sim-state", str(path), "--gpu", "0", "--layout", "empty"]) == 1
+
+
 def test_cli_errors_are_clear(tmp_path, capsys, monkeypatch):
     monkeypatch.delenv("SLURM_MIG_SIM_STATE", raising=False)
     monkeypatch.delenv("SLURM_MIG_NVML_BACKEND", raising=False)

@@ -513,6 +513,15 @@ def _cmd_sim_busy(args: argparse.Namespace) -> int:
     return 0
 
 
+def _layout_spec(text: str) -> str:
+    """--layout of apply and assert: a layout, or "empty" said in words. A blank one (`--layout "$LAYOUT"` with the
+    variable unset) read as the empty layout, and apply destroyed every idle instance on the GPU (exit 0)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError('no layout given: name the instances (e.g. 3g@0,2g@4,1g@6), or "empty" '
+                                         'for none')
+    return text
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add `slurm-mig nvml ...`."""
     from slurm_mig.config import MAX_SIM_DELAY_SCALE
@@ -543,7 +552,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("apply", parents=[common], help="move a GPU to a layout without touching busy instances")
     p.add_argument("--gpu", type=int, required=True, metavar="N")
-    p.add_argument("--layout", required=True, metavar="SPEC", help='e.g. "3g@0,2g@4,1g@6" or "empty"')
+    p.add_argument("--layout", required=True, type=_layout_spec, metavar="SPEC",
+                   help='e.g. "3g@0,2g@4,1g@6" or "empty"')
     p.add_argument("--dry-run", action="store_true", help="print the plan, change nothing")
     p.add_argument("--busy", action="append", metavar="SPEC",
                    help="also treat these instances as busy (instances bound to jobs on this node are, always)")
@@ -557,7 +567,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("assert", parents=[common], help="exit 1 unless a GPU has exactly this layout")
     p.add_argument("--gpu", type=int, required=True, metavar="N")
-    p.add_argument("--layout", required=True, metavar="SPEC")
+    p.add_argument("--layout", required=True, type=_layout_spec, metavar="SPEC", help='e.g. "3g@0,3g@4" or "empty"')
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=_cmd_assert)
 
