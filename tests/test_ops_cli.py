@@ -851,3 +851,35 @@ def test_a_damaged_file_read_as_an_immutable_snapshot_is_still_damage(group_read
     assert (rc, out) == (1, ""), err
     assert err.startswith(f"slurm-mig: error: state database {db} is not a usable SQLite database "), err
     assert "opens [True, True]" in err, err
+
+
+def test_one_wide_cell_does_not_push_every_jobs_reason_off_the_screen(tmp_path, capsys, monkeypatch):
+    """`jobs` cropped only its last column (WHY) and let every other column be as wide as its widest cell: one job
+    bound to seven 1g instances (WHERE `gpu02:1g@1/0,...,1g@1/6`, 55 cells) took the WHY column off an 80-column
+    screen for every job, the pending ones' reasons included (and left it 9 cells at the 120 of a pipe). A
+    column wider than its share is now cut (ending in "…") before the last column goes below its share."""
+    from rich.cells import cell_len
+
+    from slurm_mig.mig.layout import Slot
+    import slurm_mig.ops.views as V
+    from slurm_mig.ops import render as R
+
+    db = tmp_path / "state.db"
+    with open_store(db) as s:
+        build_state(s)
+        s.upsert_job("600", profile="1g", count=7, user="zoe", partition="gpu", submit_time=NOW - 50, now=NOW - 50)
+        s.bind("600", "gpu02", [(1, Slot(k, "1g.10gb")) for k in range(7)], now=NOW - 40)
+        s.set_job_state("600", "RUNNING", node="gpu02", now=NOW - 40)
+    monkeypatch.setattr(V.time, "time", lambda: NOW)
+    rc, out, _ = run(capsys, "jobs", "--db", str(db))  # to a pipe: 120 columns
+    lines = out.splitlines()
+    assert rc == 0 and all(cell_len(line) <= 120 for line in lines), out
+    assert "no node can hold 1 x 4g" in next(line for line in lines if line.startswith("203 ")), out
+    assert "gpu01:3g@0/0" in out and "gpu02:1g@1/0," in out and "…" in out  # the wide cell cut, not dropped
+    # The same rows in an 80-column terminal: WHY keeps what it has without the wide cell (12 cells).
+    header = lines[0].split()
+    rows = [line.split(None, len(header) - 1) for line in lines[1:]]
+    narrow = R.table(rows, header, 80)
+    assert narrow[0].split()[-1] == "WHY" and all(cell_len(line) <= 80 for line in narrow), narrow
+    assert "no node ca" in next(line for line in narrow if line.startswith("203 ")), narrow
+    assert "gpu01:3g@0/0" in "\n".join(narrow)

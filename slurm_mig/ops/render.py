@@ -294,11 +294,18 @@ def node_summary_line(n: dict, width: int, g: Glyphs, name_width: int) -> Text:
     return crop(t, width, g)
 
 
+# The narrowest a table cuts a column to (or its header's width) when the line is too short for all of them.
+MIN_COLUMN = 12
+
+
 def table(rows: Sequence[Sequence[str]], header: Sequence[str], width: int, *, flex: int = -1,
           align: str | None = None, ascii_only: bool = False) -> list[str]:
     """A plain aligned table; column ``flex`` (default: the last) takes what is left and is cropped.
 
-    Measured in terminal cells, not characters: a CJK or emoji character (a user, a reason) takes two."""
+    Measured in terminal cells, not characters: a CJK or emoji character (a user, a reason) takes two. When the
+    table is wider than ``width``, the widest other columns are cut first (down to ``MIN_COLUMN`` cells or their
+    header) so that ``flex`` keeps up to a third of the line: one wide cell (a job on seven instances, a long
+    user name) must not take the reasons of every row off the screen."""
     cols = len(header)
     flex = flex % cols
     align = align or "l" * cols
@@ -306,7 +313,20 @@ def table(rows: Sequence[Sequence[str]], header: Sequence[str], width: int, *, f
     for r in rows:
         for i, c in enumerate(r):
             widths[i] = max(widths[i], cell_len(str(c)))
-    fixed = sum(w for i, w in enumerate(widths) if i != flex) + 2 * (cols - 1)
+    gaps = 2 * (cols - 1)
+    flex_share = min(widths[flex], max(cell_len(header[flex]), width // 3))
+    floor = [min(w, max(cell_len(h), MIN_COLUMN)) for w, h in zip(widths, header)]
+    excess = sum(w for i, w in enumerate(widths) if i != flex) + gaps + flex_share - width
+    while excess > 0:
+        cut = [i for i in range(cols) if i != flex and widths[i] > floor[i]]
+        if not cut:
+            break
+        i = max(cut, key=lambda k: widths[k])
+        second = max([widths[k] for k in cut if k != i] + [floor[i]])
+        step = min(excess, widths[i] - max(second, floor[i]) or 1)
+        widths[i] -= step
+        excess -= step
+    fixed = sum(w for i, w in enumerate(widths) if i != flex) + gaps
     widths[flex] = max(4, min(widths[flex], width - fixed))
 
     def line(r: Sequence[str]) -> str:
