@@ -369,3 +369,29 @@ def test_the_live_dashboard_on_an_immutable_snapshot_opens_the_database_again_fo
     assert len(opened) == 1 and opened[0].immutable is False  # (root: an ordinary read) and closed by run
     with pytest.raises(sqlite3.ProgrammingError):
         opened[0].db.conn.execute("SELECT 1")
+
+
+def test_the_live_dashboard_on_a_dumb_terminal_prints_a_frame_instead_of_nothing(store, monkeypatch, capsys):
+    """On a terminal without cursor movement (TERM=dumb: an Emacs shell buffer, a serial console; rich says the
+    same of TERM=unknown) rich's Live draws nothing while it runs and, transient, nothing when it ends: `slurm-mig
+    top` showed an empty screen until q. It now prints one frame, as --once does, and says why on stderr."""
+    import io
+    import sys
+
+    from rich.console import Console
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    monkeypatch.setattr(V.time, "time", lambda: NOW)
+    monkeypatch.setattr(T._Keys, "wait", lambda self, timeout: "q")  # one frame, then q
+    monkeypatch.setattr(sys, "stdout", Tty())
+    for term in ("dumb", "unknown"):
+        out = io.StringIO()
+        con = Console(file=out, width=80, height=24, force_terminal=True, _environ={"TERM": term})
+        assert T.run(store, T.TopOptions(width=80, height=24), console=con) == 0
+        assert "slurm-mig top" in out.getvalue() and "q quit" in out.getvalue(), (term, out.getvalue())
+        assert "\x1b[?1049h" not in out.getvalue()  # no alternate screen either
+        assert "cannot redraw a screen" in capsys.readouterr().err
+

@@ -407,7 +407,13 @@ def run(store, opts: TopOptions, *, cfg=None, interval: float = 2.0, once: bool 
         o = TopOptions(**{**opts.__dict__, "width": width, "height": height})
         return build_frame(snap, o, partition_nodes=parts.get(), healthz=probe_healthz(cfg))
 
-    if once or not stdout_is_a_terminal():
+    # A terminal that cannot move its cursor (TERM=dumb or unknown: an Emacs shell buffer, a serial console): rich's
+    # Live draws nothing on it while it runs and, transient, nothing when it ends, so the screen stayed empty.
+    dumb = not once and stdout_is_a_terminal() and (console or Console()).is_dumb_terminal
+    if dumb:
+        print("slurm-mig top: this terminal (TERM=dumb or unknown) cannot redraw a screen: one frame, as with --once",
+              file=sys.stderr)
+    if once or not stdout_is_a_terminal() or dumb:
         console = console or Console(width=opts.width, height=opts.height, highlight=False,
                                      force_terminal=stdout_is_a_terminal() or None)
         f = frame(opts.width, opts.height)
