@@ -883,3 +883,39 @@ def test_one_wide_cell_does_not_push_every_jobs_reason_off_the_screen(tmp_path, 
     assert narrow[0].split()[-1] == "WHY" and all(cell_len(line) <= 80 for line in narrow), narrow
     assert "no node ca" in next(line for line in narrow if line.startswith("203 ")), narrow
     assert "gpu01:3g@0/0" in "\n".join(narrow)
+
+
+# Characters that reorder or hide text though they are no control characters: a right-to-left override, an
+# isolate and its end, a zero-width space, a byte-order mark, a line separator. And rich markup, which the text
+# output must show as typed, not apply.
+HIDDEN = "\u202eevil\u202c \u2067x\u2069 ro\u200bot \ufeff a\u2028b"
+MARKUP = "[bold red]EVIL[/] [/] [link=http://x]y[/link]"
+
+
+def test_text_output_shows_bidirectional_and_invisible_characters_and_markup_as_typed(cfg, capsys):
+    """A job named with U+202E (RIGHT-TO-LEFT OVERRIDE) was printed as is: a terminal that does bidirectional text
+    showed the rest of the line reversed (CVE-2021-42574's trick), and a zero-width space or byte-order mark in a
+    user name made a user look like another (and put the table's columns out of line). They are now written as
+    \\uNNNN, as control characters are written as \\xNN; rich markup in a job's fields is shown, never applied."""
+    import tomllib
+
+    db = tomllib.loads(open(cfg).read())["controller"]["db_path"]
+    with open_store(db) as s:
+        s.upsert_job("205", profile="1g", user="u" + HIDDEN, name="n" + HIDDEN + MARKUP, partition="p" + MARKUP,
+                     submit_time=NOW - 5, now=NOW - 5)
+        s.set_job_state("205", "PENDING", reason="r" + HIDDEN + MARKUP, now=NOW - 4)
+        s.add_event("requeue", "job 205 " + HIDDEN + MARKUP, job_id="205", now=NOW - 3)
+    outs = {}
+    for argv in (["jobs"], ["explain", "205"], ["top", "--once", "--width", "200", "--height", "40"]):
+        rc, out, err = run(capsys, "--config", cfg, *argv)
+        assert rc == 0, (argv, err)
+        bad = [c for c in out if c in HIDDEN and not c.isascii()]
+        assert not bad, (argv, bad)
+        outs[argv[0]] = out
+    shown = "\\u202eevil\\u202c \\u2067x\\u2069 ro\\u200bot \\ufeff a\\u2028b"
+    assert "n" + shown + MARKUP in outs["explain"]  # nothing lost, markup as typed
+    assert "u" + shown in outs["explain"] and "r\\u202eevil" in outs["jobs"]
+    assert "job 205 " + shown + MARKUP in outs["explain"]
+    assert "u\\u202eevil" in outs["jobs"] and "u\\u202eevil" in outs["top"] and "[bold red]EVIL[/]" in outs["top"]
+    rc, out, _ = run(capsys, "--config", cfg, "jobs", "--state", "pending", "--json")
+    assert [j["name"] for j in json.loads(out) if j["job_id"] == "205"] == ["n" + HIDDEN + MARKUP]  # JSON as stored
