@@ -83,6 +83,9 @@ def _flush_stdout() -> None:
 
 
 def _run(argv: list[str] | None) -> int:
+    from slurm_mig.terminal import tolerate_unencodable_output
+
+    tolerate_unencodable_output()
     parser = build_parser()
     args = parser.parse_args(argv)
     func = getattr(args, "func", None)

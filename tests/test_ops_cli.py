@@ -919,3 +919,32 @@ def test_text_output_shows_bidirectional_and_invisible_characters_and_markup_as_
     assert "u\\u202eevil" in outs["jobs"] and "u\\u202eevil" in outs["top"] and "[bold red]EVIL[/]" in outs["top"]
     rc, out, _ = run(capsys, "--config", cfg, "jobs", "--state", "pending", "--json")
     assert [j["name"] for j in json.loads(out) if j["job_id"] == "205"] == ["n" + HIDDEN + MARKUP]  # JSON as stored
+
+
+@pytest.mark.parametrize("encoding", ["ascii", "latin-1"])
+def test_a_terminal_without_utf8_gets_every_command_not_a_traceback(cfg, monkeypatch, encoding):
+    """With standard output in an encoding other than UTF-8 (PYTHONIOENCODING=ascii, a Latin-1 locale such as
+    LANG=de_DE.ISO-8859-1 on an old head node), `jobs`, `explain` and `nodes` ended in a UnicodeEncodeError
+    traceback (status 1) as soon as a job's user or name held a character the encoding lacks, and `top --once`
+    and `nodes` always did (their rules, bars and ellipses). What the encoding lacks is now written as \\uNNNN
+    (\\xNN), and top and nodes draw with --ascii's characters on such an output."""
+    import io
+    import sys
+    import tomllib
+
+    db = tomllib.loads(open(cfg).read())["controller"]["db_path"]
+    with open_store(db) as s:
+        s.upsert_job("206", profile="1g", user="名前" * 20, name="ünï名", submit_time=NOW - 5, now=NOW - 5)
+    for argv in (["jobs"], ["explain", "206"], ["nodes"], ["decisions", "--all"], ["status", "--no-probe"],
+                 ["top", "--once"], ["top", "--once", "--view", "summary"]):
+        raw = io.BytesIO()
+        out = io.TextIOWrapper(raw, encoding=encoding, newline="\n")
+        monkeypatch.setattr(sys, "stdout", out)
+        rc = main(["--config", cfg, *argv])
+        out.flush()
+        text = raw.getvalue().decode(encoding)
+        assert rc == 0, argv
+        if argv[0] in ("jobs", "explain"):
+            assert "\\u540d\\u524d" in text, (argv, text)  # 名前, written so
+        if argv[0] in ("top", "nodes"):
+            assert not any(e in text for e in ("\\u2500", "\\xb7", "\\u2192", "\\u2026")), (argv, text)  # ASCII drawing

@@ -15,7 +15,7 @@ import textwrap
 import time
 
 from slurm_mig.argtypes import at_least, seconds
-from slurm_mig.terminal import stdout_is_a_terminal
+from slurm_mig.terminal import stdout_can_show, stdout_is_a_terminal
 
 JOB_STATE_GROUPS = {
     "live": ("PENDING", "REQUEUED", "RUNNING", "SUSPENDED", "COMPLETING"),
@@ -238,7 +238,7 @@ def _status(args) -> int:
     print()
     for line in R.table(R.profile_table_rows(st["profiles"]),
                         ["PROFILE", "TOTAL", "BUSY", "IDLE", "RECONF", "PENDING", "OLDEST WAIT"], 100,
-                        align="lrrrrrr"):
+                        align="lrrrrrr", ascii_only=not stdout_can_show()):
         print(line)
     if st["reconfigurations"]:
         print()
@@ -302,7 +302,7 @@ def _jobs(args) -> int:
                      F.fmt_duration(j["wait_s"]), F.fmt_duration(j["run_s"]) if j["run_s"] is not None else "-",
                      where or "-", j["reason"] or "-"])
     for line in R.table(rows, ["JOB", "USER", "PARTITION", "WANTS", "STATE", "WAIT", "RUN", "WHERE", "WHY"],
-                        _width(args, 120), align="lllllrrll"):
+                        _width(args, 120), align="lllllrrll", ascii_only=not stdout_can_show()):
         print(line)
     return 0
 
@@ -330,7 +330,7 @@ def _nodes(args) -> int:
     nodes = R.safe_tree(nodes)
     width = _width(args)
     con = _console(width)
-    g = R.Glyphs()
+    g = R.Glyphs(ascii_only=not stdout_can_show())
     for n in nodes:
         head = Text()
         head.append(n["name"], style="bold")
@@ -357,7 +357,7 @@ def _nodes(args) -> int:
                 t.append("  slices not counted", style=R.STYLE["dim"])
             else:
                 t.append(f"  free: up to {gpu['largest_free_kind'] or 'nothing'}", style=R.STYLE["dim"])
-            con.print(R.crop(t, width), no_wrap=True, crop=True)
+            con.print(R.crop(t, width, g), no_wrap=True, crop=True)
             bar_w = min(8 * 12, width - 4)
             bar_w -= bar_w % max(1, gpu["slices"] or 1)
             line = Text("    ")
@@ -601,7 +601,8 @@ def _top(args) -> int:
     opts = TopOptions(
         width=args.width or (size.columns if stdout_is_a_terminal() else 80),
         height=args.height or (size.lines if stdout_is_a_terminal() else 24),
-        page=max(1, args.page), view=args.view, nodes=args.node, partition=args.partition, ascii=args.ascii,
+        page=max(1, args.page), view=args.view, nodes=args.node, partition=args.partition,
+        ascii=args.ascii or not stdout_can_show(),
         tick_interval_s=cfg.controller.tick_interval_s, stale_after_s=cfg.controller.node_stale_after_s)
     path = args.db or cfg.controller.db_path
     with store:
