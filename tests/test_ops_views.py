@@ -476,6 +476,18 @@ def test_formatting():
     assert "-" in F.fmt_when(t - 3 * 86400, t)
 
 
+def test_a_time_of_another_year_is_shown_with_its_year():
+    """A time not of today was shown as month-day and clock alone: in a post-mortem on last year's copy of the
+    database (or with a clock set a year ahead) `explain` said "submitted 11-27 10:00:00" of a job of a year
+    earlier, as if of this year. A time of another year now says its year."""
+    now = time.mktime((2026, 11, 27, 12, 0, 0, 0, 0, -1))
+    year_ago = time.mktime((2025, 11, 27, 10, 0, 0, 0, 0, -1))
+    assert F.fmt_when(year_ago, now) == "2025-11-27 10:00:00"
+    assert F.fmt_when(time.mktime((2027, 1, 2, 3, 4, 5, 0, 0, -1)), now) == "2027-01-02 03:04:05"
+    assert F.fmt_when(time.mktime((2026, 3, 1, 8, 0, 0, 0, 0, -1)), now) == "03-01 08:00:00"  # this year: no year
+    assert F.fmt_when(now, now) == "12:00:00"
+
+
 def test_explain_a_pending_job_shows_the_reconfiguration_it_waits_for(ro):
     ex = E.explain_view(ro, "201", now=NOW)
     assert [(r["node"], r["gpu"], r["to"], r["state"]) for r in ex["reconfigurations"]] == \

@@ -116,14 +116,17 @@ def fmt_clock(t: float | None) -> str:
 
 
 def fmt_when(t: float | None, now: float) -> str:
-    """A clock time, with the date when it is not today."""
+    """A clock time, with the date when it is not today, and the year when it is not this year's (a copy of last
+    year's database, a clock set ahead)."""
     if t is None:
         return "-"
     lt = _localtime(t)
     if lt is None:
         return fmt_odd(t)
     today = _localtime(now)
-    if today is None or time.strftime("%Y-%m-%d", lt) != time.strftime("%Y-%m-%d", today):
+    if today is None or lt.tm_year != today.tm_year:
+        return time.strftime("%Y-%m-%d %H:%M:%S", lt)
+    if time.strftime("%Y-%m-%d", lt) != time.strftime("%Y-%m-%d", today):
         return time.strftime("%m-%d %H:%M:%S", lt)
     return time.strftime("%H:%M:%S", lt)
 
