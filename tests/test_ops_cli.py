@@ -8,6 +8,7 @@ import json
 import pytest
 
 from slurm_mig.cli import main
+from slurm_mig.ops import fmt as F
 from slurm_mig.store import open_store
 from tests.helpers import raw_answer_server
 from slurm_mig.policies.base import Decision
@@ -948,3 +949,23 @@ def test_a_terminal_without_utf8_gets_every_command_not_a_traceback(cfg, monkeyp
             assert "\\u540d\\u524d" in text, (argv, text)  # 名前, written so
         if argv[0] in ("top", "nodes"):
             assert not any(e in text for e in ("\\u2500", "\\xb7", "\\u2192", "\\u2026")), (argv, text)  # ASCII drawing
+
+
+def test_decisions_of_another_day_say_their_date(cfg, capsys):
+    """`decisions` printed each decision's clock time alone (it compared the decision's day with its own): one of
+    three days ago read as one of today. The controller records a decision only when it differs from the last,
+    and keeps 50,000, so a quiet site's last ten span days. A decision not of today now says its date."""
+    import tomllib
+
+    from slurm_mig.mig.layout import Slot
+    from slurm_mig.policies.base import Assignment, Decision
+
+    db = tomllib.loads(open(cfg).read())["controller"]["db_path"]
+    old = NOW - 3 * 86400
+    with open_store(db) as s:
+        s.record_decision(Decision(assignments=(Assignment("101", "gpu01", ((0, Slot(0, "3g.40gb")),), "old"),),
+                                   policy="first-fit", version="2"), latency_ms=0.1, now=old)
+    rc, out, _ = run(capsys, "--config", cfg, "decisions")
+    first, second = [line for line in out.splitlines() if line.startswith("#")][:2]
+    assert first.startswith("#6 " + F.fmt_when(old, NOW) + " ") and "-" in first.split()[1], out  # MM-DD
+    assert second.startswith("#4 " + F.fmt_clock(NOW - 20) + " "), out  # today's: the clock time alone

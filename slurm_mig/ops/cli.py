@@ -391,9 +391,11 @@ def _decisions(args) -> int:
                                          " that re-carved or placed anything (--waiting, --all show more)"))
         return 0
     width = _width(args)
+    now = time.time()
     for d in R.safe_tree(ds):
         lat = f" {F.fmt_num(d['latency_ms'])} ms" if d["latency_ms"] is not None else ""
-        print(f"#{d['id']} {F.fmt_when(d['time'], d['time'])} {d['policy']} {d['version']}{lat}: {d['summary']}"[:width])
+        # the date too when not today's (a quiet site's last ten decisions span days)
+        print(f"#{d['id']} {F.fmt_when(d['time'], now)} {d['policy']} {d['version']}{lat}: {d['summary']}"[:width])
         # At most DECISION_LINES of each list a decision: one at a large site placed hundreds of jobs, and
         # `decisions` (10 of them by default) printed thousands of lines. --json lists every one.
         changes = d["changes"]
