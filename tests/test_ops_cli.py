@@ -884,6 +884,11 @@ def test_one_wide_cell_does_not_push_every_jobs_reason_off_the_screen(tmp_path, 
     assert narrow[0].split()[-1] == "WHY" and all(cell_len(line) <= 80 for line in narrow), narrow
     assert "no node ca" in next(line for line in narrow if line.startswith("203 ")), narrow
     assert "gpu01:3g@0/0" in "\n".join(narrow)
+    # The first column, the key, is never cut: a pending array's id names nothing cut short.
+    rows.append(["123456_[1-1000%50]", "u" * 30, "gpu", "1g", "PENDING", "1s", "-", "-", "waits"])
+    narrow = R.table(rows, header, 100)
+    assert any(line.startswith("123456_[1-1000%50]  uuuuuuuuuuu…") for line in narrow), narrow
+    assert all(cell_len(line) <= 100 for line in narrow) and narrow[0].split()[-1] == "WHY", narrow
 
 
 # Characters that reorder or hide text though they are no control characters: a right-to-left override, an

@@ -303,9 +303,10 @@ def table(rows: Sequence[Sequence[str]], header: Sequence[str], width: int, *, f
     """A plain aligned table; column ``flex`` (default: the last) takes what is left and is cropped.
 
     Measured in terminal cells, not characters: a CJK or emoji character (a user, a reason) takes two. When the
-    table is wider than ``width``, the widest other columns are cut first (down to ``MIN_COLUMN`` cells or their
-    header) so that ``flex`` keeps up to a third of the line: one wide cell (a job on seven instances, a long
-    user name) must not take the reasons of every row off the screen."""
+    table is wider than ``width``, the widest other columns but the first (the key) are cut first, down to
+    ``MIN_COLUMN`` cells or their header, so that ``flex`` keeps up to a third of the line: one wide cell (a job on
+    seven instances, a long user name) must not take the reasons of every row off the screen. Columns that fit in
+    ``MIN_COLUMN`` (a state, a wait) are never cut: on a line too short for them all, it is cut at its end."""
     cols = len(header)
     flex = flex % cols
     align = align or "l" * cols
@@ -314,16 +315,16 @@ def table(rows: Sequence[Sequence[str]], header: Sequence[str], width: int, *, f
         for i, c in enumerate(r):
             widths[i] = max(widths[i], cell_len(str(c)))
     gaps = 2 * (cols - 1)
-    flex_share = min(widths[flex], max(cell_len(header[flex]), width // 3))
-    floor = [min(w, max(cell_len(h), MIN_COLUMN)) for w, h in zip(widths, header)]
-    excess = sum(w for i, w in enumerate(widths) if i != flex) + gaps + flex_share - width
+    need = min(widths[flex], max(cell_len(header[flex]), width // 3))
+    floor = [widths[0]] + [min(w, max(cell_len(h), MIN_COLUMN)) for w, h in zip(widths[1:], header[1:])]
+    excess = sum(w for i, w in enumerate(widths) if i != flex) + gaps + need - width
     while excess > 0:
         cut = [i for i in range(cols) if i != flex and widths[i] > floor[i]]
         if not cut:
             break
         i = max(cut, key=lambda k: widths[k])
         second = max([widths[k] for k in cut if k != i] + [floor[i]])
-        step = min(excess, widths[i] - max(second, floor[i]) or 1)
+        step = min(excess, widths[i] - second or 1)
         widths[i] -= step
         excess -= step
     fixed = sum(w for i, w in enumerate(widths) if i != flex) + gaps
