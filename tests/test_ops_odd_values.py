@@ -190,3 +190,22 @@ def test_a_replay_of_a_job_whose_times_are_not_real_says_so_and_ends(base, tmp_p
         assert other["jobs"] == (5 if left_out else 6)
     finally:
         store.close()
+
+
+def test_every_view_shows_a_database_with_text_that_is_not_utf8(base, tmp_path, capsys):
+    """SQLite keeps whatever bytes a TEXT column was given (a copy from a broken disk, a row written by another
+    tool): a job's user of the byte 0xc3 alone made every command but `decisions` end with "Could not decode to
+    UTF-8 column 'user'" (exit 1), one such job hiding all the others. The views now show such bytes as \\xNN,
+    and --json gives them so."""
+    db = _copy(base, tmp_path, "not-utf8")
+    conn = sqlite3.connect(db)
+    with conn:
+        conn.execute("UPDATE jobs SET user = CAST(X'c3' AS TEXT), name = CAST(X'6a6f62ff' AS TEXT) "
+                     "WHERE job_id IN ('101', '201')")
+        conn.execute("UPDATE events SET message = CAST(X'ff20' AS TEXT)")
+        conn.execute("UPDATE nodes SET health = CAST(X'fe' AS TEXT) WHERE name = 'gpu01'")
+    conn.close()
+    outs = _run_all(_config(tmp_path, db), capsys)
+    assert "job\\xff" in outs["explain 101"] and "user \\xc3" in outs["explain 201"]
+    assert "\\xc3" in outs["jobs --state all"] and "\\xfe" in outs["nodes"]
+    assert [j["user"] for j in json.loads(outs["jobs --json --state all"]) if j["job_id"] == "201"] == ["\\xc3"]
