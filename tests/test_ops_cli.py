@@ -974,3 +974,42 @@ def test_decisions_of_another_day_say_their_date(cfg, capsys):
     first, second = [line for line in out.splitlines() if line.startswith("#")][:2]
     assert first.startswith("#6 " + F.fmt_when(old, NOW) + " ") and "-" in first.split()[1], out  # MM-DD
     assert second.startswith("#4 " + F.fmt_clock(NOW - 20) + " "), out  # today's: the clock time alone
+
+
+def test_the_exit_statuses_the_operator_guide_lists_are_what_the_commands_return(cfg, tmp_path, capsys):
+    """The operator guide's table of exit statuses, against the commands: each status it lists that can be brought
+    about here (0, 1, 2, 75) for one case it names."""
+    import re
+    import sqlite3
+    import tomllib
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "operator-guide.md").read_text()
+    table = doc[doc.index("Exit statuses of"):doc.index("| question | command |")]
+    assert {int(n) for n in re.findall(r"^\| (\d+) \|", table, re.M)} == {0, 1, 2, 75, 130, 141}
+    assert run(capsys, "--config", cfg, "jobs", "--state", "done")[:2] == (0, "no jobs\n")
+    assert run(capsys, "--config", cfg, "explain", "999")[0] == 1
+    assert run(capsys, "--config", cfg, "status", "--check", "--no-probe")[0] == 1  # gpu03 is stale
+    assert run(capsys, "--config", cfg, "jobs", "--db", str(tmp_path / "none.db"))[0] == 1
+    for argv in (["jobs", "--state", "bogus"], ["jobs", "--limit", "0"],
+                 ["jobs", "--config", str(tmp_path / "no.toml")]):
+        with pytest.raises(SystemExit) as exc:  # argparse exits; a config error returns
+            code = main(["--config", cfg, *argv])
+            raise SystemExit(code)
+        assert exc.value.code == 2, argv
+    # A writer holding the database (a copy in rollback-journal mode, where a writer's lock keeps readers out).
+    db = tomllib.loads(open(cfg).read())["controller"]["db_path"]
+    copy = tmp_path / "locked.db"
+    copy.write_bytes(Path(db).read_bytes())
+    copy.chmod(0o600)
+    writer = sqlite3.connect(copy, isolation_level=None, check_same_thread=False)
+    writer.execute("PRAGMA journal_mode=DELETE")
+    writer.execute("BEGIN EXCLUSIVE")
+    quick = tmp_path / "quick.toml"
+    quick.write_text(f'[controller]\ndb_path = "{copy}"\ndb_busy_timeout_s = 0.2\nlisten_port = 1\n')
+    try:
+        rc, _, err = run(capsys, "--config", str(quick), "jobs")
+    finally:
+        writer.execute("ROLLBACK")
+        writer.close()
+    assert rc == 75, err
