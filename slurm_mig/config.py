@@ -110,6 +110,33 @@ class AuthConfig:
     # munge: is a request for node N encoded on N's host (Slurm's NodeAddr)? "warn" counts and logs a
     # mismatch, "enforce" refuses it (403), "off" does not look (slurm_mig/api/origin.py)
     node_origin: str = "warn"
+    # munge: the user the controller runs as (a name, or a uid): nodes accept answers signed by it or by root.
+    # Requests are accepted from root only, whatever it says (the hooks run as root)
+    controller_user: str | int = "root"
+
+    @property
+    def controller_uid(self) -> int:
+        """The uid of ``controller_user`` (resolved on this host; KeyError for a name it does not know)."""
+        return user_uid(self.controller_user)
+
+
+#: The largest uid: uid_t is 32 bits, and (uid_t)-1 means "no change" to setreuid and chown.
+MAX_UID = (1 << 32) - 2
+
+
+def user_uid(user: str | int) -> int:
+    """The uid of a user name (pwd: /etc/passwd, or LDAP, ... through NSS) or of a uid given as a number or
+    as digits; KeyError for a name no user has."""
+    if isinstance(user, int):
+        return user
+    import pwd
+
+    try:
+        return pwd.getpwnam(user).pw_uid
+    except KeyError:
+        if user.isascii() and user.isdigit():
+            return int(user)
+        raise
 
 
 @dataclass(frozen=True)
@@ -290,6 +317,20 @@ def _path(allow_empty: bool = True) -> Callable:
     return check
 
 
+def _user(v: Any) -> str | int:
+    """A user name or a uid; whether the name is a user's is asked in _cross_checks (pwd)."""
+    want = f'a user name (e.g. "slurm") or a uid (0 to {MAX_UID})'
+    if _int64(v):
+        if not 0 <= v <= MAX_UID:
+            raise _Bad(want)
+        return v
+    if not isinstance(v, str) or not v or re.search(r"[\s:/\0]", v) or v.startswith("-"):
+        raise _Bad(want)
+    if v.isascii() and v.isdigit() and (len(v) > 10 or int(v) > MAX_UID):
+        raise _Bad(want)
+    return v
+
+
 def _host(v: Any) -> str:
     if not isinstance(v, str) or not v.strip() or re.search(r"[\s/]", v):
         raise _Bad("a host name or IP address")
@@ -385,6 +426,7 @@ RULES: dict[str, dict[str, Callable]] = {
         "max_clock_skew_s": _period(),
         "replay_window_s": _period(),
         "node_origin": _choice("off", "warn", "enforce"),
+        "controller_user": _user,
     },
     "slurm": {
         "command_timeout_s": _timeout(),
@@ -468,6 +510,13 @@ def _cross_checks(cfg: Config, where: str) -> None:
         raise ConfigError(f"{where}: [auth].hmac_node_keys_dir: expected \"\" when [auth].method = "
                           f"{_show(cfg.auth.method)} (a key per node needs method = \"hmac\"; with MUNGE it "
                           f"would be ignored), got {_show(cfg.auth.hmac_node_keys_dir)}")
+    try:
+        cfg.auth.controller_uid
+    except KeyError:
+        # Resolved where the config is read: on each node (its hooks check answers against it) and on the head
+        # node. Slurm's own rule for the SlurmUser: the same user on every host.
+        raise ConfigError(f"{where}: [auth].controller_user: expected a user this host knows (a name in its passwd, "
+                          f"e.g. the SlurmUser) or a uid, got {_show(cfg.auth.controller_user)}") from None
     if cfg.policy.fallback in ("rl", "rl-candidate"):
         # The fallback decides when the policy's model cannot be used: a learned one fails with it (the tick then
         # raised inside the live policy's except, and nothing was placed while the model was broken)

@@ -221,15 +221,22 @@ class _LibMunge:
 
 
 class MungeAuth:
-    """MUNGE credentials: libmunge in-process where it loads, else the munge/unmunge commands."""
+    """MUNGE credentials: libmunge in-process where it loads, else the munge/unmunge commands.
+
+    Two sets of uids, kept apart: ``allowed_uids``, whose requests the controller serves (root: the hooks), and
+    ``answer_uids``, whose answers a node accepts (the controller's user: root, or the SlurmUser that
+    ``[auth].controller_user`` names; the same as ``allowed_uids`` when not given). Accepting the controller's
+    user's answers must not make its requests accepted: a request from the SlurmUser is no hook's."""
 
     scheme = "munge"
 
     def __init__(self, socket: str | None = None, *, allowed_uids: tuple[int, ...] = (0,),
+                 answer_uids: tuple[int, ...] | None = None,
                  ttl_s: int = 60, timeout_s: float = 5.0, munge_bin: str = "munge", unmunge_bin: str = "unmunge",
                  use_library: bool = True, replay_window_s: float = 0.0):
         self.socket = socket
-        self.allowed_uids = allowed_uids
+        self.allowed_uids = tuple(allowed_uids)
+        self.answer_uids = self.allowed_uids if answer_uids is None else tuple(answer_uids)
         self.ttl_s = ttl_s
         self.timeout_s = timeout_s
         self.munge_bin = munge_bin
@@ -311,8 +318,9 @@ class MungeAuth:
         return "munge " + self._encode(f"slurm-mig/1-response {_response_digest(request_header, status, body)}".encode())
 
     def verify_response(self, request_header: str, status: int, header: str | None, body: bytes) -> None:
-        """Check the answer came from an allowed uid (root: the controller) and covers this request,
-        status and body; munged refuses a replayed credential. Raises AuthError."""
+        """Check the answer came from one of ``answer_uids`` (the controller's user: root, or
+        ``[auth].controller_user``) and covers this request, status and body; munged refuses a replayed
+        credential. Raises AuthError."""
         scheme, _, cred = (header or "").partition(" ")
         if scheme != "munge" or not cred.startswith("MUNGE:"):
             raise AuthError("answer has no MUNGE credential")
@@ -320,8 +328,9 @@ class MungeAuth:
             payload, uid, _gid, _host = self._decode(cred)
         except AuthError as exc:
             raise AuthError(f"answer's {exc}") from None
-        if uid not in self.allowed_uids:
-            raise AuthError(f"answer signed by uid {uid}, not by the controller")
+        if uid not in self.answer_uids:
+            raise AuthError(f"answer signed by uid {uid}, not by the controller (accepted: uid "
+                            f"{', '.join(map(str, self.answer_uids))}; [auth].controller_user)")
         want = f"slurm-mig/1-response {_response_digest(request_header, status, body)}"
         if not hmac.compare_digest(payload.decode(errors="replace").rstrip("\n").encode(), want.encode()):
             raise AuthError("answer's MUNGE credential does not cover this answer")
@@ -539,13 +548,14 @@ class HmacAuth:
 
 def auth_from_settings(method: str, *, munge_socket: str | None = None, key_file: str | None = None,
                        max_skew_s: float = 60.0, allowed_uids: tuple[int, ...] = (0,),
-                       node_keys_dir: str | None = None, replay_window_s: float = 0.0):
+                       node_keys_dir: str | None = None, replay_window_s: float = 0.0, controller_uid: int = 0):
     """Build the authenticator a config names ("munge" or "hmac"). ``node_keys_dir``: the controller's
     folder of per-node keys (then ``key_file``, the shared key, is optional: the fallback for nodes
-    without a key file)."""
+    without a key file). ``controller_uid`` (munge; ``[auth].controller_user``): the uid whose answers a
+    node accepts, besides root's; requests are still accepted from ``allowed_uids`` only."""
     if method == "munge":
-        return MungeAuth(munge_socket, allowed_uids=allowed_uids, ttl_s=int(max(max_skew_s, 10)),
-                         replay_window_s=replay_window_s)
+        return MungeAuth(munge_socket, allowed_uids=allowed_uids, answer_uids=tuple(dict.fromkeys((0, controller_uid))),
+                         ttl_s=int(max(max_skew_s, 10)), replay_window_s=replay_window_s)
     if method == "hmac":
         if node_keys_dir:
             if not os.path.isdir(node_keys_dir):

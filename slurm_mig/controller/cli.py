@@ -66,7 +66,35 @@ def make_auth(cfg):
 
     return auth_from_settings(cfg.auth.method, munge_socket=cfg.auth.munge_socket, key_file=cfg.auth.hmac_key_file,
                               max_skew_s=cfg.auth.max_clock_skew_s, node_keys_dir=cfg.auth.hmac_node_keys_dir or None,
-                              replay_window_s=cfg.auth.replay_window_s)
+                              replay_window_s=cfg.auth.replay_window_s, controller_uid=cfg.auth.controller_uid)
+
+
+def check_answer_signer(cfg, euid: int | None = None) -> None:
+    """With MUNGE, refuse (ConfigError, exit 2) to serve the node API as a user whose answers the nodes refuse:
+    they accept answers signed by root or by ``[auth].controller_user`` only, so a controller run as another
+    user (the SlurmUser, with controller_user left at "root") had every answer refused ("answer signed by uid
+    N, not by the controller"), and every hook took its fallback while the controller looked healthy."""
+    import os
+    import pwd
+
+    from slurm_mig.errors import ConfigError
+
+    euid = os.geteuid() if euid is None else euid
+    if cfg.auth.method != "munge" or euid in (0, cfg.auth.controller_uid):
+        return
+    try:
+        name = pwd.getpwuid(euid).pw_name
+        me, value = f"{name} (uid {euid})", f'"{name}"'
+    except KeyError:
+        me, value = f"uid {euid}", str(euid)
+    user = cfg.auth.controller_user
+    said = f'"{user}"' if isinstance(user, str) else str(user)
+    where = f"config {cfg.source}" if cfg.source else "config <built-in defaults>"
+    raise ConfigError(f'{where}: [auth].controller_user: the controller runs as {me}, but with method = "munge" the '
+                      f"nodes accept answers signed by root or by controller_user ({said}, uid "
+                      f"{cfg.auth.controller_uid}) only, and would refuse every answer it signs: set "
+                      f"controller_user = {value} in [auth] of this config and of the nodes' (docs/admin-guide.md, "
+                      f"step 6), or run the controller as root; nothing was done")
 
 
 def serve(cfg, controller):
@@ -158,6 +186,8 @@ def _run(args: argparse.Namespace) -> int:
     cfg = load_config(args.config)
     # ... and the folders it names must stay its own: the log's and the database's (refused as the config is)
     check_written_folders(cfg, "the controller", controller=True, only_as_root=False)
+    if not (args.once and args.no_api):  # it signs answers: as a user the nodes accept them from
+        check_answer_signer(cfg)
     try:  # opened here, not by basicConfig(filename=): a folder or a missing one was logging's traceback
         from slurm_mig.folders import log_file_handler
 

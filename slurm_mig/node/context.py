@@ -50,6 +50,8 @@ class NodeSettings:
     # [auth].max_clock_skew_s: with MUNGE, the lifetime (TTL) of the node's credentials, which is what bounds
     # how far a node's clock may be behind the controller's for its requests to be accepted
     max_skew_s: float = 30.0
+    # [auth].controller_user, resolved on this node: with MUNGE, answers signed by it (or by root) are accepted
+    controller_uid: int = 0
 
     @classmethod
     def load(cls, node_name: str | None = None) -> "NodeSettings":
@@ -77,6 +79,7 @@ class NodeSettings:
             log_level=cfg.log.level,
             lock_wait_s=cfg.node.layout_lock_wait_s,
             max_skew_s=cfg.auth.max_clock_skew_s,
+            controller_uid=cfg.auth.controller_uid,
         )
 
 
@@ -127,7 +130,7 @@ class Node:
 
             s = self.settings
             auth = auth_from_settings(s.auth_method, munge_socket=s.munge_socket, key_file=s.auth_key_file,
-                                      max_skew_s=s.max_skew_s)
+                                      max_skew_s=s.max_skew_s, controller_uid=s.controller_uid)
             self._client = ControllerClient(s.controller_url, auth, self.name, timeout_s=s.timeout_s)
         return self._client
 
