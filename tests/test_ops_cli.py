@@ -1013,3 +1013,14 @@ def test_the_exit_statuses_the_operator_guide_lists_are_what_the_commands_return
         writer.execute("ROLLBACK")
         writer.close()
     assert rc == 75, err
+
+
+@pytest.mark.parametrize("flag", ["--user", "--partition", "--profile"])
+@pytest.mark.parametrize("value", ["", " "])
+def test_jobs_with_a_blank_filter_is_an_error_as_a_blank_state_is(cfg, capsys, flag, value):
+    """`jobs --user "$U"` (or --partition, --profile) with the variable unset listed every job, exit 0, while
+    `--state ""` is refused (exit 2): the blank filter was read as none. Each is refused now."""
+    rc, out, err = run(capsys, "--config", cfg, "jobs", flag, value)
+    assert rc == 2 and out == "" and f"no value given in {flag}" in err
+    assert run(capsys, "--config", cfg, "jobs")[0] == 0
+

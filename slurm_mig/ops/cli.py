@@ -277,6 +277,13 @@ def _jobs(args) -> int:
             print(f"slurm-mig jobs: {what} (use live, pending, running, done, all, or {', '.join(JOB_STATES)})",
                   file=sys.stderr)
             return 2
+    for flag, value in (("--user", args.user), ("--partition", args.partition), ("--profile", args.profile)):
+        # blank (a shell variable left empty): it was read as no filter and listed every job, while a blank
+        # --state is refused; a filter that names nothing is an error for each
+        if value is not None and not value.strip():
+            print(f"slurm-mig jobs: no value given in {flag} {value!r} (leave the flag out for every job)",
+                  file=sys.stderr)
+            return 2
     cfg, store = _open(args)
     with store:
         jobs = V.jobs_view(store, states=states, user=args.user, partition=args.partition, profile=args.profile,
