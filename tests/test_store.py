@@ -177,6 +177,43 @@ def test_group_readable_when_a_group_is_configured(tmp_path):
     assert os.stat(path).st_gid == os.getegid()
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="gives the file to another group: needs root")
+@pytest.mark.parametrize("old_mode", [0o660, 0o600, 0o644])
+def test_a_group_change_never_gives_the_new_group_more_than_the_final_mode(tmp_path, monkeypatch, old_mode):
+    """An existing database of another group had its group changed before its mode: with 0660 the new group
+    could write it, for a moment, where 0640 is meant. Each state the file passes through (read after every
+    chown and chmod) gives no one more than both the old and the final mode, and the new group no more
+    than the final one."""
+    from slurm_mig.store import prepare_db_file
+
+    path = tmp_path / "state.db"
+    path.write_bytes(b"")
+    os.chmod(path, old_mode)
+    os.chown(path, -1, 0)
+    new_gid = 65534 if os.getegid() != 65534 else 65533
+    seen = []
+    real_chown, real_chmod = os.fchown, os.fchmod
+
+    def chown(fd, uid, gid):
+        real_chown(fd, uid, gid)
+        st = os.fstat(fd)
+        seen.append((stat.S_IMODE(st.st_mode), st.st_gid))
+
+    def chmod(fd, mode):
+        real_chmod(fd, mode)
+        st = os.fstat(fd)
+        seen.append((stat.S_IMODE(st.st_mode), st.st_gid))
+
+    monkeypatch.setattr(os, "fchown", chown)
+    monkeypatch.setattr(os, "fchmod", chmod)
+    prepare_db_file(path, group=str(new_gid))
+    assert seen[-1] == (0o640, new_gid) and (mode_of(path), os.stat(path).st_gid) == (0o640, new_gid)
+    for mode, gid in seen:
+        assert mode & ~(old_mode | 0o640) == 0, seen
+        if gid == new_gid:
+            assert mode & ~0o640 == 0, seen
+
+
 def test_too_open_mode_is_repaired(tmp_path):
     path = tmp_path / "state.db"
     open_store(path).close()

@@ -80,9 +80,17 @@ def _check_fd(fd: int, path: Path, mode: int, gid: int | None) -> None:
         )
     try:
         if gid is not None and st.st_gid != gid:
+            # Narrowed first, to what both the old mode and the final one allow: changed before the mode, the
+            # group took the file's old bits for a moment (0660 gave the new group write where 0640 is meant).
+            both = stat.S_IMODE(st.st_mode) & mode
+            if both != stat.S_IMODE(st.st_mode):
+                os.fchmod(fd, both)
             os.fchown(fd, -1, gid)
-        if stat.S_IMODE(st.st_mode) != mode:
+            if both != mode:
+                os.fchmod(fd, mode)
+        elif stat.S_IMODE(st.st_mode) != mode:
             os.fchmod(fd, mode)
+        if stat.S_IMODE(st.st_mode) != mode:
             log.warning("state database %s had mode %04o; set it to %04o", path, stat.S_IMODE(st.st_mode), mode)
     except PermissionError:
         raise StoreError(
