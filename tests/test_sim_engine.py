@@ -341,3 +341,22 @@ def test_the_policy_is_asked_for_no_reasons_once_the_explained_jobs_have_started
     assert _digest(got) == _digest(want)
     assert got.waiting_reasons == {j: r for j, r in want.waiting_reasons.items() if j in only}
     assert len(got.waiting_reasons) == 2
+
+
+def test_the_plots_queue_line_starts_at_the_windows_start_with_the_queue_then():
+    """`simulate --plot --from T` drew the queue from the first decision inside the window: two jobs waited at
+    T, and the line began only when the next one started (nothing at all for a window with no decision)."""
+    from slurm_mig.sim.plot import timeline_data
+
+    w = one_gpu([Job("a", 0.0, "7g", 1, 100.0, 200.0), Job("b", 10.0, "7g", 1, 50.0, 100.0),
+                 Job("c", 20.0, "7g", 1, 50.0, 100.0)])
+    r = Simulator(w, get_policy("greedy"), ClusterSpec(1, 1), SimConfig(record=True)).run()
+    c = CREATE_7G
+    data = timeline_data(r, t_from=50.0, t_to=200.0)
+    assert data.unit == 60.0
+    want = [(0.0, 2), ((100 + c - 50) / 60, 1), ((150 + c - 50) / 60, 0), (150 / 60, 0)]
+    assert [n for _, n in data.queue] == [n for _, n in want]
+    assert [x for x, _ in data.queue] == pytest.approx([x for x, _ in want])
+    # a window no decision falls in: the queue all along it
+    assert timeline_data(r, t_from=50.0, t_to=90.0).queue == [(0.0, 2), (40 / 60, 2)]
+    assert timeline_data(r).queue[0] == (0.0, 0)

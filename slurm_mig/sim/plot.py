@@ -70,6 +70,7 @@ class TimelineData:
     unit_name: str
     bars: dict[tuple[str, str], list] = field(default_factory=dict)  # (kind, colour) -> [(x, w, y, h)]
     highlighted: list = field(default_factory=list)  # the highlighted job's bars
+    queue: list = field(default_factory=list)  # [(x, jobs waiting)]: a step line from the window's start to its end
 
     @property
     def height(self) -> float:
@@ -129,7 +130,25 @@ def timeline_data(result, *, t_from: float | None = None, t_to: float | None = N
         data.bars.setdefault((s.kind, color), []).append(((t0 - lo) / unit, w, y, h))
         if highlight and s.job_id == highlight:
             data.highlighted.append(((t0 - lo) / unit, w, y, h))
+    data.queue = queue_steps(result.queue, lo, hi, unit)
     return data
+
+
+def queue_steps(trace, lo: float, hi: float, unit: float) -> list[tuple[float, int]]:
+    """The queue line of the window [lo, hi] from ``trace`` ((time, jobs waiting) after each decision, in time
+    order): from lo at the length the queue had then (the last point at or before lo; 0 before the first),
+    each change inside the window, held to hi. Started at the first point inside the window, the line left out
+    the queue at --from until the next decision. Empty where nothing was recorded."""
+    if not trace:
+        return []
+    start = 0
+    for t, n in trace:
+        if t > lo:
+            break
+        start = n
+    pts = [(lo, start)] + [(t, n) for t, n in trace if lo < t <= hi]
+    pts.append((hi, pts[-1][1]))
+    return [((t - lo) / unit, n) for t, n in pts]
 
 
 def plot_timeline(result, path: str, *, t_from: float | None = None, t_to: float | None = None,
@@ -179,9 +198,9 @@ def plot_timeline(result, path: str, *, t_from: float | None = None, t_to: float
     legend = [Patch(color=c, label=f"job on {k}") for k, c in COLORS.items()]
     legend += [Patch(color="#d9d9d9", label="idle instance"), Patch(color="#e15759", label="create/destroy")]
     ax.legend(handles=legend, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
-    qt = [(t, n) for t, n in result.queue if lo <= t <= hi]
-    if qt:
-        axq.step([(t - lo) / unit for t, _ in qt], [n for _, n in qt], where="post", color="#333333", linewidth=0.8)
+    if data.queue:
+        axq.step([x for x, _ in data.queue], [n for _, n in data.queue], where="post", color="#333333",
+                 linewidth=0.8)
     axq.set_ylabel("jobs\nwaiting", fontsize=8)
     axq.set_xlabel(f"time since {lo / unit:.1f} {unit_name} ({unit_name})")
     axq.grid(alpha=0.3)
