@@ -53,15 +53,25 @@ def run(seeds: list[int], policies: list[str], label: str, out) -> None:
                    **{k: getattr(m, k) for k in FIELDS}, "wall_s": m.wall_s}
             out.write(json.dumps(row) + "\n")
             out.flush()
-            print(f"seed {seed} {label} {m.policy}: mean wait {m.mean_wait_s:.0f} s", file=sys.stderr, flush=True)
+            wait = "n/a" if m.mean_wait_s is None else f"{m.mean_wait_s:.0f} s"
+            print(f"seed {seed} {label} {m.policy}: mean wait {wait}", file=sys.stderr, flush=True)
 
 
-def interval(vals: list[float]) -> str:
+def interval(vals: list[float | None]) -> str:
+    """Mean ± 95 % interval of the seeds' figures; a seed where no job ran has none (None) and is left out."""
+    vals = [v for v in vals if v is not None]
+    if not vals:
+        return "n/a"
     mean = statistics.fmean(vals)
     if len(vals) < 2:
         return f"{mean:.0f}"
     half = t95(len(vals) - 1) * statistics.stdev(vals) / math.sqrt(len(vals))
     return f"{mean:.0f} ± {half:.0f}"
+
+
+def _mean2(vals: list[float | None]) -> str:
+    vals = [v for v in vals if v is not None]
+    return f"{statistics.fmean(vals):.2f}" if vals else "n/a"
 
 
 def report(paths: list[str]) -> None:
@@ -74,12 +84,12 @@ def report(paths: list[str]) -> None:
     print("| policy (code) | mean wait s | p95 wait s | mean JCT s | bsld | unfinished |")
     print("|---|---:|---:|---:|---:|---:|")
     for (label, pol), per in sorted(by.items(), key=lambda kv: statistics.fmean(
-            r["mean_wait_s"] for r in kv[1].values())):
+            [r["mean_wait_s"] for r in kv[1].values() if r["mean_wait_s"] is not None] or [math.inf])):
         rs = list(per.values())
         unfinished = sum(r["jobs"] - r["finished"] for r in rs)
         print(f"| {pol} ({label}) | {interval([r['mean_wait_s'] for r in rs])} | "
               f"{interval([r['p95_wait_s'] for r in rs])} | {interval([r['mean_jct_s'] for r in rs])} | "
-              f"{statistics.fmean(r['bounded_slowdown'] for r in rs):.2f} | {unfinished} |")
+              f"{_mean2([r['bounded_slowdown'] for r in rs])} | {unfinished} |")
     labels = sorted({lab for lab, _ in by})
     policies = sorted({pol for _, pol in by})
     for pol in policies:
@@ -88,7 +98,9 @@ def report(paths: list[str]) -> None:
                 pa, pb = by.get((a, pol)), by.get((b, pol))
                 if not pa or not pb:
                     continue
-                common = sorted(set(pa) & set(pb))
+                # seeds where both ran some job: the others have no mean wait or JCT to compare
+                common = sorted(s for s in set(pa) & set(pb)
+                                if pa[s]["mean_wait_s"] is not None and pb[s]["mean_wait_s"] is not None)
                 d = [pa[s]["mean_wait_s"] - pb[s]["mean_wait_s"] for s in common]
                 dj = [pa[s]["mean_jct_s"] - pb[s]["mean_jct_s"] for s in common]
                 better = sum(x < 0 for x in d)

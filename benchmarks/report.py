@@ -13,7 +13,12 @@ import sys
 BASELINES = ("no-mig", "best-static", "greedy")
 
 
-def fmt(v: float) -> str:
+NA = "n/a"  # a figure over the jobs that ran, where none did (None in the JSON)
+
+
+def fmt(v: float | None) -> str:
+    if v is None:
+        return NA
     if v >= 2 * 86400:
         return f"{v / 86400:.1f} d"
     if v >= 2 * 3600:
@@ -23,12 +28,21 @@ def fmt(v: float) -> str:
     return f"{v:.0f} s"
 
 
+def _ratio(v: float | None, to: float) -> str:
+    """``v / to`` to two places; n/a where ``v`` is not available, nan where ``to`` is no positive figure."""
+    if v is None:
+        return NA
+    return f"{v / to if to and to > 0 else float('nan'):.2f}"
+
+
 def main() -> int:
     doc = json.load(open(sys.argv[1]) if len(sys.argv) > 1 else sys.stdin)
     for wl in doc["workloads"]:
         res = wl["results"]
         # nan (its ratios "nan") when the run had no baseline (`bench --policies frag-aware`): min() raised
-        best = min((r["mean_wait_s"] for r in res if r["policy"] in BASELINES), default=float("nan"))
+        # None: a baseline none of whose jobs ran has no mean wait to compare with
+        best = min((r["mean_wait_s"] for r in res if r["policy"] in BASELINES and r["mean_wait_s"] is not None),
+                   default=float("nan"))
         lb_m, lb_j = wl["lower_bound_makespan_s"], wl.get("lower_bound_mean_jct_s", 0.0)
         print(f"#### {wl['name']} ({wl.get('jobs', '?')} jobs, {wl.get('gpus', '?')} x {wl.get('gpu_model', '')})\n")
         print("| policy | mean wait | ÷ best baseline | p95 wait | mean JCT | ÷ bound | bounded slowdown "
@@ -36,9 +50,11 @@ def main() -> int:
         print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         for r in res:
             name = f"**{r['policy']}**" if r["policy"] == "frag-aware" else r["policy"]
-            ratio = r["mean_wait_s"] / best if best > 0 else float("nan")
-            print(f"| {name} | {fmt(r['mean_wait_s'])} | {ratio:.2f} | {fmt(r['p95_wait_s'])} | {fmt(r['mean_jct_s'])} "
-                  f"| {r['mean_jct_s'] / lb_j if lb_j else float('nan'):.2f} | {r.get('bounded_slowdown', 0):.2f} "
+            ratio = _ratio(r["mean_wait_s"], best)
+            jct = _ratio(r["mean_jct_s"], lb_j)
+            bsld = r.get("bounded_slowdown")
+            print(f"| {name} | {fmt(r['mean_wait_s'])} | {ratio} | {fmt(r['p95_wait_s'])} | {fmt(r['mean_jct_s'])} "
+                  f"| {jct} | {NA if bsld is None else f'{bsld:.2f}'} "
                   f"| {fmt(r['makespan_s'])} | {r['makespan_s'] / lb_m:.3f} | {r['utilization']:.1%} "
                   f"| {r['reconfigurations']} |")
         print(f"| *lower bound* | 0 s | | 0 s | {fmt(lb_j)} | 1.00 | 1.00 | {fmt(lb_m)} | 1.000 | | |")

@@ -33,9 +33,10 @@ def main() -> int:
     sim = simulate_speed(args.jobs, args.gpus, args.sim_policy, args.load)
     out.append(sim)
     if not args.json:
+        wait = "n/a" if sim["mean_wait_s"] is None else f"{sim['mean_wait_s']:.0f} s"
         print(f"simulate: {sim['jobs']:,} jobs on {sim['gpus']:,} GPUs, {sim['policy']}, load {sim['load']}: "
               f"{sim['wall_s']:.1f} s (target < {SIM_TARGET_S:.0f} s) {'PASS' if sim['passed'] else 'FAIL'} "
-              f"[{sim['decisions']:,} decisions, {sim['jobs_per_s']:,.0f} jobs/s, mean wait {sim['mean_wait_s']:.0f} s]",
+              f"[{sim['decisions']:,} decisions, {sim['jobs_per_s']:,.0f} jobs/s, mean wait {wait}]",
               flush=True)
     state = big_state(args.decision_gpus, args.pending)
     for pol in args.decision_policies.split(","):

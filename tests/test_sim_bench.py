@@ -264,3 +264,51 @@ def test_a_simulation_cut_short_by_the_safety_stop_says_so(tmp_path, capsys):
         sys.argv = argv
     assert e.value.code == 0
     assert "flipper: simulation cut short (stopped after 10100 decisions" in capsys.readouterr().out
+
+
+def test_a_run_where_no_job_ran_says_its_times_are_not_available(tmp_path, capsys):
+    """With no job run, mean wait, JCT and bounded slowdown were reported as 0 (a bounded slowdown of 0.00 is
+    impossible: its floor is 1). They are None in JSON and "n/a" in bench's table, report.py's Markdown and
+    simulate's lines."""
+    import runpy
+    import sys
+
+    trace = tmp_path / "pods.csv"
+    trace.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,"
+                     "deletion_time,scheduled_time\n"
+                     + "".join(f"big{i},1000,1024,16,1000,,BE,Running,{100 * i},{100 * i + 5000},{100 * i + 5}\n"
+                               for i in range(3)))
+    fields = ("mean_wait_s", "p95_wait_s", "max_wait_s", "mean_jct_s", "bounded_slowdown")
+    m = compute_metrics(simulate(load_alibaba(trace, time_limits=False), get_policy("greedy"), ClusterSpec(1, 8)))
+    assert m.finished == 0 and [getattr(m, f) for f in fields] == [None] * 5
+    policies = "no-mig,best-static,greedy,frag-aware"
+    assert main(["bench", "--json", "--no-synthetic", "--trace", str(trace), "--nodes", "1",
+                 "--policies", policies]) == 0
+    out = tmp_path / "bench.json"
+    out.write_text(capsys.readouterr().out)
+    results = json.loads(out.read_text())["workloads"][0]["results"]
+    assert len(results) == 4
+    for r in results:
+        assert r["finished"] == 0 and [r[f] for f in fields if f in r] == [None] * 4, r
+    argv = sys.argv
+    sys.argv = [str(REPO / "benchmarks" / "report.py"), str(out)]
+    try:
+        with pytest.raises(SystemExit) as e:
+            runpy.run_path(sys.argv[0], run_name="__main__")
+    finally:
+        sys.argv = argv
+    md = capsys.readouterr().out
+    assert e.value.code == 0
+    rows = [line for line in md.splitlines() if line.startswith("| greedy |")]
+    assert len(rows) == 1 and rows[0].split(" | ")[1:7] == ["n/a"] * 6, rows
+    assert main(["bench", "--no-synthetic", "--trace", str(trace), "--nodes", "1", "--policies", policies]) == 0
+    table = capsys.readouterr().out
+    row = next(line for line in table.splitlines() if "greedy" in line and "│" in line)
+    assert [c.strip() for c in row.split("│")[2:8]] == ["n/a"] * 6, row
+    assert main(["simulate", "--trace", str(trace), "--nodes", "1", "--policy", "greedy", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert [doc["metrics"][f] for f in fields] == [None] * 5
+    assert main(["simulate", "--trace", str(trace), "--nodes", "1", "--policy", "greedy"]) == 0
+    text = capsys.readouterr().out
+    assert "mean wait n/a (bound 0 s), p95 wait n/a, max wait n/a" in text
+    assert "mean JCT n/a" in text and "bounded slowdown n/a" in text

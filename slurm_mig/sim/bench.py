@@ -212,9 +212,11 @@ def search_static(w: Workload, spec: ClusterSpec, objective: str = "mean_wait_s"
         pol = StaticPolicy(static_plan(w, spec, k))
         r = simulate(w, pol, spec)
         m = compute_metrics(r)
-        tried[k] = ((r.unfinished, getattr(m, objective)), pol, r, m)
+        value = getattr(m, objective)
+        tried[k] = ((r.unfinished, math.inf if value is None else value), pol, r, m)
         if log:
-            log(f"  static {pol.describe()}: {objective}={getattr(m, objective):.0f} unfinished={r.unfinished}")
+            log(f"  static {pol.describe()}: {objective}={'n/a' if value is None else f'{value:.0f}'} "
+                f"unfinished={r.unfinished}")
 
     for k in ks:
         run(k)
@@ -248,7 +250,7 @@ class WorkloadReport:
         return {m.policy: m for m in self.results}
 
     def best_baseline(self, metric: str) -> float:
-        vals = [getattr(m, metric) for m in self.results if m.policy in BASELINES]
+        vals = [v for m in self.results if m.policy in BASELINES and (v := getattr(m, metric)) is not None]
         return min(vals) if vals else math.nan
 
     def to_json(self) -> dict:
@@ -291,7 +293,8 @@ def run_workload(w: Workload, spec: ClusterSpec, policies: Iterable[str] = POLIC
         if r.meta.get("stopped"):  # the safety stop: its figures are of a simulation cut short
             notes.setdefault("stopped", {})[name] = r.meta["stopped"]
         if log:
-            log(f"  {w.name}: {name} mean wait {m.mean_wait_s:.0f} s ({m.wall_s:.1f} s)")
+            log(f"  {w.name}: {name} mean wait {'n/a' if m.mean_wait_s is None else f'{m.mean_wait_s:.0f} s'} "
+                f"({m.wall_s:.1f} s)")
         results.append(m)
     if w.meta.get("skipped"):
         notes["skipped"] = w.meta["skipped"]

@@ -81,8 +81,13 @@ def register(subparsers) -> None:
 # ---------------------------------------------------------------------------
 
 
-def _fmt_s(v: float) -> str:
-    if v is None or (isinstance(v, float) and math.isnan(v)):
+NA = "n/a"  # a figure over the jobs that ran, where none did (Metrics: None)
+
+
+def _fmt_s(v: float | None) -> str:
+    if v is None:
+        return NA
+    if isinstance(v, float) and math.isnan(v):
         return "-"
     if v >= 86400 * 2:
         return f"{v / 86400:.1f} d"
@@ -93,7 +98,9 @@ def _fmt_s(v: float) -> str:
     return f"{v:.0f} s"
 
 
-def _ratio(a: float, b: float) -> str:
+def _ratio(a: float | None, b: float) -> str:
+    if a is None:
+        return NA
     if b and b > 0 and not math.isnan(b):
         return f"{a / b:.2f}"
     return "-" if a else "1.00"
@@ -128,12 +135,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
                     "makespan", "÷bound", "util", "reconf"):
             t.add_column(col, justify="left" if col == "policy" else "right")
         best_wait = rep.best_baseline("mean_wait_s")
-        best_wait_policy = min((m for m in rep.results if m.policy in bench.BASELINES),
+        best_wait_policy = min((m for m in rep.results if m.policy in bench.BASELINES and m.mean_wait_s is not None),
                                key=lambda m: m.mean_wait_s, default=None)
         for m in rep.results:
             style = "bold green" if m.policy == "frag-aware" else None
             t.add_row(m.policy, _fmt_s(m.mean_wait_s), _ratio(m.mean_wait_s, best_wait), _fmt_s(m.p95_wait_s),
-                      _fmt_s(m.mean_jct_s), _ratio(m.mean_jct_s, rep.bounds.mean_jct_s), f"{m.bounded_slowdown:.2f}",
+                      _fmt_s(m.mean_jct_s), _ratio(m.mean_jct_s, rep.bounds.mean_jct_s), _fmt_bsld(m.bounded_slowdown),
                       _fmt_s(m.makespan_s), _ratio(m.makespan_s, rep.bounds.makespan_s), f"{m.utilization:.1%}",
                       str(m.reconfigurations), style=style)
         t.add_row("lower bound", "0 s", "", "0 s", _fmt_s(rep.bounds.mean_jct_s), "1.00", "1.00",
@@ -179,7 +186,7 @@ def _speed(args: argparse.Namespace) -> int:
             if r["benchmark"] == "simulate":
                 print(f"simulate  {r['jobs']:,} jobs on {r['gpus']:,} GPUs ({r['policy']}): {r['wall_s']:.1f} s "
                       f"(target < {r['target_s']:.0f} s) {'PASS' if r['passed'] else 'FAIL'}; "
-                      f"{r['decisions']:,} decisions, {r['jobs_per_s']:,.0f} jobs/s, mean wait {r['mean_wait_s']:.0f} s")
+                      f"{r['decisions']:,} decisions, {r['jobs_per_s']:,.0f} jobs/s, mean wait {_fmt_s(r['mean_wait_s'])}")
             else:
                 print(f"decision  {r['pending']:,} pending x {r['gpus']:,} GPUs ({r['policy']}): {r['wall_s']:.3f} s "
                       f"cold, {r['warm_s']:.3f} s warm (target < {r['target_s']:.0f} s) "
@@ -267,6 +274,10 @@ def _load_mixed_site(args: argparse.Namespace):
     return w, spec
 
 
+def _fmt_bsld(v: float | None) -> str:
+    return NA if v is None else f"{v:.2f}"
+
+
 def cmd_simulate(args: argparse.Namespace) -> int:
     from slurm_mig.policies import get_policy
     from slurm_mig.sim.bench import search_static
@@ -335,7 +346,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     print(f"  mean wait {_fmt_s(m.mean_wait_s)} (bound 0 s), p95 wait {_fmt_s(m.p95_wait_s)}, "
           f"max wait {_fmt_s(m.max_wait_s)}")
     print(f"  mean JCT {_fmt_s(m.mean_jct_s)} (bound {_fmt_s(lb.mean_jct_s)}), bounded slowdown "
-          f"{m.bounded_slowdown:.2f}")
+          f"{_fmt_bsld(m.bounded_slowdown)}")
     print(f"  makespan {_fmt_s(m.makespan_s)} (bound {_fmt_s(lb.makespan_s)}), slice utilisation "
           f"{m.utilization:.1%}, {m.reconfigurations} reconfigurations, {m.decisions} decisions, "
           f"{m.wall_s:.1f} s")

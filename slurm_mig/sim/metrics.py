@@ -2,8 +2,9 @@
 
 * wait = start - submit (start: when the job's last instance exists);
   JCT = end - submit; bounded slowdown = max(1, JCT / max(run time, 10 s)).
-  Over the jobs that started only. p95: linear interpolation between the
-  nearest ranks (numpy's default, Hyndman-Fan type 7).
+  Over the jobs that started only; None (not available: "n/a" in tables) when
+  none did, not 0 (a bounded slowdown of 0 is impossible, its floor is 1). p95:
+  linear interpolation between the nearest ranks (numpy's default, Hyndman-Fan type 7).
 * makespan = last end - first submit.
 * utilisation = compute-slice-seconds held by jobs / (cluster compute slices x makespan).
   A no-MIG job holds all 7 slices of its GPU whatever it uses.
@@ -38,11 +39,12 @@ class Metrics:
     policy: str
     jobs: int
     finished: int
-    mean_wait_s: float
-    p95_wait_s: float
-    max_wait_s: float
-    mean_jct_s: float
-    bounded_slowdown: float
+    # None: no job finished, so there is nothing to average (not 0)
+    mean_wait_s: float | None
+    p95_wait_s: float | None
+    max_wait_s: float | None
+    mean_jct_s: float | None
+    bounded_slowdown: float | None
     makespan_s: float
     utilization: float
     reconfigurations: int
@@ -80,11 +82,13 @@ def compute_metrics(result) -> Metrics:
     makespan = max((r.end for r in done), default=t0) - t0
     slices = result.spec.compute_slices
     util = result.busy_slice_s / (slices * makespan) if makespan > 0 else 0.0
-    n = len(done) or 1
+    n = len(done)
+    # none finished: no wait, JCT or slowdown to average; reported as not available, never as 0
     return Metrics(
         policy=result.policy, jobs=len(result.jobs), finished=len(done),
-        mean_wait_s=sum(waits) / n, p95_wait_s=_pct(waits, 0.95), max_wait_s=waits[-1] if waits else 0.0,
-        mean_jct_s=sum(jcts) / n, bounded_slowdown=sum(bsld) / n, makespan_s=makespan,
+        mean_wait_s=sum(waits) / n if n else None, p95_wait_s=_pct(waits, 0.95) if n else None,
+        max_wait_s=waits[-1] if n else None,
+        mean_jct_s=sum(jcts) / n if n else None, bounded_slowdown=sum(bsld) / n if n else None, makespan_s=makespan,
         utilization=util, reconfigurations=result.reconfigurations, reconfig_steps=result.reconfig_steps,
         decisions=result.decisions, wall_s=result.wall_s,
     )
