@@ -914,3 +914,22 @@ def test_a_suspension_no_tick_saw_is_learned_from_slurms_ended_record_while_slur
         step()
     ctl.tick()
     assert ctl.store.outcome("19").run_s == (10200.0 if forgotten else 4800.0)
+
+
+def test_jobs_of_one_priority_and_submit_time_queue_by_job_id_as_numbers_in_the_controller_and_the_simulator(ctl):
+    """Ties (one priority, one submit time) go by job id as Slurm orders them, by number: the simulator put
+    "100" before "99" and "5_10" before "5_9" (text), where the controller, reading Slurm's numbers, did not.
+    The two queues agree."""
+    from slurm_mig.policies import get_policy
+    from slurm_mig.sim.engine import ClusterSpec, Simulator
+    from slurm_mig.sim.workloads import Job, Workload
+
+    row = [0, "PENDING", "Resources", 50, "gres:mig:1g:1", "", "debug", 1795346078, 60, "a", "u", "", 1]
+    ctl.slurm.queue = squeue([[100, 0, None, "", *row], [5, 5, None, "9-10", *row], [99, 0, None, "", *row]])
+    ctl.tick()
+    want = ["5_9", "5_10", "99", "100"]
+    assert [j.job_id for j in ctl.store.pending_jobs(include_bound=True)] == want
+    w = Workload("ties", [Job(i, 0.0, "1g", 1, 60.0, 60.0) for i in ("100", "5_10", "99", "5_9")], nodes=1,
+                 gpus_per_node=1)
+    state = Simulator(w, get_policy("frag-aware"), ClusterSpec(1, 1)).reset()
+    assert [j.job_id for j in state.pending] == want

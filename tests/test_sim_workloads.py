@@ -356,3 +356,13 @@ def test_simulate_db_refuses_a_db_that_records_no_gpu_its_policy_places_on(tmp_p
     # A DB path that does not exist says so, as retrain's does.
     assert main(["simulate", "--db", str(tmp_path / "none.db")]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_jobs_submitted_at_one_time_arrive_in_job_id_order_by_number():
+    """Workload sorted ties by job id as text: "100" before "99", "p10" before "p9", a replayed job's second run
+    "9#2" after "10". Slurm's order is by number (jobids.job_id_key)."""
+    from slurm_mig.sim.workloads import Job, Workload
+
+    ids = ["100", "p10", "9#2", "10", "p9", "99", "9", "123_10", "123_4"]
+    w = Workload("ties", [Job(i, 5.0, "1g", 1, 60.0) for i in ids])
+    assert [j.job_id for j in w.jobs] == ["9", "9#2", "10", "99", "100", "123_4", "123_10", "p9", "p10"]

@@ -443,6 +443,22 @@ def test_readers_are_not_blocked_by_a_writer(tmp_path):
 
 # -- jobs --------------------------------------------------------------------------
 
+def test_jobs_of_one_submit_time_without_a_queue_order_go_by_job_id_as_numbers(db):
+    """Jobs the tick has not ordered yet (a Prolog stored them first) and submitted at one time were ordered
+    by job id as text: "100" before "99", "5_10" before "5_9". Slurm orders them by number, as the simulator
+    does (jobids.job_id_key)."""
+    from slurm_mig.jobids import job_id_key
+
+    ids = ["100", "5_10", "99", "5_9", "101", "100_2", "100_10", "5"]
+    for job_id in ids:
+        db.upsert_job(job_id, profile="1g", submit_time=7.0)
+    want = ["5", "5_9", "5_10", "99", "100", "100_2", "100_10", "101"]
+    assert sorted(ids, key=job_id_key) == want
+    assert [j.job_id for j in db.pending_jobs()] == want
+    assert [j.job_id for j in db.jobs(["PENDING"])] == want
+    assert db.job_ids(["PENDING"]) == want
+
+
 def test_pending_jobs_in_priority_order_and_states(db):
     db.upsert_job("10", profile="3g", submit_time=1.0, user="ann", partition="gpu", time_limit_s=600)
     db.upsert_job("11", profile="1g", count=2, submit_time=2.0)

@@ -32,6 +32,7 @@ from typing import Iterable, Mapping, Sequence
 
 from slurm_mig.argtypes import ascii_digits
 from slurm_mig.errors import ConfigError, GeometryError
+from slurm_mig.jobids import job_id_key
 from slurm_mig.mig.profiles import get_model
 
 KINDS = ("1g", "2g", "3g", "4g", "7g")
@@ -161,7 +162,8 @@ class Workload:
     meta: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.jobs.sort(key=lambda j: (j.submit_time, j.job_id))
+        # ties (one submit time) by job id as Slurm orders them, by number: as text "100" came before "99"
+        self.jobs.sort(key=lambda j: (j.submit_time, job_id_key(j.job_id)))
 
     def __len__(self) -> int:
         return len(self.jobs)

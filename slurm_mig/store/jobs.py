@@ -9,6 +9,14 @@ from slurm_mig.store.models import Job
 from slurm_mig.store.rows import _check_state, _now, _row_job
 from slurm_mig.store.schema import JOB_STATES, RUNNING_STATES, TERMINAL_STATES
 
+# Ties in the queue (no order from Slurm yet, one submit time) by job id as Slurm orders them, by number:
+# ORDER BY job_id (text) put "100" before "99" and "5_10" before "5_9". The number the id starts with, then
+# the rest shorter first (the task number of "5_9", "5_10"), then as text: jobids.job_id_key's order for the
+# ids the controller keeps ("123", an array task "123_4"), which the simulator's queue uses.
+def job_id_order(column: str = "job_id") -> str:
+    """The ORDER BY terms that sort ``column`` (a job id) by number, as above."""
+    return f"CAST({column} AS INTEGER), length({column}), {column}"
+
 
 class JobsMixin:
     """Store methods on the jobs (table jobs)."""
@@ -170,7 +178,7 @@ class JobsMixin:
             states = [_check_state(s, JOB_STATES, "job state") for s in states]
             sql += f" WHERE state IN ({', '.join('?' for _ in states)})"
             params += states
-        sql += " ORDER BY priority_order IS NULL, priority_order, submit_time, job_id"
+        sql += " ORDER BY priority_order IS NULL, priority_order, submit_time, " + job_id_order()
         if limit is not None:
             sql += " LIMIT ?"
             params.append(int(limit))
@@ -184,7 +192,7 @@ class JobsMixin:
         with self.snapshot():
             return [r[0] for r in self._x(
                 f"SELECT job_id FROM jobs WHERE state IN ({', '.join('?' for _ in states)}) "
-                "ORDER BY priority_order IS NULL, priority_order, submit_time, job_id", states).fetchall()]
+                "ORDER BY priority_order IS NULL, priority_order, submit_time, " + job_id_order(), states).fetchall()]
 
     def job_users(self, states: Iterable[str]) -> dict[str, tuple[str, int | None]]:
         """``{job_id: (user, uid)}`` of the jobs in ``states`` (uid None: not known): what a tick needs of the
@@ -207,7 +215,7 @@ class JobsMixin:
             sql += " AND j.blocked IS NULL"
         if not include_bound:
             sql += " AND NOT EXISTS (SELECT 1 FROM bindings b WHERE b.job_id = j.job_id AND b.released_at IS NULL)"
-        sql += " ORDER BY j.priority_order IS NULL, j.priority_order, j.submit_time, j.job_id"
+        sql += " ORDER BY j.priority_order IS NULL, j.priority_order, j.submit_time, " + job_id_order("j.job_id")
         with self.snapshot():
             return [_row_job(r) for r in self._q(sql)]
 
