@@ -56,3 +56,20 @@ def test_p95_wait_is_interpolated_as_the_bench_does():
     bench = compute_metrics(simulate(w, get_policy("greedy"), spec))
     assert got["max_wait_s"] - got["p95_wait_s"] == pytest.approx(5.0, abs=0.01)  # 0.95 of the 100 s between
     assert got["p95_wait_s"] == pytest.approx(bench.p95_wait_s)
+
+
+def test_a_case_where_no_scored_job_ran_has_no_times_and_the_worst_validation_score():
+    """run_case divided by max(len(done), 1): a case where no scored job ran reported a mean wait of 0 s, the
+    best possible, so a policy that started nothing scored best in validation (wait_ratio). It now has no
+    times (NaN) and wait_ratio scores it as infinitely worse."""
+    from slurm_mig.sim.engine import ClusterSpec
+    from slurm_mig.sim.workloads import Job, Workload
+    from training.evaluate import run_case, wait_ratio
+    from training.splits import Case
+
+    w = Workload("never", [Job("a", 0.0, "7g", 2, 100.0, 120.0)], nodes=1, gpus_per_node=1)  # 2 GPUs, 1 here
+    case = Case("never", w, ClusterSpec(1, 1), seed=1)
+    got = run_case(case, "greedy")
+    assert got["unfinished"] == 1
+    assert all(math.isnan(got[k]) for k in ("mean_wait_s", "mean_jct_s", "p95_wait_s", "max_wait_s")), got
+    assert wait_ratio([case], {"never1": 100.0}, lambda: "greedy") == math.inf

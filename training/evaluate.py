@@ -66,12 +66,14 @@ def run_case(case: Case, policy, *, check: bool = False) -> dict:
     recs = [x for x in r.jobs if ids is None or x.job.job_id in ids]
     done = [x for x in recs if x.end != math.inf]
     waits = sorted(x.start - x.job.submit_time for x in done)
-    n = max(len(done), 1)
+    # No scored job ran: no times to give (NaN, as `slurm-mig bench` gives none), not 0 s, which read as the
+    # best possible wait and would have made a policy that starts nothing look best.
+    n = len(done) or math.nan
     return {
         "mean_wait_s": sum(waits) / n,
         "mean_jct_s": sum(x.end - x.job.submit_time for x in done) / n,
-        "p95_wait_s": _pct(waits, 0.95),  # interpolated, as `slurm-mig bench`'s
-        "max_wait_s": waits[-1] if waits else 0.0,
+        "p95_wait_s": _pct(waits, 0.95) if waits else math.nan,  # interpolated, as `slurm-mig bench`'s
+        "max_wait_s": waits[-1] if waits else math.nan,
         "jobs": len(recs), "unfinished": len(recs) - len(done),
         "reconfigurations": r.reconfigurations, "wall_s": time.perf_counter() - t0,
     }
@@ -83,7 +85,8 @@ def wait_ratio(cases: list[Case], reference: dict[str, float], new_policy) -> fl
     ratios = []
     for c in cases:
         m = run_case(c, new_policy())
-        ratios.append((m["mean_wait_s"] + 60.0) / (reference[c.name + str(c.seed)] + 60.0))
+        wait = m["mean_wait_s"] if math.isfinite(m["mean_wait_s"]) else math.inf  # none ran: the worst score
+        ratios.append((wait + 60.0) / (reference[c.name + str(c.seed)] + 60.0))
     return float(np.mean(ratios))
 
 
