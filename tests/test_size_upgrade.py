@@ -91,3 +91,13 @@ def test_the_oracles_read_each_jobs_own_speed_curve():
         # Linear scaling saves no slice-seconds: the efficiency oracle leaves it.
         assert SizeUpgrade("efficient", {job.job_id: job}).decide(state).assignments[0].instances[0][1].profile \
             .startswith(efficient)
+
+
+def test_ratio_leaves_out_runs_without_times():
+    """compute_metrics gives None for the times of a run where no job ran (0ea14b5): _ratio compared None with
+    0 (TypeError) and would have ended the whole table; such a pair is left out, as a zero base is."""
+    from training.size_upgrade import _ratio
+
+    rows = [{"w": 1.0}, {"w": None}, {"w": 2.0}, {"w": 3.0}]
+    base = [{"w": 2.0}, {"w": 3.0}, {"w": None}, {"w": 3.0}]
+    assert _ratio(rows, base, "w").startswith("0.750 ± ")

@@ -131,7 +131,8 @@ def play(family: str, seed: int, rule: str | None) -> dict:
 
 
 def _ratio(rows: list[dict], base: list[dict], key: str) -> str:
-    r = [a[key] / b[key] for a, b in zip(rows, base) if b[key] > 0]
+    # a run where no job ran has no times (None, compute_metrics): left out, as a zero base is
+    r = [a[key] / b[key] for a, b in zip(rows, base) if a[key] is not None and b[key]]
     ci = 1.96 * statistics.stdev(r) / math.sqrt(len(r)) if len(r) > 1 else float("nan")
     return f"{statistics.fmean(r):.3f} ± {ci:.3f} ({sum(x < 0.995 for x in r)})"
 
