@@ -729,3 +729,71 @@ def test_requests_go_straight_to_the_controller_never_through_a_proxy(server, mo
         finally:
             urllib.request.install_opener(None)  # no opener built with the fake proxy left for later tests
     assert heard == []
+
+
+def _call_in_thread(client, wait_s: float) -> list:
+    """Call /v1/echo in a thread; what it got within ``wait_s``: [("answered"|"unavailable", seconds, text)]."""
+    import threading
+
+    got: list = []
+
+    def call():
+        t0 = time.monotonic()
+        try:
+            client.call("/v1/echo", {"job": 1})
+            got.append(("answered", time.monotonic() - t0, ""))
+        except ControllerUnavailable as exc:
+            got.append(("unavailable", time.monotonic() - t0, str(exc)))
+
+    t = threading.Thread(target=call, daemon=True)
+    t.start()
+    t.join(wait_s)
+    return got
+
+
+def test_a_call_ends_within_the_time_its_hook_has_left_retry_included():
+    """A call alone may take (3 x timeout) x 2 + 0.2 s with its retry; a Prolog or Epilog makes several, and
+    Slurm kills (and drains the node of) one that runs past PrologEpilogTimeout. Given time_left (the hook's
+    time limit, Node.time_left), each attempt ends with it and none starts without ControllerClient.MIN_ATTEMPT_S
+    of it: here 1 s, where the call took 8.2 s (timeout 2 s, an answer dripped a byte every 0.1 s)."""
+    port, close = _dripping_server(b"HTTP/1.1 200 OK\r\n", b"X-Pad: " + b"a" * 1000, 0.1)
+    deadline = time.monotonic() + 1.0
+    client = ControllerClient(f"http://127.0.0.1:{port}", HmacAuth(KEY), "n1", timeout_s=2.0, retries=1,
+                              time_left=lambda: deadline - time.monotonic())
+    try:
+        got = _call_in_thread(client, 10)
+        assert got and got[0][0] == "unavailable" and got[0][1] < 1.6, got
+        # Once the time is spent, no attempt starts: the caller takes its fallback at once.
+        t0 = time.monotonic()
+        with pytest.raises(ControllerUnavailable, match="no time left for /v1/echo"):
+            client.call("/v1/echo", {"job": 2})
+        assert time.monotonic() - t0 < 0.2
+    finally:
+        close()
+
+
+
+def test_a_controller_name_with_many_addresses_that_drop_connections_costs_one_bound(monkeypatch):
+    """socket.create_connection tries each address a name resolves to with a whole timeout of its own: a
+    controller name with both an IPv6 and an IPv4 address ("localhost", a dual-stack head node) whose packets
+    are dropped cost request_timeout_s per address, before the answer's own bound. Each attempt now ends
+    within 3 x request_timeout_s in all. Addresses that drop connections: a listener whose backlog is full
+    (Linux drops the SYNs); the name resolves to it 8 times (4 s with timeout 0.5 s, measured before)."""
+    import socket
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(0)
+    filler = socket.create_connection(srv.getsockname(), timeout=1)  # fills the backlog
+    addr = srv.getsockname()
+    real = socket.getaddrinfo
+    monkeypatch.setattr(socket, "getaddrinfo", lambda host, *a, **k: (
+        [(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", addr)] * 8 if host == "controller.test"
+        else real(host, *a, **k)))
+    client = ControllerClient(f"http://controller.test:{addr[1]}", HmacAuth(KEY), "n1", timeout_s=0.5, retries=0)
+    try:
+        got = _call_in_thread(client, 10)
+        assert got and got[0][0] == "unavailable" and got[0][1] < 1.5 + 0.4, got
+    finally:
+        filler.close()
+        srv.close()

@@ -36,14 +36,23 @@ class _Watchdog:
     """Shuts a call's socket down once its time is up. A socket timeout bounds each read, not an answer:
     whoever answers on the controller's address (another user who took its port while it was down, a machine
     in the middle) could send a byte a little more often than the timeout and hold a Prolog until Slurm
-    killed it at PrologEpilogTimeout, which drains the node."""
+    killed it at PrologEpilogTimeout, which drains the node.
 
-    def __init__(self, after_s: float):
+    ``ends_at`` (time.monotonic()): the attempt's own end, past which the socket is shut down however soon
+    after its connection that comes (the hook's time limit, ControllerClient.time_left); None: ``after_s``
+    from the connection only. Armed once the TCP connection is made (a TLS handshake after it is bounded by
+    CPython's ssl module, one socket timeout in all: tried, a ClientHello answered a byte at a time)."""
+
+    def __init__(self, after_s: float, ends_at: float | None = None):
         self.after_s = after_s
+        self.ends_at = ends_at
         self.fired = False
         self._timer: threading.Timer | None = None
 
     def arm(self, sock) -> None:
+        if self._timer is not None:
+            return  # armed at the TCP connection already
+
         def expire():
             self.fired = True
             try:
@@ -51,13 +60,50 @@ class _Watchdog:
             except OSError:
                 pass
 
-        self._timer = threading.Timer(self.after_s, expire)
+        after = self.after_s
+        if self.ends_at is not None:
+            after = max(0.0, min(after, self.ends_at - time.monotonic()))
+        self._timer = threading.Timer(after, expire)
         self._timer.daemon = True
         self._timer.start()
 
     def disarm(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
+
+
+def _bounded_connect(watchdog: _Watchdog):
+    """socket.create_connection, but the addresses a name resolves to (::1 and 127.0.0.1 for "localhost", a
+    dual-stack head node) are tried within one bound, the attempt's end (``watchdog.ends_at``), not a full
+    timeout each: with the controller's packets dropped, each took request_timeout_s before the next was
+    tried. The watchdog is armed as soon as the TCP connection is made."""
+
+    def connect(address, timeout=socket._GLOBAL_DEFAULT_TIMEOUT, source_address=None, **kw):
+        host, port = address
+        last: OSError | None = None
+        for family, kind, proto, _, sockaddr in socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM):
+            step = timeout if isinstance(timeout, (int, float)) else None
+            if watchdog.ends_at is not None:
+                left = watchdog.ends_at - time.monotonic()
+                if left <= 0:
+                    break
+                step = left if step is None else min(step, left)
+            sock = socket.socket(family, kind, proto)
+            try:
+                sock.settimeout(step)
+                if source_address:
+                    sock.bind(source_address)
+                sock.connect(sockaddr)
+                sock.settimeout(timeout if isinstance(timeout, (int, float)) else None)
+            except OSError as exc:
+                last = exc
+                sock.close()
+                continue
+            watchdog.arm(sock)
+            return sock
+        raise last if last is not None else socket.timeout(f"no time left to connect to {host}:{port}")
+
+    return connect
 
 
 class _Watched:
@@ -71,9 +117,13 @@ class _Watched:
         watchdog = self.watchdog
 
         class Connection(http_class):
+            def __init__(self, *a, **k):
+                super().__init__(*a, **k)
+                self._create_connection = _bounded_connect(watchdog)
+
             def connect(self):
                 super().connect()
-                watchdog.arm(self.sock)
+                watchdog.arm(self.sock)  # (already armed at the TCP connection: a no-op)
 
         return super().do_open(Connection, req, **kw)
 
@@ -106,13 +156,22 @@ class ControllerRefused(SlurmMigError):
 class ControllerClient:
     """Calls the controller on behalf of one node."""
 
+    #: The least time an attempt is started with (a signed request and its answer on a healthy channel take
+    #: milliseconds; under a second left, the hook's fallback is what it needs the time for).
+    MIN_ATTEMPT_S = 0.5
+
     def __init__(self, url: str, auth, node: str, timeout_s: float = 5.0, retries: int = 1,
-                 verify_responses: bool = True):
+                 verify_responses: bool = True, time_left=None):
         self.url = url.rstrip("/")
         self.auth = auth
         self.node = node
         self.timeout_s = timeout_s
         self.retries = retries
+        #: None, or a function giving the seconds this process may still spend on calls (a Prolog's or an
+        #: Epilog's time limit, less what it keeps for its fallback: Node.time_left). A call starts no attempt
+        #: (nor the retry) without at least MIN_ATTEMPT_S of it, and each attempt ends with it, whatever the
+        #: other end does; without it a call could take (3 x timeout_s) x (retries + 1) + the pauses between.
+        self.time_left = time_left
         # The controller signs every answer to a signed request, bound to that request. An answer that
         # does not verify (forged or altered in the middle, replayed, or from a controller that could
         # not sign) is treated as no answer: the node takes its fallback, it never acts on it.
@@ -137,6 +196,10 @@ class ControllerClient:
         body = json.dumps(payload, sort_keys=True).encode()
         last: Exception | None = None
         for attempt in range(self.retries + 1):
+            left = self.time_left() if self.time_left is not None else None
+            if left is not None and left < self.MIN_ATTEMPT_S:
+                why = f"no time left for {path} within this hook's time limit ([node].hook_time_limit_s)"
+                raise ControllerUnavailable(f"{last}; {why}" if last is not None else why)
             req = urllib.request.Request(self.url + path, data=body, method="POST")
             req.add_header("Content-Type", "application/json")
             try:
@@ -146,7 +209,7 @@ class ControllerClient:
                 raise ControllerUnavailable(f"cannot sign the request: {exc}") from exc
             req.add_header(HEADER, signed)
             try:
-                status, headers, answer = self._post(req)
+                status, headers, answer = self._post(req, left)
                 self._check(path, signed, status, headers, answer)
             except ControllerUnavailable as exc:
                 last = exc
@@ -169,22 +232,29 @@ class ControllerClient:
                         raise ControllerRefused(f"controller refused {path}: {message}", status,
                                                 detail.get("kind", ""))
             if attempt < self.retries:
-                time.sleep(0.2 * (attempt + 1))
+                pause = 0.2 * (attempt + 1)
+                left = self.time_left() if self.time_left is not None else None
+                if left is not None and left < pause + self.MIN_ATTEMPT_S:
+                    break  # no time for the retry: said as the last failure
+                time.sleep(pause)
         assert last is not None
         raise last
 
-    def _post(self, req) -> tuple[int, object, bytes]:
+    def _post(self, req, left: float | None = None) -> tuple[int, object, bytes]:
         """(status, headers, body) of one request; ControllerUnavailable when there is no answer.
 
-        ``timeout_s`` bounds each step (connecting, sending, each read), and the whole answer must be in
-        within two more once connected (_Watchdog): at most three in all, whatever the other end sends."""
-        watchdog = _Watchdog(2 * self.timeout_s)
+        ``timeout_s`` bounds each step (connecting, over every address the name resolves to, sending, each
+        read), and the whole answer must be in within two more once connected (_Watchdog): at most three in
+        all, whatever the other end sends; and at most ``left`` seconds (the hook's time limit) in all."""
+        bound = 3 * self.timeout_s if left is None else min(3 * self.timeout_s, left)
+        watchdog = _Watchdog(2 * self.timeout_s, time.monotonic() + bound)
+        timeout = self.timeout_s if left is None else max(0.001, min(self.timeout_s, left))
         try:
-            return self._exchange(req, watchdog)
+            return self._exchange(req, watchdog, timeout)
         except ControllerUnavailable as exc:
             if watchdog.fired:
                 raise ControllerUnavailable(f"controller at {self.url}: no whole answer within "
-                                            f"{3 * self.timeout_s:g} s ({exc})") from None
+                                            f"{bound:g} s ({exc})") from None
             raise
         finally:
             watchdog.disarm()
@@ -202,9 +272,9 @@ class ControllerClient:
             raise ControllerUnavailable(f"controller at {self.url}: answer larger than {MAX_ANSWER} bytes; not read")
         return body
 
-    def _exchange(self, req, watchdog: _Watchdog) -> tuple[int, object, bytes]:
+    def _exchange(self, req, watchdog: _Watchdog, timeout: float | None = None) -> tuple[int, object, bytes]:
         try:
-            with _watched_opener(watchdog).open(req, timeout=self.timeout_s) as resp:
+            with _watched_opener(watchdog).open(req, timeout=self.timeout_s if timeout is None else timeout) as resp:
                 return resp.status, resp.headers, self._read(resp)
         except urllib.error.HTTPError as exc:
             try:
