@@ -33,8 +33,8 @@ SYSTEM_PATH = Path("/etc/slurm-mig/slurm-mig.toml")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 #: 30 days: the longest [policy].rl_max_hold_h, and the longest hold an rl guard option may name.
 MAX_HOLD_H = 720.0
-#: The longest a timeout may be ([controller].db_busy_timeout_s, [node].request_timeout_s and layout_lock_wait_s,
-#: [slurm].command_timeout_s): a day. What waits for them takes milliseconds in 32 bits (poll(), SQLite's
+#: The longest a timeout may be ([controller].db_busy_timeout_s, [node].request_timeout_s, layout_lock_wait_s and
+#: hook_time_limit_s, [slurm].command_timeout_s): a day. What waits for them takes milliseconds in 32 bits (poll(), SQLite's
 #: busy_timeout: 24.8 days at most), and sockets, locks and time.sleep at most ~9.2e9 s: above those a
 #: timeout failed where it was used (OverflowError) or, in SQLite, silently became 0.
 MAX_TIMEOUT_S = 86_400.0
@@ -93,6 +93,10 @@ class NodeConfig:
     # The longest a Prolog (in all) or a health check waits for the node's layout lock before it gives up:
     # the Prolog requeues its job, the health check leaves its layout steps to its next round
     layout_lock_wait_s: float = 30.0
+    # The longest a Prolog or an Epilog runs, in all (from the wrapper's start): every controller call, lock wait
+    # and Slurm command gets only what is left of it, and 20 s of it are kept for the fallback's two scontrol
+    # calls. Keep it under Slurm's PrologEpilogTimeout, which drains a node whose Prolog or Epilog it kills.
+    hook_time_limit_s: float = 90.0
 
 
 @dataclass(frozen=True)
@@ -417,6 +421,7 @@ RULES: dict[str, dict[str, Callable]] = {
         "sim_delay_scale": _number(0, exclusive=False, maximum=MAX_SIM_DELAY_SCALE),
         "health_check_interval_s": _period(),
         "layout_lock_wait_s": _timeout(),
+        "hook_time_limit_s": _timeout(),
     },
     "auth": {
         "method": _choice("munge", "hmac"),

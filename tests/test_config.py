@@ -239,7 +239,7 @@ def test_a_listen_host_the_controller_cannot_listen_on_is_an_error_naming_the_ke
 # -- time settings: bounded by what uses them ---------------------------------------------
 
 TIMEOUTS = [("controller", "db_busy_timeout_s"), ("node", "request_timeout_s"), ("node", "layout_lock_wait_s"),
-            ("slurm", "command_timeout_s")]
+            ("node", "hook_time_limit_s"), ("slurm", "command_timeout_s")]
 PERIODS = [("controller", "tick_interval_s"), ("controller", "node_stale_after_s"),
            ("node", "health_check_interval_s"), ("auth", "max_clock_skew_s"), ("auth", "replay_window_s")]
 

@@ -2662,3 +2662,164 @@ def test_a_hook_refuses_a_node_folder_of_its_own_that_others_may_change(rig, cas
     said = rig.requeues[-1][1]
     assert key in said and f"{fix} {folder}" in said, said
     assert not rig.record_file("23").exists() and not rig.live("23")
+
+
+# -- the hooks' time limit: every wait together stays under PrologEpilogTimeout ----------------------------------
+
+def _stalling_controller(drip: bool = False):
+    """A controller on 127.0.0.1 that takes each connection and reads the request, then never answers (hung, or
+    its port taken by a process that never answers) or, ``drip``, answers a header byte every 0.1 s (a machine in
+    the middle stretching the answer: each call then lasts 3 x request_timeout_s, its retry as long).
+    Returns (url, close)."""
+    import socket
+    import threading
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(64)
+    stop = threading.Event()
+
+    def one(conn):
+        with conn:
+            try:
+                conn.settimeout(5)
+                conn.recv(65536)
+                if drip:
+                    conn.sendall(b"HTTP/1.1 200 OK\r\nX-Pad: ")
+                while not stop.wait(0.1):
+                    if drip:
+                        conn.sendall(b"a")
+            except OSError:
+                return
+
+    def serve():
+        while True:
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                return
+            threading.Thread(target=one, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=serve, daemon=True).start()
+
+    def close():
+        stop.set()
+        srv.close()
+
+    return f"http://127.0.0.1:{srv.getsockname()[1]}", close
+
+
+def _node_setting(rig, **values) -> None:
+    """Set [node] keys in the rig's config (replacing one already there)."""
+    text = rig.config.read_text()
+    for key, value in values.items():
+        text = "\n".join(line for line in text.splitlines() if not line.startswith(f"{key} ="))
+        text = text.replace("[node]\n", f"[node]\n{key} = {value}\n", 1)
+    rig.config.write_text(text + "\n")
+
+
+def test_a_prolog_with_a_dripping_controller_and_a_held_lock_ends_within_its_time_limit(rig):
+    """Found by adding up a Prolog's waits (docs/failure-modes.md, "How long a hook runs"). Each wait had a
+    bound of its own: the outbox message under way and every controller call up to 2 x 3 x request_timeout_s
+    + 0.2 s with an answer sent a byte at a time (2 x 2 x timeout + 0.2 once connected at once), Slurm's squeue
+    10 s, the layout lock layout_lock_wait_s, two scontrol calls 10 s each. Together, with the defaults, a
+    Prolog whose controller answered its request slowly with a re-carve took up to 2 + 30.2 + 30.2 + 30 +
+    re-carve + 30.2 (/v1/bind-failed) + 20 s = 142.6 s + re-carve: past the 120 s PrologEpilogTimeout the admin
+    guide tells admins to set, so Slurm killed it and drained a healthy node. Now every wait comes out of one
+    time limit ([node].hook_time_limit_s), 20 s of it kept for the requeue: here (scaled down: timeout 0.5 s,
+    lock wait 20 s, limit 23 s) the old sum was 2.2 + 2.2 + 20 s, measured 24.4 s, over the limit; the Prolog
+    now ends after about 3 s, exit 0, its job requeued with a reason that names the limit."""
+    url, close = _stalling_controller(drip=True)
+    try:
+        _node_setting(rig, controller_url=f'"{url}"', request_timeout_s=0.5, layout_lock_wait_s=20,
+                      hook_time_limit_s=23)
+        node = hooks.Node("n1", hooks.NodeSettings.load())
+        node.state.enqueue("/v1/epilog", {"job_id": "70", "node": "n1", "instances": []})  # an outbox to deliver
+        rig.job("71", "3g")  # a 3g exists and is free: without the controller, the Prolog binds it locally
+        lock = _HeldLock(rig, hold_s=60.0)
+        try:
+            t0 = time.monotonic()
+            assert rig.hook("prolog", "71", SLURM_MIG_T0_NS=str(time.time_ns())) == 0
+            took = time.monotonic() - t0
+        finally:
+            lock.release()
+    finally:
+        close()
+    assert took < 23 - 20 + 1.5, f"the Prolog took {took:.1f} s; its calls and waits had 3 s (limit 23 s - 20 s)"
+    ((job, reason),) = rig.requeues
+    assert job == "71" and "hook_time_limit_s" in reason and "layout lock" in reason, reason
+    assert not rig.record_file("71").exists()
+
+
+def test_a_prolog_with_a_silent_controller_binds_an_existing_instance_within_its_time_limit(rig):
+    """The fallback docs/failure-modes.md promises without the controller, within the time limit: the outbox
+    message and /v1/prolog share what the limit leaves, then the Prolog binds an instance that exists, exit 0,
+    and its /v1/bound waits in the outbox (sent at once: no time was left to try it)."""
+    url, close = _stalling_controller()
+    try:
+        _node_setting(rig, controller_url=f'"{url}"', request_timeout_s=1.0, hook_time_limit_s=22.5)
+        node = hooks.Node("n1", hooks.NodeSettings.load())
+        node.state.enqueue("/v1/epilog", {"job_id": "72", "node": "n1", "instances": []})
+        rig.job("73", "1g")
+        t0 = time.monotonic()
+        assert rig.hook("prolog", "73", SLURM_MIG_T0_NS=str(time.time_ns())) == 0
+        took = time.monotonic() - t0
+    finally:
+        close()
+    assert took < 22.5 - 20 + 1.5, took
+    assert rig.requeues == [] and rig.record_file("73").exists()
+    queued = [route for _, route, _ in node.state.pending_messages()]
+    assert queued.count("/v1/bound") == 1 and "/v1/epilog" in queued, queued
+
+
+def test_an_epilog_with_a_dripping_controller_ends_within_its_time_limit_and_keeps_the_outcome(rig):
+    url, close = _stalling_controller(drip=True)
+    try:
+        rig.job("74", "1g")
+        assert rig.hook("prolog", "74") == 0
+        _node_setting(rig, controller_url=f'"{url}"', request_timeout_s=2.0, hook_time_limit_s=21.5)
+        t0 = time.monotonic()
+        assert rig.hook("epilog", "74", SLURM_MIG_T0_NS=str(time.time_ns())) == 0
+        took = time.monotonic() - t0
+    finally:
+        close()
+    assert took < 21.5 - 20 + 1.5, f"the Epilog took {took:.1f} s (without the limit: 2 x 2 x 2 + 0.2 = 8.2 s, measured)"
+    node = hooks.Node("n1", hooks.NodeSettings.load())
+    assert [route for _, route, _ in node.state.pending_messages()] == ["/v1/epilog"]
+    assert not rig.record_file("74").exists()
+
+
+def test_a_prolog_starts_no_recarve_it_has_no_time_left_for(rig, monkeypatch):
+    """NVML cannot be interrupted: a re-carve (RECARVE_S_PER_GPU a GPU) that would run past what the time limit
+    leaves before the requeue's reserve is not started; the job is requeued, the GPU untouched."""
+    from slurm_mig.node import context
+
+    rig.job("75", "7g")  # needs a re-carve of GPU 0 or 1
+    before = (rig.layout(0), rig.layout(1))
+    monkeypatch.setattr(context, "RECARVE_S_PER_GPU", 1e6)
+    monkeypatch.setattr(prolog, "RECARVE_S_PER_GPU", 1e6)
+    assert rig.hook("prolog", "75") == 0
+    ((job, reason),) = rig.requeues
+    assert job == "75" and "no time left to make the job's MIG instance" in reason, reason
+    assert (rig.layout(0), rig.layout(1)) == before and not rig.record_file("75").exists()
+
+
+@pytest.mark.parametrize("values, expect", [
+    ({}, []),
+    ({"layout_lock_wait_s": 80}, ["layout_lock_wait_s = 80 is never reached"]),
+    ({"request_timeout_s": 30}, ["request_timeout_s = 30: one controller call may take 90 s"]),
+    ({"hook_time_limit_s": 25}, ["hook_time_limit_s = 25 leaves 5 s", "layout_lock_wait_s = 30 is never reached",
+                                 "request_timeout_s = 5"]),
+])
+def test_time_settings_a_hook_cannot_keep_are_said_at_each_hook(rig, caplog, values, expect):
+    """An admin may set request_timeout_s, its retry and layout_lock_wait_s so large that they add up past the
+    hook's time limit (and so PrologEpilogTimeout): the limit still ends the hook in time, but the waits they
+    asked for are cut short; each Prolog and Epilog logs why, as `slurm-mig install-hooks` says it."""
+    _node_setting(rig, **values)
+    rig.job("76", "1g")
+    with caplog.at_level(logging.WARNING, logger="slurm_mig.hooks"):
+        assert rig.hook("prolog", "76") == 0
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("config: ")]
+    assert len(said) == len(expect), said
+    for words in expect:
+        assert any(words in s for s in said), (words, said)

@@ -184,6 +184,15 @@ def _install(args: argparse.Namespace) -> int:
     check_hook_inputs(args.python, config)
     for name, path in install_hooks(args.prefix, args.python, config).items():
         print(f"installed {path}")
+    from slurm_mig.config import load_config
+    from slurm_mig.node.context import hook_time_warnings
+
+    node = load_config(config).node
+    for warning in hook_time_warnings(node.hook_time_limit_s, node.request_timeout_s, node.layout_lock_wait_s):
+        print(f"warning: {warning}", file=sys.stderr)
+    print(f"the Prolog and Epilog each end within [node].hook_time_limit_s = {node.hook_time_limit_s:g} s (a "
+          f"second or two more at worst): leave Slurm's PrologEpilogTimeout unset or set it to at least "
+          f"{node.hook_time_limit_s + 30:g} s (docs/failure-modes.md)")
     print("now add the lines of etc/slurm.conf.snippet to slurm.conf (see docs/admin-guide.md)")
     return 0
 

@@ -28,6 +28,17 @@ MAX_TABLE_ERROR_CHARS = 300
 #: Prolog or Epilog that runs past PrologEpilogTimeout; the health check, which no such timeout drains the
 #: node for, delivers the rest, in order.
 HOOK_FLUSH_BUDGET_S = 2.0
+#: Of a Prolog's or an Epilog's time limit ([node].hook_time_limit_s), what its controller calls, lock waits
+#: and Slurm queries leave for its fallback: two scontrol calls of at most 10 s each (the Prolog's requeue,
+#: AdminComment then requeue; the Epilog's hold-back of a requeued job, show config then update).
+HOOK_FALLBACK_RESERVE_S = 20.0
+#: The time a Prolog counts for re-carving one GPU before it starts (NVML cannot be interrupted): a whole
+#: H100 re-carve, 7 destroys and 7 creates at the measured 0.16-0.42 s a step, is under 5 s; about 6 s
+#: were reported once tooling is counted (FACTS §2). A carve that would not fit before the fallback's reserve
+#: is not started: the job is requeued, untouched.
+RECARVE_S_PER_GPU = 6.0
+#: A Slurm command a hook runs waits at most this long (and no longer than the hook's time limit leaves).
+HOOK_SLURM_TIMEOUT_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -52,6 +63,12 @@ class NodeSettings:
     max_skew_s: float = 30.0
     # [auth].controller_user, resolved on this node: with MUNGE, answers signed by it (or by root) are accepted
     controller_uid: int = 0
+    # [node].hook_time_limit_s: the longest a Prolog or Epilog runs in all; None: no limit (Node.start_time_limit)
+    hook_time_limit_s: float | None = None
+
+    def time_warnings(self) -> list[str]:
+        """hook_time_warnings for these settings."""
+        return hook_time_warnings(self.hook_time_limit_s, self.timeout_s, self.lock_wait_s)
 
     @classmethod
     def load(cls, node_name: str | None = None) -> "NodeSettings":
@@ -80,7 +97,35 @@ class NodeSettings:
             lock_wait_s=cfg.node.layout_lock_wait_s,
             max_skew_s=cfg.auth.max_clock_skew_s,
             controller_uid=cfg.auth.controller_uid,
+            hook_time_limit_s=cfg.node.hook_time_limit_s,
         )
+
+
+def hook_time_warnings(limit_s: float | None, request_timeout_s: float, lock_wait_s: float | None,
+                       retries: int = 1) -> list[str]:
+    """What is wrong with the [node] time settings against the hooks' time limit, in words (empty when all is
+    well): a wait the limit always cuts short, or a limit that leaves the Prolog no time for its own work.
+    Said by `slurm-mig install-hooks` and logged by every Prolog and Epilog; the limit itself keeps each hook
+    within it (Node.start_time_limit), whatever these are."""
+    if limit_s is None:
+        return []
+    out = []
+    usable = limit_s - HOOK_FALLBACK_RESERVE_S  # what calls, lock waits and NVML share
+    call = (retries + 1) * 3 * request_timeout_s + 0.2 * retries * (retries + 1) / 2
+    if usable < 10:
+        out.append(f"[node].hook_time_limit_s = {limit_s:g} leaves {max(0.0, usable):g} s for the controller, the "
+                   f"layout lock and NVML once {HOOK_FALLBACK_RESERVE_S:g} s are kept for the requeue: most "
+                   f"Prologs will requeue their job; give it at least {HOOK_FALLBACK_RESERVE_S + 30:g} s")
+    if lock_wait_s is not None and lock_wait_s > usable - HOOK_FLUSH_BUDGET_S:
+        out.append(f"[node].layout_lock_wait_s = {lock_wait_s:g} is never reached: a Prolog's time limit "
+                   f"([node].hook_time_limit_s = {limit_s:g}, {HOOK_FALLBACK_RESERVE_S:g} s of it kept for the "
+                   f"requeue) ends its wait first")
+    if 3 * request_timeout_s > usable / 2:
+        out.append(f"[node].request_timeout_s = {request_timeout_s:g}: one controller call may take "
+                   f"{3 * request_timeout_s:g} s ({call:g} s with its retry), over half of what "
+                   f"[node].hook_time_limit_s = {limit_s:g} leaves a Prolog; its later calls are then skipped "
+                   f"(messages queued, the job requeued)")
+    return out
 
 
 def _check_trusted(path) -> None:
@@ -105,6 +150,10 @@ class Node:
         self._client = None
         # Seconds this hook run may still wait for the layout lock, in all (start_lock_budget); None: unbounded.
         self.lock_wait_left: float | None = None
+        # When (time.monotonic()) this hook run's time limit ends (start_time_limit); None: no limit.
+        self.deadline: float | None = None
+        # Whether the last apply_lock() that gave up did so because the time limit, not layout_lock_wait_s, ran out.
+        self.lock_wait_cut: bool = False
         # The MIG table verdicts this hook run (or health check round) made or read (table_errors), by (GPU
         # uuid, model, MIG mode).
         self._table_verdicts: dict[tuple, list[str]] = {}
@@ -131,7 +180,8 @@ class Node:
             s = self.settings
             auth = auth_from_settings(s.auth_method, munge_socket=s.munge_socket, key_file=s.auth_key_file,
                                       max_skew_s=s.max_skew_s, controller_uid=s.controller_uid)
-            self._client = ControllerClient(s.controller_url, auth, self.name, timeout_s=s.timeout_s)
+            self._client = ControllerClient(s.controller_url, auth, self.name, timeout_s=s.timeout_s,
+                                            time_left=self.time_left)
         return self._client
 
     # -- observation -----------------------------------------------------------
@@ -342,6 +392,35 @@ class Node:
         models = {g.index: g.model for g in self.backend.gpus()}
         return [self._apply_one(int(gpu_s), spec, models.get(int(gpu_s))) for gpu_s, spec in sorted(targets.items())]
 
+    def start_time_limit(self, started: float | None = None) -> None:
+        """Start this hook run's time limit, ``[node].hook_time_limit_s`` counted from ``started`` (time.time()
+        when the hook began: the wrapper's start, else this process's), for a Prolog or an Epilog, which Slurm
+        kills at PrologEpilogTimeout and drains the node for. Every controller call (its retry included), lock
+        wait and Slurm query then gets only what is left (time_left), less HOOK_FALLBACK_RESERVE_S for the
+        fallback's scontrol calls; without it each had its own timeout, and together they ran past 120 s."""
+        limit = getattr(self.settings, "hook_time_limit_s", None)
+        if limit is None:
+            self.deadline = None
+            return
+        spent = max(0.0, time.time() - (_T0 if started is None else started))
+        self.deadline = time.monotonic() + limit - spent
+
+    def time_left(self, reserve: float = HOOK_FALLBACK_RESERVE_S) -> float | None:
+        """Seconds left of this hook run's time limit, less ``reserve`` (what the fallback keeps); None without
+        a limit. May be negative."""
+        deadline = getattr(self, "deadline", None)  # (a Node made without __init__: tests)
+        if deadline is None:
+            return None
+        return deadline - time.monotonic() - reserve
+
+    def slurm_timeout(self, reserve: float = HOOK_FALLBACK_RESERVE_S, commands: int = 1) -> float:
+        """The timeout for the next of ``commands`` Slurm commands a hook runs: HOOK_SLURM_TIMEOUT_S, or an even
+        share of what the time limit leaves (time_left(reserve)), never under one second."""
+        left = self.time_left(reserve)
+        if left is None:
+            return HOOK_SLURM_TIMEOUT_S
+        return max(1.0, min(HOOK_SLURM_TIMEOUT_S, left / max(1, commands)))
+
     def start_lock_budget(self) -> None:
         """Give this hook run its time to wait for the layout lock, in all: ``[node].layout_lock_wait_s``.
 
@@ -358,8 +437,13 @@ class Node:
 
         self.state.ensure()
         t0 = time.monotonic()
+        wait, self.lock_wait_cut = getattr(self, "lock_wait_left", None), False
+        left = self.time_left()
+        if left is not None and (wait is None or left < wait):
+            # The hook's time limit ends first: wait only what it leaves (its fallback keeps the rest).
+            wait, self.lock_wait_cut = max(0.0, left), True
         try:
-            with self.state.layout_lock(self.lock_wait_left):
+            with self.state.layout_lock(wait):
                 if self.lock_wait_left is not None:
                     self.lock_wait_left = max(0.0, self.lock_wait_left - (time.monotonic() - t0))
                 yield
@@ -536,8 +620,10 @@ class Node:
 
     # -- Slurm -----------------------------------------------------------------
     def requeue(self, job_id: str, reason: str) -> int:
-        """Give the job back to Slurm's queue with a readable reason; the node stays healthy."""
-        return _requeue(job_id, reason, self.settings.slurm_conf)
+        """Give the job back to Slurm's queue with a readable reason; the node stays healthy. Its two scontrol
+        calls share what the hook's time limit leaves (the reserve included)."""
+        return _requeue(job_id, reason, self.settings.slurm_conf,
+                        timeouts=lambda commands: self.slurm_timeout(0.0, commands))
 
 
 def _table_fingerprint(model) -> str:
@@ -577,14 +663,18 @@ def closed_to_new_jobs(blocked: dict[str, str], observed: list[dict]) -> dict[st
             if str(g.get("index")) in blocked and (g.get("mig_pending") is not None or g.get("table_errors"))}
 
 
-def _requeue(job_id: str, reason: str, slurm_conf: str | None) -> int:
+def _requeue(job_id: str, reason: str, slurm_conf: str | None, timeouts=None) -> int:
+    """``timeouts(commands)``: the timeout of the next of ``commands`` scontrol calls (Node.slurm_timeout);
+    None: HOOK_SLURM_TIMEOUT_S each."""
     from slurm_mig.slurm.runner import SlurmClient
 
-    client = SlurmClient(slurm_conf=slurm_conf, timeout=10)
+    timeouts = timeouts or (lambda commands: HOOK_SLURM_TIMEOUT_S)
+    client = SlurmClient(slurm_conf=slurm_conf, timeout=HOOK_SLURM_TIMEOUT_S)
     log.warning("job %s requeued: %s", job_id, reason)
     # AdminComment shows in `scontrol show job` and leaves the user's own Comment alone.
-    client.run(["scontrol", "update", f"JobId={job_id}", f"AdminComment=slurm-mig: {reason}"[:1000]])
-    res = client.run(["scontrol", "requeue", job_id])
+    client.run(["scontrol", "update", f"JobId={job_id}", f"AdminComment=slurm-mig: {reason}"[:1000]],
+               timeout=timeouts(2))
+    res = client.run(["scontrol", "requeue", job_id], timeout=timeouts(1))
     if not res.ok:
         log.error("scontrol requeue %s failed: %s", job_id, res.describe())
     return 0

@@ -111,11 +111,13 @@ def _hold_back(node: Node, job_id: str) -> None:
     """
     from slurm_mig.slurm.runner import SlurmClient
 
+    # The two calls share what the Epilog's time limit leaves (they are its reserve).
     client = SlurmClient(slurm_conf=node.settings.slurm_conf, timeout=10)
-    res = client.run(["scontrol", "show", "config"])
+    res = client.run(["scontrol", "show", "config"], timeout=node.slurm_timeout(0.0, 2))
     found = re.search(r"cred_expire=(\d+)", res.stdout) if res.ok else None
     wait = (int(found.group(1)) if found else 120) + 5  # Slurm's default cred_expire is 120 s
-    res = client.run(["scontrol", "update", f"JobId={job_id}", f"StartTime=now+{wait}"])
+    res = client.run(["scontrol", "update", f"JobId={job_id}", f"StartTime=now+{wait}"],
+                     timeout=node.slurm_timeout(0.0, 1))
     if res.ok:
         log.info("job %s was requeued: held back %d s, until this node has forgotten its credential", job_id, wait)
     else:

@@ -42,8 +42,23 @@ def _setup_logging(settings: NodeSettings | None) -> None:
     logging.basicConfig(level=level, handlers=handlers, format="%(asctime)s slurm-mig-%(name)s[%(process)d] %(levelname)s %(message)s")
 
 
+def _started(env: dict) -> float | None:
+    """When the hook began (time.time()): the wrapper's SLURM_MIG_T0_NS (interpreter start-up included) when it
+    is a time of the last minute, else None (this process's start)."""
+    import time
+
+    try:
+        started = int(env["SLURM_MIG_T0_NS"]) / 1e9
+    except (KeyError, ValueError):
+        return None
+    return started if 0 <= time.time() - started <= 60 else None
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one hook. Always exits 0 for a job-level problem: only a broken node may be drained."""
+    import time
+
+    begun = time.time()
     argv = sys.argv[1:] if argv is None else argv
     kind = argv[0] if argv else ""
     from slurm_mig.node.localstate import local_node_name
@@ -64,13 +79,21 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     env = dict(os.environ)
     node_name = local_node_name(env)
-    settings = None
+    settings = node = None
     try:
         settings = NodeSettings.load(node_name)
         _setup_logging(settings)
         if kind == "taskprolog":
             return hook(env, node_name, settings.state_root, settings.slurm_conf)
-        return hook(env, Node(node_name, settings))
+        node = Node(node_name, settings)
+        if kind in ("prolog", "epilog"):
+            for warning in settings.time_warnings():
+                log.warning("config: %s", warning)
+            # Slurm kills a Prolog or Epilog at PrologEpilogTimeout and drains the node: everything it waits
+            # for comes out of one time limit ([node].hook_time_limit_s), counted from the wrapper's start.
+            started = _started(env)
+            node.start_time_limit(begun if started is None else min(begun, started))
+        return hook(env, node)
     except Exception as exc:  # noqa: BLE001 - a hook crash must not drain a healthy node
         if kind == "taskprolog":
             # Said first (stdout is what Slurm reads): a task whose binding we could not read sees no GPU
@@ -82,7 +105,8 @@ def main(argv: list[str] | None = None) -> int:
             # Without settings (the config itself is the problem) Slurm's own SLURM_CONF/default is used.
             try:
                 _requeue(env["SLURM_JOB_ID"], f"node hook error: {type(exc).__name__}: {exc}",
-                         settings.slurm_conf if settings is not None else None)
+                         settings.slurm_conf if settings is not None else None,
+                         timeouts=(lambda n: node.slurm_timeout(0.0, n)) if node is not None else None)
             except Exception:
                 log.exception("requeue after a hook error failed")
         return 0

@@ -7,7 +7,8 @@ from __future__ import annotations
 import logging
 import time
 
-from slurm_mig.node.context import HOOK_FLUSH_BUDGET_S, _T0, Node, _int, blocked_gpus, closed_to_new_jobs
+from slurm_mig.node.context import (HOOK_FLUSH_BUDGET_S, RECARVE_S_PER_GPU, _T0, Node, _int, blocked_gpus,
+                                    closed_to_new_jobs)
 from slurm_mig.node.layoutcache import remember_targets
 
 log = logging.getLogger("slurm_mig.hooks")
@@ -122,6 +123,10 @@ def _requeue_lock_busy(node: Node, job_id: str, exc: Exception, *, tell: bool) -
     if tell:
         node.send_or_queue("/v1/bind-failed", {"job_id": job_id, "node": node.name,
                                                "results": [{"error": f"layout lock busy: {exc}"}]})
+    if getattr(node, "lock_wait_cut", False):
+        # The Prolog's time limit, not layout_lock_wait_s, ended the wait (a slow controller took the rest).
+        return node.requeue(job_id, f"{node.name} was busy changing its MIG layout (the node's layout lock stayed "
+                                    f"held) past what this Prolog's time limit ([node].hook_time_limit_s) left")
     wait = node.settings.lock_wait_s
     return node.requeue(job_id, f"{node.name} was busy changing its MIG layout for over "
                                 f"{wait if wait is not None else 0:g} s (the node's layout lock stayed held)")
@@ -159,6 +164,21 @@ def _bind_here(node: Node, env: dict, job_id: str, resp: dict, uid: int, gid: in
                    "error": f"not {'carved' if g in carving else 'started'}: GPU {g} is blocked on {node.name}: "
                             f"{blocked[g]}"} for g in refused],
                  f"the controller asked to {verb} {node.name}'s GPU(s) blocked there ({why})"), [], [], None)
+    if remake:
+        # NVML cannot be interrupted: a re-carve is started only when it fits in what the Prolog's time limit
+        # leaves before its fallback's reserve, at RECARVE_S_PER_GPU a GPU (a whole re-carve each).
+        # (make_instances changes only the GPUs of the job's instances; the rest of the targets is the health
+        # check's.)
+        gpus = {str(i["gpu"]) for i in resp["instances"]}
+        left, need = node.time_left(), RECARVE_S_PER_GPU * len(gpus)
+        if left is not None and left < need:
+            log.error("job %s: %.1f s of this Prolog's time limit left, under the %.0f s a re-carve of GPU(s) %s "
+                      "may take; nothing was changed", job_id, max(0.0, left), need,
+                      ", ".join(sorted(gpus, key=lambda g: (len(g), g))))
+            return (([{"error": f"no time left to re-carve ({max(0.0, left):.1f} s of the Prolog's time limit, "
+                                f"{need:.0f} s needed)"}],
+                     f"{node.name}'s Prolog had no time left to make the job's MIG instance(s) within its time "
+                     f"limit ([node].hook_time_limit_s)"), [], [], None)
     results = node.make_instances(resp["instances"]) if remake else []
     failed = [r for r in results if not r.get("ok", False) or r.get("reached") is False]
     if failed:
@@ -301,7 +321,8 @@ def _job_request(node: Node, job_id: str) -> dict[str, int] | None:
     empty for a job without one), for when the controller cannot be asked; None if Slurm cannot say."""
     from slurm_mig.slurm.runner import SlurmClient
 
-    detail = SlurmClient(slurm_conf=node.settings.slurm_conf, timeout=10).job_detail(job_id)
+    timeout = node.slurm_timeout() if hasattr(node, "slurm_timeout") else 10
+    detail = SlurmClient(slurm_conf=node.settings.slurm_conf, timeout=timeout).job_detail(job_id)
     if detail is None:
         return None
     from slurm_mig.slurm.gres import GRES_TO_KIND
