@@ -131,3 +131,28 @@ def wider_than_final(seen: list, umask: int) -> list[str]:
         if had & ~final:
             out.append(f"{path}: {event} {had:o}, ends {final:o}")
     return out
+
+
+def tcp_server_per_connection(one, backlog: int = 8):
+    """A TCP server on 127.0.0.1 that runs ``one(conn, stop)`` in a thread of its own for each connection
+    (``stop``: a threading.Event set by ``close``). Returns (port, close)."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(backlog)
+    stop = threading.Event()
+
+    def serve():
+        while True:
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                return
+            threading.Thread(target=one, args=(conn, stop), daemon=True).start()
+
+    threading.Thread(target=serve, daemon=True).start()
+
+    def close():
+        stop.set()
+        srv.close()
+
+    return srv.getsockname()[1], close

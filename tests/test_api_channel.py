@@ -235,15 +235,9 @@ def _dripping_server(head: bytes, drip: bytes, every_s: float):
     """A TCP server on 127.0.0.1 that answers each connection with ``head`` at once, then ``drip`` one byte
     every ``every_s`` seconds (a controller's port taken by another user while it is down, or a machine in
     the middle, stretching the answer). Returns (port, stop)."""
-    import socket
-    import threading
+    from tests.helpers import tcp_server_per_connection
 
-    srv = socket.socket()
-    srv.bind(("127.0.0.1", 0))
-    srv.listen(8)
-    stop = threading.Event()
-
-    def one(conn):
+    def one(conn, stop):
         with conn:
             try:
                 conn.settimeout(5)
@@ -256,21 +250,7 @@ def _dripping_server(head: bytes, drip: bytes, every_s: float):
             except OSError:
                 return
 
-    def serve():
-        while True:
-            try:
-                conn, _ = srv.accept()
-            except OSError:
-                return
-            threading.Thread(target=one, args=(conn,), daemon=True).start()
-
-    threading.Thread(target=serve, daemon=True).start()
-
-    def close():
-        stop.set()
-        srv.close()
-
-    return srv.getsockname()[1], close
+    return tcp_server_per_connection(one)
 
 
 @pytest.mark.parametrize("head, drip", [

@@ -2671,15 +2671,9 @@ def _stalling_controller(drip: bool = False):
     its port taken by a process that never answers) or, ``drip``, answers a header byte every 0.1 s (a machine in
     the middle stretching the answer: each call then lasts 3 x request_timeout_s, its retry as long).
     Returns (url, close)."""
-    import socket
-    import threading
+    from tests.helpers import tcp_server_per_connection
 
-    srv = socket.socket()
-    srv.bind(("127.0.0.1", 0))
-    srv.listen(64)
-    stop = threading.Event()
-
-    def one(conn):
+    def one(conn, stop):
         with conn:
             try:
                 conn.settimeout(5)
@@ -2692,21 +2686,8 @@ def _stalling_controller(drip: bool = False):
             except OSError:
                 return
 
-    def serve():
-        while True:
-            try:
-                conn, _ = srv.accept()
-            except OSError:
-                return
-            threading.Thread(target=one, args=(conn,), daemon=True).start()
-
-    threading.Thread(target=serve, daemon=True).start()
-
-    def close():
-        stop.set()
-        srv.close()
-
-    return f"http://127.0.0.1:{srv.getsockname()[1]}", close
+    port, close = tcp_server_per_connection(one, backlog=64)
+    return f"http://127.0.0.1:{port}", close
 
 
 def _node_setting(rig, **values) -> None:
