@@ -286,6 +286,89 @@ def test_an_answer_dripped_slowly_is_given_up_within_a_bound(head, drip):
         close()
 
 
+def _tls_context(tmp_path, monkeypatch):
+    """A server TLS context for 127.0.0.1 whose self-signed certificate the client trusts (SSL_CERT_FILE)."""
+    import ssl
+
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
+                    "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+                   check=True, capture_output=True)
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert))
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(cert, key)
+    return ctx
+
+
+@pytest.mark.parametrize("how", ["https", "redirected"])
+def test_a_dripped_answer_is_given_up_over_tls_and_after_a_redirect(how, tmp_path, monkeypatch):
+    """The watchdog shut down the socket it was given at the TCP connection: over https:// that socket is
+    detached once TLS wraps it (its shutdown failed, EBADF, silently), and a redirect's new connection was not
+    watched at all (armed once), so either way an answer dripped a byte every 0.1 s was read for as long as it
+    lasted (measured: still reading after 6 s at request_timeout_s 0.5 s). Both now end within the bound."""
+    import socket
+    import threading
+
+    if how == "https" and shutil.which("openssl") is None:
+        pytest.skip("no openssl to make a certificate")
+    ctx = _tls_context(tmp_path, monkeypatch) if how == "https" else None
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(8)
+    port = srv.getsockname()[1]
+    stop = threading.Event()
+    served = []
+
+    def one(conn):
+        try:
+            conn = ctx.wrap_socket(conn, server_side=True) if ctx else conn
+            with conn:
+                conn.settimeout(5)
+                conn.recv(65536)
+                served.append(1)
+                if how == "redirected" and len(served) == 1:
+                    conn.sendall(b"HTTP/1.1 302 Found\r\nLocation: http://127.0.0.1:%d/v1/echo\r\n"
+                                 b"Content-Length: 0\r\nConnection: close\r\n\r\n" % port)
+                    return
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n")
+                while not stop.wait(0.1):
+                    conn.sendall(b"x")
+        except OSError:
+            return
+
+    def serve():
+        while True:
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                return
+            threading.Thread(target=one, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=serve, daemon=True).start()
+    scheme = "https" if ctx else "http"
+    client = ControllerClient(f"{scheme}://127.0.0.1:{port}", HmacAuth(KEY), "n1", timeout_s=0.5, retries=0)
+    got: list = []
+
+    def call():
+        t0 = time.monotonic()
+        try:
+            client.call("/v1/echo", {"job": 1})
+            got.append(("answered", time.monotonic() - t0))
+        except ControllerUnavailable as exc:
+            got.append(("unavailable", time.monotonic() - t0, str(exc)))
+
+    t = threading.Thread(target=call, daemon=True)
+    try:
+        t.start()
+        t.join(6)
+        assert got, f"the call was still reading a dripped answer ({how}) after 6 s (request_timeout_s 0.5 s)"
+        assert got[0][0] == "unavailable" and got[0][1] < 2.5, got
+        assert len(served) == (2 if how == "redirected" else 1)
+    finally:
+        stop.set()
+        srv.close()
+
+
 def test_an_oversized_answer_is_not_read_whole():
     """An answer is a few hundred bytes: one that says it is huge is refused, not read into a hook's memory."""
     big = 64 << 20

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import socket
 import threading
 import time
@@ -48,28 +49,57 @@ class _Watchdog:
         self.ends_at = ends_at
         self.fired = False
         self._timer: threading.Timer | None = None
+        self._lock = threading.Lock()
+        # Our own descriptors of the call's connections (os.dup): the socket given to arm() stops being usable
+        # once TLS wraps it (SSLContext.wrap_socket detaches it: its shutdown() then failed with EBADF, and an
+        # https:// answer dripped a byte at a time was read for as long as it lasted), and once the call has
+        # closed it its number may be another file's. Ours stay this connection's until disarm() closes them.
+        self._socks: list[socket.socket] | None = []
 
     def arm(self, sock) -> None:
-        if self._timer is not None:
-            return  # armed at the TCP connection already
-
-        def expire():
-            self.fired = True
+        """Watch ``sock`` (each connection of the call: a redirect's too); the time counts from the first."""
+        with self._lock:
+            if self._socks is None:  # disarmed: the call is over
+                return
             try:
-                sock.shutdown(socket.SHUT_RDWR)  # a read blocked on it returns at once
+                own = socket.socket(fileno=os.dup(sock.fileno()))
             except OSError:
-                pass
+                return
+            self._socks.append(own)
+            if self.fired:  # its time was up already
+                self._shutdown(own)
+                return
+            if self._timer is not None:
+                return
+            after = self.after_s
+            if self.ends_at is not None:
+                after = max(0.0, min(after, self.ends_at - time.monotonic()))
+            self._timer = threading.Timer(after, self._expire)
+            self._timer.daemon = True
+            self._timer.start()
 
-        after = self.after_s
-        if self.ends_at is not None:
-            after = max(0.0, min(after, self.ends_at - time.monotonic()))
-        self._timer = threading.Timer(after, expire)
-        self._timer.daemon = True
-        self._timer.start()
+    @staticmethod
+    def _shutdown(sock) -> None:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)  # a read blocked on the connection returns at once
+        except OSError:
+            pass
+
+    def _expire(self) -> None:
+        with self._lock:
+            if self._socks is None:
+                return
+            self.fired = True
+            for sock in self._socks:
+                self._shutdown(sock)
 
     def disarm(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
+        with self._lock:
+            socks, self._socks = self._socks or [], None
+        for sock in socks:
+            sock.close()
 
 
 def _bounded_connect(watchdog: _Watchdog):
@@ -120,10 +150,6 @@ class _Watched:
             def __init__(self, *a, **k):
                 super().__init__(*a, **k)
                 self._create_connection = _bounded_connect(watchdog)
-
-            def connect(self):
-                super().connect()
-                watchdog.arm(self.sock)  # (already armed at the TCP connection: a no-op)
 
         return super().do_open(Connection, req, **kw)
 
