@@ -1896,6 +1896,22 @@ def test_hook_wrappers_exit_0_when_python_cannot_start(tmp_path, wrapper):
         assert out.stdout.splitlines() == ["export CUDA_VISIBLE_DEVICES="]
 
 
+@pytest.mark.parametrize("wrapper", ["prolog/slurm-mig-prolog", "epilog/slurm-mig-epilog"])
+def test_hook_wrappers_give_the_hook_their_start_time(tmp_path, wrapper):
+    """[node].hook_time_limit_s counts from the wrapper's start (SLURM_MIG_T0_NS; docs/failure-modes.md), the
+    interpreter's start-up included: the Epilog's wrapper did not set it, so its limit counted from Python's."""
+    import time
+
+    fake = tmp_path / "python"
+    fake.write_text('#!/bin/sh\necho "T0=$SLURM_MIG_T0_NS"\n')
+    fake.chmod(0o755)
+    before = time.time_ns()
+    out = _run_wrapper(wrapper, tmp_path, SLURM_MIG_PYTHON=str(fake), PATH="/usr/bin:/bin")
+    assert out.returncode == 0, out.stderr
+    t0 = out.stdout.strip().removeprefix("T0=")
+    assert t0.isdigit() and before - 10**9 <= int(t0) <= time.time_ns(), out.stdout
+
+
 @pytest.mark.parametrize("config", ["missing", "broken"])
 def test_taskprolog_with_a_broken_config_hides_every_gpu(tmp_path, config):
     import sys
