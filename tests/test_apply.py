@@ -555,3 +555,20 @@ def test_cli_as_root_refuses_a_node_folder_another_user_owns(tmp_path, capsys, m
     assert main(["--config", str(cfg), "nvml", "show", "--json", "--node", "gpu02"]) == 2
     err = capsys.readouterr().err
     assert "[node].sim_state_path" in err and f"chown root {tmp_path / 'gpu02'}" in err, err
+
+
+@pytest.mark.parametrize("spec", ["", "  "])
+def test_apply_with_a_blank_busy_spec_is_refused_not_read_as_nothing_busy(tmp_path, capsys, spec):
+    """`nvml apply ... --busy "$KEEP"` with the variable unset read the blank spec as the empty layout: nothing kept
+    busy, so the instances --busy was there to keep were destroyed (exit 0), as a blank --layout destroyed every
+    idle one (99c6be6). Now exit 2, nothing changed; --busy empty (or leaving the flag out) says none."""
+    path = tmp_path / "s.json"
+    init_state(path, ["H100-80GB"], layouts={0: parse_layout("3g@0,3g@4", H100)}, seed="b")
+    base = ["nvml", "apply", "--sim-state", str(path), "--node", "n1", "--gpu", "0", "--layout", "7g@0"]
+    with pytest.raises(SystemExit) as exc:
+        main([*base, "--busy", spec])
+    assert exc.value.code == 2 and "--busy" in capsys.readouterr().err
+    assert main(["nvml", "assert", "--sim-state", str(path), "--gpu", "0", "--layout", "3g@0,3g@4"]) == 0
+    assert main([*base, "--busy", "3g@0"]) != 0  # kept: the move is refused
+    assert main(["nvml", "assert", "--sim-state", str(path), "--gpu", "0", "--layout", "3g@0,3g@4"]) == 0
+    capsys.readouterr()

@@ -522,6 +522,14 @@ def _layout_spec(text: str) -> str:
     return text
 
 
+def _busy_spec(text: str) -> str:
+    """--busy of apply: instances to keep, or "empty" said in words. A blank one (`--busy "$KEEP"` with the variable
+    unset) read as the empty layout: nothing kept, and apply destroyed the instances it was there to keep (exit 0)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError('no instances given: name those to keep (e.g. 3g@0), or leave --busy out')
+    return text
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add `slurm-mig nvml ...`."""
     from slurm_mig.config import MAX_SIM_DELAY_SCALE
@@ -555,7 +563,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--layout", required=True, type=_layout_spec, metavar="SPEC",
                    help='e.g. "3g@0,2g@4,1g@6" or "empty"')
     p.add_argument("--dry-run", action="store_true", help="print the plan, change nothing")
-    p.add_argument("--busy", action="append", metavar="SPEC",
+    p.add_argument("--busy", action="append", type=_busy_spec, metavar="SPEC",
                    help="also treat these instances as busy (instances bound to jobs on this node are, always)")
     p.add_argument("--ignore-bindings", action="store_true",
                    help="do not read this node's binding records (DANGER: only on a node with no jobs)")
