@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import bisect
-import json
 import time
 from dataclasses import dataclass
 from typing import Sequence
@@ -344,7 +343,9 @@ def explain_view(store, job_id: str, *, now: float | None = None, max_options: i
         rows = _rows(store, "SELECT inputs FROM decisions WHERE id = ?", (did,))
         if not rows:
             continue
-        inputs = json.loads(rows[0]["inputs"] or "{}")
+        from slurm_mig.store.models import loads
+
+        inputs = loads(rows[0]["inputs"], {}) or {}
         made = next(((action_of(d).get("assignments", []) or []) for d in decisions if d["id"] == did), [])
         s = _policy_saw(inputs, job_id, job.profile, job.count, made)
         chosen = None

@@ -124,9 +124,9 @@ def replay_job(store, job_id: str, *, policy: str = "first-fit", now: float | No
                   (t_lo - 1,))
     seen = []
     if first:
-        import json
+        from slurm_mig.store.models import loads
 
-        seen = json.loads(first[0]["inputs"] or "{}").get("gpus") or []
+        seen = (loads(first[0]["inputs"], {}) or {}).get("gpus") or []
     site = _mixed_site(store)
     if site is None:
         models = Counter(g.model for g in gpus if g.model and g.mig_enabled)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
@@ -475,10 +476,21 @@ def _json_default(o: Any) -> Any:
     raise TypeError(f"cannot store {type(o).__name__} as JSON")
 
 
+# A read-only reader (ops.views.open_readonly) decodes bytes that are not UTF-8 as the text \\xNN; in a JSON column's
+# string that backslash is no JSON escape. Each escape is matched whole ("\\\\" too), so only a \\xNN is doubled.
+_ESCAPE = re.compile(r"\\(x[0-9a-f]{2}|.)", re.S)
+
+
 def loads(text: str | None, default: Any = None) -> Any:
+    """``text`` as JSON (``default`` when empty); a byte decoded as \\xNN inside a string reads as that text."""
     if text is None or text == "":
         return default
-    return json.loads(text)
+    try:
+        return json.loads(text)
+    except ValueError:
+        if "\\x" not in text:
+            raise
+    return json.loads(_ESCAPE.sub(lambda m: "\\" + m.group(0) if len(m.group(1)) == 3 else m.group(0), text))
 
 
 def bound_instances_from_json(items: Iterable[dict]) -> tuple[BoundInstance, ...]:
