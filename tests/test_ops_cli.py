@@ -927,6 +927,28 @@ def test_text_output_shows_bidirectional_and_invisible_characters_and_markup_as_
     assert [j["name"] for j in json.loads(out) if j["job_id"] == "205"] == ["n" + HIDDEN + MARKUP]  # JSON as stored
 
 
+def test_tag_characters_and_other_invisible_format_characters_are_shown(cfg, capsys):
+    """The tag characters (U+E0001, U+E0020-E007F) are drawn as nothing, so a user "ro" + tags + "ot" looked like
+    root, as with the zero-width space 519f754 escapes; so are the interlinear annotation marks (U+FFF9-FFFB). They
+    are now written as \\UNNNNNNNN / \\uNNNN too."""
+    import tomllib
+
+    from slurm_mig.controlchars import visible
+
+    tags = "".join(chr(0xE0000 + ord(c)) for c in "xyz")
+    db = tomllib.loads(open(cfg).read())["controller"]["db_path"]
+    with open_store(db) as s:
+        s.upsert_job("206", profile="1g", user="ro" + tags + "ot", name="a\ufff9b\ufffbc", partition="gpu",
+                     submit_time=NOW - 5, now=NOW - 5)
+    for argv in (["jobs"], ["explain", "206"]):
+        rc, out, err = run(capsys, "--config", cfg, *argv)
+        assert rc == 0, (argv, err)
+        assert "ro\\U000e0078" in out, (argv, out)  # (cut in the table's USER column)
+        assert not [c for c in out if ord(c) >= 0xFFF9], argv
+    assert "ro\\U000e0078\\U000e0079\\U000e007aot" in out and "a\\ufff9b\\ufffbc" in out
+    assert visible("x" + chr(0xE0001) + chr(0x1D173)) == "x\\U000e0001\\U0001d173"
+
+
 @pytest.mark.parametrize("encoding", ["ascii", "latin-1"])
 def test_a_terminal_without_utf8_gets_every_command_not_a_traceback(cfg, monkeypatch, encoding):
     """With standard output in an encoding other than UTF-8 (PYTHONIOENCODING=ascii, a Latin-1 locale such as
