@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import os
 import socket
@@ -156,3 +157,33 @@ def tcp_server_per_connection(one, backlog: int = 8):
         srv.close()
 
     return srv.getsockname()[1], close
+
+
+@functools.lru_cache(maxsize=None)
+def _nobody_import_problem() -> str | None:
+    import pwd
+    import shutil
+    import subprocess
+
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        return "needs root and setpriv to run as another user"
+    nobody = pwd.getpwnam("nobody")
+    root = str(Path(__file__).resolve().parents[1])
+    out = subprocess.run(["setpriv", f"--reuid={nobody.pw_uid}", f"--regid={nobody.pw_gid}", "--clear-groups",
+                          sys.executable, "-I", "-c",
+                          "import sys; sys.path.insert(0, sys.argv[1]); import slurm_mig.cli, sqlite_utils, rich", root],
+                         capture_output=True, text=True, timeout=60)
+    if out.returncode != 0:
+        return (f"nobody cannot run this checkout's Python ({sys.executable}) or import it from {root}: a folder "
+                f"above it is closed to other users ({(out.stderr.strip().splitlines() or ['?'])[-1]})")
+    return None
+
+
+def skip_unless_nobody_can_run_the_project() -> None:
+    """Skip a test that runs slurm-mig as nobody (setpriv) where nobody cannot: not root, no setpriv, or the
+    checkout (or its venv) under a folder closed to other users, as a clone under mktemp -d or /root is."""
+    import pytest
+
+    problem = _nobody_import_problem()
+    if problem:
+        pytest.skip(problem)

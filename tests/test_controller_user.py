@@ -217,8 +217,9 @@ def test_real_munge_answers_of_the_controller_user_pass_and_its_requests_do_not(
 def test_the_controller_command_run_as_such_a_user_exits_2_naming_the_key():
     """`slurm-mig controller` started as nobody, with controller_user left at root: refused before it opens
     the database or listens (it ran, and the nodes refused every answer)."""
-    if os.geteuid() != 0 or not shutil.which("setpriv"):
-        pytest.skip("needs root and setpriv to run as another user")
+    from tests.helpers import skip_unless_nobody_can_run_the_project
+
+    skip_unless_nobody_can_run_the_project()
     folder = Path(tempfile.mkdtemp(prefix="slurm-mig-ctluid-"))
     try:
         folder.chmod(0o755)

@@ -749,8 +749,9 @@ def group_readable_db():
     import shutil
     import tempfile
 
-    if os.geteuid() != 0 or shutil.which("setpriv") is None:
-        pytest.skip("needs root and setpriv to read as another user")
+    from tests.helpers import skip_unless_nobody_can_run_the_project
+
+    skip_unless_nobody_can_run_the_project()
     folder = tempfile.mkdtemp(prefix="slurm-mig-ro-")  # not tmp_path (0700 root): the reader must enter it
     os.chmod(folder, 0o755)
     try:
