@@ -51,17 +51,10 @@ def raw_answer_server(answer: bytes, heard: list | None = None):
     """A TCP server on 127.0.0.1 that answers every connection with ``answer`` as it is (not HTTP, or HTTP cut
     short: what a controller killed mid-answer, or another service on its port, sends). Yields its port.
     What each connection sent first (up to 64 KiB) is appended to ``heard`` when given (a fake proxy)."""
-    srv = socket.socket()
-    srv.bind(("127.0.0.1", 0))
-    srv.listen(8)
 
-    def serve():
-        while True:
+    def one(conn, _stop):
+        with conn:  # the answer, then EOF; the request read to its end, so no RST replaces what was sent
             try:
-                conn, _ = srv.accept()
-            except OSError:
-                return
-            with conn:  # the answer, then EOF; the request read to its end, so no RST replaces what was sent
                 conn.settimeout(5)
                 first = conn.recv(65536)
                 if heard is not None:
@@ -70,12 +63,14 @@ def raw_answer_server(answer: bytes, heard: list | None = None):
                 conn.shutdown(socket.SHUT_WR)
                 while conn.recv(65536):
                     pass
+            except OSError:
+                return
 
-    threading.Thread(target=serve, daemon=True).start()
+    port, close = tcp_server_per_connection(one)
     try:
-        yield srv.getsockname()[1]
+        yield port
     finally:
-        srv.close()
+        close()
 
 
 _MODE_EVENTS: list[list] = []  # the lists of the modes_given blocks now open

@@ -253,19 +253,12 @@ def _dripping_server(head: bytes, drip: bytes, every_s: float):
     return tcp_server_per_connection(one)
 
 
-@pytest.mark.parametrize("head, drip", [
-    (b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n", b"x" * 1000),  # the body
-    (b"HTTP/1.1 200 OK\r\n", b"X-Pad: " + b"a" * 1000),  # the headers
-])
-def test_an_answer_dripped_slowly_is_given_up_within_a_bound(head, drip):
-    """[node].request_timeout_s bounded each socket read, not the answer: whoever answered on the controller's
-    address (another user who took its port while it was down, a machine in the middle) could send a byte a
-    little more often than that and hold a Prolog until Slurm killed it at PrologEpilogTimeout, which drains
-    the node. A call now gives up within three timeouts (connect, send, answer) whatever is sent."""
+
+def _call_for_at_most(client, seconds: float) -> list:
+    """``client.call("/v1/echo", ...)`` in a thread, waited for at most ``seconds``: [] while it still runs, else
+    [("answered", s)] or [("unavailable", s, error)] with the seconds it took."""
     import threading
 
-    port, close = _dripping_server(head, drip, 0.1)
-    client = ControllerClient(f"http://127.0.0.1:{port}", HmacAuth(KEY), "n1", timeout_s=0.5, retries=0)
     got: list = []
 
     def call():
@@ -277,9 +270,23 @@ def test_an_answer_dripped_slowly_is_given_up_within_a_bound(head, drip):
             got.append(("unavailable", time.monotonic() - t0, str(exc)))
 
     t = threading.Thread(target=call, daemon=True)
+    t.start()
+    t.join(seconds)
+    return got
+
+@pytest.mark.parametrize("head, drip", [
+    (b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n", b"x" * 1000),  # the body
+    (b"HTTP/1.1 200 OK\r\n", b"X-Pad: " + b"a" * 1000),  # the headers
+])
+def test_an_answer_dripped_slowly_is_given_up_within_a_bound(head, drip):
+    """[node].request_timeout_s bounded each socket read, not the answer: whoever answered on the controller's
+    address (another user who took its port while it was down, a machine in the middle) could send a byte a
+    little more often than that and hold a Prolog until Slurm killed it at PrologEpilogTimeout, which drains
+    the node. A call now gives up within three timeouts (connect, send, answer) whatever is sent."""
+    port, close = _dripping_server(head, drip, 0.1)
+    client = ControllerClient(f"http://127.0.0.1:{port}", HmacAuth(KEY), "n1", timeout_s=0.5, retries=0)
     try:
-        t.start()
-        t.join(6)
+        got = _call_for_at_most(client, 6)
         assert got, "the call was still reading a dripped answer after 6 s (request_timeout_s 0.5 s)"
         assert got[0][0] == "unavailable" and got[0][1] < 2.5, got
     finally:
@@ -306,20 +313,14 @@ def test_a_dripped_answer_is_given_up_over_tls_and_after_a_redirect(how, tmp_pat
     detached once TLS wraps it (its shutdown failed, EBADF, silently), and a redirect's new connection was not
     watched at all (armed once), so either way an answer dripped a byte every 0.1 s was read for as long as it
     lasted (measured: still reading after 6 s at request_timeout_s 0.5 s). Both now end within the bound."""
-    import socket
-    import threading
+    from tests.helpers import tcp_server_per_connection
 
     if how == "https" and shutil.which("openssl") is None:
         pytest.skip("no openssl to make a certificate")
     ctx = _tls_context(tmp_path, monkeypatch) if how == "https" else None
-    srv = socket.socket()
-    srv.bind(("127.0.0.1", 0))
-    srv.listen(8)
-    port = srv.getsockname()[1]
-    stop = threading.Event()
     served = []
 
-    def one(conn):
+    def one(conn, stop):
         try:
             conn = ctx.wrap_socket(conn, server_side=True) if ctx else conn
             with conn:
@@ -336,37 +337,16 @@ def test_a_dripped_answer_is_given_up_over_tls_and_after_a_redirect(how, tmp_pat
         except OSError:
             return
 
-    def serve():
-        while True:
-            try:
-                conn, _ = srv.accept()
-            except OSError:
-                return
-            threading.Thread(target=one, args=(conn,), daemon=True).start()
-
-    threading.Thread(target=serve, daemon=True).start()
+    port, close = tcp_server_per_connection(one)
     scheme = "https" if ctx else "http"
     client = ControllerClient(f"{scheme}://127.0.0.1:{port}", HmacAuth(KEY), "n1", timeout_s=0.5, retries=0)
-    got: list = []
-
-    def call():
-        t0 = time.monotonic()
-        try:
-            client.call("/v1/echo", {"job": 1})
-            got.append(("answered", time.monotonic() - t0))
-        except ControllerUnavailable as exc:
-            got.append(("unavailable", time.monotonic() - t0, str(exc)))
-
-    t = threading.Thread(target=call, daemon=True)
     try:
-        t.start()
-        t.join(6)
+        got = _call_for_at_most(client, 6)
         assert got, f"the call was still reading a dripped answer ({how}) after 6 s (request_timeout_s 0.5 s)"
         assert got[0][0] == "unavailable" and got[0][1] < 2.5, got
         assert len(served) == (2 if how == "redirected" else 1)
     finally:
-        stop.set()
-        srv.close()
+        close()
 
 
 def test_an_oversized_answer_is_not_read_whole():
