@@ -20,6 +20,22 @@ REPO = Path(__file__).resolve().parents[1]
 TRACE = REPO / ".." / "shared" / "traces" / "alibaba-v2023-train.csv"
 
 
+def _run_report(bench_json: Path) -> int:
+    """benchmarks/report.py run on ``bench_json`` as its command line would; its exit status."""
+    import runpy
+    import sys
+
+    report = REPO / "benchmarks" / "report.py"
+    argv = sys.argv
+    sys.argv = [str(report), str(bench_json)]
+    try:
+        with pytest.raises(SystemExit) as e:
+            runpy.run_path(str(report), run_name="__main__")
+    finally:
+        sys.argv = argv
+    return e.value.code
+
+
 def small_trace(tmp_path: Path, n: int = 120, seed: int = 1) -> Path:
     """A made-up pod list in the Alibaba v2023 format (busy enough that jobs queue on one node)."""
     rng = random.Random(seed)
@@ -141,9 +157,6 @@ def test_acceptance_frag_aware_waits_least_on_alibaba():
 def test_report_markdown_says_when_jobs_never_ran(tmp_path, capsys):
     """benchmarks/report.py writes docs/benchmarks.md's tables from `bench --json`, whose mean waits are over
     the jobs that ran; `bench`'s own table says when some never did, the Markdown said nothing."""
-    import runpy
-    import sys
-
     trace = small_trace(tmp_path, n=30)
     with open(trace, "a") as f:
         f.write("big,1000,1024,16,1000,,BE,Running,100,5000,105\n")
@@ -152,15 +165,7 @@ def test_report_markdown_says_when_jobs_never_ran(tmp_path, capsys):
     out = tmp_path / "bench.json"
     out.write_text(capsys.readouterr().out)
     assert json.loads(out.read_text())["workloads"][0]["results"][0]["finished"] == 26
-    report = Path(__file__).resolve().parents[1] / "benchmarks" / "report.py"
-    argv = sys.argv
-    sys.argv = [str(report), str(out)]
-    try:
-        with pytest.raises(SystemExit) as e:
-            runpy.run_path(str(report), run_name="__main__")
-    finally:
-        sys.argv = argv
-    assert e.value.code == 0
+    assert _run_report(out) == 0
     assert "greedy: 1 of 27 jobs never ran; its times are over the 26 that did." in capsys.readouterr().out
 
 
@@ -194,22 +199,11 @@ def test_simulate_plot_path_is_checked_before_simulating(tmp_path, capsys, name,
 
 def test_report_markdown_of_a_run_without_a_baseline(tmp_path, capsys):
     """`bench --policies first-fit --json | benchmarks/report.py` ended in "min() arg is an empty sequence"."""
-    import runpy
-    import sys
-
     assert main(["bench", "--json", "--no-synthetic", "--trace", str(small_trace(tmp_path, n=30)), "--nodes", "1",
                  "--policies", "first-fit"]) == 0
     out = tmp_path / "bench.json"
     out.write_text(capsys.readouterr().out)
-    report = REPO / "benchmarks" / "report.py"
-    argv = sys.argv
-    sys.argv = [str(report), str(out)]
-    try:
-        with pytest.raises(SystemExit) as e:
-            runpy.run_path(str(report), run_name="__main__")
-    finally:
-        sys.argv = argv
-    assert e.value.code == 0
+    assert _run_report(out) == 0
     assert "| first-fit | " in capsys.readouterr().out
 
 
@@ -232,8 +226,6 @@ class _Flipper:
 def test_a_simulation_cut_short_by_the_safety_stop_says_so(tmp_path, capsys):
     """After 50 x (jobs + GPUs) + 10,000 decisions the simulator stops (SimResult.meta["stopped"]); bench,
     its Markdown and simulate printed the cut-short run's figures as a finished one's, the stop nowhere."""
-    import runpy
-    import sys
 
     from slurm_mig.policies import _REGISTRY, register_policy
 
@@ -254,15 +246,7 @@ def test_a_simulation_cut_short_by_the_safety_stop_says_so(tmp_path, capsys):
 
     out = tmp_path / "bench.json"
     out.write_text(json.dumps(bench_json([rep])))
-    report = REPO / "benchmarks" / "report.py"
-    argv = sys.argv
-    sys.argv = [str(report), str(out)]
-    try:
-        with pytest.raises(SystemExit) as e:
-            runpy.run_path(str(report), run_name="__main__")
-    finally:
-        sys.argv = argv
-    assert e.value.code == 0
+    assert _run_report(out) == 0
     assert "flipper: simulation cut short (stopped after 10100 decisions" in capsys.readouterr().out
 
 
@@ -270,9 +254,6 @@ def test_a_run_where_no_job_ran_says_its_times_are_not_available(tmp_path, capsy
     """With no job run, mean wait, JCT and bounded slowdown were reported as 0 (a bounded slowdown of 0.00 is
     impossible: its floor is 1). They are None in JSON and "n/a" in bench's table, report.py's Markdown and
     simulate's lines."""
-    import runpy
-    import sys
-
     trace = tmp_path / "pods.csv"
     trace.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,"
                      "deletion_time,scheduled_time\n"
@@ -290,15 +271,9 @@ def test_a_run_where_no_job_ran_says_its_times_are_not_available(tmp_path, capsy
     assert len(results) == 4
     for r in results:
         assert r["finished"] == 0 and [r[f] for f in fields if f in r] == [None] * 4, r
-    argv = sys.argv
-    sys.argv = [str(REPO / "benchmarks" / "report.py"), str(out)]
-    try:
-        with pytest.raises(SystemExit) as e:
-            runpy.run_path(sys.argv[0], run_name="__main__")
-    finally:
-        sys.argv = argv
+    code = _run_report(out)
     md = capsys.readouterr().out
-    assert e.value.code == 0
+    assert code == 0
     rows = [line for line in md.splitlines() if line.startswith("| greedy |")]
     assert len(rows) == 1 and rows[0].split(" | ")[1:7] == ["n/a"] * 6, rows
     assert main(["bench", "--no-synthetic", "--trace", str(trace), "--nodes", "1", "--policies", policies]) == 0
